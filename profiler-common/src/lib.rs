@@ -1,0 +1,137 @@
+//! `#[repr(C)]` types shared by wattprof's eBPF programs and its userspace.
+//!
+//! Every type here crosses the kernel/user boundary byte for byte, so layouts
+//! are fixed, padded explicitly, and never contain pointers. The `user`
+//! feature adds `aya::Pod` impls for the userspace side.
+#![no_std]
+
+/// Most packages (sockets) a task's on-CPU time is split over.
+///
+/// A power of two so the eBPF program can bound an index with a mask.
+/// Machines with more packages than this are refused by userspace.
+pub const MAX_SOCKETS: usize = 8;
+
+/// Length of a kernel task name (`TASK_COMM_LEN`), including the NUL.
+pub const COMM_LEN: usize = 16;
+
+/// Default number of entries of the `TASKS` map (live threads tracked at once).
+pub const DEFAULT_MAX_TASKS: u32 = 65_536;
+
+/// Default size of the `EVENTS` ring buffer in bytes (a power of two).
+pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
+
+/// `TASK_DEAD` in `task_struct::__state`, stable since Linux 4.14. Passed to
+/// the `sched_switch` raw tracepoint as `prev_state` since Linux 5.18.
+pub const TASK_DEAD: u64 = 0x80;
+
+/// Per-CPU accounting state: the single value of the `CPUS` per-CPU array.
+///
+/// Every nanosecond between `first_ns` and `last_ns` on a CPU lands in exactly
+/// one of `busy_ns`, `idle_ns` or `lost_ns`, so
+/// `busy_ns + idle_ns + lost_ns == last_ns - first_ns` holds exactly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuState {
+    /// `bpf_ktime_get_ns()` of the first event seen on this CPU; 0 before it.
+    pub first_ns: u64,
+    /// `bpf_ktime_get_ns()` up to which this CPU's time has been charged.
+    pub last_ns: u64,
+    /// Time charged to a task (recorded in `TASKS`).
+    pub busy_ns: u64,
+    /// Time the idle task (pid 0) ran.
+    pub idle_ns: u64,
+    /// Time a task ran that could not be recorded (`TASKS` full).
+    pub lost_ns: u64,
+    /// Context switches seen.
+    pub switches: u64,
+    /// Events that did not fit in the ring buffer.
+    pub events_lost: u64,
+    /// On-CPU time of exited tasks whose entry had to be recycled before
+    /// their final totals could be reported (ring buffer full at exit, then
+    /// the tid was reused). Part of it may already have been read.
+    pub discarded_ns: u64,
+    /// Dense package index of this CPU (`0..MAX_SOCKETS`), set by userspace.
+    pub socket: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+
+/// `TaskStats::flags`: the task has exited; the entry will receive no more
+/// time once its final context switch has happened.
+pub const TASK_FLAG_DEAD: u32 = 1;
+
+/// Cumulative on-CPU time of one thread: the value of the `TASKS` hash map,
+/// keyed by thread id (`u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskStats {
+    /// `bpf_ktime_get_ns()` when this entry was created. Together with the
+    /// tid it identifies one thread across pid reuse.
+    pub created_ns: u64,
+    /// cgroup v2 id the thread ran in at its last context switch.
+    pub cgroup_id: u64,
+    /// Nanoseconds on CPU, per dense package index.
+    pub on_cpu_ns: [u64; MAX_SOCKETS],
+    /// Thread group id (the process id).
+    pub tgid: u32,
+    /// `TASK_FLAG_*` bits.
+    pub flags: u32,
+    /// Task name, NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+impl TaskStats {
+    /// Total nanoseconds on CPU over all packages.
+    pub fn total_ns(&self) -> u64 {
+        self.on_cpu_ns.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+    }
+}
+
+/// `TaskEvent::kind`: a task was created (`tid` is the child).
+pub const EVENT_FORK: u32 = 1;
+/// `TaskEvent::kind`: a task called `execve` (`comm` is the new name).
+pub const EVENT_EXEC: u32 = 2;
+/// `TaskEvent::kind`: a task exited; `on_cpu_ns` are its totals.
+pub const EVENT_EXIT: u32 = 3;
+/// `TaskEvent::kind`: a stale entry (exit not reported) was recycled because
+/// its tid was reused; `on_cpu_ns` are its final totals.
+pub const EVENT_REAPED: u32 = 4;
+
+/// A record of the `EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskEvent {
+    /// `EVENT_*`.
+    pub kind: u32,
+    /// The task the event is about (the child, for a fork).
+    pub tid: u32,
+    /// Its thread group id; for a fork, 0 (not known until the child runs).
+    pub tgid: u32,
+    /// For a fork: the thread that called fork/clone. Otherwise 0.
+    pub parent_tid: u32,
+    /// For a fork: the process that called fork/clone. Otherwise 0.
+    pub parent_tgid: u32,
+    /// CPU the event happened on.
+    pub cpu: u32,
+    /// `bpf_ktime_get_ns()` of the event.
+    pub ts_ns: u64,
+    /// For exit/reaped: the entry's `created_ns`. Otherwise 0.
+    pub created_ns: u64,
+    /// cgroup v2 id of the task (of the parent, for a fork).
+    pub cgroup_id: u64,
+    /// For exit/reaped: cumulative on-CPU time per package.
+    pub on_cpu_ns: [u64; MAX_SOCKETS],
+    /// Task name (the parent's, inherited, for a fork).
+    pub comm: [u8; COMM_LEN],
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `#[repr(C)]` integers and byte arrays with explicit
+    // padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::CpuState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TaskStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TaskEvent {}
+}

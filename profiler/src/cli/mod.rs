@@ -1,0 +1,63 @@
+//! Command-line interface: one file per subcommand, wiring only.
+
+pub mod child;
+pub mod run;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code when wattprof itself fails (as `env`, `timeout` and `nice` do).
+pub const EXIT_PROFILER_FAILED: i32 = 125;
+/// Exit code when the command exists but cannot be executed.
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit code when the command is not found.
+pub const EXIT_NOT_FOUND: i32 = 127;
+
+/// An error with the exit code wattprof should end with.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Fatal {
+    /// Process exit code.
+    pub code: i32,
+    /// One line: what happened and what to do.
+    pub message: String,
+}
+
+impl Fatal {
+    /// A failure of wattprof itself (exit code 125).
+    pub fn profiler(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_PROFILER_FAILED,
+            message: message.into(),
+        }
+    }
+}
+
+/// wattprof: how much CPU time (and energy) each process really used.
+#[derive(Parser, Debug)]
+#[command(
+    name = "wattprof",
+    version,
+    about = "Exact, eBPF-based energy profiler for Linux",
+    long_about = "Exact, eBPF-based energy profiler for Linux.\n\n\
+        An eBPF program on the scheduler counts the nanoseconds every thread spends \
+        on every CPU, including processes that live a millisecond. Needs root."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command and report the CPU time of it and every process it starts.
+    Run(run::RunArgs),
+}
+
+/// Runs the parsed command line; returns the exit code.
+pub fn main(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Run(args) => run::execute(args),
+    }
+}

@@ -1,0 +1,274 @@
+//! `wattprof run -- CMD ARGS...`
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use profiler_common::DEFAULT_MAX_TASKS;
+
+use super::{Fatal, child};
+use crate::output::{self, MachineTimes, ProfilerReport, RunFacts};
+use crate::process::{ProcFs, ProcessTable};
+use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
+
+/// Arguments of `wattprof run`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  sudo wattprof run -- python train.py\n  \
+        sudo wattprof run --interval 500ms --output run.json -- make -j8\n\n\
+        Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
+        failed, 126 if the command cannot be executed, 127 if it is not found."
+)]
+pub struct RunArgs {
+    /// How often the tracker is read (e.g. 1s, 250ms). Totals are exact at
+    /// any interval; shorter intervals give finer series and cost more.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+
+    /// Write the report as JSON to FILE (written when the command ends).
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Run the command as root even when wattprof was started with sudo
+    /// (by default it runs as the user who invoked sudo).
+    #[arg(long)]
+    pub as_root: bool,
+
+    /// Threads the kernel tracks at once. Time of threads beyond this is
+    /// counted as lost, never silently dropped. ~150 bytes of kernel memory each.
+    #[arg(long, default_value_t = DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
+    pub max_tasks: u32,
+
+    /// Detect exits with the sched_process_exit tracepoint, as on kernels
+    /// older than 5.18, even where the final context switch is available.
+    #[arg(long, hide = true)]
+    pub legacy_exit_tracking: bool,
+
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Parses `1s`, `250ms`, `2.5s`, `1m`, `500us`; between 10 ms and 1 hour.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("`{text}` has no unit: use e.g. 1s or 250ms"))?;
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration: use e.g. 1s or 250ms"))?;
+    let scale = match unit {
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => return Err(format!("unknown unit `{unit}` in `{text}`: use us, ms, s or m")),
+    };
+    let d = Duration::from_secs_f64(value * scale);
+    if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
+        return Err(format!("interval `{text}` out of range: use 10ms to 1h"));
+    }
+    Ok(d)
+}
+
+/// The output file is written to a temporary name beside it and renamed at
+/// the end, so a failed run never leaves a half-written report, and an
+/// unwritable location fails before the command starts.
+struct PendingOutput {
+    tmp: PathBuf,
+    dest: PathBuf,
+    file: std::fs::File,
+}
+
+impl PendingOutput {
+    fn create(dest: &Path) -> Result<Self, Fatal> {
+        let dir = match dest.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = dest.file_name().ok_or_else(|| {
+            Fatal::profiler(format!("--output {}: not a file name", dest.display()))
+        })?;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = dir.join(tmp_name);
+        let file = std::fs::File::create(&tmp).map_err(|e| {
+            Fatal::profiler(format!(
+                "cannot write --output {}: {e} (check that {} exists and is writable)",
+                dest.display(),
+                dir.display()
+            ))
+        })?;
+        Ok(Self {
+            tmp,
+            dest: dest.to_path_buf(),
+            file,
+        })
+    }
+
+    fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(json)?;
+        self.file.write_all(b"\n")?;
+        self.file.sync_all()?;
+        std::fs::rename(&self.tmp, &self.dest)
+    }
+}
+
+impl Drop for PendingOutput {
+    fn drop(&mut self) {
+        // After a successful rename this finds nothing to remove.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Runs `wattprof run`; returns the command's exit code.
+pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
+    // Cheap checks first: nothing is loaded or started if these fail.
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| Fatal::profiler("no command given: wattprof run -- CMD ARGS..."))?;
+    let resolved = child::resolve_program(program, std::env::var_os("PATH").as_deref())?;
+    let run_as = if args.as_root {
+        None
+    } else {
+        child::sudo_user(|k| std::env::var_os(k))?
+    };
+    let pending_output = args.output.as_deref().map(PendingOutput::create).transpose()?;
+
+    let cfg = TrackerConfig {
+        max_tasks: args.max_tasks,
+        force_exit_tracepoint: args.legacy_exit_tracking,
+        ..TrackerConfig::default()
+    };
+    let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    let start_ns = tracker.start_ns();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut table = ProcessTable::new(
+        ProcFs::real(),
+        tracker.topology().sockets(),
+        std::process::id(),
+    );
+    let mut machine = MachineTimes::default();
+
+    let child_pid = Arc::new(AtomicI32::new(0));
+    child::forward_signals(child_pid.clone()).context("cannot install signal handlers")?;
+    let mut proc = child::spawn(&resolved, rest, run_as.as_ref())?;
+    let pid = proc.id();
+    child_pid.store(pid as i32, Ordering::SeqCst);
+    table.set_root(pid);
+    let pidfd = child::pidfd(pid);
+
+    let interval_ns = args.interval.as_nanos() as u64;
+    let mut next_tick = monotonic_ns() + interval_ns;
+    let status = loop {
+        let now = monotonic_ns();
+        if now >= next_tick {
+            let sample = tracker.sample()?;
+            table.apply(&sample);
+            machine.add(&sample);
+            next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
+            continue;
+        }
+        let timeout_ms = ((next_tick - now) / 1_000_000).clamp(1, 1000) as i32;
+        let mut fds = vec![libc::pollfd {
+            fd: tracker.events_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if let Some(fd) = &pidfd {
+            fds.push(libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // With no pidfd (pre-5.3 kernels), poll the child at most every 50 ms.
+        let timeout_ms = if pidfd.is_some() { timeout_ms } else { timeout_ms.min(50) };
+        // SAFETY: fds is a valid array of pollfd.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        tracker.drain_events();
+        if let Some(status) = proc.try_wait().context("waiting for the command")? {
+            break status;
+        }
+    };
+    child_pid.store(0, Ordering::SeqCst);
+
+    // The command was reaped, but its threads may still be finishing their
+    // last context switch: wait (briefly) until they have all reported.
+    let settle_until = monotonic_ns() + 250_000_000;
+    while tracker.live_threads_of(pid) > 0 && monotonic_ns() < settle_until {
+        std::thread::sleep(Duration::from_millis(1));
+        tracker.drain_events();
+    }
+    let last = tracker.sample()?;
+    table.apply(&last);
+    machine.add(&last);
+    let end_ns = last.at_ns;
+
+    let facts = RunFacts {
+        argv: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pid,
+        exit_code: status.code(),
+        signal: std::os::unix::process::ExitStatusExt::signal(&status),
+        start_ns,
+        end_ns,
+        start_unix_ns,
+        package_ids: tracker.topology().package_ids.clone(),
+        profiler: ProfilerReport {
+            on_cpu_ns: 0,
+            kernel_memory_bytes: tracker.kernel_memory_bytes(),
+            exit_tracking: tracker.exit_tracking(),
+            flush_supported: tracker.flush_supported(),
+            max_tasks: args.max_tasks,
+            interval_ns,
+            samples: 0,
+            map_read_syscalls: tracker.read_syscalls(),
+            events_lost: 0,
+            discarded_ns: 0,
+            unmatched_forks: 0,
+        },
+    };
+    let report = output::run_report(facts, &table, &machine);
+    eprint!("{}", output::render_run_table(&report));
+    if let Some(out) = pending_output {
+        let json = serde_json::to_vec_pretty(&report).context("encoding the report")?;
+        let dest = out.dest.clone();
+        out.commit(&json)
+            .with_context(|| format!("writing {}", dest.display()))?;
+        eprintln!("  report written to {}", dest.display());
+    }
+    Ok(child::exit_code(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_interval;
+    use std::time::Duration;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_interval("5").is_err());
+        assert!(parse_interval("1ms").is_err());
+        assert!(parse_interval("2h").is_err());
+        assert!(parse_interval("fast").is_err());
+    }
+}

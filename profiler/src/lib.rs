@@ -1,0 +1,12 @@
+//! wattprof: an exact, eBPF-based energy profiler for Linux.
+//!
+//! The library behind the `wattprof` binary. Data flows one way:
+//! [`tracker`] measures on-CPU time per thread in the kernel and hands out
+//! [`tracker::CpuSample`]s; [`process`] turns them into processes and
+//! command trees; [`output`] renders reports; [`cli`] wires it together.
+
+pub mod cli;
+pub mod output;
+pub mod process;
+pub mod topology;
+pub mod tracker;

@@ -1,0 +1,448 @@
+//! Processes built from tracker samples: names, lineage, lifetimes, and the
+//! command tree a run follows.
+//!
+//! Lineage comes from the kernel's fork records, so a process that lived a
+//! millisecond still has its parent. Processes that predate wattprof get
+//! their parent from `/proc` when first seen.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::tracker::{CpuSample, TaskEvent, TaskTime};
+
+/// Parent lookup for processes that started before wattprof.
+pub trait ProcMeta {
+    /// The parent process id of `pid`, if it is still alive.
+    fn parent_of(&self, pid: u32) -> Option<u32>;
+}
+
+/// [`ProcMeta`] over a procfs mount.
+#[derive(Clone, Debug)]
+pub struct ProcFs {
+    root: PathBuf,
+}
+
+impl ProcFs {
+    /// The real `/proc`.
+    pub fn real() -> Self {
+        Self {
+            root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl ProcMeta for ProcFs {
+    fn parent_of(&self, pid: u32) -> Option<u32> {
+        let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
+        // The name is in parentheses and may contain anything: skip to the
+        // last ')'. Then: state, ppid.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    }
+}
+
+/// Which group a process belongs to in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The profiled command or one of its descendants.
+    Tree,
+    /// wattprof itself.
+    Profiler,
+    /// Anything else on the machine.
+    Other,
+}
+
+/// One process (one generation of a pid).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    /// Process id.
+    pub pid: u32,
+    /// Parent process id (at fork time), when known.
+    pub ppid: Option<u32>,
+    /// Name (after its last exec).
+    pub comm: String,
+    /// Monotonic ns of its fork, if it was forked while tracked.
+    pub start_ns: Option<u64>,
+    /// Monotonic ns of its exit.
+    pub exit_ns: Option<u64>,
+    /// On-CPU ns per dense package index, all threads.
+    pub on_cpu_ns: Vec<u64>,
+    /// Its group.
+    pub role: Role,
+}
+
+impl Process {
+    /// On-CPU nanoseconds over all packages.
+    pub fn total_ns(&self) -> u64 {
+        self.on_cpu_ns.iter().sum()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct PendingFork {
+    ts_ns: u64,
+    parent_tgid: u32,
+    comm: String,
+}
+
+/// On-CPU time per group, accumulated.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GroupTotals {
+    /// The command tree.
+    pub tree_ns: u64,
+    /// wattprof itself.
+    pub profiler_ns: u64,
+    /// Everything else.
+    pub other_ns: u64,
+}
+
+/// The processes seen so far, with the command tree marked.
+pub struct ProcessTable<M: ProcMeta> {
+    meta: M,
+    sockets: usize,
+    root: Option<u32>,
+    profiler_pid: u32,
+    next_id: u64,
+    records: HashMap<u64, Process>,
+    index: HashMap<u32, u64>,
+    pending: HashMap<u32, PendingFork>,
+    totals: GroupTotals,
+    unmatched_forks: u64,
+}
+
+/// Forks whose task never showed up are dropped after this long.
+const PENDING_FORK_TTL_NS: u64 = 30_000_000_000;
+
+impl<M: ProcMeta> ProcessTable<M> {
+    /// A table for a machine with `sockets` packages.
+    pub fn new(meta: M, sockets: usize, profiler_pid: u32) -> Self {
+        Self {
+            meta,
+            sockets: sockets.max(1),
+            root: None,
+            profiler_pid,
+            next_id: 0,
+            records: HashMap::new(),
+            index: HashMap::new(),
+            pending: HashMap::new(),
+            totals: GroupTotals::default(),
+            unmatched_forks: 0,
+        }
+    }
+
+    /// Follows `pid` and every process it forks from now on.
+    pub fn set_root(&mut self, pid: u32) {
+        self.root = Some(pid);
+        if let Some(rec) = self.index.get(&pid).and_then(|id| self.records.get_mut(id)) {
+            rec.role = Role::Tree;
+        }
+    }
+
+    /// Group totals so far.
+    pub fn totals(&self) -> &GroupTotals {
+        &self.totals
+    }
+
+    /// Fork records whose task never appeared (lost events elsewhere).
+    pub fn unmatched_forks(&self) -> u64 {
+        self.unmatched_forks
+    }
+
+    /// Processes kept in detail: the tree, wattprof, and others still alive
+    /// (exited others are folded into the totals and forgotten).
+    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.records.values()
+    }
+
+    /// Processes of the command tree, in order of start.
+    pub fn tree(&self) -> Vec<&Process> {
+        let mut v: Vec<&Process> = self
+            .records
+            .values()
+            .filter(|p| p.role == Role::Tree)
+            .collect();
+        v.sort_by_key(|p| (p.start_ns.unwrap_or(0), p.pid));
+        v
+    }
+
+    /// The current process with this pid.
+    pub fn get(&self, pid: u32) -> Option<&Process> {
+        self.index.get(&pid).and_then(|id| self.records.get(id))
+    }
+
+    /// Folds one sample in. Events and exits are applied in time order, so
+    /// a pid that exits and is reused within one interval stays two
+    /// processes; time of threads still running is applied last.
+    pub fn apply(&mut self, sample: &CpuSample) {
+        enum Item<'a> {
+            Event(&'a TaskEvent),
+            Task(&'a TaskTime),
+        }
+        let mut timed: Vec<(u64, Item<'_>)> = sample
+            .events
+            .iter()
+            .map(|e| {
+                let ts = match e {
+                    TaskEvent::Fork { ts_ns, .. } | TaskEvent::Exec { ts_ns, .. } => *ts_ns,
+                };
+                (ts, Item::Event(e))
+            })
+            .chain(
+                sample
+                    .tasks
+                    .iter()
+                    .filter_map(|t| t.exit_ns.map(|ts| (ts, Item::Task(t)))),
+            )
+            .collect();
+        timed.sort_by_key(|(ts, _)| *ts);
+        for (_, item) in timed {
+            match item {
+                Item::Event(e) => self.event(e),
+                Item::Task(t) => self.task(t, sample.at_ns),
+            }
+        }
+        for t in sample.tasks.iter().filter(|t| t.exit_ns.is_none()) {
+            self.task(t, sample.at_ns);
+        }
+        self.pending.retain(|_, f| {
+            let keep = sample.at_ns.saturating_sub(f.ts_ns) < PENDING_FORK_TTL_NS;
+            if !keep {
+                self.unmatched_forks += 1;
+            }
+            keep
+        });
+        // Exited processes outside the tree carry nothing more to report.
+        let profiler_pid = self.profiler_pid;
+        let index = &mut self.index;
+        self.records.retain(|id, p| {
+            let keep = p.role != Role::Other || p.exit_ns.is_none() || p.pid == profiler_pid;
+            if !keep && index.get(&p.pid) == Some(id) {
+                index.remove(&p.pid);
+            }
+            keep
+        });
+    }
+
+    fn event(&mut self, e: &TaskEvent) {
+        match e {
+            TaskEvent::Fork {
+                ts_ns,
+                child,
+                parent_tgid,
+                comm,
+                ..
+            } => {
+                // A pid is only reused once its previous owner was reaped.
+                if let Some(id) = self.index.remove(child)
+                    && let Some(old) = self.records.get_mut(&id)
+                {
+                    old.exit_ns.get_or_insert(*ts_ns);
+                }
+                self.pending.insert(
+                    *child,
+                    PendingFork {
+                        ts_ns: *ts_ns,
+                        parent_tgid: *parent_tgid,
+                        comm: comm.clone(),
+                    },
+                );
+            }
+            TaskEvent::Exec {
+                ts_ns, tid, tgid, comm, ..
+            } => {
+                let id = self.ensure(*tgid, *tid, *ts_ns);
+                if let Some(rec) = self.records.get_mut(&id) {
+                    rec.comm = comm.clone();
+                }
+            }
+        }
+    }
+
+    fn task(&mut self, t: &TaskTime, at_ns: u64) {
+        let id = self.ensure(t.tgid, t.tid, t.exit_ns.unwrap_or(at_ns));
+        let Some(rec) = self.records.get_mut(&id) else {
+            return;
+        };
+        for (acc, ns) in rec.on_cpu_ns.iter_mut().zip(&t.on_cpu_ns) {
+            *acc += ns;
+        }
+        let total = t.total_ns();
+        match rec.role {
+            Role::Tree => self.totals.tree_ns += total,
+            Role::Profiler => self.totals.profiler_ns += total,
+            Role::Other => self.totals.other_ns += total,
+        }
+        if t.tid == t.tgid {
+            if !t.comm.is_empty() {
+                rec.comm = t.comm.clone();
+            }
+            if let Some(exit) = t.exit_ns {
+                rec.exit_ns = Some(exit);
+            }
+        }
+    }
+
+    /// The record of process `tgid`, created on first sight.
+    fn ensure(&mut self, tgid: u32, tid: u32, ts_ns: u64) -> u64 {
+        if tid != tgid {
+            // A thread: its fork record is not a process's.
+            self.pending.remove(&tid);
+        }
+        if let Some(id) = self.index.get(&tgid) {
+            return *id;
+        }
+        let fork = self.pending.remove(&tgid);
+        let (ppid, start_ns, comm) = match fork {
+            Some(f) => (Some(f.parent_tgid), Some(f.ts_ns), f.comm),
+            None => (self.meta.parent_of(tgid), None, String::new()),
+        };
+        let parent_in_tree = ppid
+            .and_then(|pp| self.index.get(&pp))
+            .and_then(|id| self.records.get(id))
+            .is_some_and(|p| p.role == Role::Tree);
+        let role = if Some(tgid) == self.root || (start_ns.is_some() && parent_in_tree) {
+            Role::Tree
+        } else if tgid == self.profiler_pid {
+            Role::Profiler
+        } else {
+            Role::Other
+        };
+        let _ = ts_ns;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.records.insert(
+            id,
+            Process {
+                pid: tgid,
+                ppid,
+                comm,
+                start_ns,
+                exit_ns: None,
+                on_cpu_ns: vec![0; self.sockets],
+                role,
+            },
+        );
+        self.index.insert(tgid, id);
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoProc;
+    impl ProcMeta for NoProc {
+        fn parent_of(&self, pid: u32) -> Option<u32> {
+            (pid == 500).then_some(1)
+        }
+    }
+
+    fn fork(ts: u64, child: u32, parent: u32, comm: &str) -> TaskEvent {
+        TaskEvent::Fork {
+            ts_ns: ts,
+            child,
+            parent_tid: parent,
+            parent_tgid: parent,
+            comm: comm.into(),
+        }
+    }
+
+    fn task(tid: u32, tgid: u32, ns: u64, exit: Option<u64>, comm: &str) -> TaskTime {
+        TaskTime {
+            tid,
+            tgid,
+            cgroup_id: 1,
+            comm: comm.into(),
+            on_cpu_ns: vec![ns, 0],
+            exit_ns: exit,
+        }
+    }
+
+    fn sample(at: u64, events: Vec<TaskEvent>, tasks: Vec<TaskTime>) -> CpuSample {
+        CpuSample {
+            at_ns: at,
+            events,
+            tasks,
+            ..CpuSample::default()
+        }
+    }
+
+    #[test]
+    fn tree_follows_forks_and_threads_fold_into_their_process() {
+        let mut t = ProcessTable::new(NoProc, 2, 99);
+        t.set_root(100);
+        t.apply(&sample(
+            10,
+            vec![
+                fork(1, 100, 99, "wattprof"),
+                TaskEvent::Exec { ts_ns: 2, tid: 100, tgid: 100, comm: "sh".into() },
+                fork(3, 101, 100, "sh"),
+                fork(4, 102, 101, "sh"),
+                // A thread of 101.
+                fork(5, 103, 101, "sh"),
+            ],
+            vec![
+                task(100, 100, 10, None, "sh"),
+                task(101, 101, 20, Some(8), "burn"),
+                task(103, 101, 5, Some(7), "burn"),
+                task(102, 102, 7, None, "short"),
+                task(99, 99, 3, None, "wattprof"),
+                task(500, 500, 11, None, "other"),
+            ],
+        ));
+        let tree = t.tree();
+        let pids: Vec<u32> = tree.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![100, 101, 102]);
+        let p101 = t.get(101).expect("101");
+        assert_eq!((p101.total_ns(), p101.ppid, p101.exit_ns), (25, Some(100), Some(8)));
+        assert_eq!(p101.comm, "burn");
+        assert_eq!(t.get(102).expect("102").ppid, Some(101));
+        assert_eq!(t.get(500).expect("500").ppid, Some(1), "from /proc");
+        assert_eq!(
+            t.totals(),
+            &GroupTotals { tree_ns: 42, profiler_ns: 3, other_ns: 11 }
+        );
+    }
+
+    #[test]
+    fn pid_reused_within_one_interval_is_two_processes() {
+        let mut t = ProcessTable::new(NoProc, 2, 99);
+        t.set_root(100);
+        t.apply(&sample(10, vec![fork(1, 100, 99, "sh")], vec![task(100, 100, 1, None, "sh")]));
+        t.apply(&sample(
+            20,
+            vec![fork(11, 200, 100, "sh"), fork(15, 200, 100, "sh")],
+            vec![
+                // First 200 exits at 12 (before the reuse at 15); the second
+                // is still running at the end of the interval.
+                task(200, 200, 30, Some(12), "first"),
+                task(200, 200, 4, None, "second"),
+            ],
+        ));
+        let mut two: Vec<&Process> = t.tree().into_iter().filter(|p| p.pid == 200).collect();
+        two.sort_by_key(|p| p.start_ns);
+        assert_eq!(two.len(), 2);
+        assert_eq!((two[0].comm.as_str(), two[0].total_ns(), two[0].exit_ns), ("first", 30, Some(12)));
+        assert_eq!((two[1].comm.as_str(), two[1].total_ns(), two[1].exit_ns), ("second", 4, None));
+    }
+
+    #[test]
+    fn exited_processes_outside_the_tree_are_folded_and_forgotten() {
+        let mut t = ProcessTable::new(NoProc, 2, 99);
+        t.set_root(100);
+        t.apply(&sample(10, vec![fork(1, 300, 1, "cron")], vec![task(300, 300, 9, Some(5), "cron")]));
+        assert!(t.get(300).is_none());
+        assert_eq!(t.totals().other_ns, 9);
+    }
+
+    #[test]
+    fn unmatched_forks_expire() {
+        let mut t = ProcessTable::new(NoProc, 1, 99);
+        t.apply(&sample(10, vec![fork(1, 700, 1, "x")], vec![]));
+        assert_eq!(t.unmatched_forks(), 0);
+        t.apply(&sample(PENDING_FORK_TTL_NS + 10, vec![], vec![]));
+        assert_eq!(t.unmatched_forks(), 1);
+    }
+}

@@ -1,0 +1,493 @@
+//! Loading wattprof's eBPF object and reading it.
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use aya::{
+    Ebpf, EbpfLoader, RawTracePointRunOptions, TestRun,
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
+    programs::{RawTracePoint, TracePoint},
+};
+use profiler_common::{
+    COMM_LEN, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
+    MAX_SOCKETS, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
+};
+
+use super::{
+    CpuSample, CpuSampler, CpuTimes, TaskEvent, TrackerError, comm_to_string, monotonic_ns,
+    sys::{self, Batch},
+    threads::{Observation, Seen, ThreadLedger},
+    tracefs,
+};
+use crate::topology::{SysRoot, Topology};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof.bpf.o");
+
+/// How exits are detected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitTracking {
+    /// Linux 5.18+: the final context switch (`prev_state == TASK_DEAD`)
+    /// reports exact final totals and frees the entry in the kernel.
+    FinalSwitch,
+    /// Older kernels: `sched_process_exit` flags the entry; userspace reads
+    /// the last slice and frees it one interval later.
+    ExitTracepoint,
+}
+
+/// Settings of the tracker.
+#[derive(Clone, Debug)]
+pub struct TrackerConfig {
+    /// Capacity of the per-thread map.
+    pub max_tasks: u32,
+    /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
+    /// is available (tests of the older-kernel path).
+    pub force_exit_tracepoint: bool,
+    /// sysfs, for the topology.
+    pub sys: SysRoot,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        Self {
+            max_tasks: DEFAULT_MAX_TASKS,
+            force_exit_tracepoint: false,
+            sys: SysRoot::real(),
+        }
+    }
+}
+
+/// The loaded and attached eBPF tracker.
+pub struct EbpfTracker {
+    ebpf: Ebpf,
+    cpus: Map,
+    tasks: Map,
+    events: RingBuf<MapData>,
+    topology: Topology,
+    prev: Vec<CpuState>,
+    ledger: ThreadLedger,
+    pending: Vec<TaskEvent>,
+    exit_tracking: ExitTracking,
+    flush_supported: bool,
+    batch_supported: bool,
+    read_syscalls: u64,
+    ring_records: u64,
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
+    move |e| TrackerError::Map {
+        map,
+        reason: e.to_string(),
+    }
+}
+
+fn attach_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> TrackerError + '_ {
+    move |e| TrackerError::Attach {
+        program: program.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn is_permission(e: &aya::EbpfError) -> bool {
+    let text = format!("{e:?}");
+    text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("os error 1)")
+}
+
+impl EbpfTracker {
+    /// Loads and attaches the programs. Accounting starts on each CPU at its
+    /// first event; a flush right after attaching opens every online CPU.
+    pub fn start(cfg: &TrackerConfig) -> Result<Self, TrackerError> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(TrackerError::NotRoot);
+        }
+        raise_memlock_limit();
+        let topology = Topology::read(&cfg.sys)?;
+        let tracefs = tracefs::ensure_mounted()?;
+        let child_pid_offset =
+            tracefs::field_offset(&tracefs, "sched", "sched_process_fork", "child_pid")?;
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
+            .map_max_entries("TASKS", cfg.max_tasks.max(1))
+            .load(OBJECT)
+            .map_err(|e| {
+                if is_permission(&e) {
+                    TrackerError::NotRoot
+                } else {
+                    TrackerError::Load(e.to_string())
+                }
+            })?;
+
+        let mut cpus = ebpf.take_map("CPUS").ok_or(TrackerError::Map {
+            map: "CPUS",
+            reason: "missing from the object".into(),
+        })?;
+        init_cpus(&mut cpus, &topology)?;
+        let tasks = ebpf.take_map("TASKS").ok_or(TrackerError::Map {
+            map: "TASKS",
+            reason: "missing from the object".into(),
+        })?;
+        let events = ebpf.take_map("EVENTS").ok_or(TrackerError::Map {
+            map: "EVENTS",
+            reason: "missing from the object".into(),
+        })?;
+        let events = RingBuf::try_from(events).map_err(map_err("EVENTS"))?;
+
+        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
+        for (prog, name) in [
+            ("wattprof_sched_process_fork", "sched_process_fork"),
+            ("wattprof_sched_process_exec", "sched_process_exec"),
+        ] {
+            attach_tracepoint(&mut ebpf, prog, name)?;
+        }
+        let flush: &mut RawTracePoint = ebpf
+            .program_mut("wattprof_flush")
+            .ok_or_else(|| TrackerError::Load("wattprof_flush missing".into()))?
+            .try_into()
+            .map_err(attach_err("wattprof_flush"))?;
+        flush.load().map_err(attach_err("wattprof_flush"))?;
+
+        let sockets = topology.sockets();
+        let mut tracker = Self {
+            ebpf,
+            cpus,
+            tasks,
+            events,
+            prev: vec![CpuState::default(); topology.possible_cpus()],
+            topology,
+            ledger: ThreadLedger::new(sockets),
+            pending: Vec::new(),
+            exit_tracking,
+            flush_supported: true,
+            batch_supported: true,
+            read_syscalls: 0,
+            ring_records: 0,
+        };
+        tracker.flush_cpus();
+        tracker.prev = tracker.read_cpus()?;
+        Ok(tracker)
+    }
+
+    /// The CPU topology in use.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// How exits are detected on this kernel.
+    pub fn exit_tracking(&self) -> ExitTracking {
+        self.exit_tracking
+    }
+
+    /// Whether in-progress slices are closed before each read (Linux 5.10+).
+    /// Without it, a slice still running at a read is counted at its end.
+    pub fn flush_supported(&self) -> bool {
+        self.flush_supported
+    }
+
+    /// Syscalls spent reading the per-thread map so far.
+    pub fn read_syscalls(&self) -> u64 {
+        self.read_syscalls
+    }
+
+    /// Ring-buffer records consumed so far.
+    pub fn ring_records(&self) -> u64 {
+        self.ring_records
+    }
+
+    /// File descriptor that becomes readable when events are waiting.
+    pub fn events_fd(&self) -> RawFd {
+        self.events.as_raw_fd()
+    }
+
+    /// Bytes of kernel memory the maps use, as the kernel accounts them.
+    pub fn kernel_memory_bytes(&self) -> u64 {
+        let fds = [
+            map_fd(&self.cpus),
+            map_fd(&self.tasks),
+            Some(self.events.as_fd()),
+        ];
+        fds.into_iter()
+            .flatten()
+            .filter_map(sys::map_memlock_bytes)
+            .sum()
+    }
+
+    /// Start of accounting: the earliest CPU window start (monotonic ns).
+    pub fn start_ns(&self) -> u64 {
+        self.prev
+            .iter()
+            .map(|c| c.first_ns)
+            .filter(|t| *t > 0)
+            .min()
+            .unwrap_or_else(monotonic_ns)
+    }
+
+    /// Threads of `tgid` seen alive that have not reported their exit.
+    pub fn live_threads_of(&self, tgid: u32) -> usize {
+        self.ledger.live_threads_of(tgid)
+    }
+
+    /// Consumes waiting ring-buffer records. Call it whenever the events fd
+    /// is readable, so the ring never fills while waiting for a sample.
+    pub fn drain_events(&mut self) {
+        while let Some(item) = self.events.next() {
+            if item.len() < std::mem::size_of::<RawEvent>() {
+                continue;
+            }
+            // SAFETY: the record is a `RawEvent` written by our program;
+            // read_unaligned copes with the ring's 8-byte alignment.
+            let ev: RawEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            self.ring_records += 1;
+            match ev.kind {
+                EVENT_FORK => self.pending.push(TaskEvent::Fork {
+                    ts_ns: ev.ts_ns,
+                    child: ev.tid,
+                    parent_tid: ev.parent_tid,
+                    parent_tgid: ev.parent_tgid,
+                    comm: comm_to_string(&ev.comm),
+                }),
+                EVENT_EXEC => self.pending.push(TaskEvent::Exec {
+                    ts_ns: ev.ts_ns,
+                    tid: ev.tid,
+                    tgid: ev.tgid,
+                    comm: comm_to_string(&ev.comm),
+                }),
+                EVENT_EXIT | EVENT_REAPED => {
+                    self.ledger.observe(
+                        Observation {
+                            tid: ev.tid,
+                            created_ns: ev.created_ns,
+                            tgid: ev.tgid,
+                            cgroup_id: ev.cgroup_id,
+                            comm: &ev.comm,
+                            on_cpu_ns: &ev.on_cpu_ns,
+                        },
+                        Seen::Exit { ts_ns: ev.ts_ns },
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Closes the slice in progress on every online CPU by running the
+    /// flush program there.
+    fn flush_cpus(&mut self) {
+        if !self.flush_supported {
+            return;
+        }
+        let Some(prog) = self.ebpf.program("wattprof_flush") else {
+            self.flush_supported = false;
+            return;
+        };
+        let Ok(prog) = <&RawTracePoint>::try_from(prog) else {
+            self.flush_supported = false;
+            return;
+        };
+        let mut any_ok = false;
+        for &cpu in &self.topology.online {
+            let opts = RawTracePointRunOptions {
+                args: [0; 12],
+                cpu: Some(cpu),
+            };
+            // ENXIO: the CPU went offline since the topology was read.
+            any_ok |= prog.test_run(opts).is_ok();
+        }
+        self.flush_supported = any_ok;
+    }
+
+    fn read_cpus(&self) -> Result<Vec<CpuState>, TrackerError> {
+        let view = PerCpuArray::<&MapData, CpuState>::try_from(&self.cpus).map_err(map_err("CPUS"))?;
+        let values = view.get(&0, 0).map_err(map_err("CPUS"))?;
+        Ok(values.to_vec())
+    }
+
+    fn read_tasks(&mut self) -> Result<Vec<(u32, TaskStats)>, TrackerError> {
+        let zero = TaskStats {
+            created_ns: 0,
+            cgroup_id: 0,
+            on_cpu_ns: [0; MAX_SOCKETS],
+            tgid: 0,
+            flags: 0,
+            comm: [0; COMM_LEN],
+        };
+        if self.batch_supported {
+            if let Some(fd) = map_fd(&self.tasks) {
+                match sys::lookup_batch::<u32, TaskStats>(fd, 4096, zero) {
+                    Ok(Batch::Read { entries, calls }) => {
+                        self.read_syscalls += u64::from(calls);
+                        return Ok(entries);
+                    }
+                    Ok(Batch::Unsupported) => self.batch_supported = false,
+                    Err(e) => {
+                        return Err(TrackerError::Map {
+                            map: "TASKS",
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        let view = BpfHashMap::<&MapData, u32, TaskStats>::try_from(&self.tasks)
+            .map_err(map_err("TASKS"))?;
+        let mut out = Vec::new();
+        for entry in view.iter() {
+            self.read_syscalls += 2;
+            match entry {
+                Ok(kv) => out.push(kv),
+                // Deleted between get_next_key and lookup: its exit record
+                // carries the totals.
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err("TASKS")(e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl CpuSampler for EbpfTracker {
+    fn sample(&mut self) -> Result<CpuSample, TrackerError> {
+        self.flush_cpus();
+        let at_ns = monotonic_ns();
+        let now = self.read_cpus()?;
+        self.drain_events();
+        let entries = self.read_tasks()?;
+        let mut to_free = Vec::new();
+        for (tid, stats) in &entries {
+            let free = self.ledger.observe(
+                Observation {
+                    tid: *tid,
+                    created_ns: stats.created_ns,
+                    tgid: stats.tgid,
+                    cgroup_id: stats.cgroup_id,
+                    comm: &stats.comm,
+                    on_cpu_ns: &stats.on_cpu_ns,
+                },
+                Seen::Map {
+                    dead: stats.flags & TASK_FLAG_DEAD != 0,
+                },
+            );
+            if free {
+                to_free.push((*tid, stats.created_ns));
+            }
+        }
+        if !to_free.is_empty() {
+            let mut view = BpfHashMap::<&mut MapData, u32, TaskStats>::try_from(&mut self.tasks)
+                .map_err(map_err("TASKS"))?;
+            for (tid, created) in to_free {
+                // Already gone is fine: a reused tid's fork recycled it and
+                // reported it.
+                let _ = view.remove(&tid);
+                self.ledger.freed(tid, created);
+            }
+        }
+        self.drain_events();
+        let tasks = self.ledger.finish();
+
+        let mut events_lost = 0;
+        let mut discarded_ns = 0;
+        let cpus = now
+            .iter()
+            .zip(&self.prev)
+            .enumerate()
+            .map(|(cpu, (n, p))| {
+                events_lost += n.events_lost.saturating_sub(p.events_lost);
+                discarded_ns += n.discarded_ns.saturating_sub(p.discarded_ns);
+                let window = |s: &CpuState| s.last_ns.saturating_sub(s.first_ns);
+                CpuTimes {
+                    cpu: cpu as u32,
+                    socket: n.socket,
+                    busy_ns: n.busy_ns.saturating_sub(p.busy_ns),
+                    idle_ns: n.idle_ns.saturating_sub(p.idle_ns),
+                    lost_ns: n.lost_ns.saturating_sub(p.lost_ns),
+                    switches: n.switches.saturating_sub(p.switches),
+                    window_ns: window(n).saturating_sub(window(p)),
+                }
+            })
+            .collect();
+        self.prev = now;
+        Ok(CpuSample {
+            at_ns,
+            cpus,
+            tasks,
+            events: std::mem::take(&mut self.pending),
+            events_lost,
+            discarded_ns,
+        })
+    }
+}
+
+fn map_fd(map: &Map) -> Option<std::os::fd::BorrowedFd<'_>> {
+    match map {
+        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) => {
+            Some(data.fd().as_fd())
+        }
+        _ => None,
+    }
+}
+
+fn init_cpus(cpus: &mut Map, topology: &Topology) -> Result<(), TrackerError> {
+    let mut view =
+        PerCpuArray::<&mut MapData, CpuState>::try_from(cpus).map_err(map_err("CPUS"))?;
+    let values: Vec<CpuState> = topology
+        .socket_of_cpu
+        .iter()
+        .map(|s| CpuState {
+            socket: *s,
+            ..CpuState::default()
+        })
+        .collect();
+    let values = PerCpuValues::try_from(values).map_err(|e| TrackerError::Map {
+        map: "CPUS",
+        reason: e.to_string(),
+    })?;
+    view.set(0, values, 0).map_err(map_err("CPUS"))
+}
+
+fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, TrackerError> {
+    if !force_legacy {
+        let prog = "wattprof_sched_switch";
+        let p: &mut RawTracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
+            .try_into()
+            .map_err(attach_err(prog))?;
+        p.load().map_err(attach_err(prog))?;
+        // Before 5.18 sched_switch has three arguments and the kernel
+        // refuses a program reading the fourth: fall back.
+        if p.attach("sched_switch").is_ok() {
+            return Ok(ExitTracking::FinalSwitch);
+        }
+    }
+    let prog = "wattprof_sched_switch_legacy";
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
+        .try_into()
+        .map_err(attach_err(prog))?;
+    p.load().map_err(attach_err(prog))?;
+    p.attach("sched_switch").map_err(attach_err(prog))?;
+    attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
+    Ok(ExitTracking::ExitTracepoint)
+}
+
+fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), TrackerError> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
+        .try_into()
+        .map_err(attach_err(prog))?;
+    p.load().map_err(attach_err(prog))?;
+    p.attach("sched", name).map_err(attach_err(prog))?;
+    Ok(())
+}
+
+/// Kernels before 5.11 charge eBPF maps to RLIMIT_MEMLOCK.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid pointer to an rlimit.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}

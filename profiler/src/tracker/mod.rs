@@ -1,0 +1,184 @@
+//! Exact on-CPU time per thread, from the scheduler.
+//!
+//! [`EbpfTracker`] loads wattprof's eBPF object and turns its cumulative
+//! counters into per-interval [`CpuSample`]s. Everything downstream consumes
+//! samples through the [`CpuSampler`] trait, so it can be tested on
+//! synthetic samples without root.
+
+mod ebpf;
+mod sys;
+mod threads;
+pub mod tracefs;
+
+pub use ebpf::{EbpfTracker, ExitTracking, TrackerConfig};
+pub use threads::ThreadLedger;
+
+/// What went wrong loading or reading the tracker. Each message ends with
+/// what the user can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackerError {
+    /// Loading eBPF needs root (or CAP_BPF and CAP_PERFMON).
+    #[error("wattprof needs root to load its eBPF programs: run it with sudo")]
+    NotRoot,
+    /// tracefs is not mounted and could not be mounted.
+    #[error(
+        "tracefs is not mounted and mounting it failed ({0}): \
+         run `mount -t tracefs nodev /sys/kernel/tracing`"
+    )]
+    Tracefs(String),
+    /// A tracepoint format file is missing or unexpected.
+    #[error("cannot use tracepoint {tracepoint}: {reason}")]
+    Format {
+        /// `category/name`.
+        tracepoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// The kernel refused the eBPF object.
+    #[error(
+        "the kernel refused wattprof's eBPF programs ({0}); wattprof needs Linux 5.8 \
+         or later with CONFIG_BPF_SYSCALL and BPF ring buffers"
+    )]
+    Load(String),
+    /// A program could not be attached.
+    #[error("cannot attach {program}: {reason}")]
+    Attach {
+        /// Program name.
+        program: String,
+        /// Why.
+        reason: String,
+    },
+    /// Reading or writing a map failed.
+    #[error("eBPF map {map}: {reason}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The CPU topology could not be read.
+    #[error(transparent)]
+    Topology(#[from] crate::topology::TopologyError),
+}
+
+/// One CPU's time over an interval. `busy_ns + idle_ns + lost_ns` is the
+/// length of the CPU's accounting window over the interval (`window_ns`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CpuTimes {
+    /// CPU id.
+    pub cpu: u32,
+    /// Dense package index.
+    pub socket: u32,
+    /// Time tasks ran (recorded per task).
+    pub busy_ns: u64,
+    /// Time the idle task ran.
+    pub idle_ns: u64,
+    /// Time tasks ran that could not be recorded per task.
+    pub lost_ns: u64,
+    /// Context switches.
+    pub switches: u64,
+    /// Length of this CPU's accounting window over the interval.
+    pub window_ns: u64,
+}
+
+/// One thread's on-CPU time over an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskTime {
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// cgroup v2 id at its last context switch.
+    pub cgroup_id: u64,
+    /// Task name.
+    pub comm: String,
+    /// Nanoseconds on CPU in this interval, per dense package index.
+    pub on_cpu_ns: Vec<u64>,
+    /// Monotonic time (ns) of its exit, if it exited.
+    pub exit_ns: Option<u64>,
+}
+
+impl TaskTime {
+    /// On-CPU nanoseconds over all packages.
+    pub fn total_ns(&self) -> u64 {
+        self.on_cpu_ns.iter().sum()
+    }
+}
+
+/// A lifecycle event, in the order the kernel produced it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskEvent {
+    /// `child` was created by a thread of `parent_tgid`. Whether it is a new
+    /// process or a thread shows when it runs (its tgid).
+    Fork {
+        /// Monotonic time (ns).
+        ts_ns: u64,
+        /// The new task's id.
+        child: u32,
+        /// The thread that forked.
+        parent_tid: u32,
+        /// The process that forked.
+        parent_tgid: u32,
+        /// The name the child inherits.
+        comm: String,
+    },
+    /// A thread of `tgid` executed a new program.
+    Exec {
+        /// Monotonic time (ns).
+        ts_ns: u64,
+        /// Thread id.
+        tid: u32,
+        /// Process id.
+        tgid: u32,
+        /// The new name.
+        comm: String,
+    },
+}
+
+/// Everything the tracker measured over one interval.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuSample {
+    /// Monotonic time (ns, `CLOCK_MONOTONIC`) the sample was taken.
+    pub at_ns: u64,
+    /// Per possible CPU.
+    pub cpus: Vec<CpuTimes>,
+    /// Threads that ran, or exited, in the interval.
+    pub tasks: Vec<TaskTime>,
+    /// Forks and execs, in order.
+    pub events: Vec<TaskEvent>,
+    /// Ring-buffer records that could not be written (lineage or names may
+    /// be missing; time is never lost through this).
+    pub events_lost: u64,
+    /// On-CPU time of exited threads whose final record was overwritten.
+    pub discarded_ns: u64,
+}
+
+impl CpuSample {
+    /// Sum of `busy_ns` over CPUs.
+    pub fn busy_ns(&self) -> u64 {
+        self.cpus.iter().map(|c| c.busy_ns).sum()
+    }
+}
+
+/// A source of [`CpuSample`]s: the eBPF tracker, or a synthetic one in tests.
+pub trait CpuSampler {
+    /// Closes the current interval and returns what happened in it.
+    fn sample(&mut self) -> Result<CpuSample, TrackerError>;
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A kernel `comm` as text, up to its NUL.
+pub fn comm_to_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}

@@ -1,0 +1,276 @@
+//! Turning the kernel's cumulative per-thread counters into interval deltas.
+//!
+//! A thread is identified by `(tid, created_ns)`, so a reused tid starts a
+//! new ledger line instead of inheriting the old one's totals. Its totals
+//! come from map reads and from exit/reaped records; both are cumulative, so
+//! seeing the same time twice (a read racing an exit) never counts it twice.
+
+use std::collections::HashMap;
+
+use profiler_common::MAX_SOCKETS;
+
+use super::{TaskTime, comm_to_string};
+
+/// Where an observation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A read of the `TASKS` map; `dead` is the entry's dead flag.
+    Map {
+        /// The entry is flagged dead (exit seen, entry not yet freed).
+        dead: bool,
+    },
+    /// An exit or reaped record, at this monotonic time.
+    Exit {
+        /// When.
+        ts_ns: u64,
+    },
+}
+
+/// One cumulative reading of a thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Observation<'a> {
+    /// Thread id.
+    pub tid: u32,
+    /// Entry creation time (the thread's generation).
+    pub created_ns: u64,
+    /// Process id.
+    pub tgid: u32,
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Name.
+    pub comm: &'a [u8],
+    /// Cumulative on-CPU ns per package.
+    pub on_cpu_ns: &'a [u64; MAX_SOCKETS],
+}
+
+#[derive(Debug)]
+struct Thread {
+    tgid: u32,
+    cgroup_id: u64,
+    comm: String,
+    counted: [u64; MAX_SOCKETS],
+    pending: [u64; MAX_SOCKETS],
+    exit_ns: Option<u64>,
+    exit_reported: bool,
+    dead_reads: u32,
+    in_map: bool,
+    missing_rounds: u32,
+}
+
+/// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
+#[derive(Debug)]
+pub struct ThreadLedger {
+    sockets: usize,
+    threads: HashMap<(u32, u64), Thread>,
+}
+
+impl ThreadLedger {
+    /// A ledger splitting time over `sockets` packages.
+    pub fn new(sockets: usize) -> Self {
+        Self {
+            sockets: sockets.clamp(1, MAX_SOCKETS),
+            threads: HashMap::new(),
+        }
+    }
+
+    /// Number of threads tracked.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Whether no thread is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Threads of `tgid` that have not reported an exit.
+    pub fn live_threads_of(&self, tgid: u32) -> usize {
+        self.threads
+            .values()
+            .filter(|t| t.tgid == tgid && t.exit_ns.is_none())
+            .count()
+    }
+
+    /// Records a cumulative reading. Returns true when the kernel entry
+    /// should now be freed by userspace (flagged dead on two reads, so its
+    /// final slice has landed).
+    pub fn observe(&mut self, obs: Observation<'_>, seen: Seen) -> bool {
+        let thread = self
+            .threads
+            .entry((obs.tid, obs.created_ns))
+            .or_insert_with(|| Thread {
+                tgid: obs.tgid,
+                cgroup_id: obs.cgroup_id,
+                comm: String::new(),
+                counted: [0; MAX_SOCKETS],
+                pending: [0; MAX_SOCKETS],
+                exit_ns: None,
+                exit_reported: false,
+                dead_reads: 0,
+                in_map: false,
+                missing_rounds: 0,
+            });
+        thread.tgid = obs.tgid;
+        thread.cgroup_id = obs.cgroup_id;
+        let comm = comm_to_string(obs.comm);
+        if !comm.is_empty() {
+            thread.comm = comm;
+        }
+        for s in 0..MAX_SOCKETS {
+            let grown = obs.on_cpu_ns[s].saturating_sub(thread.counted[s]);
+            thread.pending[s] += grown;
+            thread.counted[s] += grown;
+        }
+        match seen {
+            Seen::Map { dead } => {
+                thread.in_map = true;
+                if dead {
+                    thread.dead_reads += 1;
+                }
+                thread.dead_reads >= 2
+            }
+            Seen::Exit { ts_ns } => {
+                thread.exit_ns.get_or_insert(ts_ns);
+                false
+            }
+        }
+    }
+
+    /// Marks that the kernel entry of a thread was freed by userspace.
+    pub fn freed(&mut self, tid: u32, created_ns: u64) {
+        if let Some(t) = self.threads.get_mut(&(tid, created_ns)) {
+            t.in_map = false;
+            t.exit_ns.get_or_insert(0);
+        }
+    }
+
+    /// Closes the interval: the time each thread gained since the last
+    /// call, and its exit if it happened now. Forgets threads that are gone
+    /// for good: exited and out of the map, or missing from two reads
+    /// (entry recycled in the kernel, already reported).
+    pub fn finish(&mut self) -> Vec<TaskTime> {
+        let sockets = self.sockets;
+        let mut out = Vec::new();
+        self.threads.retain(|&(tid, _), t| {
+            let gained = t.pending.iter().any(|p| *p > 0);
+            let newly_exited = t.exit_ns.is_some() && !t.exit_reported;
+            if gained || newly_exited {
+                out.push(TaskTime {
+                    tid,
+                    tgid: t.tgid,
+                    cgroup_id: t.cgroup_id,
+                    comm: t.comm.clone(),
+                    on_cpu_ns: t.pending[..sockets].to_vec(),
+                    exit_ns: if newly_exited { t.exit_ns } else { None },
+                });
+                // Time on packages beyond `sockets` cannot happen: the
+                // kernel only indexes packages userspace gave it.
+                t.pending = [0; MAX_SOCKETS];
+                t.exit_reported |= newly_exited;
+            }
+            if t.in_map {
+                t.missing_rounds = 0;
+            } else {
+                t.missing_rounds += 1;
+            }
+            let keep = if t.exit_ns.is_some() {
+                t.in_map
+            } else {
+                t.missing_rounds < 2
+            };
+            t.in_map = false;
+            keep
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(tid: u32, created: u64, ns: u64) -> ([u64; MAX_SOCKETS], u32, u64) {
+        let mut a = [0; MAX_SOCKETS];
+        a[0] = ns;
+        (a, tid, created)
+    }
+
+    fn see(l: &mut ThreadLedger, tid: u32, created: u64, ns: [u64; MAX_SOCKETS], seen: Seen) -> bool {
+        l.observe(
+            Observation {
+                tid,
+                created_ns: created,
+                tgid: tid,
+                cgroup_id: 1,
+                comm: b"x\0",
+                on_cpu_ns: &ns,
+            },
+            seen,
+        )
+    }
+
+    #[test]
+    fn deltas_from_cumulative_readings() {
+        let mut l = ThreadLedger::new(2);
+        let (a, tid, c) = obs(10, 5, 100);
+        see(&mut l, tid, c, a, Seen::Map { dead: false });
+        let out = l.finish();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].on_cpu_ns, vec![100, 0]);
+        let (a, ..) = obs(10, 5, 250);
+        see(&mut l, tid, c, a, Seen::Map { dead: false });
+        assert_eq!(l.finish()[0].on_cpu_ns, vec![150, 0]);
+        // No change: nothing reported, thread kept.
+        see(&mut l, tid, c, a, Seen::Map { dead: false });
+        assert!(l.finish().is_empty());
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn exit_record_and_racing_read_do_not_double_count() {
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, c) = obs(7, 1, 40);
+        see(&mut l, tid, c, a, Seen::Map { dead: false });
+        l.finish();
+        // The map read already saw 90, then the exit record says 90 too.
+        let (b, ..) = obs(7, 1, 90);
+        see(&mut l, tid, c, b, Seen::Map { dead: false });
+        see(&mut l, tid, c, b, Seen::Exit { ts_ns: 1234 });
+        let out = l.finish();
+        assert_eq!(out[0].on_cpu_ns, vec![50]);
+        assert_eq!(out[0].exit_ns, Some(1234));
+        // Exited and absent from the next read: forgotten.
+        assert!(l.finish().is_empty());
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn reused_tid_is_a_new_thread() {
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, _) = obs(9, 1, 500);
+        see(&mut l, tid, 1, a, Seen::Exit { ts_ns: 10 });
+        let (b, ..) = obs(9, 2, 30);
+        see(&mut l, tid, 2, b, Seen::Map { dead: false });
+        let mut out = l.finish();
+        out.sort_by_key(|t| t.total_ns());
+        assert_eq!(out[0].on_cpu_ns, vec![30]);
+        assert_eq!(out[1].on_cpu_ns, vec![500]);
+    }
+
+    #[test]
+    fn legacy_dead_entry_freed_after_second_dead_read_with_its_last_slice() {
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, c) = obs(3, 1, 100);
+        see(&mut l, tid, c, a, Seen::Exit { ts_ns: 50 });
+        assert!(!see(&mut l, tid, c, a, Seen::Map { dead: true }));
+        assert_eq!(l.finish()[0].on_cpu_ns, vec![100]);
+        // The final slice landed after the exit record.
+        let (b, ..) = obs(3, 1, 120);
+        assert!(see(&mut l, tid, c, b, Seen::Map { dead: true }));
+        l.freed(tid, c);
+        let out = l.finish();
+        assert_eq!(out[0].on_cpu_ns, vec![20]);
+        assert_eq!(out[0].exit_ns, None, "exit reported once");
+        assert!(l.is_empty());
+    }
+}

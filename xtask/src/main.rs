@@ -1,0 +1,69 @@
+//! Developer chores for wattprof: `cargo xtask build-ebpf | test | bench`.
+
+mod bench;
+mod ebpf;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "wattprof developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Rebuild the committed eBPF object (profiler/ebpf/wattprof.bpf.o) with
+    /// nightly Rust, installing rust-src, LLVM and bpf-linker when missing.
+    BuildEbpf {
+        /// Write the object here instead of the committed path.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Run every check: formatting, clippy, unit tests, the root integration
+    /// tests against the real eBPF object, and eBPF object freshness.
+    Test {
+        /// Skip the eBPF freshness check (it needs nightly and bpf-linker).
+        #[arg(long)]
+        no_ebpf_check: bool,
+    },
+    /// Benchmarks; results go to stdout, to be recorded in BENCHMARKS.md.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::BuildEbpf { out } => {
+            let out = out.unwrap_or_else(ebpf::committed_object);
+            ebpf::build(&out)?;
+            println!("eBPF object written to {}", out.display());
+            Ok(())
+        }
+        Command::Test { no_ebpf_check } => test::run(!no_ebpf_check),
+        Command::Bench { which } => bench::run(which),
+    }
+}
+
+/// The workspace root (the parent of xtask's manifest directory).
+pub fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Runs a command, failing with its name when it cannot start or exits non-zero.
+pub fn run_cmd(cmd: &mut std::process::Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot start {shown}: {e}"))?;
+    if !status.success() {
+        anyhow::bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
