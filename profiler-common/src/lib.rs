@@ -26,9 +26,10 @@ pub const TASK_DEAD: u64 = 0x80;
 
 /// Per-CPU accounting state: the single value of the `CPUS` per-CPU array.
 ///
-/// Every nanosecond between `first_ns` and `last_ns` on a CPU lands in exactly
-/// one of `busy_ns`, `idle_ns` or `lost_ns`, so
-/// `busy_ns + idle_ns + lost_ns == last_ns - first_ns` holds exactly.
+/// `last_ns - first_ns` is the CPU's accounting window. Task time
+/// (`busy_ns`) is the scheduler's own `sum_exec_runtime` where the kernel has
+/// BTF, so `busy_ns + idle_task_ns + lost_ns` differs from the window only by
+/// where the scheduler draws slice boundaries (userspace reports the rest).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuState {
@@ -36,10 +37,10 @@ pub struct CpuState {
     pub first_ns: u64,
     /// `bpf_ktime_get_ns()` up to which this CPU's time has been charged.
     pub last_ns: u64,
-    /// Time charged to a task (recorded in `TASKS`).
+    /// Time charged to tasks (recorded in `TASKS`).
     pub busy_ns: u64,
-    /// Time the idle task (pid 0) ran.
-    pub idle_ns: u64,
+    /// Wall time between context switches with the idle task (pid 0) on CPU.
+    pub idle_task_ns: u64,
     /// Time a task ran that could not be recorded (`TASKS` full).
     pub lost_ns: u64,
     /// Context switches seen.
@@ -59,6 +60,9 @@ pub struct CpuState {
 /// `TaskStats::flags`: the task has exited; the entry will receive no more
 /// time once its final context switch has happened.
 pub const TASK_FLAG_DEAD: u32 = 1;
+/// `TaskStats::flags`: `sum_exec_seen` holds a reading of the task's
+/// `se.sum_exec_runtime` (0 for a task created while tracked).
+pub const TASK_FLAG_BASELINE: u32 = 2;
 
 /// Cumulative on-CPU time of one thread: the value of the `TASKS` hash map,
 /// keyed by thread id (`u32`).
@@ -70,6 +74,11 @@ pub struct TaskStats {
     pub created_ns: u64,
     /// cgroup v2 id the thread ran in at its last context switch.
     pub cgroup_id: u64,
+    /// `se.sum_exec_runtime` at the last reading (see `TASK_FLAG_BASELINE`).
+    pub sum_exec_seen: u64,
+    /// Time charged by flushes since that reading; the next context switch
+    /// charges the scheduler's figure minus this.
+    pub provisional_ns: u64,
     /// Nanoseconds on CPU, per dense package index.
     pub on_cpu_ns: [u64; MAX_SOCKETS],
     /// Thread group id (the process id).

@@ -1,12 +1,14 @@
 //! wattprof's kernel side: exact on-CPU nanoseconds per thread, per package.
 //!
-//! Every nanosecond of every CPU between its first and last event is charged
-//! to exactly one of: a task (`TASKS`, and the CPU's `busy_ns`), the idle task
-//! (`idle_ns`), or `lost_ns` when `TASKS` is full. The charging point is a
-//! context switch (the task leaving the CPU is `current`, so no `task_struct`
-//! field is read and no kernel-specific offset is needed), or a flush that
-//! userspace runs on a CPU through `BPF_PROG_TEST_RUN` to close the slice in
-//! progress before it reads the maps.
+//! At every context switch the task leaving the CPU (`current`) is charged
+//! for the slice it ran: the growth of its own `se.sum_exec_runtime` (the
+//! scheduler's counter, read at an offset userspace finds in the running
+//! kernel's BTF), or, without BTF, the time since the CPU's previous switch.
+//! Time that cannot be recorded (`TASKS` full) goes to the CPU's `lost_ns`.
+//! Userspace closes slices still in progress before each read with a flush
+//! program run on every CPU through `BPF_PROG_TEST_RUN`; a flush charges
+//! wall time provisionally, and the task's next switch settles the
+//! difference with the scheduler's figure.
 //!
 //! Bounds: `TASKS` holds `DEFAULT_MAX_TASKS` threads (userspace may change it
 //! at load time); `EVENTS` is `DEFAULT_RING_BYTES`; `CPUS` has one entry per
@@ -18,7 +20,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -26,7 +28,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
-    EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_DEAD, TaskEvent, TaskStats,
+    EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent,
+    TaskStats,
 };
 
 /// Per-CPU accounting state (one entry).
@@ -46,6 +49,26 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 /// from the tracefs `format` file and sets it at load time.
 #[unsafe(no_mangle)]
 static FORK_CHILD_PID_OFFSET: u32 = 20;
+
+/// `offsetof(struct task_struct, se.sum_exec_runtime)` in the running kernel,
+/// from its BTF; 0 when unknown (time context switches instead).
+#[unsafe(no_mangle)]
+static SUM_EXEC_OFFSET: u32 = 0;
+
+/// The scheduler's run-time counter of `current`, where it can be read.
+#[inline(always)]
+fn current_sum_exec() -> Option<u64> {
+    // SAFETY: reading a global that userspace sets before load.
+    let offset = unsafe { core::ptr::read_volatile(&SUM_EXEC_OFFSET) } as u64;
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: probe_read_kernel checks the address; the offset comes from
+    // this kernel's own BTF.
+    unsafe { bpf_probe_read_kernel((task + offset) as *const u64) }.ok()
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Charge {
@@ -107,53 +130,82 @@ fn charge(kind: Charge) {
         cpu.last_ns = now;
         return;
     }
-    let delta = now.wrapping_sub(cpu.last_ns);
+    let wall = now.wrapping_sub(cpu.last_ns);
     cpu.last_ns = now;
 
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     if tid == 0 {
-        cpu.idle_ns += delta;
+        cpu.idle_task_ns += wall;
         return;
     }
     let socket = (cpu.socket as usize) & (MAX_SOCKETS - 1);
     // SAFETY: helper without preconditions.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let task = match TASKS.get_ptr_mut(tid) {
-        Some(task) => {
-            // SAFETY: a task is `current` on one CPU at a time, so only this
-            // program updates its entry now; userspace only reads it.
-            let task = unsafe { &mut *task };
-            task.on_cpu_ns[socket] += delta;
-            task.cgroup_id = cgroup_id;
-            task
-        }
+        // SAFETY: a task is `current` on one CPU at a time, so only this
+        // program updates its entry now; userspace only reads it.
+        Some(task) => unsafe { &mut *task },
         None => {
-            let mut fresh = TaskStats {
+            let fresh = TaskStats {
                 created_ns: now,
                 cgroup_id,
+                sum_exec_seen: 0,
+                provisional_ns: 0,
                 on_cpu_ns: [0; MAX_SOCKETS],
-                tgid: (pid_tgid >> 32) as u32,
+                tgid: 0,
                 flags: 0,
                 comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
             };
-            fresh.on_cpu_ns[socket] = delta;
             if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
-                cpu.lost_ns += delta;
+                cpu.lost_ns += wall;
                 return;
             }
             match TASKS.get_ptr_mut(tid) {
                 // SAFETY: as above.
                 Some(task) => unsafe { &mut *task },
                 None => {
-                    cpu.busy_ns += delta;
+                    cpu.lost_ns += wall;
                     return;
                 }
             }
         }
     };
+    task.tgid = (pid_tgid >> 32) as u32;
+    task.cgroup_id = cgroup_id;
+    let delta = match current_sum_exec() {
+        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 => {
+            if kind == Charge::Flush {
+                task.provisional_ns += wall;
+                wall
+            } else {
+                let exact = sum.wrapping_sub(task.sum_exec_seen);
+                let settled = exact.saturating_sub(task.provisional_ns);
+                task.sum_exec_seen = sum;
+                task.provisional_ns = 0;
+                settled
+            }
+        }
+        Some(sum) => {
+            // First sight of a task older than tracking: its first slice
+            // is timed, later ones are the scheduler's.
+            task.sum_exec_seen = sum;
+            task.flags |= TASK_FLAG_BASELINE;
+            if kind == Charge::Flush {
+                task.provisional_ns = wall;
+            }
+            wall
+        }
+        None => wall,
+    };
+    task.on_cpu_ns[socket] += delta;
     cpu.busy_ns += delta;
 
+    if kind != Charge::Switch {
+        // Names change without exec too (prctl, pthread_setname_np): take
+        // the current one at flushes and at exit, off the hot path.
+        task.comm = bpf_get_current_comm().unwrap_or(task.comm);
+    }
     if kind == Charge::SwitchDead {
         task.flags |= TASK_FLAG_DEAD;
         if emit_totals(EVENT_EXIT, tid, task, now, cpu) {
@@ -243,6 +295,20 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         }
         let _ = TASKS.remove(child);
     }
+    // The child's run-time counter starts at zero: with this entry its very
+    // first slice is the scheduler's figure too. (No room: first sight later.)
+    // SAFETY: helpers without preconditions.
+    let fresh = TaskStats {
+        created_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        sum_exec_seen: 0,
+        provisional_ns: 0,
+        on_cpu_ns: [0; MAX_SOCKETS],
+        tgid: 0,
+        flags: TASK_FLAG_BASELINE,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    };
+    let _ = TASKS.insert(child, fresh, BPF_NOEXIST.into());
     emit_current(EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
     0
 }
@@ -281,6 +347,7 @@ pub fn wattprof_sched_process_exit(_ctx: TracePointContext) -> i32 {
         // SAFETY: `current` owns its entry (see `charge`).
         let task = unsafe { &mut *task };
         task.flags |= TASK_FLAG_DEAD;
+        task.comm = bpf_get_current_comm().unwrap_or(task.comm);
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
         emit_totals(EVENT_EXIT, tid, task, now, cpu);

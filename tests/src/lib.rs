@@ -1,1 +1,158 @@
+//! Helpers for wattprof's root integration tests: finding the binaries,
+//! running `wattprof run`, and skipping (loudly) where eBPF cannot run.
 
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Why these tests cannot run here, if they cannot.
+pub fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root to load eBPF (run: sudo -E cargo xtask test)".into());
+    }
+    if !std::path::Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists() {
+        return Some("this kernel has no bpf() syscall (CONFIG_BPF_SYSCALL)".into());
+    }
+    None
+}
+
+/// Returns early from a test, saying why, when eBPF tests cannot run.
+#[macro_export]
+macro_rules! require_ebpf {
+    () => {
+        if let Some(reason) = $crate::skip_reason() {
+            eprintln!("skipping: {reason}");
+            return;
+        }
+    };
+}
+
+/// The directory cargo put the binaries in (target/<profile>): integration
+/// test executables live in its `deps/`.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().unwrap_or(deps).to_path_buf()
+}
+
+/// The `wattprof` binary, built by `cargo build -p profiler` (xtask does).
+pub fn wattprof_bin() -> PathBuf {
+    let bin = std::env::var_os("WATTPROF_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("wattprof"));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first with `cargo build -p profiler` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// The workload helper (a bin of this package, built with its tests).
+pub fn testload_bin() -> PathBuf {
+    target_dir().join("wattprof-testload")
+}
+
+/// A finished `wattprof run`: its output and JSON report.
+pub struct Run {
+    /// Exit status, stdout (the command's) and stderr (wattprof's table).
+    pub output: Output,
+    /// The `--output` document, if it was written.
+    pub report: Option<Value>,
+}
+
+impl Run {
+    /// The report, which the test expects to exist.
+    pub fn report(&self) -> &Value {
+        self.report.as_ref().unwrap_or_else(|| {
+            panic!(
+                "no report; stderr:\n{}",
+                String::from_utf8_lossy(&self.output.stderr)
+            )
+        })
+    }
+
+    /// The command's stdout lines parsed as JSON.
+    pub fn stdout_json(&self) -> Vec<Value> {
+        String::from_utf8_lossy(&self.output.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// wattprof's stderr.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+}
+
+/// Runs `wattprof run [extra] --output <tmp> -- cmd...`.
+pub fn wattprof_run(extra: &[&str], cmd: &[&str]) -> Run {
+    let dir = tempfile_dir();
+    let out = dir.join("run.json");
+    let output = Command::new(wattprof_bin())
+        .arg("run")
+        .args(extra)
+        .arg("--output")
+        .arg(&out)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("start wattprof");
+    let report = std::fs::read(&out)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).expect("report is JSON"));
+    let _ = std::fs::remove_dir_all(&dir);
+    Run { output, report }
+}
+
+/// A fresh private directory under the system temp dir.
+pub fn tempfile_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "wattprof-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// `u64` at a JSON pointer, failing the test with the pointer if absent.
+pub fn u(v: &Value, ptr: &str) -> u64 {
+    v.pointer(ptr)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no integer at {ptr}"))
+}
+
+/// Sum of `on_cpu_ns` over the process `pid` and all its descendants in a
+/// report's `processes` (lineage from `ppid`).
+pub fn subtree_ns(report: &Value, pid: u64) -> u64 {
+    let procs = report["processes"].as_array().expect("processes");
+    let mut total = 0;
+    let mut stack = vec![pid];
+    let mut visited = std::collections::HashSet::new();
+    while let Some(p) = stack.pop() {
+        if !visited.insert(p) {
+            continue;
+        }
+        for q in procs {
+            let qpid = q["pid"].as_u64().unwrap_or(0);
+            if qpid == p {
+                total += q["on_cpu_ns"].as_u64().unwrap_or(0);
+            }
+            if q["ppid"].as_u64() == Some(p) {
+                stack.push(qpid);
+            }
+        }
+    }
+    total
+}
+
+/// Relative difference |a-b|/b.
+pub fn rel_err(a: u64, b: u64) -> f64 {
+    (a as f64 - b as f64).abs() / (b as f64).max(1.0)
+}

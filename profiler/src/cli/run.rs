@@ -233,6 +233,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             on_cpu_ns: 0,
             kernel_memory_bytes: tracker.kernel_memory_bytes(),
             exit_tracking: tracker.exit_tracking(),
+            task_clock: tracker.task_clock(),
             flush_supported: tracker.flush_supported(),
             max_tasks: args.max_tasks,
             interval_ns,

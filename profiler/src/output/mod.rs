@@ -32,6 +32,7 @@ impl MachineTimes {
             acc.socket = c.socket;
             acc.busy_ns += c.busy_ns;
             acc.idle_ns += c.idle_ns;
+            acc.idle_task_ns += c.idle_task_ns;
             acc.lost_ns += c.lost_ns;
             acc.switches += c.switches;
             acc.window_ns += c.window_ns;
@@ -96,8 +97,10 @@ pub struct MachineReport {
     pub package_ids: Vec<u32>,
     /// CPU time of all tasks.
     pub busy_ns: u64,
-    /// CPU time of the idle task.
+    /// CPU time charged to no task (window - busy - lost).
     pub idle_ns: u64,
+    /// Wall time with the idle task on CPU between context switches.
+    pub idle_task_ns: u64,
     /// Sum of every CPU's accounting window (busy + idle + lost).
     pub window_ns: u64,
     /// Per-task time summed over all processes (tree + wattprof + other).
@@ -117,6 +120,8 @@ pub struct ProfilerReport {
     pub kernel_memory_bytes: u64,
     /// How exits are detected.
     pub exit_tracking: crate::tracker::ExitTracking,
+    /// Which clock task time comes from.
+    pub task_clock: crate::tracker::TaskClock,
     /// Whether in-progress slices were closed at each read.
     pub flush_supported: bool,
     /// Capacity of the per-thread map.
@@ -235,6 +240,7 @@ pub fn run_report<M: ProcMeta>(
             package_ids: facts.package_ids,
             busy_ns: machine.sum(|c| c.busy_ns),
             idle_ns: machine.sum(|c| c.idle_ns),
+            idle_task_ns: machine.sum(|c| c.idle_task_ns),
             window_ns: machine.sum(|c| c.window_ns),
             attributed_ns: groups.tree_ns + groups.profiler_ns + groups.other_ns,
             switches: machine.sum(|c| c.switches),

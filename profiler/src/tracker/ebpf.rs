@@ -34,6 +34,17 @@ pub enum ExitTracking {
     ExitTracepoint,
 }
 
+/// Which clock task time comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskClock {
+    /// The scheduler's own `se.sum_exec_runtime` (kernel with BTF): the
+    /// same nanoseconds as `/proc/<pid>/schedstat` and `getrusage`.
+    SumExecRuntime,
+    /// Time between context switches (kernel without BTF).
+    SwitchTiming,
+}
+
 /// Settings of the tracker.
 #[derive(Clone, Debug)]
 pub struct TrackerConfig {
@@ -67,10 +78,16 @@ pub struct EbpfTracker {
     ledger: ThreadLedger,
     pending: Vec<TaskEvent>,
     exit_tracking: ExitTracking,
+    task_clock: TaskClock,
     flush_supported: bool,
     batch_supported: bool,
     read_syscalls: u64,
     ring_records: u64,
+    start_ns: u64,
+    /// Per CPU: task time settled beyond an interval's window (a slice
+    /// charged at a flush, then settled with the scheduler's figure), taken
+    /// from the next intervals' idle time so totals conserve exactly.
+    idle_debt: Vec<u64>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
@@ -106,8 +123,15 @@ impl EbpfTracker {
         let child_pid_offset =
             tracefs::field_offset(&tracefs, "sched", "sched_process_fork", "child_pid")?;
 
+        let sum_exec_offset = super::btf::sum_exec_runtime_offset().unwrap_or(0);
+        let task_clock = if sum_exec_offset == 0 {
+            TaskClock::SwitchTiming
+        } else {
+            TaskClock::SumExecRuntime
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
+            .override_global("SUM_EXEC_OFFSET", &sum_exec_offset, true)
             .map_max_entries("TASKS", cfg.max_tasks.max(1))
             .load(OBJECT)
             .map_err(|e| {
@@ -158,12 +182,16 @@ impl EbpfTracker {
             ledger: ThreadLedger::new(sockets),
             pending: Vec::new(),
             exit_tracking,
+            task_clock,
             flush_supported: true,
             batch_supported: true,
             read_syscalls: 0,
             ring_records: 0,
+            start_ns: 0,
+            idle_debt: Vec::new(),
         };
         tracker.flush_cpus();
+        tracker.start_ns = monotonic_ns();
         tracker.prev = tracker.read_cpus()?;
         Ok(tracker)
     }
@@ -176,6 +204,11 @@ impl EbpfTracker {
     /// How exits are detected on this kernel.
     pub fn exit_tracking(&self) -> ExitTracking {
         self.exit_tracking
+    }
+
+    /// Which clock task time comes from.
+    pub fn task_clock(&self) -> TaskClock {
+        self.task_clock
     }
 
     /// Whether in-progress slices are closed before each read (Linux 5.10+).
@@ -212,14 +245,10 @@ impl EbpfTracker {
             .sum()
     }
 
-    /// Start of accounting: the earliest CPU window start (monotonic ns).
+    /// Start of accounting (monotonic ns): the flush that opened every
+    /// CPU's window when the tracker started. Samples count from there.
     pub fn start_ns(&self) -> u64 {
-        self.prev
-            .iter()
-            .map(|c| c.first_ns)
-            .filter(|t| *t > 0)
-            .min()
-            .unwrap_or_else(monotonic_ns)
+        self.start_ns
     }
 
     /// Threads of `tgid` seen alive that have not reported their exit.
@@ -306,6 +335,8 @@ impl EbpfTracker {
         let zero = TaskStats {
             created_ns: 0,
             cgroup_id: 0,
+            sum_exec_seen: 0,
+            provisional_ns: 0,
             on_cpu_ns: [0; MAX_SOCKETS],
             tgid: 0,
             flags: 0,
@@ -353,7 +384,8 @@ impl CpuSampler for EbpfTracker {
         self.drain_events();
         let entries = self.read_tasks()?;
         let mut to_free = Vec::new();
-        for (tid, stats) in &entries {
+        // tgid 0: created at fork, not run yet; nothing to count.
+        for (tid, stats) in entries.iter().filter(|(_, s)| s.tgid != 0) {
             let free = self.ledger.observe(
                 Observation {
                     tid: *tid,
@@ -386,22 +418,31 @@ impl CpuSampler for EbpfTracker {
 
         let mut events_lost = 0;
         let mut discarded_ns = 0;
+        self.idle_debt.resize(now.len(), 0);
         let cpus = now
             .iter()
             .zip(&self.prev)
+            .zip(self.idle_debt.iter_mut())
             .enumerate()
-            .map(|(cpu, (n, p))| {
+            .map(|(cpu, ((n, p), debt))| {
                 events_lost += n.events_lost.saturating_sub(p.events_lost);
                 discarded_ns += n.discarded_ns.saturating_sub(p.discarded_ns);
                 let window = |s: &CpuState| s.last_ns.saturating_sub(s.first_ns);
+                let window_ns = window(n).saturating_sub(window(p));
+                let busy_ns = n.busy_ns.saturating_sub(p.busy_ns);
+                let lost_ns = n.lost_ns.saturating_sub(p.lost_ns);
+                let owed = busy_ns + lost_ns + *debt;
+                let idle_ns = window_ns.saturating_sub(owed);
+                *debt = owed.saturating_sub(window_ns);
                 CpuTimes {
                     cpu: cpu as u32,
                     socket: n.socket,
-                    busy_ns: n.busy_ns.saturating_sub(p.busy_ns),
-                    idle_ns: n.idle_ns.saturating_sub(p.idle_ns),
-                    lost_ns: n.lost_ns.saturating_sub(p.lost_ns),
+                    busy_ns,
+                    idle_ns,
+                    idle_task_ns: n.idle_task_ns.saturating_sub(p.idle_task_ns),
+                    lost_ns,
                     switches: n.switches.saturating_sub(p.switches),
-                    window_ns: window(n).saturating_sub(window(p)),
+                    window_ns,
                 }
             })
             .collect();

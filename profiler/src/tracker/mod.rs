@@ -5,12 +5,14 @@
 //! samples through the [`CpuSampler`] trait, so it can be tested on
 //! synthetic samples without root.
 
+mod btf;
 mod ebpf;
 mod sys;
 mod threads;
 pub mod tracefs;
 
-pub use ebpf::{EbpfTracker, ExitTracking, TrackerConfig};
+pub use btf::sum_exec_runtime_offset;
+pub use ebpf::{EbpfTracker, ExitTracking, TaskClock, TrackerConfig};
 pub use threads::ThreadLedger;
 
 /// What went wrong loading or reading the tracker. Each message ends with
@@ -61,8 +63,12 @@ pub enum TrackerError {
     Topology(#[from] crate::topology::TopologyError),
 }
 
-/// One CPU's time over an interval. `busy_ns + idle_ns + lost_ns` is the
-/// length of the CPU's accounting window over the interval (`window_ns`).
+/// One CPU's time over an interval.
+///
+/// `busy_ns + idle_ns + lost_ns == window_ns`: `idle_ns` is the time the
+/// scheduler charged to no task. `idle_task_ns` is the wall time between
+/// context switches with the idle task on CPU; the two differ by where the
+/// scheduler draws slice boundaries (see `sched_gap_ns`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CpuTimes {
     /// CPU id.
@@ -71,8 +77,10 @@ pub struct CpuTimes {
     pub socket: u32,
     /// Time tasks ran (recorded per task).
     pub busy_ns: u64,
-    /// Time the idle task ran.
+    /// Time charged to no task: `window_ns - busy_ns - lost_ns`.
     pub idle_ns: u64,
+    /// Wall time with the idle task on CPU, between context switches.
+    pub idle_task_ns: u64,
     /// Time tasks ran that could not be recorded per task.
     pub lost_ns: u64,
     /// Context switches.

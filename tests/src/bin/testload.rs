@@ -1,0 +1,151 @@
+//! Workloads with known ground truth for wattprof's integration tests and
+//! benchmarks. Each mode prints what the kernel itself says it used.
+//!
+//! ```text
+//! wattprof-testload burn SECONDS DUTY      busy DUTY of every 10 ms for SECONDS;
+//!                                          prints {"pid", "schedstat_ns"}
+//! wattprof-testload short                  ~2 ms of CPU, named wp-short
+//! wattprof-testload spawn N                runs `short` N times from a shell loop
+//! wattprof-testload orchestrate            two burners (duty 1.0 and 0.5, 2 s) and
+//!                                          `spawn 2000` at once; prints one JSON line
+//!                                          per program with its wait4 rusage
+//! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
+//! ```
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn set_name(name: &str) {
+    let c = std::ffi::CString::new(name).expect("name without NUL");
+    // SAFETY: PR_SET_NAME with a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr()) };
+}
+
+fn spin_for(cpu: Duration) {
+    let start = thread_cpu_ns();
+    let mut x: u64 = 1;
+    while thread_cpu_ns() - start < cpu.as_nanos() as u64 {
+        for i in 0..1000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn schedstat_ns() -> u64 {
+    std::fs::read_to_string("/proc/self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn burn(seconds: f64, duty: f64) {
+    set_name("wp-burn");
+    let period = Duration::from_millis(10);
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let busy = period.mul_f64(duty.clamp(0.0, 1.0));
+        while t0.elapsed() < busy {
+            std::hint::black_box(thread_cpu_ns());
+        }
+        if duty < 1.0 {
+            std::thread::sleep(period.saturating_sub(t0.elapsed()));
+        }
+    }
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    println!(
+        "{{\"pid\":{},\"schedstat_ns\":{},\"voluntary_switches\":{},\"involuntary_switches\":{}}}",
+        std::process::id(),
+        schedstat_ns(),
+        ru.ru_nvcsw,
+        ru.ru_nivcsw
+    );
+}
+
+fn rusage_ns(ru: &libc::rusage) -> u64 {
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn wait4(pid: u32) -> (i32, u64) {
+    let mut status = 0;
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers; pid is our child.
+    unsafe { libc::wait4(pid as i32, &mut status, 0, &mut ru) };
+    (status, rusage_ns(&ru))
+}
+
+fn orchestrate(me: &str) {
+    let spawn = |args: &[&str]| {
+        Command::new(me)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn program")
+    };
+    let programs = [
+        ("burn-full", spawn(&["burn", "2", "1.0"])),
+        ("burn-half", spawn(&["burn", "2", "0.5"])),
+        ("spawner", spawn(&["spawn", "2000"])),
+    ];
+    for (name, child) in programs {
+        let pid = child.id();
+        let (status, ns) = wait4(pid);
+        // The Child handle must not reap again: forget it.
+        std::mem::forget(child);
+        println!("{{\"name\":\"{name}\",\"pid\":{pid},\"status\":{status},\"rusage_ns\":{ns}}}");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let me = std::env::current_exe().expect("own path");
+    let me = me.to_str().expect("utf-8 path");
+    let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    match args.get(1).map(String::as_str) {
+        Some("burn") => burn(num(2, 2.0), num(3, 1.0)),
+        Some("short") => {
+            set_name("wp-short");
+            spin_for(Duration::from_millis(2));
+        }
+        Some("spawn") => {
+            let n = num(2, 2000.0) as u64;
+            let script = format!("i=0; while [ $i -lt {n} ]; do '{me}' short; i=$((i+1)); done");
+            let status = Command::new("sh").args(["-c", &script]).status().expect("sh");
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Some("orchestrate") => orchestrate(me),
+        Some("threads") => {
+            let n = num(2, 1000.0) as usize;
+            let secs = num(3, 10.0);
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    std::thread::Builder::new()
+                        .stack_size(64 * 1024)
+                        .spawn(move || std::thread::sleep(Duration::from_secs_f64(secs)))
+                        .expect("thread")
+                })
+                .collect();
+            println!("{{\"pid\":{},\"threads\":{n}}}", std::process::id());
+            for h in handles {
+                let _ = h.join();
+            }
+        }
+        _ => {
+            eprintln!("usage: wattprof-testload burn|short|spawn|orchestrate|threads ...");
+            std::process::exit(2);
+        }
+    }
+}
