@@ -53,9 +53,13 @@ pub struct CpuState {
     pub discarded_ns: u64,
     /// Dense package index of this CPU (`0..MAX_SOCKETS`), set by userspace.
     pub socket: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// `CPU_FLAG_*` bits, set by userspace.
+    pub flags: u32,
 }
+
+/// `CpuState::flags`: a context switch may open the CPU's window. Set only
+/// where userspace cannot open windows with a flush (before Linux 5.10).
+pub const CPU_FLAG_SWITCH_OPENS: u32 = 1;
 
 /// `TaskStats::flags`: the task has exited; the entry will receive no more
 /// time once its final context switch has happened.

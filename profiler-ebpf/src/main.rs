@@ -27,7 +27,7 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
+    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
     EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent,
     TaskStats,
 };
@@ -125,9 +125,13 @@ fn charge(kind: Charge) {
         cpu.switches += 1;
     }
     if cpu.last_ns == 0 {
-        // The first event on this CPU opens its accounting window.
-        cpu.first_ns = now;
-        cpu.last_ns = now;
+        // Userspace's opening flush starts the window, so no task time is
+        // recorded before it (switches may open it where flushes are not
+        // available).
+        if kind == Charge::Flush || cpu.flags & CPU_FLAG_SWITCH_OPENS != 0 {
+            cpu.first_ns = now;
+            cpu.last_ns = now;
+        }
         return;
     }
     let wall = now.wrapping_sub(cpu.last_ns);

@@ -211,7 +211,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         std::thread::sleep(Duration::from_millis(1));
         tracker.drain_events();
     }
-    let last = tracker.sample()?;
+    let last = tracker.finish()?;
     table.apply(&last);
     machine.add(&last);
     let end_ns = last.at_ns;

@@ -5,10 +5,13 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use aya::{
     Ebpf, EbpfLoader, RawTracePointRunOptions, TestRun,
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{
+        RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId,
+        trace_point::TracePointLinkId,
+    },
 };
 use profiler_common::{
-    COMM_LEN, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
+    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
     MAX_SOCKETS, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
 };
 
@@ -88,6 +91,14 @@ pub struct EbpfTracker {
     /// charged at a flush, then settled with the scheduler's figure), taken
     /// from the next intervals' idle time so totals conserve exactly.
     idle_debt: Vec<u64>,
+    links: Links,
+}
+
+/// Attached programs, so the final read can stop accounting first.
+#[derive(Default)]
+struct Links {
+    raw: Vec<(&'static str, RawTracePointLinkId)>,
+    tracepoints: Vec<(&'static str, TracePointLinkId)>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
@@ -146,7 +157,7 @@ impl EbpfTracker {
             map: "CPUS",
             reason: "missing from the object".into(),
         })?;
-        init_cpus(&mut cpus, &topology)?;
+        init_cpus(&mut cpus, &topology, 0)?;
         let tasks = ebpf.take_map("TASKS").ok_or(TrackerError::Map {
             map: "TASKS",
             reason: "missing from the object".into(),
@@ -157,12 +168,13 @@ impl EbpfTracker {
         })?;
         let events = RingBuf::try_from(events).map_err(map_err("EVENTS"))?;
 
-        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
+        let mut links = Links::default();
+        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint, &mut links)?;
         for (prog, name) in [
             ("wattprof_sched_process_fork", "sched_process_fork"),
             ("wattprof_sched_process_exec", "sched_process_exec"),
         ] {
-            attach_tracepoint(&mut ebpf, prog, name)?;
+            attach_tracepoint(&mut ebpf, prog, name, &mut links)?;
         }
         let flush: &mut RawTracePoint = ebpf
             .program_mut("wattprof_flush")
@@ -189,10 +201,33 @@ impl EbpfTracker {
             ring_records: 0,
             start_ns: 0,
             idle_debt: Vec::new(),
+            links,
         };
         tracker.flush_cpus();
-        tracker.start_ns = monotonic_ns();
-        tracker.prev = tracker.read_cpus()?;
+        if !tracker.flush_supported {
+            // Before Linux 5.10: nothing is open yet; let switches open.
+            init_cpus(&mut tracker.cpus, &tracker.topology, CPU_FLAG_SWITCH_OPENS)?;
+        }
+        // Every counter starts at zero when its window opens, so the first
+        // sample counts from the opening flush for CPUs and tasks alike.
+        tracker.prev = tracker
+            .read_cpus()?
+            .into_iter()
+            .map(|c| CpuState {
+                first_ns: c.first_ns,
+                last_ns: c.first_ns,
+                socket: c.socket,
+                flags: c.flags,
+                ..CpuState::default()
+            })
+            .collect();
+        tracker.start_ns = tracker
+            .prev
+            .iter()
+            .map(|c| c.first_ns)
+            .filter(|t| *t > 0)
+            .min()
+            .unwrap_or_else(monotonic_ns);
         Ok(tracker)
     }
 
@@ -245,8 +280,8 @@ impl EbpfTracker {
             .sum()
     }
 
-    /// Start of accounting (monotonic ns): the flush that opened every
-    /// CPU's window when the tracker started. Samples count from there.
+    /// Start of accounting (monotonic ns): the flush that opened the CPUs'
+    /// windows when the tracker started. Samples count from there.
     pub fn start_ns(&self) -> u64 {
         self.start_ns
     }
@@ -297,6 +332,28 @@ impl EbpfTracker {
                 _ => {}
             }
         }
+    }
+
+    /// Stops accounting and takes the last sample: with the programs
+    /// detached nothing changes between reading the CPUs and the tasks, so
+    /// the final totals are one consistent snapshot. Slices in progress
+    /// are closed by the flush (which needs no attachment).
+    pub fn finish(&mut self) -> Result<CpuSample, TrackerError> {
+        for (name, link) in self.links.raw.drain(..) {
+            if let Some(Ok(p)) = self
+                .ebpf
+                .program_mut(name)
+                .map(<&mut RawTracePoint>::try_from)
+            {
+                let _ = p.detach(link);
+            }
+        }
+        for (name, link) in self.links.tracepoints.drain(..) {
+            if let Some(Ok(p)) = self.ebpf.program_mut(name).map(<&mut TracePoint>::try_from) {
+                let _ = p.detach(link);
+            }
+        }
+        self.sample()
     }
 
     /// Closes the slice in progress on every online CPU by running the
@@ -467,7 +524,7 @@ fn map_fd(map: &Map) -> Option<std::os::fd::BorrowedFd<'_>> {
     }
 }
 
-fn init_cpus(cpus: &mut Map, topology: &Topology) -> Result<(), TrackerError> {
+fn init_cpus(cpus: &mut Map, topology: &Topology, flags: u32) -> Result<(), TrackerError> {
     let mut view =
         PerCpuArray::<&mut MapData, CpuState>::try_from(cpus).map_err(map_err("CPUS"))?;
     let values: Vec<CpuState> = topology
@@ -475,6 +532,7 @@ fn init_cpus(cpus: &mut Map, topology: &Topology) -> Result<(), TrackerError> {
         .iter()
         .map(|s| CpuState {
             socket: *s,
+            flags,
             ..CpuState::default()
         })
         .collect();
@@ -485,7 +543,11 @@ fn init_cpus(cpus: &mut Map, topology: &Topology) -> Result<(), TrackerError> {
     view.set(0, values, 0).map_err(map_err("CPUS"))
 }
 
-fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, TrackerError> {
+fn attach_switch(
+    ebpf: &mut Ebpf,
+    force_legacy: bool,
+    links: &mut Links,
+) -> Result<ExitTracking, TrackerError> {
     if !force_legacy {
         let prog = "wattprof_sched_switch";
         let p: &mut RawTracePoint = ebpf
@@ -496,7 +558,8 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
         p.load().map_err(attach_err(prog))?;
         // Before 5.18 sched_switch has three arguments and the kernel
         // refuses a program reading the fourth: fall back.
-        if p.attach("sched_switch").is_ok() {
+        if let Ok(link) = p.attach("sched_switch") {
+            links.raw.push((prog, link));
             return Ok(ExitTracking::FinalSwitch);
         }
     }
@@ -507,19 +570,26 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
         .try_into()
         .map_err(attach_err(prog))?;
     p.load().map_err(attach_err(prog))?;
-    p.attach("sched_switch").map_err(attach_err(prog))?;
-    attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
+    let link = p.attach("sched_switch").map_err(attach_err(prog))?;
+    links.raw.push((prog, link));
+    attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit", links)?;
     Ok(ExitTracking::ExitTracepoint)
 }
 
-fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), TrackerError> {
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    prog: &'static str,
+    name: &str,
+    links: &mut Links,
+) -> Result<(), TrackerError> {
     let p: &mut TracePoint = ebpf
         .program_mut(prog)
         .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
         .try_into()
         .map_err(attach_err(prog))?;
     p.load().map_err(attach_err(prog))?;
-    p.attach("sched", name).map_err(attach_err(prog))?;
+    let link = p.attach("sched", name).map_err(attach_err(prog))?;
+    links.tracepoints.push((prog, link));
     Ok(())
 }
 
