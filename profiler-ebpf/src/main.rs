@@ -27,9 +27,9 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
-    EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent,
-    TaskStats,
+    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC,
+    EVENT_EXIT, EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE,
+    TASK_FLAG_DEAD, TaskEvent, TaskStats,
 };
 
 /// Per-CPU accounting state (one entry).

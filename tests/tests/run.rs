@@ -25,12 +25,22 @@ fn assert_cpu_time_closes(report: &serde_json::Value) {
         );
         // Equal but for the scheduler clock vs CLOCK_MONOTONIC (ppm).
         let closure = rel_err(busy + idle + lost, window);
-        assert!(closure < 0.001, "cpu {cpu}: busy + idle + lost vs window {closure}");
+        assert!(
+            closure < 0.001,
+            "cpu {cpu}: busy + idle + lost vs window {closure}"
+        );
         let err = rel_err(window, wall);
-        assert!(err < 0.001, "cpu {cpu}: window {window} vs wall {wall} ({err:.5})");
+        assert!(
+            err < 0.001,
+            "cpu {cpu}: window {window} vs wall {wall} ({err:.5})"
+        );
         let idle_task = u(cpu, "/idle_task_ns");
         let gap = (idle as f64 - idle_task as f64).abs() / window as f64;
-        eprintln!("cpu {}: idle {idle} ns, idle task {idle_task} ns, gap {:.4}% of window", cpu["cpu"], gap * 100.0);
+        eprintln!(
+            "cpu {}: idle {idle} ns, idle task {idle_task} ns, gap {:.4}% of window",
+            cpu["cpu"],
+            gap * 100.0
+        );
         assert!(gap < 0.005, "cpu {cpu}: idle vs idle task gap {gap:.5}");
     }
 }
@@ -52,7 +62,10 @@ fn cpu_bound_child_matches_its_schedstat() {
         .map(|p| u(p, "/on_cpu_ns"))
         .expect("burner in report");
     let err = rel_err(measured, schedstat);
-    eprintln!("burner: wattprof {measured} ns, schedstat {schedstat} ns, error {:.4}%", err * 100.0);
+    eprintln!(
+        "burner: wattprof {measured} ns, schedstat {schedstat} ns, error {:.4}%",
+        err * 100.0
+    );
     assert!(err < 0.005, "error {err}");
     assert_eq!(u(report, "/command/exit_code"), 0);
     assert_cpu_time_closes(report);
@@ -89,7 +102,10 @@ fn three_programs(extra: &[&str]) {
     assert_cpu_time_closes(report);
     // Every task nanosecond the kernel counted is in some process (tree,
     // wattprof, rest of the machine).
-    assert_eq!(u(report, "/machine/attributed_ns"), u(report, "/machine/busy_ns"));
+    assert_eq!(
+        u(report, "/machine/attributed_ns"),
+        u(report, "/machine/busy_ns")
+    );
 }
 
 #[test]
@@ -107,7 +123,10 @@ fn exit_tracepoint_path_older_kernels_is_as_exact() {
 #[test]
 fn full_task_map_reports_lost_time_equal_to_what_was_not_attributed() {
     require_ebpf!();
-    let run = wattprof_run(&["--max-tasks", "16"], &[&testload(), "threads", "64", "0.5"]);
+    let run = wattprof_run(
+        &["--max-tasks", "16"],
+        &[&testload(), "threads", "64", "0.5"],
+    );
     assert!(run.output.status.success(), "{}", run.stderr());
     let r = run.report();
     let lost = u(r, "/lost_ns");
@@ -116,8 +135,15 @@ fn full_task_map_reports_lost_time_equal_to_what_was_not_attributed() {
     let window = u(r, "/machine/window_ns");
     let unattributed = window - u(r, "/machine/idle_ns") - u(r, "/machine/attributed_ns");
     let err = rel_err(unattributed, lost);
-    eprintln!("lost {lost} ns, window - idle - attributed = {unattributed} ns ({:.4}%)", err * 100.0);
+    eprintln!(
+        "lost {lost} ns, window - idle - attributed = {unattributed} ns ({:.4}%)",
+        err * 100.0
+    );
     assert!(err < 0.001, "lost vs unattributed: {err}");
-    assert!(run.stderr().contains("not recorded"), "table warns: {}", run.stderr());
+    assert!(
+        run.stderr().contains("not recorded"),
+        "table warns: {}",
+        run.stderr()
+    );
     assert_cpu_time_closes(r);
 }

@@ -1,4 +1,8 @@
 use anyhow::Result;
 #[derive(clap::Subcommand)]
-pub enum Which { Overhead }
-pub fn run(_w: Which) -> Result<()> { Ok(()) }
+pub enum Which {
+    Overhead,
+}
+pub fn run(_w: Which) -> Result<()> {
+    Ok(())
+}

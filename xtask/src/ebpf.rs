@@ -13,7 +13,12 @@ use crate::{run_cmd, workspace_root};
 /// produce different bytes; the build says so instead of failing.
 pub const PINNED_NIGHTLY: &str = "rustc 1.97.0-nightly (e50aa6fba 2026-05-19)";
 const BPF_LINKER_VERSION: &str = "0.13.0";
-const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
+const LLVM_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "zlib1g-dev",
+    "libzstd-dev",
+];
 
 /// Where the committed object lives.
 pub fn committed_object() -> PathBuf {
@@ -61,7 +66,13 @@ pub fn ensure_toolchain() -> Result<()> {
     .unwrap_or_default();
     if !components.lines().any(|c| c.starts_with("rust-src")) {
         eprintln!("installing rust-src for nightly");
-        run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run_cmd(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     if !bpf_linker_present() {
         if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {
@@ -151,7 +162,8 @@ pub fn build(out: &Path) -> Result<()> {
 pub fn check_fresh() -> Result<()> {
     let fresh = workspace_root().join("target/ebpf/fresh.bpf.o");
     build(&fresh)?;
-    let committed = std::fs::read(committed_object()).context("reading the committed eBPF object")?;
+    let committed =
+        std::fs::read(committed_object()).context("reading the committed eBPF object")?;
     let rebuilt = std::fs::read(&fresh)?;
     if committed != rebuilt {
         bail!(

@@ -1,2 +1,140 @@
-use anyhow::Result;
-pub fn run(_check: bool) -> Result<()> { Ok(()) }
+//! `cargo xtask test`: every check the project has, in one command.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::{ebpf, run_cmd, workspace_root};
+
+/// Passed/failed counts from cargo test's `test result:` lines.
+#[derive(Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    skipped: u64,
+}
+
+impl Counts {
+    fn add_output(&mut self, text: &str) {
+        for line in text.lines() {
+            if let Some(rest) = line.trim().strip_prefix("test result: ") {
+                for part in rest.split(';') {
+                    let mut words = part.split_whitespace().rev();
+                    let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+                        continue;
+                    };
+                    let n: u64 = n.trim_start_matches("ok.").trim().parse().unwrap_or(0);
+                    match kind {
+                        "passed" => self.passed += n,
+                        "failed" => self.failed += n,
+                        _ => {}
+                    }
+                }
+            }
+            if line.contains("skipping: ") {
+                self.skipped += 1;
+            }
+        }
+    }
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+/// Runs a test command, echoing its output, and counts its results.
+fn run_tests(cmd: &mut Command, counts: &mut Counts) -> Result<bool> {
+    eprintln!("+ {cmd:?}");
+    let out = cmd.output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    counts.add_output(&stdout);
+    counts.add_output(&stderr);
+    Ok(out.status.success())
+}
+
+/// Runs everything; fails if anything fails.
+pub fn run(check_ebpf: bool) -> Result<()> {
+    run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run_cmd(cargo().args([
+        "clippy",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The integration tests run the real binary.
+    run_cmd(cargo().args(["build", "--locked", "-p", "profiler", "--bins"]))?;
+    let mut counts = Counts::default();
+    let mut ok = run_tests(
+        cargo().args([
+            "test",
+            "--locked",
+            "-p",
+            "profiler",
+            "-p",
+            "profiler-common",
+            "-p",
+            "xtask",
+        ]),
+        &mut counts,
+    )?;
+    // Root tests share the kernel and measure CPU time: one at a time.
+    ok &= run_tests(
+        cargo().args([
+            "test",
+            "--locked",
+            "-p",
+            "wattprof-tests",
+            "--",
+            "--test-threads=1",
+            "--nocapture",
+        ]),
+        &mut counts,
+    )?;
+    if check_ebpf {
+        match ebpf::check_fresh() {
+            Ok(()) => counts.passed += 1,
+            Err(e) => {
+                eprintln!("eBPF freshness: {e:#}");
+                counts.failed += 1;
+                ok = false;
+            }
+        }
+    }
+    println!(
+        "wattprof: {} passed, {} failed, {} skipped",
+        counts.passed, counts.failed, counts.skipped
+    );
+    if !ok || counts.failed > 0 {
+        bail!("tests failed");
+    }
+    if counts.skipped > 0 {
+        eprintln!(
+            "note: {} tests skipped (see `skipping:` lines above)",
+            counts.skipped
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn counts_cargo_results_and_skips() {
+        let mut c = Counts::default();
+        c.add_output(
+            "test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
+             skipping: needs root\n\
+             test result: FAILED. 3 passed; 1 failed; 0 ignored\n",
+        );
+        assert_eq!((c.passed, c.failed, c.skipped), (15, 1, 1));
+    }
+}

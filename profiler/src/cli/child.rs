@@ -38,7 +38,11 @@ pub fn sudo_user(env: impl Fn(&str) -> Option<OsString>) -> Result<Option<RunAs>
                 .to_str()
                 .and_then(|s| s.parse().ok())
                 .map(Some)
-                .ok_or_else(|| Fatal::profiler(format!("{name}={v:?} is not a number; unset it or pass --as-root"))),
+                .ok_or_else(|| {
+                    Fatal::profiler(format!(
+                        "{name}={v:?} is not a number; unset it or pass --as-root"
+                    ))
+                }),
         }
     };
     let (Some(uid), Some(gid)) = (parse("SUDO_UID")?, parse("SUDO_GID")?) else {
@@ -72,9 +76,13 @@ fn passwd_entry(uid: libc::uid_t) -> (Option<String>, Option<PathBuf>) {
         return (None, None);
     }
     // SAFETY: on success both fields point to NUL-terminated strings in buf.
-    let name = unsafe { CStr::from_ptr(pwd.pw_name) }.to_string_lossy().into_owned();
+    let name = unsafe { CStr::from_ptr(pwd.pw_name) }
+        .to_string_lossy()
+        .into_owned();
     // SAFETY: as above.
-    let home = PathBuf::from(OsStr::from_bytes(unsafe { CStr::from_ptr(pwd.pw_dir) }.to_bytes()));
+    let home = PathBuf::from(OsStr::from_bytes(
+        unsafe { CStr::from_ptr(pwd.pw_dir) }.to_bytes(),
+    ));
     (Some(name), Some(home))
 }
 
@@ -87,7 +95,8 @@ fn group_list(name: &str, gid: libc::gid_t) -> Vec<libc::gid_t> {
         let mut groups = vec![0 as libc::gid_t; n as usize];
         let mut count = n;
         // SAFETY: groups has room for `count` entries.
-        let rc = unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        let rc =
+            unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
         if rc >= 0 {
             groups.truncate(count.max(0) as usize);
             return groups;
@@ -105,10 +114,15 @@ pub fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<Path
     let shown = Path::new(program).display().to_string();
     let check = |p: &Path| -> Result<Option<PathBuf>, Fatal> {
         match std::fs::metadata(p) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(Some(p.to_path_buf())),
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
+                Ok(Some(p.to_path_buf()))
+            }
             Ok(_) => Err(Fatal {
                 code: EXIT_CANNOT_EXECUTE,
-                message: format!("cannot execute {}: not an executable file (check its permissions)", p.display()),
+                message: format!(
+                    "cannot execute {}: not an executable file (check its permissions)",
+                    p.display()
+                ),
             }),
             Err(_) => Ok(None),
         }

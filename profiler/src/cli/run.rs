@@ -18,12 +18,10 @@ use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof run`.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Examples:\n  sudo wattprof run -- python train.py\n  \
+#[command(after_help = "Examples:\n  sudo wattprof run -- python train.py\n  \
         sudo wattprof run --interval 500ms --output run.json -- make -j8\n\n\
         Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
-        failed, 126 if the command cannot be executed, 127 if it is not found."
-)]
+        failed, 126 if the command cannot be executed, 127 if it is not found.")]
 pub struct RunArgs {
     /// How often the tracker is read (e.g. 1s, 250ms). Totals are exact at
     /// any interval; shorter intervals give finer series and cost more.
@@ -50,7 +48,12 @@ pub struct RunArgs {
     pub legacy_exit_tracking: bool,
 
     /// The command and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -69,7 +72,11 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         "ms" => 1e-3,
         "s" => 1.0,
         "m" => 60.0,
-        _ => return Err(format!("unknown unit `{unit}` in `{text}`: use us, ms, s or m")),
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{text}`: use us, ms, s or m"
+            ));
+        }
     };
     let d = Duration::from_secs_f64(value * scale);
     if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
@@ -142,7 +149,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         child::sudo_user(|k| std::env::var_os(k))?
     };
-    let pending_output = args.output.as_deref().map(PendingOutput::create).transpose()?;
+    let pending_output = args
+        .output
+        .as_deref()
+        .map(PendingOutput::create)
+        .transpose()?;
 
     let cfg = TrackerConfig {
         max_tasks: args.max_tasks,
@@ -194,7 +205,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             });
         }
         // With no pidfd (pre-5.3 kernels), poll the child at most every 50 ms.
-        let timeout_ms = if pidfd.is_some() { timeout_ms } else { timeout_ms.min(50) };
+        let timeout_ms = if pidfd.is_some() {
+            timeout_ms
+        } else {
+            timeout_ms.min(50)
+        };
         // SAFETY: fds is a valid array of pollfd.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         tracker.drain_events();

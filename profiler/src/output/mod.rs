@@ -6,7 +6,7 @@ pub use table::render_run_table;
 
 use serde::Serialize;
 
-use crate::process::{GroupTotals, Process, ProcMeta, ProcessTable, Role};
+use crate::process::{GroupTotals, ProcMeta, Process, ProcessTable, Role};
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.

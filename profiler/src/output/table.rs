@@ -67,7 +67,7 @@ pub fn render_run_table(r: &RunReport) -> String {
             e.1 += p.on_cpu_ns;
         }
         let mut rest: Vec<_> = by_name.into_iter().collect();
-        rest.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+        rest.sort_by_key(|r| std::cmp::Reverse(r.1.1));
         for (name, (n, ns)) in rest.iter().take(5) {
             let _ = writeln!(
                 s,
@@ -106,7 +106,12 @@ pub fn render_run_table(r: &RunReport) -> String {
     ];
     let _ = writeln!(s);
     for (label, ns) in rows {
-        let _ = writeln!(s, "  {label:<34} {:>10.3} s {:>6.1}%", secs(ns), pct(ns, total));
+        let _ = writeln!(
+            s,
+            "  {label:<34} {:>10.3} s {:>6.1}%",
+            secs(ns),
+            pct(ns, total)
+        );
     }
     let _ = writeln!(
         s,

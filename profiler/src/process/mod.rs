@@ -199,11 +199,11 @@ impl<M: ProcMeta> ProcessTable<M> {
         for (_, item) in timed {
             match item {
                 Item::Event(e) => self.event(e),
-                Item::Task(t) => self.task(t, sample.at_ns),
+                Item::Task(t) => self.task(t),
             }
         }
         for t in sample.tasks.iter().filter(|t| t.exit_ns.is_none()) {
-            self.task(t, sample.at_ns);
+            self.task(t);
         }
         self.pending.retain(|_, f| {
             let keep = sample.at_ns.saturating_sub(f.ts_ns) < PENDING_FORK_TTL_NS;
@@ -249,9 +249,9 @@ impl<M: ProcMeta> ProcessTable<M> {
                 );
             }
             TaskEvent::Exec {
-                ts_ns, tid, tgid, comm, ..
+                tid, tgid, comm, ..
             } => {
-                let id = self.ensure(*tgid, *tid, *ts_ns);
+                let id = self.ensure(*tgid, *tid);
                 if let Some(rec) = self.records.get_mut(&id) {
                     rec.comm = comm.clone();
                 }
@@ -259,8 +259,8 @@ impl<M: ProcMeta> ProcessTable<M> {
         }
     }
 
-    fn task(&mut self, t: &TaskTime, at_ns: u64) {
-        let id = self.ensure(t.tgid, t.tid, t.exit_ns.unwrap_or(at_ns));
+    fn task(&mut self, t: &TaskTime) {
+        let id = self.ensure(t.tgid, t.tid);
         let Some(rec) = self.records.get_mut(&id) else {
             return;
         };
@@ -284,7 +284,7 @@ impl<M: ProcMeta> ProcessTable<M> {
     }
 
     /// The record of process `tgid`, created on first sight.
-    fn ensure(&mut self, tgid: u32, tid: u32, ts_ns: u64) -> u64 {
+    fn ensure(&mut self, tgid: u32, tid: u32) -> u64 {
         if tid != tgid {
             // A thread: its fork record is not a process's.
             self.pending.remove(&tid);
@@ -308,7 +308,6 @@ impl<M: ProcMeta> ProcessTable<M> {
         } else {
             Role::Other
         };
-        let _ = ts_ns;
         let id = self.next_id;
         self.next_id += 1;
         self.records.insert(
@@ -377,7 +376,12 @@ mod tests {
             10,
             vec![
                 fork(1, 100, 99, "wattprof"),
-                TaskEvent::Exec { ts_ns: 2, tid: 100, tgid: 100, comm: "sh".into() },
+                TaskEvent::Exec {
+                    ts_ns: 2,
+                    tid: 100,
+                    tgid: 100,
+                    comm: "sh".into(),
+                },
                 fork(3, 101, 100, "sh"),
                 fork(4, 102, 101, "sh"),
                 // A thread of 101.
@@ -396,13 +400,20 @@ mod tests {
         let pids: Vec<u32> = tree.iter().map(|p| p.pid).collect();
         assert_eq!(pids, vec![100, 101, 102]);
         let p101 = t.get(101).expect("101");
-        assert_eq!((p101.total_ns(), p101.ppid, p101.exit_ns), (25, Some(100), Some(8)));
+        assert_eq!(
+            (p101.total_ns(), p101.ppid, p101.exit_ns),
+            (25, Some(100), Some(8))
+        );
         assert_eq!(p101.comm, "burn");
         assert_eq!(t.get(102).expect("102").ppid, Some(101));
         assert_eq!(t.get(500).expect("500").ppid, Some(1), "from /proc");
         assert_eq!(
             t.totals(),
-            &GroupTotals { tree_ns: 42, profiler_ns: 3, other_ns: 11 }
+            &GroupTotals {
+                tree_ns: 42,
+                profiler_ns: 3,
+                other_ns: 11
+            }
         );
     }
 
@@ -410,7 +421,11 @@ mod tests {
     fn pid_reused_within_one_interval_is_two_processes() {
         let mut t = ProcessTable::new(NoProc, 2, 99);
         t.set_root(100);
-        t.apply(&sample(10, vec![fork(1, 100, 99, "sh")], vec![task(100, 100, 1, None, "sh")]));
+        t.apply(&sample(
+            10,
+            vec![fork(1, 100, 99, "sh")],
+            vec![task(100, 100, 1, None, "sh")],
+        ));
         t.apply(&sample(
             20,
             vec![fork(11, 200, 100, "sh"), fork(15, 200, 100, "sh")],
@@ -424,15 +439,25 @@ mod tests {
         let mut two: Vec<&Process> = t.tree().into_iter().filter(|p| p.pid == 200).collect();
         two.sort_by_key(|p| p.start_ns);
         assert_eq!(two.len(), 2);
-        assert_eq!((two[0].comm.as_str(), two[0].total_ns(), two[0].exit_ns), ("first", 30, Some(12)));
-        assert_eq!((two[1].comm.as_str(), two[1].total_ns(), two[1].exit_ns), ("second", 4, None));
+        assert_eq!(
+            (two[0].comm.as_str(), two[0].total_ns(), two[0].exit_ns),
+            ("first", 30, Some(12))
+        );
+        assert_eq!(
+            (two[1].comm.as_str(), two[1].total_ns(), two[1].exit_ns),
+            ("second", 4, None)
+        );
     }
 
     #[test]
     fn exited_processes_outside_the_tree_are_folded_and_forgotten() {
         let mut t = ProcessTable::new(NoProc, 2, 99);
         t.set_root(100);
-        t.apply(&sample(10, vec![fork(1, 300, 1, "cron")], vec![task(300, 300, 9, Some(5), "cron")]));
+        t.apply(&sample(
+            10,
+            vec![fork(1, 300, 1, "cron")],
+            vec![task(300, 300, 9, Some(5), "cron")],
+        ));
         assert!(t.get(300).is_none());
         assert_eq!(t.totals().other_ns, 9);
     }

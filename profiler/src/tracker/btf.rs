@@ -48,12 +48,12 @@ impl BtfStructs {
             let kind_flag = info >> 31 != 0;
             pos += 12;
             let extra = match kind {
-                1 | 14 | 17 => 4,              // int, var, decl_tag
-                3 => 12,                       // array
-                4 | 5 | 15 | 19 => 12 * vlen,  // struct, union, datasec, enum64
-                6 | 13 => 8 * vlen,            // enum, func_proto
-                2 | 7..=12 | 16 | 18 => 0,     // ptr, fwd, typedef, qualifiers, func, float, type_tag
-                _ => return None,              // a kind this reader does not know
+                1 | 14 | 17 => 4,             // int, var, decl_tag
+                3 => 12,                      // array
+                4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+                6 | 13 => 8 * vlen,           // enum, func_proto
+                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
+                _ => return None,          // a kind this reader does not know
             };
             if kind == KIND_STRUCT || kind == KIND_UNION {
                 let name = str_at(strings, name_off);
@@ -87,7 +87,10 @@ impl BtfStructs {
 pub fn sum_exec_runtime_offset() -> Option<u32> {
     let blob = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
     let btf = BtfStructs::parse(&blob)?;
-    Some(btf.member_offset("task_struct", "se")? + btf.member_offset("sched_entity", "sum_exec_runtime")?)
+    Some(
+        btf.member_offset("task_struct", "se")?
+            + btf.member_offset("sched_entity", "sum_exec_runtime")?,
+    )
 }
 
 #[cfg(test)]
@@ -99,7 +102,10 @@ mod tests {
     fn blob() -> Vec<u8> {
         let strings = b"\0int\0s\0a\0b\0bf\0c\0";
         let mut types = Vec::new();
-        let mut push = |v: &[u32]| v.iter().for_each(|x| types.extend_from_slice(&x.to_le_bytes()));
+        let mut push = |v: &[u32]| {
+            v.iter()
+                .for_each(|x| types.extend_from_slice(&x.to_le_bytes()))
+        };
         push(&[1, 1 << 24, 4, 32]); // [1] int, size 4, 32 bits
         push(&[5, (KIND_STRUCT << 24) | 2, 12]); // [2] struct s
         push(&[7, 1, 0]); // a at bit 0
@@ -109,7 +115,13 @@ mod tests {
         let mut b = Vec::new();
         b.extend_from_slice(&BTF_MAGIC.to_le_bytes());
         b.extend_from_slice(&[1, 0]);
-        for v in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
         b.extend_from_slice(&types);

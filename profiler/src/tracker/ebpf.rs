@@ -11,8 +11,8 @@ use aya::{
     },
 };
 use profiler_common::{
-    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
-    MAX_SOCKETS, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
+    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT,
+    EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
 };
 
 use super::{
@@ -383,7 +383,8 @@ impl EbpfTracker {
     }
 
     fn read_cpus(&self) -> Result<Vec<CpuState>, TrackerError> {
-        let view = PerCpuArray::<&MapData, CpuState>::try_from(&self.cpus).map_err(map_err("CPUS"))?;
+        let view =
+            PerCpuArray::<&MapData, CpuState>::try_from(&self.cpus).map_err(map_err("CPUS"))?;
         let values = view.get(&0, 0).map_err(map_err("CPUS"))?;
         Ok(values.to_vec())
     }
@@ -399,20 +400,20 @@ impl EbpfTracker {
             flags: 0,
             comm: [0; COMM_LEN],
         };
-        if self.batch_supported {
-            if let Some(fd) = map_fd(&self.tasks) {
-                match sys::lookup_batch::<u32, TaskStats>(fd, 4096, zero) {
-                    Ok(Batch::Read { entries, calls }) => {
-                        self.read_syscalls += u64::from(calls);
-                        return Ok(entries);
-                    }
-                    Ok(Batch::Unsupported) => self.batch_supported = false,
-                    Err(e) => {
-                        return Err(TrackerError::Map {
-                            map: "TASKS",
-                            reason: e.to_string(),
-                        });
-                    }
+        if self.batch_supported
+            && let Some(fd) = map_fd(&self.tasks)
+        {
+            match sys::lookup_batch::<u32, TaskStats>(fd, 4096, zero) {
+                Ok(Batch::Read { entries, calls }) => {
+                    self.read_syscalls += u64::from(calls);
+                    return Ok(entries);
+                }
+                Ok(Batch::Unsupported) => self.batch_supported = false,
+                Err(e) => {
+                    return Err(TrackerError::Map {
+                        map: "TASKS",
+                        reason: e.to_string(),
+                    });
                 }
             }
         }
@@ -517,9 +518,7 @@ impl CpuSampler for EbpfTracker {
 
 fn map_fd(map: &Map) -> Option<std::os::fd::BorrowedFd<'_>> {
     match map {
-        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) => {
-            Some(data.fd().as_fd())
-        }
+        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) => Some(data.fd().as_fd()),
         _ => None,
     }
 }
@@ -572,7 +571,12 @@ fn attach_switch(
     p.load().map_err(attach_err(prog))?;
     let link = p.attach("sched_switch").map_err(attach_err(prog))?;
     links.raw.push((prog, link));
-    attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit", links)?;
+    attach_tracepoint(
+        ebpf,
+        "wattprof_sched_process_exit",
+        "sched_process_exit",
+        links,
+    )?;
     Ok(ExitTracking::ExitTracepoint)
 }
 

@@ -195,7 +195,13 @@ mod tests {
         (a, tid, created)
     }
 
-    fn see(l: &mut ThreadLedger, tid: u32, created: u64, ns: [u64; MAX_SOCKETS], seen: Seen) -> bool {
+    fn see(
+        l: &mut ThreadLedger,
+        tid: u32,
+        created: u64,
+        ns: [u64; MAX_SOCKETS],
+        seen: Seen,
+    ) -> bool {
         l.observe(
             Observation {
                 tid,

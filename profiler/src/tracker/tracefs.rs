@@ -41,7 +41,11 @@ pub fn field_offset(
     name: &str,
     field: &str,
 ) -> Result<u32, TrackerError> {
-    let path = tracefs.join("events").join(category).join(name).join("format");
+    let path = tracefs
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
     let text = std::fs::read_to_string(&path).map_err(|e| TrackerError::Format {
         tracepoint: format!("{category}/{name}"),
         reason: format!("cannot read {}: {e}", path.display()),

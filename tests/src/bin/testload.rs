@@ -33,7 +33,10 @@ fn spin_for(cpu: Duration) {
 }
 
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid timespec pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -123,7 +126,10 @@ fn main() {
         Some("spawn") => {
             let n = num(2, 2000.0) as u64;
             let script = format!("i=0; while [ $i -lt {n} ]; do '{me}' short; i=$((i+1)); done");
-            let status = Command::new("sh").args(["-c", &script]).status().expect("sh");
+            let status = Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .expect("sh");
             std::process::exit(status.code().unwrap_or(1));
         }
         Some("orchestrate") => orchestrate(me),

@@ -1,0 +1,198 @@
+//! `wattprof run` as a user meets it: exit codes, errors with hints, signals,
+//! dropping root to the sudo user. Tests that load eBPF need root.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use wattprof_tests::{require_ebpf, tempfile_dir, u, wattprof_bin, wattprof_run};
+
+fn wattprof(args: &[&str]) -> std::process::Output {
+    Command::new(wattprof_bin())
+        .args(args)
+        .output()
+        .expect("start wattprof")
+}
+
+/// One line on stderr, starting with `wattprof:`, and no panic.
+fn assert_one_line_error(out: &std::process::Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(lines[0].starts_with("wattprof: "), "{err}");
+    assert!(lines[0].contains(needle), "`{needle}` not in: {err}");
+}
+
+#[test]
+fn command_not_found_is_127_with_a_hint() {
+    let out = wattprof(&["run", "--", "no-such-command-wattprof"]);
+    assert_one_line_error(&out, 127, "command not found: no-such-command-wattprof");
+    let out = wattprof(&["run", "--", "/nonexistent/tool"]);
+    assert_one_line_error(&out, 127, "no such file");
+}
+
+#[test]
+fn command_not_executable_is_126() {
+    let dir = tempfile_dir();
+    let script = dir.join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
+    let out = wattprof(&["run", "--", script.to_str().expect("utf-8")]);
+    assert_one_line_error(&out, 126, "not an executable file");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn unwritable_output_fails_before_the_command_runs() {
+    let dir = tempfile_dir();
+    let marker = dir.join("ran");
+    let out = wattprof(&[
+        "run",
+        "--output",
+        "/nonexistent-dir/run.json",
+        "--",
+        "touch",
+        marker.to_str().expect("utf-8"),
+    ]);
+    assert_one_line_error(&out, 125, "cannot write --output /nonexistent-dir/run.json");
+    assert!(!marker.exists(), "the command must not have run");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        &["run", "--interval", "5", "--", "true"][..],
+        &["run", "--interval", "1ms", "--", "true"],
+        &["run"],
+        &["run", "--max-tasks", "0", "--", "true"],
+        &["frobnicate"],
+    ] {
+        let out = wattprof(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let help = wattprof(&["run", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in [
+        "--interval",
+        "--output",
+        "--as-root",
+        "--max-tasks",
+        "Exit status",
+    ] {
+        assert!(text.contains(needle), "help lacks {needle}: {text}");
+    }
+}
+
+#[test]
+fn not_root_is_a_clear_error() {
+    let out = Command::new(wattprof_bin())
+        .args(["run", "--", "true"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("start wattprof as nobody");
+    assert_one_line_error(&out, 125, "needs root");
+}
+
+#[test]
+fn exit_code_and_killing_signal_are_passed_through() {
+    require_ebpf!();
+    let run = wattprof_run(&[], &["sh", "-c", "exit 7"]);
+    assert_eq!(run.output.status.code(), Some(7));
+    assert_eq!(u(run.report(), "/command/exit_code"), 7);
+    let run = wattprof_run(&[], &["sh", "-c", "kill -9 $$"]);
+    assert_eq!(run.output.status.code(), Some(137));
+    assert_eq!(u(run.report(), "/command/signal"), 9);
+}
+
+#[test]
+fn sigterm_to_wattprof_reaches_the_command_and_the_report_is_written() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    let out = dir.join("run.json");
+    let mut wp = Command::new(wattprof_bin())
+        .args([
+            "run",
+            "--output",
+            out.to_str().expect("utf-8"),
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start wattprof");
+    // Wait until the command is running under wattprof.
+    let children = format!("/proc/{}/task/{}/children", wp.id(), wp.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&children)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling a child we started.
+    unsafe { libc::kill(wp.id() as i32, libc::SIGTERM) };
+    let status = wp.wait().expect("wait");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("report written")).expect("json");
+    assert_eq!(u(&report, "/command/signal"), libc::SIGTERM as u64);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn under_sudo_the_command_runs_as_the_invoking_user() {
+    require_ebpf!();
+    let run_with = |extra: &[&str]| {
+        Command::new(wattprof_bin())
+            .arg("run")
+            .args(extra)
+            .args(["--", "sh", "-c", "id -u; id -g; echo $HOME"])
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .output()
+            .expect("start wattprof")
+    };
+    let out = run_with(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(&lines[..2], &["65534", "65534"], "{text}");
+    let out = run_with(&["--as-root"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().next(), Some("0"), "{text}");
+}
+
+#[test]
+fn tracefs_is_mounted_when_missing() {
+    require_ebpf!();
+    // In a private mount namespace, so the machine's mounts are untouched.
+    let script = format!(
+        "umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug/tracing 2>/dev/null; \
+         umount /sys/kernel/debug 2>/dev/null; \
+         test -d /sys/kernel/tracing/events && exit 99; '{}' run -- true",
+        wattprof_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(99) {
+        eprintln!("skipping: tracefs could not be unmounted here");
+        return;
+    }
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("command tree"), "{err}");
+}
