@@ -60,6 +60,9 @@ pub struct CpuState {
 /// `CpuState::flags`: a context switch may open the CPU's window. Set only
 /// where userspace cannot open windows with a flush (before Linux 5.10).
 pub const CPU_FLAG_SWITCH_OPENS: u32 = 1;
+/// `CpuState::flags`: the window is closed (set by the final flush); no
+/// more time is charged on this CPU, so userspace reads a still snapshot.
+pub const CPU_FLAG_CLOSED: u32 = 2;
 
 /// `TaskStats::flags`: the task has exited; the entry will receive no more
 /// time once its final context switch has happened.

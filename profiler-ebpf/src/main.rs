@@ -27,9 +27,9 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC,
-    EVENT_EXIT, EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE,
-    TASK_FLAG_DEAD, TaskEvent, TaskStats,
+    COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS,
+    DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_DEAD,
+    TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent, TaskStats,
 };
 
 /// Per-CPU accounting state (one entry).
@@ -105,9 +105,17 @@ pub fn wattprof_sched_switch_legacy(_ctx: RawTracePointContext) -> i32 {
 
 /// Never attached: run on one CPU by userspace (`BPF_F_TEST_RUN_ON_CPU`) in
 /// interrupt context there, where `current` is the task that CPU is running.
+/// A non-zero argument 0 closes the CPU's window after charging.
 #[raw_tracepoint(tracepoint = "wattprof_flush")]
-pub fn wattprof_flush(_ctx: RawTracePointContext) -> i32 {
+pub fn wattprof_flush(ctx: RawTracePointContext) -> i32 {
     charge(Charge::Flush);
+    let close: u64 = ctx.arg(0);
+    if close != 0
+        && let Some(cpu) = CPUS.get_ptr_mut(0)
+    {
+        // SAFETY: see `charge`.
+        unsafe { (*cpu).flags |= CPU_FLAG_CLOSED };
+    }
     0
 }
 
@@ -119,7 +127,10 @@ fn charge(kind: Charge) {
     // SAFETY: a per-CPU slot, touched only by programs running on this CPU,
     // which cannot interleave (sched_switch runs with interrupts off).
     let cpu = unsafe { &mut *cpu };
-    // SAFETY: helpers without preconditions.
+    if cpu.flags & CPU_FLAG_CLOSED != 0 {
+        return;
+    }
+    // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if kind != Charge::Flush {
         cpu.switches += 1;

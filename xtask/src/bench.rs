@@ -1,8 +1,297 @@
-use anyhow::Result;
+//! `cargo xtask bench overhead`: what the tracker costs, measured side by
+//! side in one run (baseline and tracked runs alternate; medians compared).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{run_cmd, workspace_root};
+
+/// Which benchmark.
 #[derive(clap::Subcommand)]
 pub enum Which {
-    Overhead,
+    /// Slowdown of a context-switch-heavy workload with the tracker
+    /// attached, and the tracker's own CPU time with many live threads.
+    Overhead {
+        /// Baseline/tracked pairs per workload.
+        #[arg(long, default_value_t = 5)]
+        pairs: usize,
+        /// Round trips of the ping-pong workload.
+        #[arg(long, default_value_t = 200_000)]
+        round_trips: u64,
+        /// Seconds each thread-count measurement lasts.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// (helper) Two processes passing a byte back and forth over pipes.
+    #[command(hide = true)]
+    Pingpong {
+        /// Round trips.
+        round_trips: u64,
+    },
+    /// (helper) N threads that start, then sleep.
+    #[command(hide = true)]
+    IdleThreads {
+        /// Threads.
+        n: usize,
+        /// Seconds to sleep.
+        seconds: u64,
+    },
 }
-pub fn run(_w: Which) -> Result<()> {
+
+pub fn run(which: Which) -> Result<()> {
+    match which {
+        Which::Overhead {
+            pairs,
+            round_trips,
+            seconds,
+        } => overhead(pairs, round_trips, seconds),
+        Which::Pingpong { round_trips } => {
+            let secs = pingpong(round_trips)?;
+            println!("{secs}");
+            Ok(())
+        }
+        Which::IdleThreads { n, seconds } => {
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    std::thread::Builder::new()
+                        .stack_size(64 * 1024)
+                        .spawn(move || std::thread::sleep(std::time::Duration::from_secs(seconds)))
+                })
+                .collect::<std::io::Result<_>>()?;
+            for h in handles {
+                let _ = h.join();
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Round trips of one byte between two processes pinned to CPU 0 (every
+/// round trip is two local context switches: the cheapest switch, so the
+/// tracker's share of it is largest, and no cross-CPU wake-up noise);
+/// returns seconds.
+fn pingpong(round_trips: u64) -> Result<f64> {
+    // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
+        }
+    }
+    let mut a = [0i32; 2];
+    let mut b = [0i32; 2];
+    // SAFETY: pipe() fills two fds into each array.
+    if unsafe { libc::pipe(a.as_mut_ptr()) } != 0 || unsafe { libc::pipe(b.as_mut_ptr()) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    let mut byte = [0u8; 1];
+    // SAFETY: single-threaded here; the child only reads and writes pipes.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        for _ in 0..round_trips {
+            // SAFETY: valid fds and a one-byte buffer.
+            unsafe {
+                libc::read(a[0], byte.as_mut_ptr().cast(), 1);
+                libc::write(b[1], byte.as_ptr().cast(), 1);
+            }
+        }
+        // SAFETY: leaving the forked child without running destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let start = Instant::now();
+    for _ in 0..round_trips {
+        // SAFETY: valid fds and a one-byte buffer.
+        unsafe {
+            libc::write(a[1], byte.as_ptr().cast(), 1);
+            libc::read(b[0], byte.as_mut_ptr().cast(), 1);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // SAFETY: reaping our child.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    Ok(secs)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn wattprof_release() -> Result<PathBuf> {
+    let root = workspace_root();
+    run_cmd(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "profiler",
+        "-p",
+        "xtask",
+    ]))?;
+    Ok(root.join("target/release/wattprof"))
+}
+
+/// Runs `cmd`, alone or under `wattprof run`, and returns the number the
+/// workload itself printed (its own timing, so wattprof's start-up is not
+/// in it).
+fn timed(wattprof: Option<&Path>, cmd: &[String], parse: fn(&str) -> Option<f64>) -> Result<f64> {
+    let mut c = match wattprof {
+        Some(w) => {
+            let mut c = Command::new(w);
+            c.args(["run", "--as-root", "--"]).args(cmd);
+            c
+        }
+        None => {
+            let mut c = Command::new(&cmd[0]);
+            c.args(&cmd[1..]);
+            c
+        }
+    };
+    let out = c.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse(&text).with_context(|| format!("no timing in output of {cmd:?}: {text}"))
+}
+
+fn slowdown(
+    name: &str,
+    wattprof: &Path,
+    cmd: &[String],
+    pairs: usize,
+    parse: fn(&str) -> Option<f64>,
+) -> Result<()> {
+    let (mut base, mut traced) = (Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        base.push(timed(None, cmd, parse)?);
+        traced.push(timed(Some(wattprof), cmd, parse)?);
+    }
+    let (b, t) = (median(&mut base), median(&mut traced));
+    println!(
+        "{name}: baseline median {b:.4} s, with tracker median {t:.4} s, slowdown {:+.2}% \
+         (ratio {:.4}; {pairs} pairs; baseline spread {:.4}-{:.4} s)",
+        (t / b - 1.0) * 100.0,
+        t / b,
+        base[0],
+        base[base.len() - 1]
+    );
+    Ok(())
+}
+
+fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> Result<()> {
+    let out = std::env::temp_dir().join(format!("wattprof-bench-{threads}.json"));
+    let status = Command::new(wattprof)
+        .args(["run", "--as-root", "--interval", "1s", "--output"])
+        .arg(&out)
+        .arg("--")
+        .arg(xtask)
+        .args([
+            "bench",
+            "idle-threads",
+            &threads.to_string(),
+            &seconds.to_string(),
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("wattprof run with {threads} threads failed: {status}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let _ = std::fs::remove_file(&out);
+    let num = |p: &str| {
+        report
+            .pointer(p)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let (cpu_ns, wall_ns) = (num("/profiler/on_cpu_ns"), num("/wall_ns"));
+    let samples = num("/profiler/samples").max(1);
+    println!(
+        "tracker CPU with {threads} live idle threads: {:.3} ms per second = {:.3}% of one core \
+         ({:.1} map-read syscalls per sample, {} samples, kernel memory {:.1} MiB)",
+        cpu_ns as f64 / 1e6 / (wall_ns as f64 / 1e9),
+        100.0 * cpu_ns as f64 / wall_ns as f64,
+        num("/profiler/map_read_syscalls") as f64 / samples as f64,
+        samples,
+        num("/profiler/kernel_memory_bytes") as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the overhead benchmark loads eBPF: run it as root");
+    }
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!(
+        "machine: {cpu}, {} CPUs, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    );
+    let pp = vec![
+        xtask.to_string_lossy().into_owned(),
+        "bench".into(),
+        "pingpong".into(),
+        round_trips.to_string(),
+    ];
+    slowdown(
+        &format!("pipe ping-pong pinned to CPU 0, {round_trips} round trips"),
+        &wattprof,
+        &pp,
+        pairs,
+        |t| t.trim().parse().ok(),
+    )?;
+    if Command::new("perf")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let perf = vec![
+            "taskset".into(),
+            "-c".into(),
+            "0".into(),
+            "perf".into(),
+            "bench".into(),
+            "sched".into(),
+            "pipe".into(),
+            "-l".into(),
+            round_trips.to_string(),
+        ];
+        slowdown(
+            "perf bench sched pipe (pinned to CPU 0)",
+            &wattprof,
+            &perf,
+            pairs,
+            |t| {
+                t.lines()
+                    .find_map(|l| l.trim().strip_prefix("Total time:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            },
+        )?;
+    } else {
+        println!("perf bench sched pipe: skipped (perf not installed: apt-get install linux-perf)");
+    }
+    for threads in [1_000, 10_000] {
+        tracker_cpu(&wattprof, &xtask, threads, seconds)?;
+    }
     Ok(())
 }

@@ -5,10 +5,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use aya::{
     Ebpf, EbpfLoader, RawTracePointRunOptions, TestRun,
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
-    programs::{
-        RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId,
-        trace_point::TracePointLinkId,
-    },
+    programs::{RawTracePoint, TracePoint},
 };
 use profiler_common::{
     COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT,
@@ -91,14 +88,7 @@ pub struct EbpfTracker {
     /// charged at a flush, then settled with the scheduler's figure), taken
     /// from the next intervals' idle time so totals conserve exactly.
     idle_debt: Vec<u64>,
-    links: Links,
-}
-
-/// Attached programs, so the final read can stop accounting first.
-#[derive(Default)]
-struct Links {
-    raw: Vec<(&'static str, RawTracePointLinkId)>,
-    tracepoints: Vec<(&'static str, TracePointLinkId)>,
+    closing: bool,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
@@ -168,13 +158,12 @@ impl EbpfTracker {
         })?;
         let events = RingBuf::try_from(events).map_err(map_err("EVENTS"))?;
 
-        let mut links = Links::default();
-        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint, &mut links)?;
+        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
         for (prog, name) in [
             ("wattprof_sched_process_fork", "sched_process_fork"),
             ("wattprof_sched_process_exec", "sched_process_exec"),
         ] {
-            attach_tracepoint(&mut ebpf, prog, name, &mut links)?;
+            attach_tracepoint(&mut ebpf, prog, name)?;
         }
         let flush: &mut RawTracePoint = ebpf
             .program_mut("wattprof_flush")
@@ -201,7 +190,7 @@ impl EbpfTracker {
             ring_records: 0,
             start_ns: 0,
             idle_debt: Vec::new(),
-            links,
+            closing: false,
         };
         tracker.flush_cpus();
         if !tracker.flush_supported {
@@ -334,25 +323,12 @@ impl EbpfTracker {
         }
     }
 
-    /// Stops accounting and takes the last sample: with the programs
-    /// detached nothing changes between reading the CPUs and the tasks, so
-    /// the final totals are one consistent snapshot. Slices in progress
-    /// are closed by the flush (which needs no attachment).
+    /// Stops accounting and takes the last sample. The final flush closes
+    /// each CPU's window in the kernel at the moment it charges the slice
+    /// in progress, so nothing changes while the CPUs and tasks are read:
+    /// the final totals are one consistent snapshot.
     pub fn finish(&mut self) -> Result<CpuSample, TrackerError> {
-        for (name, link) in self.links.raw.drain(..) {
-            if let Some(Ok(p)) = self
-                .ebpf
-                .program_mut(name)
-                .map(<&mut RawTracePoint>::try_from)
-            {
-                let _ = p.detach(link);
-            }
-        }
-        for (name, link) in self.links.tracepoints.drain(..) {
-            if let Some(Ok(p)) = self.ebpf.program_mut(name).map(<&mut TracePoint>::try_from) {
-                let _ = p.detach(link);
-            }
-        }
+        self.closing = true;
         self.sample()
     }
 
@@ -372,8 +348,10 @@ impl EbpfTracker {
         };
         let mut any_ok = false;
         for &cpu in &self.topology.online {
+            let mut args = [0; 12];
+            args[0] = u64::from(self.closing);
             let opts = RawTracePointRunOptions {
-                args: [0; 12],
+                args,
                 cpu: Some(cpu),
             };
             // ENXIO: the CPU went offline since the topology was read.
@@ -542,11 +520,7 @@ fn init_cpus(cpus: &mut Map, topology: &Topology, flags: u32) -> Result<(), Trac
     view.set(0, values, 0).map_err(map_err("CPUS"))
 }
 
-fn attach_switch(
-    ebpf: &mut Ebpf,
-    force_legacy: bool,
-    links: &mut Links,
-) -> Result<ExitTracking, TrackerError> {
+fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, TrackerError> {
     if !force_legacy {
         let prog = "wattprof_sched_switch";
         let p: &mut RawTracePoint = ebpf
@@ -557,8 +531,7 @@ fn attach_switch(
         p.load().map_err(attach_err(prog))?;
         // Before 5.18 sched_switch has three arguments and the kernel
         // refuses a program reading the fourth: fall back.
-        if let Ok(link) = p.attach("sched_switch") {
-            links.raw.push((prog, link));
+        if p.attach("sched_switch").is_ok() {
             return Ok(ExitTracking::FinalSwitch);
         }
     }
@@ -569,31 +542,19 @@ fn attach_switch(
         .try_into()
         .map_err(attach_err(prog))?;
     p.load().map_err(attach_err(prog))?;
-    let link = p.attach("sched_switch").map_err(attach_err(prog))?;
-    links.raw.push((prog, link));
-    attach_tracepoint(
-        ebpf,
-        "wattprof_sched_process_exit",
-        "sched_process_exit",
-        links,
-    )?;
+    p.attach("sched_switch").map_err(attach_err(prog))?;
+    attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
     Ok(ExitTracking::ExitTracepoint)
 }
 
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    prog: &'static str,
-    name: &str,
-    links: &mut Links,
-) -> Result<(), TrackerError> {
+fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), TrackerError> {
     let p: &mut TracePoint = ebpf
         .program_mut(prog)
         .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
         .try_into()
         .map_err(attach_err(prog))?;
     p.load().map_err(attach_err(prog))?;
-    let link = p.attach("sched", name).map_err(attach_err(prog))?;
-    links.tracepoints.push((prog, link));
+    p.attach("sched", name).map_err(attach_err(prog))?;
     Ok(())
 }
 
