@@ -20,6 +20,11 @@ pub const DEFAULT_MAX_TASKS: u32 = 65_536;
 /// Default size of the `EVENTS` ring buffer in bytes (a power of two).
 pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 
+/// Size of the `ACTIVE` ring buffer in bytes: each record (a tid, 16 bytes
+/// with its header) announces a thread that ran in the current read epoch,
+/// so userspace reads only those. 65,536 threads per interval fit.
+pub const ACTIVE_RING_BYTES: u32 = 1 << 20;
+
 /// `TASK_DEAD` in `task_struct::__state`, stable since Linux 4.14. Passed to
 /// the `sched_switch` raw tracepoint as `prev_state` since Linux 5.18.
 pub const TASK_DEAD: u64 = 0x80;
@@ -51,6 +56,9 @@ pub struct CpuState {
     /// their final totals could be reported (ring buffer full at exit, then
     /// the tid was reused). Part of it may already have been read.
     pub discarded_ns: u64,
+    /// Tasks that could not be announced in the `ACTIVE` ring (full); when
+    /// this grows, userspace reads the whole `TASKS` map instead.
+    pub active_lost: u64,
     /// Dense package index of this CPU (`0..MAX_SOCKETS`), set by userspace.
     pub socket: u32,
     /// `CPU_FLAG_*` bits, set by userspace.
@@ -86,6 +94,8 @@ pub struct TaskStats {
     /// Time charged by flushes since that reading; the next context switch
     /// charges the scheduler's figure minus this.
     pub provisional_ns: u64,
+    /// The read epoch in which the thread was last announced in `ACTIVE`.
+    pub epoch: u64,
     /// Nanoseconds on CPU, per dense package index.
     pub on_cpu_ns: [u64; MAX_SOCKETS],
     /// Thread group id (the process id).

@@ -23,13 +23,13 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS,
-    DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_DEAD,
-    TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent, TaskStats,
+    ACTIVE_RING_BYTES, COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState,
+    DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
+    MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent, TaskStats,
 };
 
 /// Per-CPU accounting state (one entry).
@@ -43,6 +43,15 @@ static TASKS: HashMap<u32, TaskStats> = HashMap::with_max_entries(DEFAULT_MAX_TA
 /// Fork, exec and exit records for userspace.
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+/// The current read epoch (one entry), bumped by userspace at each read.
+#[map]
+static EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Thread ids charged in the current epoch, each once, so userspace reads
+/// those entries instead of every thread on the machine.
+#[map]
+static ACTIVE: RingBuf = RingBuf::with_byte_size(ACTIVE_RING_BYTES, 0);
 
 /// Offset of `child_pid` in the `sched:sched_process_fork` record. It moved
 /// when the comm fields became `__data_loc` strings, so userspace reads it
@@ -167,6 +176,7 @@ fn charge(kind: Charge) {
                 cgroup_id,
                 sum_exec_seen: 0,
                 provisional_ns: 0,
+                epoch: 0,
                 on_cpu_ns: [0; MAX_SOCKETS],
                 tgid: 0,
                 flags: 0,
@@ -215,6 +225,18 @@ fn charge(kind: Charge) {
     };
     task.on_cpu_ns[socket] += delta;
     cpu.busy_ns += delta;
+
+    // Announce the thread once per epoch; if the ring is full, try again at
+    // its next charge and let userspace know to read everything.
+    if let Some(epoch) = EPOCH.get(0)
+        && task.epoch != *epoch
+    {
+        if ACTIVE.output::<u32>(&tid, 0).is_ok() {
+            task.epoch = *epoch;
+        } else {
+            cpu.active_lost += 1;
+        }
+    }
 
     if kind != Charge::Switch {
         // Names change without exec too (prctl, pthread_setname_np): take
@@ -318,6 +340,7 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         sum_exec_seen: 0,
         provisional_ns: 0,
+        epoch: 0,
         on_cpu_ns: [0; MAX_SOCKETS],
         tgid: 0,
         flags: TASK_FLAG_BASELINE,

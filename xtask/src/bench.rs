@@ -186,9 +186,24 @@ fn slowdown(
     Ok(())
 }
 
+/// CPU time of all threads of `pid` (ns), from the scheduler.
+fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// wattprof's own CPU while `threads` live idle threads exist: steady
+/// state (after they were all created and seen), and over the whole run
+/// as wattprof measured itself.
 fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> Result<()> {
+    const SETTLE_S: u64 = 3;
     let out = std::env::temp_dir().join(format!("wattprof-bench-{threads}.json"));
-    let status = Command::new(wattprof)
+    let mut child = Command::new(wattprof)
         .args(["run", "--as-root", "--interval", "1s", "--output"])
         .arg(&out)
         .arg("--")
@@ -197,13 +212,19 @@ fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> R
             "bench",
             "idle-threads",
             &threads.to_string(),
-            &seconds.to_string(),
+            &(SETTLE_S + seconds + 1).to_string(),
         ])
         .stderr(std::process::Stdio::null())
-        .status()?;
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
+    let (c0, t0) = (process_cpu_ns(child.id()), Instant::now());
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let (c1, t1) = (process_cpu_ns(child.id()), Instant::now());
+    let status = child.wait()?;
     if !status.success() {
         bail!("wattprof run with {threads} threads failed: {status}");
     }
+    let steady = (c1 - c0) as f64 / (t1 - t0).as_secs_f64();
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     let _ = std::fs::remove_file(&out);
     let num = |p: &str| {
@@ -215,12 +236,13 @@ fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> R
     let (cpu_ns, wall_ns) = (num("/profiler/on_cpu_ns"), num("/wall_ns"));
     let samples = num("/profiler/samples").max(1);
     println!(
-        "tracker CPU with {threads} live idle threads: {:.3} ms per second = {:.3}% of one core \
-         ({:.1} map-read syscalls per sample, {} samples, kernel memory {:.1} MiB)",
-        cpu_ns as f64 / 1e6 / (wall_ns as f64 / 1e9),
-        100.0 * cpu_ns as f64 / wall_ns as f64,
+        "tracker CPU with {threads} live idle threads, 1 s interval: steady state {:.3} ms/s = \
+         {:.3}% of one core; whole run incl. creating them {:.3}% ({:.1} map-read syscalls per \
+         sample, {samples} samples, kernel memory {:.1} MiB)",
+        steady / 1e6,
+        steady / 1e7,
+        100.0 * cpu_ns as f64 / wall_ns.max(1) as f64,
         num("/profiler/map_read_syscalls") as f64 / samples as f64,
-        samples,
         num("/profiler/kernel_memory_bytes") as f64 / (1 << 20) as f64
     );
     Ok(())

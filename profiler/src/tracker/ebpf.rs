@@ -4,7 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::{
     Ebpf, EbpfLoader, RawTracePointRunOptions, TestRun,
-    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
 use profiler_common::{
@@ -73,6 +73,12 @@ pub struct EbpfTracker {
     cpus: Map,
     tasks: Map,
     events: RingBuf<MapData>,
+    epoch_map: Map,
+    active: RingBuf<MapData>,
+    /// Threads announced in `ACTIVE` since the last read.
+    announced: Vec<u32>,
+    epoch: u64,
+    samples: u64,
     topology: Topology,
     prev: Vec<CpuState>,
     ledger: ThreadLedger,
@@ -157,6 +163,16 @@ impl EbpfTracker {
             reason: "missing from the object".into(),
         })?;
         let events = RingBuf::try_from(events).map_err(map_err("EVENTS"))?;
+        let mut epoch_map = ebpf.take_map("EPOCH").ok_or(TrackerError::Map {
+            map: "EPOCH",
+            reason: "missing from the object".into(),
+        })?;
+        write_epoch(&mut epoch_map, 1)?;
+        let active = ebpf.take_map("ACTIVE").ok_or(TrackerError::Map {
+            map: "ACTIVE",
+            reason: "missing from the object".into(),
+        })?;
+        let active = RingBuf::try_from(active).map_err(map_err("ACTIVE"))?;
 
         let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
         for (prog, name) in [
@@ -178,6 +194,11 @@ impl EbpfTracker {
             cpus,
             tasks,
             events,
+            epoch_map,
+            active,
+            announced: Vec::new(),
+            epoch: 1,
+            samples: 0,
             prev: vec![CpuState::default(); topology.possible_cpus()],
             topology,
             ledger: ThreadLedger::new(sockets),
@@ -261,7 +282,9 @@ impl EbpfTracker {
         let fds = [
             map_fd(&self.cpus),
             map_fd(&self.tasks),
+            map_fd(&self.epoch_map),
             Some(self.events.as_fd()),
+            Some(self.active.as_fd()),
         ];
         fds.into_iter()
             .flatten()
@@ -283,6 +306,12 @@ impl EbpfTracker {
     /// Consumes waiting ring-buffer records. Call it whenever the events fd
     /// is readable, so the ring never fills while waiting for a sample.
     pub fn drain_events(&mut self) {
+        while let Some(item) = self.active.next() {
+            if let Some(tid) = item.get(..4) {
+                self.announced
+                    .push(u32::from_ne_bytes([tid[0], tid[1], tid[2], tid[3]]));
+            }
+        }
         while let Some(item) = self.events.next() {
             if item.len() < std::mem::size_of::<RawEvent>() {
                 continue;
@@ -367,12 +396,35 @@ impl EbpfTracker {
         Ok(values.to_vec())
     }
 
+    /// Looks up the announced threads and those awaiting a free, one
+    /// syscall each.
+    fn read_announced(&mut self) -> Result<Vec<(u32, TaskStats)>, TrackerError> {
+        let mut tids = std::mem::take(&mut self.announced);
+        tids.extend(self.ledger.awaiting_free());
+        tids.sort_unstable();
+        tids.dedup();
+        let view = BpfHashMap::<&MapData, u32, TaskStats>::try_from(&self.tasks)
+            .map_err(map_err("TASKS"))?;
+        let mut out = Vec::with_capacity(tids.len());
+        for tid in tids {
+            self.read_syscalls += 1;
+            match view.get(&tid, 0) {
+                Ok(stats) => out.push((tid, stats)),
+                // Exited (its exit record carries the totals).
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err("TASKS")(e)),
+            }
+        }
+        Ok(out)
+    }
+
     fn read_tasks(&mut self) -> Result<Vec<(u32, TaskStats)>, TrackerError> {
         let zero = TaskStats {
             created_ns: 0,
             cgroup_id: 0,
             sum_exec_seen: 0,
             provisional_ns: 0,
+            epoch: 0,
             on_cpu_ns: [0; MAX_SOCKETS],
             tgid: 0,
             flags: 0,
@@ -414,11 +466,30 @@ impl EbpfTracker {
 
 impl CpuSampler for EbpfTracker {
     fn sample(&mut self) -> Result<CpuSample, TrackerError> {
+        // Threads charged from here on announce themselves for the next read.
+        self.epoch += 1;
+        write_epoch(&mut self.epoch_map, self.epoch)?;
         self.flush_cpus();
         let at_ns = monotonic_ns();
         let now = self.read_cpus()?;
         self.drain_events();
-        let entries = self.read_tasks()?;
+        let announce_overflow = now
+            .iter()
+            .zip(&self.prev)
+            .any(|(n, p)| n.active_lost > p.active_lost);
+        // Read only the threads that ran, unless that is most of them, the
+        // announcements overflowed, or this is the first or final read.
+        let full_scan = self.closing
+            || self.samples == 0
+            || announce_overflow
+            || self.announced.len() * 4 > self.ledger.len();
+        let entries = if full_scan {
+            self.announced.clear();
+            self.read_tasks()?
+        } else {
+            self.read_announced()?
+        };
+        self.samples += 1;
         let mut to_free = Vec::new();
         // tgid 0: created at fork, not run yet; nothing to count.
         for (tid, stats) in entries.iter().filter(|(_, s)| s.tgid != 0) {
@@ -450,7 +521,7 @@ impl CpuSampler for EbpfTracker {
             }
         }
         self.drain_events();
-        let tasks = self.ledger.finish();
+        let tasks = self.ledger.finish(full_scan);
 
         let mut events_lost = 0;
         let mut discarded_ns = 0;
@@ -499,6 +570,11 @@ fn map_fd(map: &Map) -> Option<std::os::fd::BorrowedFd<'_>> {
         Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) => Some(data.fd().as_fd()),
         _ => None,
     }
+}
+
+fn write_epoch(map: &mut Map, epoch: u64) -> Result<(), TrackerError> {
+    let mut view = Array::<&mut MapData, u64>::try_from(map).map_err(map_err("EPOCH"))?;
+    view.set(0, epoch, 0).map_err(map_err("EPOCH"))
 }
 
 fn init_cpus(cpus: &mut Map, topology: &Topology, flags: u32) -> Result<(), TrackerError> {

@@ -6,8 +6,9 @@
 //! seeing the same time twice (a read racing an exit) never counts it twice.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
-use profiler_common::MAX_SOCKETS;
+use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
 use super::{TaskTime, comm_to_string};
 
@@ -47,7 +48,7 @@ pub struct Observation<'a> {
 struct Thread {
     tgid: u32,
     cgroup_id: u64,
-    comm: String,
+    comm: [u8; COMM_LEN],
     counted: [u64; MAX_SOCKETS],
     pending: [u64; MAX_SOCKETS],
     exit_ns: Option<u64>,
@@ -57,11 +58,34 @@ struct Thread {
     missing_rounds: u32,
 }
 
+/// A multiplicative hasher for the ledger's integer keys: every live
+/// thread is looked up on every read, and SipHash's DoS resistance buys
+/// nothing for keys the kernel hands out.
+#[derive(Default)]
+struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
 #[derive(Debug)]
 pub struct ThreadLedger {
     sockets: usize,
-    threads: HashMap<(u32, u64), Thread>,
+    threads: HashMap<(u32, u64), Thread, BuildHasherDefault<IntHasher>>,
 }
 
 impl ThreadLedger {
@@ -69,7 +93,7 @@ impl ThreadLedger {
     pub fn new(sockets: usize) -> Self {
         Self {
             sockets: sockets.clamp(1, MAX_SOCKETS),
-            threads: HashMap::new(),
+            threads: HashMap::default(),
         }
     }
 
@@ -101,7 +125,7 @@ impl ThreadLedger {
             .or_insert_with(|| Thread {
                 tgid: obs.tgid,
                 cgroup_id: obs.cgroup_id,
-                comm: String::new(),
+                comm: [0; COMM_LEN],
                 counted: [0; MAX_SOCKETS],
                 pending: [0; MAX_SOCKETS],
                 exit_ns: None,
@@ -112,9 +136,12 @@ impl ThreadLedger {
             });
         thread.tgid = obs.tgid;
         thread.cgroup_id = obs.cgroup_id;
-        let comm = comm_to_string(obs.comm);
-        if !comm.is_empty() {
-            thread.comm = comm;
+        // Names stay raw bytes until reported: this runs for every live
+        // thread on every read.
+        if obs.comm.first().is_some_and(|b| *b != 0) {
+            let n = obs.comm.len().min(COMM_LEN);
+            thread.comm = [0; COMM_LEN];
+            thread.comm[..n].copy_from_slice(&obs.comm[..n]);
         }
         for s in 0..MAX_SOCKETS {
             let grown = obs.on_cpu_ns[s].saturating_sub(thread.counted[s]);
@@ -144,11 +171,23 @@ impl ThreadLedger {
         }
     }
 
+    /// Exited threads whose kernel entry was still there at the last read
+    /// (the exit-tracepoint path frees them one read later): a partial read
+    /// must look these up too.
+    pub fn awaiting_free(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads
+            .iter()
+            .filter(|(_, t)| t.exit_ns.is_some())
+            .map(|((tid, _), _)| *tid)
+    }
+
     /// Closes the interval: the time each thread gained since the last
     /// call, and its exit if it happened now. Forgets threads that are gone
-    /// for good: exited and out of the map, or missing from two reads
-    /// (entry recycled in the kernel, already reported).
-    pub fn finish(&mut self) -> Vec<TaskTime> {
+    /// for good: exited and out of the map, or missing from two full reads
+    /// (entry recycled in the kernel, already reported). After a partial
+    /// read (`full_scan == false`, only announced threads looked up) a
+    /// thread not looked up is simply idle.
+    pub fn finish(&mut self, full_scan: bool) -> Vec<TaskTime> {
         let sockets = self.sockets;
         let mut out = Vec::new();
         self.threads.retain(|&(tid, _), t| {
@@ -159,7 +198,7 @@ impl ThreadLedger {
                     tid,
                     tgid: t.tgid,
                     cgroup_id: t.cgroup_id,
-                    comm: t.comm.clone(),
+                    comm: comm_to_string(&t.comm),
                     on_cpu_ns: t.pending[..sockets].to_vec(),
                     exit_ns: if newly_exited { t.exit_ns } else { None },
                 });
@@ -170,7 +209,7 @@ impl ThreadLedger {
             }
             if t.in_map {
                 t.missing_rounds = 0;
-            } else {
+            } else if full_scan {
                 t.missing_rounds += 1;
             }
             let keep = if t.exit_ns.is_some() {
@@ -220,15 +259,15 @@ mod tests {
         let mut l = ThreadLedger::new(2);
         let (a, tid, c) = obs(10, 5, 100);
         see(&mut l, tid, c, a, Seen::Map { dead: false });
-        let out = l.finish();
+        let out = l.finish(true);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].on_cpu_ns, vec![100, 0]);
         let (a, ..) = obs(10, 5, 250);
         see(&mut l, tid, c, a, Seen::Map { dead: false });
-        assert_eq!(l.finish()[0].on_cpu_ns, vec![150, 0]);
+        assert_eq!(l.finish(true)[0].on_cpu_ns, vec![150, 0]);
         // No change: nothing reported, thread kept.
         see(&mut l, tid, c, a, Seen::Map { dead: false });
-        assert!(l.finish().is_empty());
+        assert!(l.finish(true).is_empty());
         assert_eq!(l.len(), 1);
     }
 
@@ -237,16 +276,16 @@ mod tests {
         let mut l = ThreadLedger::new(1);
         let (a, tid, c) = obs(7, 1, 40);
         see(&mut l, tid, c, a, Seen::Map { dead: false });
-        l.finish();
+        l.finish(true);
         // The map read already saw 90, then the exit record says 90 too.
         let (b, ..) = obs(7, 1, 90);
         see(&mut l, tid, c, b, Seen::Map { dead: false });
         see(&mut l, tid, c, b, Seen::Exit { ts_ns: 1234 });
-        let out = l.finish();
+        let out = l.finish(true);
         assert_eq!(out[0].on_cpu_ns, vec![50]);
         assert_eq!(out[0].exit_ns, Some(1234));
         // Exited and absent from the next read: forgotten.
-        assert!(l.finish().is_empty());
+        assert!(l.finish(true).is_empty());
         assert!(l.is_empty());
     }
 
@@ -257,10 +296,29 @@ mod tests {
         see(&mut l, tid, 1, a, Seen::Exit { ts_ns: 10 });
         let (b, ..) = obs(9, 2, 30);
         see(&mut l, tid, 2, b, Seen::Map { dead: false });
-        let mut out = l.finish();
+        let mut out = l.finish(true);
         out.sort_by_key(|t| t.total_ns());
         assert_eq!(out[0].on_cpu_ns, vec![30]);
         assert_eq!(out[1].on_cpu_ns, vec![500]);
+    }
+
+    #[test]
+    fn threads_skipped_by_partial_reads_are_kept_not_recounted() {
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, c) = obs(4, 1, 70);
+        see(&mut l, tid, c, a, Seen::Map { dead: false });
+        assert_eq!(l.finish(true)[0].on_cpu_ns, vec![70]);
+        for _ in 0..5 {
+            assert!(l.finish(false).is_empty());
+        }
+        assert_eq!(l.len(), 1, "idle thread kept across partial reads");
+        let (b, ..) = obs(4, 1, 75);
+        see(&mut l, tid, c, b, Seen::Map { dead: false });
+        assert_eq!(l.finish(false)[0].on_cpu_ns, vec![5], "only the growth");
+        // Two full reads without it: gone.
+        l.finish(true);
+        l.finish(true);
+        assert!(l.is_empty());
     }
 
     #[test]
@@ -269,12 +327,12 @@ mod tests {
         let (a, tid, c) = obs(3, 1, 100);
         see(&mut l, tid, c, a, Seen::Exit { ts_ns: 50 });
         assert!(!see(&mut l, tid, c, a, Seen::Map { dead: true }));
-        assert_eq!(l.finish()[0].on_cpu_ns, vec![100]);
+        assert_eq!(l.finish(true)[0].on_cpu_ns, vec![100]);
         // The final slice landed after the exit record.
         let (b, ..) = obs(3, 1, 120);
         assert!(see(&mut l, tid, c, b, Seen::Map { dead: true }));
         l.freed(tid, c);
-        let out = l.finish();
+        let out = l.finish(true);
         assert_eq!(out[0].on_cpu_ns, vec![20]);
         assert_eq!(out[0].exit_ns, None, "exit reported once");
         assert!(l.is_empty());
