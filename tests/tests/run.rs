@@ -147,3 +147,22 @@ fn full_task_map_reports_lost_time_equal_to_what_was_not_attributed() {
     );
     assert_cpu_time_closes(r);
 }
+
+#[test]
+fn kernel_memory_matches_the_documented_formula() {
+    require_ebpf!();
+    for max_tasks in ["65536", "4096"] {
+        let run = wattprof_run(&["--max-tasks", max_tasks], &["true"]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        let measured = u(run.report(), "/profiler/kernel_memory_bytes");
+        let cpus = u(run.report(), "/machine/cpus");
+        let estimate =
+            wattprof::tracker::kernel_memory_estimate(cpus, max_tasks.parse().expect("n"));
+        let err = rel_err(estimate, measured);
+        eprintln!(
+            "max-tasks {max_tasks}: kernel {measured} B, formula {estimate} B ({:.3}%)",
+            err * 100.0
+        );
+        assert!(err < 0.01, "formula off by {err}");
+    }
+}

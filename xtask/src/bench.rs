@@ -162,11 +162,14 @@ fn timed(wattprof: Option<&Path>, cmd: &[String], parse: fn(&str) -> Option<f64>
     parse(&text).with_context(|| format!("no timing in output of {cmd:?}: {text}"))
 }
 
+/// Prints the slowdown of `cmd` under the tracker, and the added cost per
+/// context switch given how many switches the workload makes.
 fn slowdown(
     name: &str,
     wattprof: &Path,
     cmd: &[String],
     pairs: usize,
+    switches: f64,
     parse: fn(&str) -> Option<f64>,
 ) -> Result<()> {
     let (mut base, mut traced) = (Vec::new(), Vec::new());
@@ -177,9 +180,11 @@ fn slowdown(
     let (b, t) = (median(&mut base), median(&mut traced));
     println!(
         "{name}: baseline median {b:.4} s, with tracker median {t:.4} s, slowdown {:+.2}% \
-         (ratio {:.4}; {pairs} pairs; baseline spread {:.4}-{:.4} s)",
+         (ratio {:.4}, {:+.0} ns per context switch; {pairs} pairs; baseline spread \
+         {:.4}-{:.4} s)",
         (t / b - 1.0) * 100.0,
         t / b,
+        (t - b) * 1e9 / switches,
         base[0],
         base[base.len() - 1]
     );
@@ -280,6 +285,7 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
         &wattprof,
         &pp,
         pairs,
+        2.0 * round_trips as f64,
         |t| t.trim().parse().ok(),
     )?;
     if Command::new("perf")
@@ -287,28 +293,32 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        let perf = vec![
-            "taskset".into(),
-            "-c".into(),
-            "0".into(),
-            "perf".into(),
-            "bench".into(),
-            "sched".into(),
-            "pipe".into(),
-            "-l".into(),
-            round_trips.to_string(),
-        ];
-        slowdown(
-            "perf bench sched pipe (pinned to CPU 0)",
-            &wattprof,
-            &perf,
-            pairs,
-            |t| {
-                t.lines()
-                    .find_map(|l| l.trim().strip_prefix("Total time:"))
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            },
-        )?;
+        let parse_perf: fn(&str) -> Option<f64> = |t| {
+            t.lines()
+                .find_map(|l| l.trim().strip_prefix("Total time:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        };
+        for pinned in [false, true] {
+            let mut cmd: Vec<String> = Vec::new();
+            if pinned {
+                cmd.extend(["taskset", "-c", "0"].map(String::from));
+            }
+            cmd.extend(["perf", "bench", "sched", "pipe", "-l"].map(String::from));
+            cmd.push(round_trips.to_string());
+            let name = if pinned {
+                "perf bench sched pipe (pinned to CPU 0)"
+            } else {
+                "perf bench sched pipe (default, tasks on any CPU)"
+            };
+            slowdown(
+                name,
+                &wattprof,
+                &cmd,
+                pairs,
+                2.0 * round_trips as f64,
+                parse_perf,
+            )?;
+        }
     } else {
         println!("perf bench sched pipe: skipped (perf not installed: apt-get install linux-perf)");
     }

@@ -8,8 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Fatal};
 
@@ -202,11 +201,52 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// Where forwarded signals go: the command once started; until then a
+/// signal is held and delivered as soon as it starts.
+#[derive(Debug, Default)]
+pub struct SignalTarget {
+    state: Mutex<(i32, Option<i32>)>,
+}
+
+impl SignalTarget {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (i32, Option<i32>)> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The command started as `pid`: deliver a held signal now.
+    pub fn started(&self, pid: u32) {
+        let mut state = self.lock();
+        state.0 = pid as i32;
+        if let Some(sig) = state.1.take() {
+            // SAFETY: kill with a pid we started.
+            unsafe { libc::kill(state.0, sig) };
+        }
+    }
+
+    /// The command was reaped: its pid may be reused, stop forwarding.
+    pub fn ended(&self) {
+        *self.lock() = (-1, None);
+    }
+
+    fn deliver(&self, sig: i32, sender: Option<i32>) {
+        let mut state = self.lock();
+        match state.0 {
+            0 => state.1 = Some(sig),
+            pid if pid > 0 && sender != Some(pid) => {
+                // SAFETY: kill with a pid we started and have not reaped.
+                unsafe { libc::kill(pid, sig) };
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Forwards SIGINT, SIGTERM and SIGHUP sent to wattprof to the child.
 ///
 /// Signals the terminal sends to the whole foreground group (Ctrl-C) have
-/// already reached the child and are not sent twice.
-pub fn forward_signals(child: Arc<AtomicI32>) -> std::io::Result<()> {
+/// already reached the child and are not sent twice; signals the child
+/// sends to wattprof are not sent back.
+pub fn forward_signals(target: Arc<SignalTarget>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     use signal_hook::iterator::{SignalsInfo, exfiltrator::WithOrigin};
     use signal_hook::low_level::siginfo::Cause;
@@ -215,13 +255,72 @@ pub fn forward_signals(child: Arc<AtomicI32>) -> std::io::Result<()> {
         .name("wattprof-signals".into())
         .spawn(move || {
             for origin in signals.forever() {
-                let pid = child.load(Ordering::SeqCst);
-                let from_child = origin.process.is_some_and(|p| p.pid == pid);
-                if pid > 0 && !from_child && !matches!(origin.cause, Cause::Kernel) {
-                    // SAFETY: kill with a pid we started.
-                    unsafe { libc::kill(pid, origin.signal) };
+                if !matches!(origin.cause, Cause::Kernel) {
+                    target.deliver(origin.signal, origin.process.map(|p| p.pid));
                 }
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_signal_before_the_command_starts_is_delivered_when_it_does() {
+        let target = SignalTarget::default();
+        target.deliver(libc::SIGTERM, None);
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        target.started(child.id());
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn signals_from_the_command_itself_or_after_it_ended_are_not_forwarded() {
+        let target = SignalTarget::default();
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        target.started(child.id());
+        target.deliver(libc::SIGTERM, Some(child.id() as i32));
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "not sent back"
+        );
+        target.deliver(libc::SIGKILL, None);
+        assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGKILL));
+        target.ended();
+        target.deliver(libc::SIGKILL, None); // must not signal a reused pid
+    }
+
+    #[test]
+    fn sudo_variables() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        assert_eq!(sudo_user(env(&[])).expect("none"), None);
+        assert_eq!(
+            sudo_user(env(&[("SUDO_UID", "0"), ("SUDO_GID", "0")])).expect("root"),
+            None
+        );
+        let err = sudo_user(env(&[("SUDO_UID", "x"), ("SUDO_GID", "1")])).expect_err("bad");
+        assert!(err.message.contains("SUDO_UID"), "{}", err.message);
+        let user = sudo_user(env(&[("SUDO_UID", "65534"), ("SUDO_GID", "65534")]))
+            .expect("ok")
+            .expect("a user");
+        assert_eq!((user.uid, user.gid), (65534, 65534));
+        assert!(user.groups.contains(&65534), "{:?}", user.groups);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+    }
 }

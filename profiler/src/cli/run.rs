@@ -5,7 +5,6 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -15,6 +14,9 @@ use super::{Fatal, child};
 use crate::output::{self, MachineTimes, ProfilerReport, RunFacts};
 use crate::process::{ProcFs, ProcessTable};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
+
+/// Shortest time between two drains of the event ring while records flow.
+const DRAIN_BATCH: Duration = Duration::from_millis(10);
 
 /// Arguments of `wattprof run`.
 #[derive(clap::Args, Debug)]
@@ -172,11 +174,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     );
     let mut machine = MachineTimes::default();
 
-    let child_pid = Arc::new(AtomicI32::new(0));
-    child::forward_signals(child_pid.clone()).context("cannot install signal handlers")?;
+    let signal_target = Arc::new(child::SignalTarget::default());
+    child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
     let mut proc = child::spawn(&resolved, rest, run_as.as_ref())?;
     let pid = proc.id();
-    child_pid.store(pid as i32, Ordering::SeqCst);
+    signal_target.started(pid);
     table.set_root(pid);
     let pidfd = child::pidfd(pid);
 
@@ -211,13 +213,32 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             timeout_ms.min(50)
         };
         // SAFETY: fds is a valid array of pollfd.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         tracker.drain_events();
+        if ready > 0 && fds[0].revents != 0 {
+            // Records come one wake-up each: take them in batches (the ring
+            // holds ~30,000 records, far more than 10 ms of forks), still
+            // waking at once if the command exits.
+            let wait = DRAIN_BATCH.min(Duration::from_nanos(
+                next_tick.saturating_sub(monotonic_ns()),
+            ));
+            if let Some(fd) = &pidfd {
+                let mut exit_fd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut exit_fd, 1, wait.as_millis() as i32) };
+            } else {
+                std::thread::sleep(wait);
+            }
+        }
         if let Some(status) = proc.try_wait().context("waiting for the command")? {
             break status;
         }
     };
-    child_pid.store(0, Ordering::SeqCst);
+    signal_target.ended();
 
     // The command was reaped, but its threads may still be finishing their
     // last context switch: wait (briefly) until they have all reported.

@@ -22,6 +22,26 @@ use crate::topology::{SysRoot, Topology};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof.bpf.o");
 
+/// Kernel memory the maps take (bytes) for `possible_cpus` CPUs and a
+/// `max_tasks` thread map, by the kernel's own accounting (the `memlock`
+/// figures of `/proc/<pid>/fdinfo`):
+///
+/// - `TASKS`, a preallocated hash map: `max_tasks` elements of 184 bytes
+///   (48-byte element header, 8-byte key slot, 128-byte [`TaskStats`]),
+///   16 bytes per bucket (`max_tasks` rounded up to a power of two), and
+///   one spare element and free-list per CPU (about 640 bytes);
+/// - `EVENTS` and `ACTIVE` ring buffers: their size plus their page tables;
+/// - `CPUS`: 80 bytes per CPU; `EPOCH`: one page-sized array.
+pub fn kernel_memory_estimate(possible_cpus: u64, max_tasks: u64) -> u64 {
+    const ELEM: u64 = 48 + 8 + std::mem::size_of::<TaskStats>() as u64;
+    let buckets = max_tasks.next_power_of_two() * 16;
+    let tasks = max_tasks * ELEM + buckets + possible_cpus * 640;
+    let ring = |bytes: u64| bytes + bytes / 4096 * 8 + 4096 * 2 + 4096 * 5;
+    let rings = ring(u64::from(profiler_common::DEFAULT_RING_BYTES))
+        + ring(u64::from(profiler_common::ACTIVE_RING_BYTES));
+    tasks + rings + possible_cpus * 80 + 320 + 320
+}
+
 /// How exits are detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -277,7 +297,8 @@ impl EbpfTracker {
         self.events.as_raw_fd()
     }
 
-    /// Bytes of kernel memory the maps use, as the kernel accounts them.
+    /// Bytes of kernel memory the maps use, as the kernel accounts them
+    /// (see [`kernel_memory_estimate`] for the formula).
     pub fn kernel_memory_bytes(&self) -> u64 {
         let fds = [
             map_fd(&self.cpus),

@@ -12,7 +12,7 @@ mod threads;
 pub mod tracefs;
 
 pub use btf::sum_exec_runtime_offset;
-pub use ebpf::{EbpfTracker, ExitTracking, TaskClock, TrackerConfig};
+pub use ebpf::{EbpfTracker, ExitTracking, TaskClock, TrackerConfig, kernel_memory_estimate};
 pub use threads::ThreadLedger;
 
 /// What went wrong loading or reading the tracker. Each message ends with
@@ -189,4 +189,18 @@ pub fn monotonic_ns() -> u64 {
 pub fn comm_to_string(comm: &[u8]) -> String {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_memory_estimate;
+
+    #[test]
+    fn kernel_memory_on_a_256_cpu_machine_with_32768_threads_is_under_64_mib() {
+        // The default map holds 65,536 threads: 32,768 live ones with room
+        // for as many again.
+        let bytes = kernel_memory_estimate(256, u64::from(profiler_common::DEFAULT_MAX_TASKS));
+        assert!(bytes < 64 << 20, "{bytes}");
+        assert!(bytes > 16 << 20, "{bytes}: the formula lost a term");
+    }
 }
