@@ -22,7 +22,8 @@ pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 
 /// Size of the `ACTIVE` ring buffer in bytes: each record (a tid, 16 bytes
 /// with its header) announces a thread that ran in the current read epoch,
-/// so userspace reads only those. 65,536 threads per interval fit.
+/// so userspace reads only those. A record is `[tid, epoch]` as two u64
+/// (24 bytes with its header): 43,690 threads per interval fit.
 pub const ACTIVE_RING_BYTES: u32 = 1 << 20;
 
 /// `TASK_DEAD` in `task_struct::__state`, stable since Linux 4.14. Passed to
@@ -96,6 +97,11 @@ pub struct TaskStats {
     pub provisional_ns: u64,
     /// The read epoch in which the thread was last announced in `ACTIVE`.
     pub epoch: u64,
+    /// Kernel address of the task owning this entry (0: created at fork,
+    /// claimed by the child's first charge). A tid can move to another task
+    /// (exec from a non-leader thread swaps tids; a freed tid is reused), so
+    /// an entry charged by a different task is retired, not mixed.
+    pub task_ptr: u64,
     /// Nanoseconds on CPU, per dense package index.
     pub on_cpu_ns: [u64; MAX_SOCKETS],
     /// Thread group id (the process id).

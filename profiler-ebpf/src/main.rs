@@ -166,9 +166,24 @@ fn charge(kind: Charge) {
     let socket = (cpu.socket as usize) & (MAX_SOCKETS - 1);
     // SAFETY: helper without preconditions.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    let task = match TASKS.get_ptr_mut(tid) {
+    // SAFETY: helper without preconditions.
+    let task_ptr = unsafe { bpf_get_current_task() };
+    let mut found = TASKS.get_ptr_mut(tid);
+    if let Some(entry) = found {
         // SAFETY: a task is `current` on one CPU at a time, so only this
         // program updates its entry now; userspace only reads it.
+        let entry = unsafe { &mut *entry };
+        if entry.task_ptr == 0 {
+            entry.task_ptr = task_ptr;
+        } else if entry.task_ptr != task_ptr {
+            // The tid now belongs to another task: retire the old entry
+            // with its totals, then start this task's own.
+            retire(tid, entry, now, cpu);
+            found = None;
+        }
+    }
+    let task = match found {
+        // SAFETY: as above.
         Some(task) => unsafe { &mut *task },
         None => {
             let fresh = TaskStats {
@@ -177,6 +192,7 @@ fn charge(kind: Charge) {
                 sum_exec_seen: 0,
                 provisional_ns: 0,
                 epoch: 0,
+                task_ptr,
                 on_cpu_ns: [0; MAX_SOCKETS],
                 tgid: 0,
                 flags: 0,
@@ -199,12 +215,13 @@ fn charge(kind: Charge) {
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
     let delta = match current_sum_exec() {
-        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 => {
+        // A counter below the baseline cannot be this task's: time it.
+        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
             if kind == Charge::Flush {
                 task.provisional_ns += wall;
                 wall
             } else {
-                let exact = sum.wrapping_sub(task.sum_exec_seen);
+                let exact = sum - task.sum_exec_seen;
                 let settled = exact.saturating_sub(task.provisional_ns);
                 task.sum_exec_seen = sum;
                 task.provisional_ns = 0;
@@ -212,12 +229,16 @@ fn charge(kind: Charge) {
             }
         }
         Some(sum) => {
-            // First sight of a task older than tracking: its first slice
-            // is timed, later ones are the scheduler's.
-            task.sum_exec_seen = sum;
-            task.flags |= TASK_FLAG_BASELINE;
+            // First sight of a task older than tracking: this slice is
+            // timed. At a switch the counter is current, so later slices
+            // are the scheduler's; at a flush it is stale by up to a tick,
+            // so the baseline waits for the next switch (timed from here).
+            task.provisional_ns = 0;
             if kind == Charge::Flush {
-                task.provisional_ns = wall;
+                task.flags &= !TASK_FLAG_BASELINE;
+            } else {
+                task.sum_exec_seen = sum;
+                task.flags |= TASK_FLAG_BASELINE;
             }
             wall
         }
@@ -231,7 +252,10 @@ fn charge(kind: Charge) {
     if let Some(epoch) = EPOCH.get(0)
         && task.epoch != *epoch
     {
-        if ACTIVE.output::<u32>(&tid, 0).is_ok() {
+        if ACTIVE
+            .output::<[u64; 2]>(&[u64::from(tid), *epoch], 0)
+            .is_ok()
+        {
             task.epoch = *epoch;
         } else {
             cpu.active_lost += 1;
@@ -250,6 +274,18 @@ fn charge(kind: Charge) {
         }
         // Otherwise the flagged entry stays for userspace to read and free.
     }
+}
+
+/// Reports an entry whose task is gone (or whose tid moved to another
+/// task) with its totals, and frees it. If the ring is full its time is
+/// counted as discarded, never dropped silently.
+#[inline(always)]
+fn retire(tid: u32, stale: &TaskStats, now: u64, cpu: &mut CpuState) {
+    let stale = *stale;
+    if !emit_totals(EVENT_REAPED, tid, &stale, now, cpu) {
+        cpu.discarded_ns += stale.total_ns();
+    }
+    let _ = TASKS.remove(tid);
 }
 
 /// Sends a task's totals; counts the event as lost when the ring is full.
@@ -324,13 +360,10 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
     let child = child as u32;
     if let Some(stale) = TASKS.get_ptr(child) {
         // SAFETY: the stale task is gone; nothing else writes this entry.
-        let stale = unsafe { *stale };
+        let stale = unsafe { &*stale };
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        if !emit_totals(EVENT_REAPED, child, &stale, now, cpu) {
-            cpu.discarded_ns += stale.total_ns();
-        }
-        let _ = TASKS.remove(child);
+        retire(child, stale, now, cpu);
     }
     // The child's run-time counter starts at zero: with this entry its very
     // first slice is the scheduler's figure too. (No room: first sight later.)
@@ -341,6 +374,7 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         sum_exec_seen: 0,
         provisional_ns: 0,
         epoch: 0,
+        task_ptr: 0,
         on_cpu_ns: [0; MAX_SOCKETS],
         tgid: 0,
         flags: TASK_FLAG_BASELINE,

@@ -166,3 +166,36 @@ fn kernel_memory_matches_the_documented_formula() {
         assert!(err < 0.01, "formula off by {err}");
     }
 }
+
+/// execve from a non-leader thread: the kernel gives that thread the
+/// leader's tid and the dying leader the thread's. Each thread's time must
+/// still be its own, counted once.
+fn exec_from_thread(extra: &[&str]) {
+    let run = wattprof_run(extra, &[&testload(), "thread-exec"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let truth = &run.stdout_json()[0];
+    let (pid, ns) = (u(truth, "/pid"), u(truth, "/rusage_ns"));
+    let measured = subtree_ns(run.report(), pid);
+    let err = rel_err(measured, ns);
+    eprintln!(
+        "exec from a thread: wattprof {measured} ns, wait4 rusage {ns} ns, error {:.4}%",
+        err * 100.0
+    );
+    assert!(err < 0.01, "error {err}");
+    assert_eq!(
+        u(run.report(), "/machine/attributed_ns"),
+        u(run.report(), "/machine/busy_ns")
+    );
+}
+
+#[test]
+fn exec_from_a_non_leader_thread_keeps_each_threads_time() {
+    require_ebpf!();
+    exec_from_thread(&[]);
+}
+
+#[test]
+fn exec_from_a_non_leader_thread_on_the_exit_tracepoint_path() {
+    require_ebpf!();
+    exec_from_thread(&["--legacy-exit-tracking"]);
+}

@@ -243,7 +243,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // The command was reaped, but its threads may still be finishing their
     // last context switch: wait (briefly) until they have all reported.
     let settle_until = monotonic_ns() + 250_000_000;
-    while tracker.live_threads_of(pid) > 0 && monotonic_ns() < settle_until {
+    while (!tracker.has_exited(pid) || tracker.live_threads_of(pid) > 0)
+        && monotonic_ns() < settle_until
+    {
         std::thread::sleep(Duration::from_millis(1));
         tracker.drain_events();
     }
@@ -281,13 +283,21 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         },
     };
     let report = output::run_report(facts, &table, &machine);
-    eprint!("{}", output::render_run_table(&report));
-    if let Some(out) = pending_output {
-        let json = serde_json::to_vec_pretty(&report).context("encoding the report")?;
-        let dest = out.dest.clone();
-        out.commit(&json)
-            .with_context(|| format!("writing {}", dest.display()))?;
-        eprintln!("  report written to {}", dest.display());
+    // The file first: a closed or broken stderr must not cost the report.
+    let written = match pending_output {
+        Some(out) => {
+            let json = serde_json::to_vec_pretty(&report).context("encoding the report")?;
+            let dest = out.dest.clone();
+            out.commit(&json)
+                .with_context(|| format!("writing {}", dest.display()))?;
+            Some(dest)
+        }
+        None => None,
+    };
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(output::render_run_table(&report).as_bytes());
+    if let Some(dest) = written {
+        let _ = writeln!(stderr, "  report written to {}", dest.display());
     }
     Ok(child::exit_code(status))
 }

@@ -293,6 +293,16 @@ impl<M: ProcMeta> ProcessTable<M> {
             return *id;
         }
         let fork = self.pending.remove(&tgid);
+        // A parent forked in this interval that has not shown up yet (a
+        // subshell that neither exec'd nor exited) gets its record first,
+        // so its children inherit its place in the tree. Parents precede
+        // children in time, so this chain ends.
+        if let Some(f) = &fork
+            && !self.index.contains_key(&f.parent_tgid)
+            && self.pending.contains_key(&f.parent_tgid)
+        {
+            self.ensure(f.parent_tgid, f.parent_tgid);
+        }
         let (ppid, start_ns, comm) = match fork {
             Some(f) => (Some(f.parent_tgid), Some(f.ts_ns), f.comm),
             None => (self.meta.parent_of(tgid), None, String::new()),
@@ -447,6 +457,42 @@ mod tests {
             (two[1].comm.as_str(), two[1].total_ns(), two[1].exit_ns),
             ("second", 4, None)
         );
+    }
+
+    #[test]
+    fn children_of_a_parent_not_seen_yet_stay_in_the_tree() {
+        let mut t = ProcessTable::new(NoProc, 2, 99);
+        t.set_root(100);
+        t.apply(&sample(
+            10,
+            vec![fork(1, 100, 99, "sh")],
+            vec![task(100, 100, 1, None, "sh")],
+        ));
+        // `n=$(grep x f | wc -l)`: subshell 201 neither execs nor exits in
+        // the interval; its children exec and exit before it is seen.
+        t.apply(&sample(
+            20,
+            vec![
+                fork(11, 201, 100, "sh"),
+                fork(12, 202, 201, "sh"),
+                TaskEvent::Exec {
+                    ts_ns: 13,
+                    tid: 202,
+                    tgid: 202,
+                    comm: "grep".into(),
+                },
+                fork(14, 203, 201, "sh"),
+            ],
+            vec![
+                task(202, 202, 5, Some(15), "grep"),
+                task(203, 203, 6, Some(16), "wc"),
+                task(201, 201, 2, None, "sh"),
+            ],
+        ));
+        let pids: Vec<u32> = t.tree().iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![100, 201, 202, 203]);
+        assert_eq!(t.totals().tree_ns, 14);
+        assert_eq!(t.totals().other_ns, 0);
     }
 
     #[test]

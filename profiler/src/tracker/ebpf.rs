@@ -97,6 +97,9 @@ pub struct EbpfTracker {
     active: RingBuf<MapData>,
     /// Threads announced in `ACTIVE` since the last read.
     announced: Vec<u32>,
+    /// Threads announced for the epoch after the one being read (they ran
+    /// between the epoch bump and the drain): read now and next time too.
+    carried: Vec<u32>,
     epoch: u64,
     samples: u64,
     topology: Topology,
@@ -217,6 +220,7 @@ impl EbpfTracker {
             epoch_map,
             active,
             announced: Vec::new(),
+            carried: Vec::new(),
             epoch: 1,
             samples: 0,
             prev: vec![CpuState::default(); topology.possible_cpus()],
@@ -324,13 +328,28 @@ impl EbpfTracker {
         self.ledger.live_threads_of(tgid)
     }
 
+    /// Whether thread `tid` has reported its exit.
+    pub fn has_exited(&self, tid: u32) -> bool {
+        self.ledger.has_exited(tid)
+    }
+
     /// Consumes waiting ring-buffer records. Call it whenever the events fd
     /// is readable, so the ring never fills while waiting for a sample.
     pub fn drain_events(&mut self) {
         while let Some(item) = self.active.next() {
-            if let Some(tid) = item.get(..4) {
-                self.announced
-                    .push(u32::from_ne_bytes([tid[0], tid[1], tid[2], tid[3]]));
+            let word = |i: usize| -> Option<u64> {
+                Some(u64::from_ne_bytes(
+                    item.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+                ))
+            };
+            if let (Some(tid), Some(epoch)) = (word(0), word(1)) {
+                let tid = tid as u32;
+                self.announced.push(tid);
+                if epoch >= self.epoch {
+                    // Ran in the epoch now open: it will not announce again
+                    // in it, so the next read must look it up as well.
+                    self.carried.push(tid);
+                }
             }
         }
         while let Some(item) = self.events.next() {
@@ -446,6 +465,7 @@ impl EbpfTracker {
             sum_exec_seen: 0,
             provisional_ns: 0,
             epoch: 0,
+            task_ptr: 0,
             on_cpu_ns: [0; MAX_SOCKETS],
             tgid: 0,
             flags: 0,
@@ -510,6 +530,7 @@ impl CpuSampler for EbpfTracker {
         } else {
             self.read_announced()?
         };
+        self.announced = std::mem::take(&mut self.carried);
         self.samples += 1;
         let mut to_free = Vec::new();
         // tgid 0: created at fork, not run yet; nothing to count.
@@ -535,10 +556,13 @@ impl CpuSampler for EbpfTracker {
             let mut view = BpfHashMap::<&mut MapData, u32, TaskStats>::try_from(&mut self.tasks)
                 .map_err(map_err("TASKS"))?;
             for (tid, created) in to_free {
-                // Already gone is fine: a reused tid's fork recycled it and
-                // reported it.
-                let _ = view.remove(&tid);
-                self.ledger.freed(tid, created);
+                // Free only the generation that was read: a reused tid's
+                // fresh entry stays. (Already gone is fine: the kernel
+                // retired it and reported it.)
+                if view.get(&tid, 0).is_ok_and(|s| s.created_ns == created) {
+                    let _ = view.remove(&tid);
+                }
+                self.ledger.freed(tid, created, at_ns);
             }
         }
         self.drain_events();

@@ -163,21 +163,29 @@ impl ThreadLedger {
         }
     }
 
-    /// Marks that the kernel entry of a thread was freed by userspace.
-    pub fn freed(&mut self, tid: u32, created_ns: u64) {
+    /// Marks that the kernel entry of a thread was freed by userspace at
+    /// monotonic time `at_ns` (its exit time, if no exit record came).
+    pub fn freed(&mut self, tid: u32, created_ns: u64, at_ns: u64) {
         if let Some(t) = self.threads.get_mut(&(tid, created_ns)) {
             t.in_map = false;
-            t.exit_ns.get_or_insert(0);
+            t.exit_ns.get_or_insert(at_ns);
         }
     }
 
-    /// Exited threads whose kernel entry was still there at the last read
-    /// (the exit-tracepoint path frees them one read later): a partial read
-    /// must look these up too.
+    /// Whether thread `tid` has reported its exit (any generation).
+    pub fn has_exited(&self, tid: u32) -> bool {
+        self.threads
+            .iter()
+            .any(|((t, _), th)| *t == tid && th.exit_ns.is_some())
+    }
+
+    /// Exited or dead-flagged threads whose kernel entry was still there at
+    /// the last read (userspace frees those a read later): a partial read
+    /// must look these up too, as they announce nothing.
     pub fn awaiting_free(&self) -> impl Iterator<Item = u32> + '_ {
         self.threads
             .iter()
-            .filter(|(_, t)| t.exit_ns.is_some())
+            .filter(|(_, t)| t.exit_ns.is_some() || t.dead_reads > 0)
             .map(|((tid, _), _)| *tid)
     }
 
@@ -331,7 +339,7 @@ mod tests {
         // The final slice landed after the exit record.
         let (b, ..) = obs(3, 1, 120);
         assert!(see(&mut l, tid, c, b, Seen::Map { dead: true }));
-        l.freed(tid, c);
+        l.freed(tid, c, 99);
         let out = l.finish(true);
         assert_eq!(out[0].on_cpu_ns, vec![20]);
         assert_eq!(out[0].exit_ns, None, "exit reported once");

@@ -10,6 +10,11 @@
 //!                                          `spawn 2000` at once; prints one JSON line
 //!                                          per program with its wait4 rusage
 //! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
+//! wattprof-testload thread-exec            runs `exec-from-thread` and prints its
+//!                                          wait4 rusage
+//! wattprof-testload exec-from-thread       the leader burns 300 ms, then a second
+//!                                          thread burns 100 ms and execs `burn 0.5 1.0`
+//!                                          (the kernel swaps the two threads' tids)
 //! ```
 
 use std::process::Command;
@@ -133,6 +138,30 @@ fn main() {
             std::process::exit(status.code().unwrap_or(1));
         }
         Some("orchestrate") => orchestrate(me),
+        Some("thread-exec") => {
+            let child = Command::new(me)
+                .arg("exec-from-thread")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn");
+            let pid = child.id();
+            let (status, ns) = wait4(pid);
+            std::mem::forget(child);
+            println!(
+                "{{\"name\":\"exec-from-thread\",\"pid\":{pid},\"status\":{status},\"rusage_ns\":{ns}}}"
+            );
+        }
+        Some("exec-from-thread") => {
+            use std::os::unix::process::CommandExt;
+            spin_for(Duration::from_millis(300));
+            let me = me.to_string();
+            let t = std::thread::spawn(move || {
+                spin_for(Duration::from_millis(100));
+                let err = Command::new(&me).args(["burn", "0.5", "1.0"]).exec();
+                panic!("exec failed: {err}");
+            });
+            let _ = t.join();
+        }
         Some("threads") => {
             let n = num(2, 1000.0) as usize;
             let secs = num(3, 10.0);
