@@ -64,16 +64,15 @@ static FORK_CHILD_PID_OFFSET: u32 = 20;
 #[unsafe(no_mangle)]
 static SUM_EXEC_OFFSET: u32 = 0;
 
-/// The scheduler's run-time counter of `current`, where it can be read.
+/// The scheduler's run-time counter of the task at `task`, where it can be
+/// read.
 #[inline(always)]
-fn current_sum_exec() -> Option<u64> {
+fn sum_exec(task: u64) -> Option<u64> {
     // SAFETY: reading a global that userspace sets before load.
     let offset = unsafe { core::ptr::read_volatile(&SUM_EXEC_OFFSET) } as u64;
     if offset == 0 {
         return None;
     }
-    // SAFETY: helper without preconditions.
-    let task = unsafe { bpf_get_current_task() };
     // SAFETY: probe_read_kernel checks the address; the offset comes from
     // this kernel's own BTF.
     unsafe { bpf_probe_read_kernel((task + offset) as *const u64) }.ok()
@@ -214,7 +213,7 @@ fn charge(kind: Charge) {
     };
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
-    let delta = match current_sum_exec() {
+    let delta = match sum_exec(task_ptr) {
         // A counter below the baseline cannot be this task's: time it.
         Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
             if kind == Charge::Flush {
