@@ -199,3 +199,28 @@ fn exec_from_a_non_leader_thread_on_the_exit_tracepoint_path() {
     require_ebpf!();
     exec_from_thread(&["--legacy-exit-tracking"]);
 }
+
+/// Kernels without BTF: slices are timed between context switches. Task
+/// time, the idle task and lost time then tile every CPU's window exactly.
+#[test]
+fn switch_timing_path_for_kernels_without_btf() {
+    require_ebpf!();
+    let run = wattprof_run(&["--switch-timing"], &[&testload(), "burn", "2", "1.0"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    assert_eq!(report["profiler"]["task_clock"], "switch_timing");
+    let truth = &run.stdout_json()[0];
+    let pid = u(truth, "/pid");
+    let measured = subtree_ns(report, pid);
+    let err = rel_err(measured, u(truth, "/schedstat_ns"));
+    eprintln!("switch timing: burner error {:.4}%", err * 100.0);
+    assert!(err < 0.005, "error {err}");
+    for cpu in report["machine"]["per_cpu"].as_array().expect("per_cpu") {
+        let tiled = u(cpu, "/busy_ns") + u(cpu, "/idle_task_ns") + u(cpu, "/lost_ns");
+        assert_eq!(tiled, u(cpu, "/window_ns"), "cpu {cpu}");
+    }
+    assert_eq!(
+        u(report, "/machine/attributed_ns"),
+        u(report, "/machine/busy_ns")
+    );
+}

@@ -49,6 +49,11 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     pub legacy_exit_tracking: bool,
 
+    /// Time slices between context switches, as on kernels without BTF,
+    /// instead of reading the scheduler's own counter.
+    #[arg(long, hide = true)]
+    pub switch_timing: bool,
+
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -160,6 +165,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let cfg = TrackerConfig {
         max_tasks: args.max_tasks,
         force_exit_tracepoint: args.legacy_exit_tracking,
+        force_switch_timing: args.switch_timing,
         ..TrackerConfig::default()
     };
     let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;

@@ -73,6 +73,9 @@ pub struct TrackerConfig {
     /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
     /// is available (tests of the older-kernel path).
     pub force_exit_tracepoint: bool,
+    /// Time slices between context switches even where the kernel's BTF
+    /// gives the scheduler's own counter (tests of the no-BTF path).
+    pub force_switch_timing: bool,
     /// sysfs, for the topology.
     pub sys: SysRoot,
 }
@@ -82,6 +85,7 @@ impl Default for TrackerConfig {
         Self {
             max_tasks: DEFAULT_MAX_TASKS,
             force_exit_tracepoint: false,
+            force_switch_timing: false,
             sys: SysRoot::real(),
         }
     }
@@ -153,7 +157,11 @@ impl EbpfTracker {
         let child_pid_offset =
             tracefs::field_offset(&tracefs, "sched", "sched_process_fork", "child_pid")?;
 
-        let sum_exec_offset = super::btf::sum_exec_runtime_offset().unwrap_or(0);
+        let sum_exec_offset = if cfg.force_switch_timing {
+            0
+        } else {
+            super::btf::sum_exec_runtime_offset().unwrap_or(0)
+        };
         let task_clock = if sum_exec_offset == 0 {
             TaskClock::SwitchTiming
         } else {
