@@ -8,5 +8,6 @@
 pub mod cli;
 pub mod output;
 pub mod process;
+pub mod sources;
 pub mod topology;
 pub mod tracker;

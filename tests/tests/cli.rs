@@ -196,3 +196,44 @@ fn tracefs_is_mounted_when_missing() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("command tree"), "{err}");
 }
+
+#[test]
+fn sources_lists_every_reader_with_findings_or_a_reason() {
+    for json in [true, false] {
+        let args: &[&str] = if json {
+            &["sources", "--json"]
+        } else {
+            &["sources"]
+        };
+        let out = wattprof(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !json {
+            assert!(
+                text.starts_with("CPU energy readers, in order of preference:"),
+                "{text}"
+            );
+            continue;
+        }
+        let report: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let readers = report["readers"].as_array().expect("readers");
+        let names: Vec<&str> = readers.iter().filter_map(|r| r["name"].as_str()).collect();
+        assert_eq!(names, ["powercap", "msr"]);
+        for r in readers {
+            match r["status"].as_str() {
+                Some("in_use" | "available") => assert!(r["info"].is_object(), "{r}"),
+                Some("missing") => assert!(r["reason"].is_string(), "{r}"),
+                other => panic!("status {other:?}"),
+            }
+        }
+        let in_use = readers.iter().find(|r| r["status"] == "in_use");
+        assert_eq!(
+            in_use.map(|r| &r["name"]),
+            report.get("cpu_energy_reader").filter(|v| !v.is_null())
+        );
+    }
+}

@@ -2,6 +2,7 @@
 
 pub mod child;
 pub mod run;
+pub mod sources;
 
 use clap::{Parser, Subcommand};
 
@@ -53,11 +54,14 @@ pub struct Cli {
 pub enum Command {
     /// Run a command and report the CPU time of it and every process it starts.
     Run(run::RunArgs),
+    /// List the energy readers: which work here, and why the others do not.
+    Sources(sources::SourcesArgs),
 }
 
 /// Runs the parsed command line; returns the exit code.
 pub fn main(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::execute(args),
+        Command::Sources(args) => sources::execute(args),
     }
 }

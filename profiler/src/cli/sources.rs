@@ -1,0 +1,208 @@
+//! `wattprof sources`: which energy readers work here, and why not.
+
+use serde::Serialize;
+
+use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, powercap};
+use crate::topology::SysRoot;
+
+/// Arguments of `wattprof sources`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Readers are listed in order of preference; the first that works is \
+    the one wattprof uses for CPU energy."
+)]
+pub struct SourcesArgs {
+    /// Print JSON for scripts instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One reader's status.
+#[derive(Debug, Serialize)]
+pub struct ReaderStatus {
+    /// Reader name.
+    pub name: &'static str,
+    /// `in_use`, `available` or `missing`.
+    pub status: &'static str,
+    /// What it reads, when found.
+    pub info: Option<SourceInfo>,
+    /// Why it is missing.
+    pub reason: Option<String>,
+    /// How to make it work.
+    pub fix: Option<String>,
+}
+
+/// The report `wattprof sources --json` prints.
+#[derive(Debug, Serialize)]
+pub struct SourcesReport {
+    /// Readers in order of preference.
+    pub readers: Vec<ReaderStatus>,
+    /// The reader wattprof uses for CPU energy, if any.
+    pub cpu_energy_reader: Option<&'static str>,
+}
+
+fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> ReaderStatus {
+    match opened {
+        Ok(info) => ReaderStatus {
+            name,
+            status: "available",
+            info: Some(info),
+            reason: None,
+            fix: None,
+        },
+        Err(SourceError::NotSupported { reason, fix }) => ReaderStatus {
+            name,
+            status: "missing",
+            info: None,
+            reason: Some(reason),
+            fix: Some(fix),
+        },
+        Err(other) => ReaderStatus {
+            name,
+            status: "missing",
+            info: None,
+            reason: Some(other.to_string()),
+            fix: None,
+        },
+    }
+}
+
+/// Probes every reader on the machine described by `sys`, `msr_root` and
+/// `cpuinfo`.
+pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesReport {
+    let mut readers = vec![
+        status("powercap", powercap::Powercap::open(sys).map(|p| p.info())),
+        status(
+            "msr",
+            msr::Msr::open(sys, msr_root, cpuinfo).map(|m| m.info()),
+        ),
+    ];
+    let chosen = readers.iter_mut().find(|r| r.status == "available");
+    let cpu_energy_reader = chosen.map(|r| {
+        r.status = "in_use";
+        r.name
+    });
+    SourcesReport {
+        readers,
+        cpu_energy_reader,
+    }
+}
+
+fn describe_domains(domains: &[(Domain, Option<u32>)]) -> String {
+    let mut packages: Vec<u32> = domains.iter().filter_map(|(_, p)| *p).collect();
+    packages.sort_unstable();
+    packages.dedup();
+    let mut parts: Vec<String> = packages
+        .iter()
+        .map(|p| {
+            let names: Vec<&str> = domains
+                .iter()
+                .filter(|(_, q)| *q == Some(*p))
+                .map(|(d, _)| d.name())
+                .collect();
+            format!("package {p}: {}", names.join(", "))
+        })
+        .collect();
+    if domains.iter().any(|(d, _)| *d == Domain::Psys) {
+        parts.push("platform: psys".into());
+    }
+    parts.join("; ")
+}
+
+/// Renders the text form.
+pub fn render(report: &SourcesReport) -> String {
+    let mut out = String::from("CPU energy readers, in order of preference:\n");
+    for r in &report.readers {
+        out.push_str(&format!(
+            "  {:<9} {:<9}",
+            r.name,
+            r.status.replace('_', " ")
+        ));
+        match (&r.info, &r.reason) {
+            (Some(info), _) => {
+                let res = info
+                    .resolution_uj
+                    .map(|u| format!("; resolution {u:.1} µJ"))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    " {}: {}{res}\n",
+                    info.location,
+                    describe_domains(&info.domains)
+                ));
+            }
+            (None, Some(reason)) => {
+                out.push_str(&format!(" {reason}\n"));
+                if let Some(fix) = &r.fix {
+                    out.push_str(&format!("  {:<19} fix: {fix}\n", ""));
+                }
+            }
+            (None, None) => out.push('\n'),
+        }
+    }
+    match report.cpu_energy_reader {
+        Some(name) => out.push_str(&format!("CPU energy is measured with {name}.\n")),
+        None => out.push_str(
+            "No CPU energy counter is readable on this machine: wattprof cannot measure CPU \
+             energy here.\n",
+        ),
+    }
+    out
+}
+
+/// Runs `wattprof sources`.
+pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixture_machine_prefers_powercap_and_explains_msr() {
+        let sys = SysRoot::at(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/intel-2s/sys"),
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = probe(
+            &sys,
+            &msr::MsrRoot::at(dir.path()),
+            "vendor_id: GenuineIntel\ncpu family: 6\nmodel: 85\n",
+        );
+        assert_eq!(report.cpu_energy_reader, Some("powercap"));
+        assert_eq!(report.readers[0].status, "in_use");
+        // The fixture has no CPU topology: MSR cannot find its packages.
+        assert_eq!(report.readers[1].status, "missing");
+        let text = render(&report);
+        assert!(
+            text.contains("package 1: package, core, uncore, dram"),
+            "{text}"
+        );
+        assert!(text.contains("platform: psys"), "{text}");
+        assert!(text.contains("measured with powercap"), "{text}");
+    }
+
+    #[test]
+    fn machine_without_rapl_says_why_and_what_to_do() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = probe(
+            &SysRoot::at(dir.path()),
+            &msr::MsrRoot::at(dir.path()),
+            "vendor_id: AuthenticAMD\ncpu family: 25\nmodel: 1\n",
+        );
+        assert_eq!(report.cpu_energy_reader, None);
+        let text = render(&report);
+        assert!(text.contains("modprobe intel_rapl_msr"), "{text}");
+        assert!(text.contains("cannot measure CPU energy here"), "{text}");
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["readers"][0]["status"], "missing");
+        assert!(json["readers"][0]["fix"].is_string());
+    }
+}

@@ -1,0 +1,385 @@
+//! RAPL through the kernel's powercap interface (`/sys/class/powercap`).
+//!
+//! The `intel_rapl` driver serves Intel CPUs and AMD family 17h and later:
+//! top-level zones `intel-rapl:P` are packages (`package-N`) or the
+//! platform (`psys`); subzones `intel-rapl:P:S` are `core`, `uncore` and
+//! `dram` of that package. `intel-rapl-mmio:*` zones measure the same
+//! packages through MMIO and are used only for packages the MSR-backed
+//! zones do not cover. `energy_uj` wraps at `max_energy_range_uj`.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    Domain, DomainEnergy, Source, SourceError, SourceInfo, classify_io, counter::WrappingCounter,
+};
+use crate::topology::SysRoot;
+
+const PERMISSION_FIX: &str =
+    "run wattprof as root (energy_uj is readable by root only since Linux 5.10)";
+
+/// One zone being read.
+#[derive(Debug)]
+struct Zone {
+    dir: PathBuf,
+    domain: Domain,
+    package: Option<u32>,
+    counter: WrappingCounter,
+}
+
+/// A problem with one zone in one read; the other zones were read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZoneProblem {
+    /// The zone's domain.
+    pub domain: Domain,
+    /// Its package.
+    pub package: Option<u32>,
+    /// What went wrong.
+    pub error: SourceError,
+}
+
+/// The powercap reader.
+#[derive(Debug)]
+pub struct Powercap {
+    root: PathBuf,
+    zones: Vec<Zone>,
+    problems: Vec<ZoneProblem>,
+}
+
+fn read_trimmed(path: &Path) -> std::io::Result<String> {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string())
+}
+
+fn read_u64(path: &Path) -> std::io::Result<u64> {
+    read_trimmed(path)?
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// `intel-rapl:0:2` → (mmio?, [0, 2]).
+fn parse_zone_id(name: &str) -> Option<(bool, Vec<u32>)> {
+    let (mmio, rest) = if let Some(r) = name.strip_prefix("intel-rapl-mmio:") {
+        (true, r)
+    } else {
+        (false, name.strip_prefix("intel-rapl:")?)
+    };
+    let ids: Option<Vec<u32>> = rest.split(':').map(|p| p.parse().ok()).collect();
+    ids.filter(|v| !v.is_empty() && v.len() <= 2)
+        .map(|v| (mmio, v))
+}
+
+impl Powercap {
+    /// Finds every zone under `sys`. Zones whose counter cannot be read are
+    /// left out (with the reason available from [`Powercap::problems`]);
+    /// no readable zone at all is [`SourceError::NotSupported`].
+    pub fn open(sys: &SysRoot) -> Result<Self, SourceError> {
+        let root = sys.join("class/powercap");
+        let entries = std::fs::read_dir(&root).map_err(|_| {
+            SourceError::unsupported(
+                format!(
+                    "no {} (no RAPL on this machine, or a VM that hides it)",
+                    root.display()
+                ),
+                "on bare metal: modprobe intel_rapl_msr (Intel, AMD family 17h+)",
+            )
+        })?;
+        let mut found: Vec<(bool, Vec<u32>, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                parse_zone_id(&name).map(|(mmio, ids)| (mmio, ids, e.path()))
+            })
+            .collect();
+        // MSR-backed zones first, packages before their subzones.
+        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+
+        let mut zones: Vec<Zone> = Vec::new();
+        let mut problems = Vec::new();
+        // (mmio?, top-level id) → (domain, package) of top-level zones.
+        let mut tops: Vec<((bool, u32), Domain, Option<u32>)> = Vec::new();
+        for (mmio, ids, dir) in found {
+            let name = read_trimmed(&dir.join("name")).unwrap_or_default();
+            let (domain, package) = if ids.len() == 1 {
+                if name == "psys" {
+                    (Domain::Psys, None)
+                } else if let Some(n) = name.strip_prefix("package-") {
+                    let Ok(n) = n.parse::<u32>() else { continue };
+                    (Domain::Package, Some(n))
+                } else {
+                    continue;
+                }
+            } else {
+                let Some(&(_, _, package)) = tops.iter().find(|t| t.0 == (mmio, ids[0])) else {
+                    continue;
+                };
+                let domain = match name.as_str() {
+                    "core" => Domain::Core,
+                    "uncore" => Domain::Uncore,
+                    "dram" => Domain::Dram,
+                    _ => continue,
+                };
+                (domain, package)
+            };
+            if ids.len() == 1 {
+                tops.push(((mmio, ids[0]), domain, package));
+            }
+            if zones
+                .iter()
+                .any(|z| z.domain == domain && z.package == package)
+            {
+                // The same package through MMIO: already read via MSR.
+                continue;
+            }
+            let energy = read_u64(&dir.join("energy_uj"));
+            let range = read_u64(&dir.join("max_energy_range_uj"));
+            match (energy, range) {
+                (Ok(_), Ok(range)) => zones.push(Zone {
+                    dir,
+                    domain,
+                    package,
+                    counter: WrappingCounter::new(range.saturating_add(1)),
+                }),
+                (Err(e), _) | (_, Err(e)) => problems.push(ZoneProblem {
+                    domain,
+                    package,
+                    error: classify_io(&format!("{}/energy_uj", dir.display()), &e, PERMISSION_FIX),
+                }),
+            }
+        }
+        if zones.is_empty() {
+            return Err(match problems.first() {
+                Some(p) => p.error.clone(),
+                None => SourceError::unsupported(
+                    format!("no RAPL zones in {}", root.display()),
+                    "on bare metal: modprobe intel_rapl_msr (Intel, AMD family 17h+)",
+                ),
+            });
+        }
+        Ok(Self {
+            root,
+            zones,
+            problems,
+        })
+    }
+
+    /// Zones that could not be read at the last open or read.
+    pub fn problems(&self) -> &[ZoneProblem] {
+        &self.problems
+    }
+}
+
+impl Source for Powercap {
+    fn name(&self) -> &'static str {
+        "powercap"
+    }
+
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            domains: self.zones.iter().map(|z| (z.domain, z.package)).collect(),
+            // powercap reports whole microjoules of a counter whose own
+            // step is ~15-61 µJ; the step is not exposed.
+            resolution_uj: Some(1.0),
+            location: self.root.display().to_string(),
+        }
+    }
+
+    fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+        self.problems.clear();
+        let mut out = Vec::with_capacity(self.zones.len());
+        for z in &mut self.zones {
+            match read_u64(&z.dir.join("energy_uj")) {
+                Ok(raw) => {
+                    if let Some(energy_uj) = z.counter.advance(raw) {
+                        out.push(DomainEnergy {
+                            domain: z.domain,
+                            package: z.package,
+                            energy_uj,
+                        });
+                    }
+                }
+                Err(e) => {
+                    // The zone is gone or unreadable for now: if it comes
+                    // back, its first reading is a new starting point.
+                    z.counter = WrappingCounter::new(z.counter_modulus());
+                    self.problems.push(ZoneProblem {
+                        domain: z.domain,
+                        package: z.package,
+                        error: classify_io(
+                            &format!("{}/energy_uj", z.dir.display()),
+                            &e,
+                            PERMISSION_FIX,
+                        ),
+                    });
+                }
+            }
+        }
+        if out.is_empty() && !self.problems.is_empty() && self.zones.len() == self.problems.len() {
+            return Err(self.problems[0].error.clone());
+        }
+        Ok(out)
+    }
+}
+
+impl Zone {
+    fn counter_modulus(&self) -> u64 {
+        read_u64(&self.dir.join("max_energy_range_uj")).map_or(u64::MAX, |r| r.saturating_add(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copies a committed fixture tree into a temporary directory the test
+    /// can change.
+    fn fixture(name: &str) -> tempfile::TempDir {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name);
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy_dir(&src, dir.path());
+        dir
+    }
+
+    fn copy_dir(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).expect("mkdir");
+        for e in std::fs::read_dir(src).expect("fixture exists").flatten() {
+            let to = dst.join(e.file_name());
+            if e.path().is_dir() {
+                copy_dir(&e.path(), &to);
+            } else {
+                std::fs::copy(e.path(), to).expect("copy");
+            }
+        }
+    }
+
+    fn set(root: &Path, zone: &str, uj: u64) {
+        let p = root.join("sys/class/powercap").join(zone).join("energy_uj");
+        std::fs::write(p, format!("{uj}\n")).expect("write");
+    }
+
+    fn energy(r: &[DomainEnergy], d: Domain, pkg: Option<u32>) -> Option<u64> {
+        r.iter()
+            .find(|e| e.domain == d && e.package == pkg)
+            .map(|e| e.energy_uj)
+    }
+
+    #[test]
+    fn two_intel_packages_with_subzones_psys_and_an_mmio_duplicate() {
+        let dir = fixture("intel-2s");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        let mut domains = pc.info().domains;
+        domains.sort();
+        assert_eq!(
+            domains,
+            vec![
+                (Domain::Package, Some(0)),
+                (Domain::Package, Some(1)),
+                (Domain::Core, Some(0)),
+                (Domain::Core, Some(1)),
+                (Domain::Uncore, Some(0)),
+                (Domain::Uncore, Some(1)),
+                (Domain::Dram, Some(0)),
+                (Domain::Dram, Some(1)),
+                (Domain::Psys, None),
+            ],
+            "the mmio package-0 is the same package, read once"
+        );
+        assert!(
+            pc.read().expect("first").is_empty(),
+            "first read only sets baselines"
+        );
+        set(dir.path(), "intel-rapl:0", 1_000_000 + 45_000_000);
+        set(dir.path(), "intel-rapl:1:2", 4_000_000 + 3_000_000);
+        let r = pc.read().expect("second");
+        assert_eq!(energy(&r, Domain::Package, Some(0)), Some(45_000_000));
+        assert_eq!(energy(&r, Domain::Dram, Some(1)), Some(3_000_000));
+        assert_eq!(energy(&r, Domain::Core, Some(0)), Some(0));
+    }
+
+    #[test]
+    fn counter_wrapping_mid_run() {
+        let dir = fixture("intel-2s");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        // max_energy_range_uj of package-1 is 262143328850.
+        set(dir.path(), "intel-rapl:1", 262_143_328_000);
+        pc.read().expect("baseline");
+        set(dir.path(), "intel-rapl:1", 1_150);
+        let r = pc.read().expect("wrapped");
+        // 850 µJ up to the maximum, one step to 0, then 1,150.
+        assert_eq!(energy(&r, Domain::Package, Some(1)), Some(850 + 1 + 1_150));
+    }
+
+    #[test]
+    fn amd_layout_package_and_core_only() {
+        let dir = fixture("amd-1s");
+        let pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        assert_eq!(
+            pc.info().domains,
+            vec![(Domain::Package, Some(0)), (Domain::Core, Some(0))]
+        );
+    }
+
+    #[test]
+    fn a_zone_that_vanishes_is_a_problem_not_a_failure_and_restarts_cleanly() {
+        let dir = fixture("intel-2s");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        pc.read().expect("baseline");
+        let dram = dir.path().join("sys/class/powercap/intel-rapl:0:2");
+        let saved = tempfile::tempdir().expect("tempdir");
+        copy_dir(&dram, saved.path());
+        std::fs::remove_dir_all(&dram).expect("remove");
+        let r = pc.read().expect("other zones still read");
+        assert_eq!(energy(&r, Domain::Dram, Some(0)), None);
+        assert_eq!(r.len(), 8);
+        assert!(matches!(pc.problems()[0].error, SourceError::Retryable(_)));
+        // It comes back with a lower counter: a new starting point, not a wrap.
+        copy_dir(saved.path(), &dram);
+        set(dir.path(), "intel-rapl:0:2", 10);
+        let r = pc.read().expect("back");
+        assert_eq!(energy(&r, Domain::Dram, Some(0)), None, "baseline again");
+        set(dir.path(), "intel-rapl:0:2", 25);
+        assert_eq!(
+            energy(&pc.read().expect("read"), Domain::Dram, Some(0)),
+            Some(15)
+        );
+    }
+
+    #[test]
+    fn unreadable_energy_is_not_supported_with_the_fix() {
+        let dir = fixture("intel-2s");
+        for zone in std::fs::read_dir(dir.path().join("sys/class/powercap"))
+            .expect("dir")
+            .flatten()
+        {
+            let f = zone.path().join("energy_uj");
+            if f.exists() {
+                std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o400))
+                    .expect("chmod");
+            }
+        }
+        let sys = SysRoot::at(dir.path().join("sys"));
+        // Read as another user, as an unprivileged wattprof would. fsuid is
+        // per thread, so only this thread loses root's file access.
+        let err = std::thread::spawn(move || {
+            // SAFETY: setfsuid only changes this thread's filesystem uid.
+            unsafe { libc::setfsuid(65534) };
+            Powercap::open(&sys).expect_err("unreadable")
+        })
+        .join()
+        .expect("thread");
+        match err {
+            SourceError::NotSupported { reason, fix } => {
+                assert!(reason.contains("permission denied"), "{reason}");
+                assert!(fix.contains("root"), "{fix}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_powercap_at_all() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = Powercap::open(&SysRoot::at(dir.path())).expect_err("none");
+        assert!(matches!(err, SourceError::NotSupported { .. }), "{err:?}");
+    }
+}
