@@ -237,3 +237,56 @@ fn sources_lists_every_reader_with_findings_or_a_reason() {
         );
     }
 }
+
+#[test]
+fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
+    let dir = tempfile_dir();
+    let log = dir.join("wm.log");
+    let mut text = String::from(
+        "#timestamp,#frame_is_ok,#U1,#U2,#U3,#current1,#activepow1,#current2,#activepow2\n",
+    );
+    // 2 s at 150 W on socket 2, 100 frames/s, with bad frames mixed in.
+    for k in 0..=200 {
+        let ts = 1_671_527_189.0 + f64::from(k) * 0.01;
+        text.push_str(&format!("{ts:.6},true,231.0,0.0,0.0,0.2,40.0,0.7,150.0\n"));
+        if k % 50 == 0 {
+            text.push_str(&format!("{:.6},false,,,,,,,\n", ts + 0.005));
+            text.push_str("\u{fffd}garbage,,\n");
+        }
+    }
+    std::fs::write(&log, text).expect("write log");
+    let path = log.to_str().expect("utf-8");
+    let out = wattprof(&[
+        "sources",
+        "--json",
+        "--wattmeter-log",
+        path,
+        "--wattmeter-socket",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let w = &report["wattmeter"];
+    assert!(
+        (w["energy_j"].as_f64().expect("energy") - 300.0).abs() < 1e-3,
+        "{w}"
+    );
+    assert_eq!(u(w, "/stats/frames_ok"), 201);
+    assert_eq!(u(w, "/stats/frames_not_ok"), 5);
+    assert_eq!(u(w, "/stats/malformed_lines"), 5);
+    let out = wattprof(&[
+        "sources",
+        "--wattmeter-log",
+        path,
+        "--wattmeter-socket",
+        "3",
+    ]);
+    assert_one_line_error(&out, 125, "no good frame for socket 3");
+    let out = wattprof(&["sources", "--wattmeter-log", "/nonexistent.log"]);
+    assert_one_line_error(&out, 125, "cannot open wattmeter log /nonexistent.log");
+    let _ = std::fs::remove_dir_all(dir);
+}

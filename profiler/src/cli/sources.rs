@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, powercap};
+use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, powercap, wattmeter};
 use crate::topology::SysRoot;
 
 /// Arguments of `wattprof sources`.
@@ -15,6 +15,29 @@ pub struct SourcesArgs {
     /// Print JSON for scripts instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Also read this OmegaWatt `wattmetre-read` log and report its frames,
+    /// mean power and energy.
+    #[arg(long, value_name = "FILE")]
+    pub wattmeter_log: Option<std::path::PathBuf>,
+
+    /// The wattmeter socket (1-based `#activepowN` column) the machine is
+    /// plugged into.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wattmeter_socket: u32,
+}
+
+/// What a wattmeter log held.
+#[derive(Debug, Serialize)]
+pub struct WattmeterReport {
+    /// The log.
+    pub log: String,
+    /// The socket read.
+    pub socket: u32,
+    /// Energy over the whole log (J).
+    pub energy_j: f64,
+    /// Frames and problems.
+    pub stats: wattmeter::WattmeterStats,
 }
 
 /// One reader's status.
@@ -39,6 +62,8 @@ pub struct SourcesReport {
     pub readers: Vec<ReaderStatus>,
     /// The reader wattprof uses for CPU energy, if any.
     pub cpu_energy_reader: Option<&'static str>,
+    /// The wattmeter log, when one was given.
+    pub wattmeter: Option<WattmeterReport>,
 }
 
 fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> ReaderStatus {
@@ -85,7 +110,23 @@ pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesRe
     SourcesReport {
         readers,
         cpu_energy_reader,
+        wattmeter: None,
     }
+}
+
+/// Reads a whole wattmeter log.
+pub fn read_wattmeter_log(
+    path: &std::path::Path,
+    socket: u32,
+) -> Result<WattmeterReport, SourceError> {
+    let mut wm = wattmeter::Wattmeter::open_file(path, socket)?;
+    let energy_uj = wm.read()?[0].energy_uj;
+    Ok(WattmeterReport {
+        log: path.display().to_string(),
+        socket,
+        energy_j: energy_uj as f64 / 1e6,
+        stats: wm.stats().clone(),
+    })
 }
 
 fn describe_domains(domains: &[(Domain, Option<u32>)]) -> String {
@@ -139,6 +180,26 @@ pub fn render(report: &SourcesReport) -> String {
             (None, None) => out.push('\n'),
         }
     }
+    if let Some(w) = &report.wattmeter {
+        let s = &w.stats;
+        out.push_str(&format!(
+            "Wattmeter log {} (socket {}): {} good frames, {} not ok, {} malformed lines, \
+             {} out of order; mean {:.1} W, {:.3} J{}\n",
+            w.log,
+            w.socket,
+            s.frames_ok,
+            s.frames_not_ok,
+            s.malformed_lines,
+            s.out_of_order,
+            s.mean_power_w,
+            w.energy_j,
+            if s.gap_s > 0.0 {
+                format!(", {:.2} s of gaps bridged", s.gap_s)
+            } else {
+                String::new()
+            }
+        ));
+    }
     match report.cpu_energy_reader {
         Some(name) => out.push_str(&format!("CPU energy is measured with {name}.\n")),
         None => out.push_str(
@@ -152,7 +213,23 @@ pub fn render(report: &SourcesReport) -> String {
 /// Runs `wattprof sources`.
 pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    let mut report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    if let Some(log) = &args.wattmeter_log {
+        let w = read_wattmeter_log(log, args.wattmeter_socket)
+            .map_err(|e| super::Fatal::profiler(format!("wattmeter log {}: {e}", log.display())))?;
+        if w.stats.frames_ok == 0 {
+            return Err(super::Fatal::profiler(format!(
+                "wattmeter log {}: no good frame for socket {} ({} not ok, {} malformed lines): \
+                 check --wattmeter-socket and the log",
+                log.display(),
+                args.wattmeter_socket,
+                w.stats.frames_not_ok,
+                w.stats.malformed_lines
+            ))
+            .into());
+        }
+        report.wattmeter = Some(w);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

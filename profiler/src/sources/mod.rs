@@ -7,6 +7,7 @@
 pub mod counter;
 pub mod msr;
 pub mod powercap;
+pub mod wattmeter;
 
 use serde::Serialize;
 
@@ -24,6 +25,8 @@ pub enum Domain {
     Dram,
     /// The whole platform (RAPL PSYS), machine level.
     Psys,
+    /// The whole machine at the wall socket, from an external wattmeter.
+    Wall,
 }
 
 impl Domain {
@@ -35,6 +38,7 @@ impl Domain {
             Self::Uncore => "uncore",
             Self::Dram => "dram",
             Self::Psys => "psys",
+            Self::Wall => "wall",
         }
     }
 }
