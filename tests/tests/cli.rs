@@ -222,7 +222,7 @@ fn sources_lists_every_reader_with_findings_or_a_reason() {
         let report: serde_json::Value = serde_json::from_str(&text).expect("json");
         let readers = report["readers"].as_array().expect("readers");
         let names: Vec<&str> = readers.iter().filter_map(|r| r["name"].as_str()).collect();
-        assert_eq!(names, ["powercap", "msr"]);
+        assert_eq!(names, ["powercap", "perf", "msr"]);
         for r in readers {
             match r["status"].as_str() {
                 Some("in_use" | "available") => assert!(r["info"].is_object(), "{r}"),

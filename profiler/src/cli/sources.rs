@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, powercap, wattmeter};
+use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, perf, powercap, wattmeter};
 use crate::topology::SysRoot;
 
 /// Arguments of `wattprof sources`.
@@ -97,6 +97,7 @@ fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> Reader
 pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesReport {
     let mut readers = vec![
         status("powercap", powercap::Powercap::open(sys).map(|p| p.info())),
+        status("perf", perf::PerfPower::open(sys).map(|p| p.info())),
         status(
             "msr",
             msr::Msr::open(sys, msr_root, cpuinfo).map(|m| m.info()),
@@ -255,8 +256,9 @@ mod tests {
         );
         assert_eq!(report.cpu_energy_reader, Some("powercap"));
         assert_eq!(report.readers[0].status, "in_use");
-        // The fixture has no CPU topology: MSR cannot find its packages.
+        // The fixture has no power PMU and no CPU topology.
         assert_eq!(report.readers[1].status, "missing");
+        assert_eq!(report.readers[2].status, "missing");
         let text = render(&report);
         assert!(
             text.contains("package 1: package, core, uncore, dram"),

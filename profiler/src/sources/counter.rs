@@ -44,9 +44,53 @@ impl WrappingCounter {
     }
 }
 
+/// A wrapping counter in steps of a known energy, reported in whole
+/// microjoules. The sub-microjoule remainder is carried to the next
+/// reading, so rounding never accumulates however often it is read.
+#[derive(Clone, Debug)]
+pub struct EnergyCounter {
+    counter: WrappingCounter,
+    joules_per_step: f64,
+    carry_uj: f64,
+}
+
+impl EnergyCounter {
+    /// A counter of `counter`'s range, each step worth `joules_per_step`.
+    pub fn new(counter: WrappingCounter, joules_per_step: f64) -> Self {
+        Self {
+            counter,
+            joules_per_step,
+            carry_uj: 0.0,
+        }
+    }
+
+    /// The energy of one step, in joules.
+    pub fn joules_per_step(&self) -> f64 {
+        self.joules_per_step
+    }
+
+    /// Microjoules since the previous reading (`None` on the first).
+    pub fn advance(&mut self, raw: u64) -> Option<u64> {
+        let steps = self.counter.advance(raw)?;
+        let uj = steps as f64 * self.joules_per_step * 1e6 + self.carry_uj;
+        let whole = uj.floor();
+        self.carry_uj = uj - whole;
+        Some(whole as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::WrappingCounter;
+    use super::{EnergyCounter, WrappingCounter};
+
+    #[test]
+    fn energy_counter_carries_rounding() {
+        // 61.03515625 µJ per step, read after every step.
+        let mut c = EnergyCounter::new(WrappingCounter::bits(32), 1.0 / 16384.0);
+        c.advance(0);
+        let total: u64 = (1..=1000).filter_map(|i| c.advance(i)).sum();
+        assert_eq!(total, 61_035);
+    }
 
     #[test]
     fn grows_and_wraps() {

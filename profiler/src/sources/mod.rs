@@ -6,6 +6,7 @@
 
 pub mod counter;
 pub mod msr;
+pub mod perf;
 pub mod powercap;
 pub mod wattmeter;
 

@@ -15,7 +15,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::{
-    Domain, DomainEnergy, Source, SourceError, SourceInfo, classify_io, counter::WrappingCounter,
+    Domain, DomainEnergy, Source, SourceError, SourceInfo, classify_io,
+    counter::{EnergyCounter, WrappingCounter},
 };
 use crate::topology::{SysRoot, Topology};
 
@@ -88,11 +89,7 @@ struct Register {
     package: Option<u32>,
     file: usize,
     address: u64,
-    joules_per_step: f64,
-    counter: WrappingCounter,
-    /// Sub-microjoule remainder carried between reads, so rounding never
-    /// accumulates.
-    carry_uj: f64,
+    counter: EnergyCounter,
 }
 
 /// The MSR reader.
@@ -202,16 +199,14 @@ impl Msr {
                     ) => 1.0 / 65536.0,
                     _ => step,
                 };
-                let mut counter = WrappingCounter::bits(32);
+                let mut counter = EnergyCounter::new(WrappingCounter::bits(32), joules_per_step);
                 counter.advance(raw);
                 registers.push(Register {
                     domain,
                     package: (domain != Domain::Psys).then_some(package),
                     file: files.len(),
                     address,
-                    joules_per_step,
                     counter,
-                    carry_uj: 0.0,
                 });
             }
             files.push(file);
@@ -245,7 +240,7 @@ impl Source for Msr {
             resolution_uj: self
                 .registers
                 .iter()
-                .map(|r| r.joules_per_step * 1e6)
+                .map(|r| r.counter.joules_per_step() * 1e6)
                 .reduce(f64::min),
             location: self.root.0.display().to_string(),
         }
@@ -258,14 +253,10 @@ impl Source for Msr {
         for r in &mut self.registers {
             let raw = read_msr(&self.files[r.file], r.address)
                 .map_err(|e| classify_io(&format!("MSR {:#x}", r.address), &e, PERMISSION_FIX))?;
-            let steps = r.counter.advance(raw).unwrap_or(0);
-            let uj = steps as f64 * r.joules_per_step * 1e6 + r.carry_uj;
-            let whole = uj.floor();
-            r.carry_uj = uj - whole;
             out.push(DomainEnergy {
                 domain: r.domain,
                 package: r.package,
-                energy_uj: whole as u64,
+                energy_uj: r.counter.advance(raw).unwrap_or(0),
             });
         }
         Ok(out)
