@@ -21,6 +21,11 @@ pub struct SourcesArgs {
     #[arg(long, value_name = "FILE")]
     pub wattmeter_log: Option<std::path::PathBuf>,
 
+    /// Read every available reader twice, this long apart (e.g. 2s), and
+    /// report readers that disagree by more than 5% on the same domain.
+    #[arg(long, value_name = "DURATION", value_parser = super::run::parse_interval)]
+    pub check: Option<std::time::Duration>,
+
     /// The wattmeter socket (1-based `#activepowN` column) the machine is
     /// plugged into.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -64,6 +69,10 @@ pub struct SourcesReport {
     pub cpu_energy_reader: Option<&'static str>,
     /// The wattmeter log, when one was given.
     pub wattmeter: Option<WattmeterReport>,
+    /// With `--check`: readers that disagreed (empty: all agreed within 5%).
+    pub disagreements: Option<Vec<crate::sources::Disagreement>>,
+    /// With `--check`: the readers compared.
+    pub checked: Vec<&'static str>,
 }
 
 fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> ReaderStatus {
@@ -112,7 +121,39 @@ pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesRe
         readers,
         cpu_energy_reader,
         wattmeter: None,
+        disagreements: None,
+        checked: Vec::new(),
     }
+}
+
+/// Reads every reader that opens, twice, `over` apart, and compares them.
+pub fn check_readers(
+    sys: &SysRoot,
+    msr_root: &msr::MsrRoot,
+    cpuinfo: &str,
+    over: std::time::Duration,
+) -> (Vec<&'static str>, Vec<crate::sources::Disagreement>) {
+    let mut readers: Vec<Box<dyn Source>> = Vec::new();
+    if let Ok(p) = powercap::Powercap::open(sys) {
+        readers.push(Box::new(p));
+    }
+    if let Ok(p) = perf::PerfPower::open(sys) {
+        readers.push(Box::new(p));
+    }
+    if let Ok(m) = msr::Msr::open(sys, msr_root, cpuinfo) {
+        readers.push(Box::new(m));
+    }
+    for r in &mut readers {
+        let _ = r.read();
+    }
+    std::thread::sleep(over);
+    let readings: Vec<(String, Vec<crate::sources::DomainEnergy>)> = readers
+        .iter_mut()
+        .filter_map(|r| Some((r.name().to_string(), r.read().ok()?)))
+        .collect();
+    let names = readers.iter().map(|r| r.name()).collect();
+    // Below 1 mJ over the interval, counter steps dominate any comparison.
+    (names, crate::sources::cross_check(&readings, 1_000))
 }
 
 /// Reads a whole wattmeter log.
@@ -201,6 +242,30 @@ pub fn render(report: &SourcesReport) -> String {
             }
         ));
     }
+    if let Some(d) = &report.disagreements {
+        if report.checked.len() < 2 {
+            out.push_str("Cross-check: fewer than two readers work here; nothing to compare.\n");
+        } else if d.is_empty() {
+            out.push_str(&format!(
+                "Cross-check: {} agree within 5% on every domain they share.\n",
+                report.checked.join(", ")
+            ));
+        }
+        for x in d {
+            out.push_str(&format!(
+                "Cross-check: {} {} disagree on {}{}: {:.3} J vs {:.3} J ({:.1}%)\n",
+                x.a.0,
+                x.b.0,
+                x.domain.name(),
+                x.package
+                    .map(|p| format!(" of package {p}"))
+                    .unwrap_or_default(),
+                x.a.1 as f64 / 1e6,
+                x.b.1 as f64 / 1e6,
+                x.relative * 100.0
+            ));
+        }
+    }
     match report.cpu_energy_reader {
         Some(name) => out.push_str(&format!("CPU energy is measured with {name}.\n")),
         None => out.push_str(
@@ -215,6 +280,11 @@ pub fn render(report: &SourcesReport) -> String {
 pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let mut report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    if let Some(over) = args.check {
+        let (checked, d) = check_readers(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo, over);
+        report.checked = checked;
+        report.disagreements = Some(d);
+    }
     if let Some(log) = &args.wattmeter_log {
         let w = read_wattmeter_log(log, args.wattmeter_socket)
             .map_err(|e| super::Fatal::profiler(format!("wattmeter log {}: {e}", log.display())))?;
@@ -266,6 +336,57 @@ mod tests {
         );
         assert!(text.contains("platform: psys"), "{text}");
         assert!(text.contains("measured with powercap"), "{text}");
+    }
+
+    #[test]
+    fn check_reports_two_real_readers_that_disagree() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: the perf reader needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let copy = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("testdata/intel-2s/sys/class"),
+            )
+            .arg(root)
+            .status()
+            .expect("cp");
+        assert!(copy.success());
+        let write = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, text).expect("write");
+        };
+        write("devices/system/cpu/possible", "0\n");
+        write("devices/system/cpu/online", "0\n");
+        write(
+            "devices/system/cpu/cpu0/topology/physical_package_id",
+            "0\n",
+        );
+        // A power PMU backed by the software cpu-clock event: ~1 J per s.
+        let pmu = "bus/event_source/devices/power";
+        write(&format!("{pmu}/type"), "1\n");
+        write(&format!("{pmu}/cpumask"), "0\n");
+        write(&format!("{pmu}/format/event"), "config:0-7\n");
+        write(&format!("{pmu}/events/energy-pkg"), "event=0x00\n");
+        write(&format!("{pmu}/events/energy-pkg.scale"), "1e-9\n");
+        let (checked, d) = check_readers(
+            &SysRoot::at(root),
+            &msr::MsrRoot::at(root.join("no-msr")),
+            "",
+            std::time::Duration::from_millis(200),
+        );
+        assert_eq!(checked, vec!["powercap", "perf"]);
+        // powercap's package 0 stood still while perf's counted ~0.2 J.
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].domain, d[0].package), (Domain::Package, Some(0)));
+        assert_eq!(d[0].a.1, 0);
+        assert!(d[0].b.1 > 150_000, "{:?}", d[0].b);
     }
 
     #[test]

@@ -120,3 +120,96 @@ pub fn classify_io(what: &str, err: &std::io::Error, fix_permission: &str) -> So
         _ => SourceError::Retryable(format!("{what}: {err}")),
     }
 }
+
+/// Two readers that measured the same domain of the same package over the
+/// same interval and disagree.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Disagreement {
+    /// The domain.
+    pub domain: Domain,
+    /// The package (`None`: machine level).
+    pub package: Option<u32>,
+    /// First reader and its microjoules.
+    pub a: (String, u64),
+    /// Second reader and its microjoules.
+    pub b: (String, u64),
+    /// |a - b| / max(a, b).
+    pub relative: f64,
+}
+
+/// Readers disagreeing by more than this are reported.
+pub const DISAGREEMENT_THRESHOLD: f64 = 0.05;
+
+/// Compares readers' energy over one interval, domain by domain. Pairs where
+/// both saw less than `floor_uj` are too small to compare and are skipped.
+pub fn cross_check(readings: &[(String, Vec<DomainEnergy>)], floor_uj: u64) -> Vec<Disagreement> {
+    let mut out = Vec::new();
+    for (i, (name_a, a)) in readings.iter().enumerate() {
+        for (name_b, b) in &readings[i + 1..] {
+            for ea in a {
+                let Some(eb) = b
+                    .iter()
+                    .find(|eb| eb.domain == ea.domain && eb.package == ea.package)
+                else {
+                    continue;
+                };
+                let hi = ea.energy_uj.max(eb.energy_uj);
+                if hi < floor_uj {
+                    continue;
+                }
+                let relative = ea.energy_uj.abs_diff(eb.energy_uj) as f64 / hi as f64;
+                if relative > DISAGREEMENT_THRESHOLD {
+                    out.push(Disagreement {
+                        domain: ea.domain,
+                        package: ea.package,
+                        a: (name_a.clone(), ea.energy_uj),
+                        b: (name_b.clone(), eb.energy_uj),
+                        relative,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(domain: Domain, package: Option<u32>, energy_uj: u64) -> DomainEnergy {
+        DomainEnergy {
+            domain,
+            package,
+            energy_uj,
+        }
+    }
+
+    #[test]
+    fn reports_only_matching_domains_that_disagree_beyond_five_percent() {
+        let readings = vec![
+            (
+                "powercap".to_string(),
+                vec![
+                    e(Domain::Package, Some(0), 100_000_000),
+                    e(Domain::Package, Some(1), 100_000_000),
+                    e(Domain::Dram, Some(0), 10),
+                ],
+            ),
+            (
+                "msr".to_string(),
+                vec![
+                    e(Domain::Package, Some(0), 104_000_000),
+                    e(Domain::Package, Some(1), 80_000_000),
+                    e(Domain::Dram, Some(0), 30),
+                    e(Domain::Core, Some(0), 5),
+                ],
+            ),
+        ];
+        let d = cross_check(&readings, 1_000);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].domain, d[0].package), (Domain::Package, Some(1)));
+        assert_eq!(d[0].a, ("powercap".to_string(), 100_000_000));
+        assert!((d[0].relative - 0.2).abs() < 1e-12);
+    }
+}
