@@ -290,3 +290,55 @@ fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
     assert_one_line_error(&out, 125, "cannot open wattmeter log /nonexistent.log");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn sources_lists_gpus_through_nvml() {
+    let exe = std::env::current_exe().expect("exe");
+    let built = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target")
+        .join("libnvml_stub.so");
+    assert!(
+        built.exists(),
+        "build it with `cargo build -p nvml-stub` (cargo xtask test does)"
+    );
+    let dir = tempfile_dir();
+    let lib = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(&built, &lib).expect("copy");
+    std::fs::write(
+        dir.join("scenario.txt"),
+        "gpu name=NVIDIA-H100 uuid=GPU-aaaa power_mw=250000 energy=counter memory_total=85899345920\n\
+         gpu name=Tesla-P100 uuid=GPU-bbbb power_mw=50000 energy=unsupported mig=1\n",
+    )
+    .expect("scenario");
+    let out = wattprof(&[
+        "sources",
+        "--json",
+        "--nvml-lib",
+        lib.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["gpu"]["status"], "in_use");
+    let gpus = report["gpu"]["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus[0]["method"], "energy_counter");
+    assert_eq!(gpus[1]["method"], "power_integration");
+    assert_eq!(gpus[1]["mig"], true);
+    // Without a driver it is a status, and wattprof still succeeds.
+    let out = wattprof(&[
+        "sources",
+        "--json",
+        "--nvml-lib",
+        "/nonexistent/libnvidia-ml.so.1",
+    ]);
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["gpu"]["status"], "missing");
+    assert_eq!(report["gpu"]["reason"], "no NVIDIA driver found");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -68,8 +68,16 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The integration tests run the real binary.
-    run_cmd(cargo().args(["build", "--locked", "-p", "profiler", "--bins"]))?;
+    // The integration tests run the real binary and load the NVML stub.
+    run_cmd(cargo().args([
+        "build",
+        "--locked",
+        "-p",
+        "profiler",
+        "--bins",
+        "-p",
+        "nvml-stub",
+    ]))?;
     let mut counts = Counts::default();
     let mut ok = run_tests(
         cargo().args([

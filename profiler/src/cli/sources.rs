@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
-use crate::sources::{Domain, Source, SourceError, SourceInfo, msr, perf, powercap, wattmeter};
+use crate::sources::{
+    Domain, Source, SourceError, SourceInfo, msr, nvml, perf, powercap, wattmeter,
+};
 use crate::topology::SysRoot;
 
 /// Arguments of `wattprof sources`.
@@ -20,6 +22,10 @@ pub struct SourcesArgs {
     /// mean power and energy.
     #[arg(long, value_name = "FILE")]
     pub wattmeter_log: Option<std::path::PathBuf>,
+
+    /// Load NVML from this file instead of the driver's libnvidia-ml.so.1.
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<std::path::PathBuf>,
 
     /// Read every available reader twice, this long apart (e.g. 2s), and
     /// report readers that disagree by more than 5% on the same domain.
@@ -73,6 +79,45 @@ pub struct SourcesReport {
     pub disagreements: Option<Vec<crate::sources::Disagreement>>,
     /// With `--check`: the readers compared.
     pub checked: Vec<&'static str>,
+    /// NVIDIA GPUs through NVML.
+    pub gpu: GpuStatus,
+}
+
+/// The NVML reader's status.
+#[derive(Debug, Default, Serialize)]
+pub struct GpuStatus {
+    /// `in_use` or `missing`.
+    pub status: &'static str,
+    /// The GPUs found.
+    pub gpus: Vec<nvml::GpuInfo>,
+    /// Why NVML cannot be used.
+    pub reason: Option<String>,
+    /// How to make it work.
+    pub fix: Option<String>,
+}
+
+/// Probes NVML.
+pub fn probe_gpus(lib: Option<&std::ffi::OsStr>) -> GpuStatus {
+    match nvml::NvmlGpus::open(lib) {
+        Ok(g) => GpuStatus {
+            status: "in_use",
+            gpus: g.gpus(),
+            reason: None,
+            fix: None,
+        },
+        Err(SourceError::NotSupported { reason, fix }) => GpuStatus {
+            status: "missing",
+            gpus: Vec::new(),
+            reason: Some(reason),
+            fix: Some(fix),
+        },
+        Err(e) => GpuStatus {
+            status: "missing",
+            gpus: Vec::new(),
+            reason: Some(e.to_string()),
+            fix: None,
+        },
+    }
 }
 
 fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> ReaderStatus {
@@ -123,6 +168,7 @@ pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesRe
         wattmeter: None,
         disagreements: None,
         checked: Vec::new(),
+        gpu: GpuStatus::default(),
     }
 }
 
@@ -222,6 +268,38 @@ pub fn render(report: &SourcesReport) -> String {
             (None, None) => out.push('\n'),
         }
     }
+    out.push_str("GPU energy readers:\n");
+    match (&report.gpu.reason, report.gpu.gpus.is_empty()) {
+        (Some(reason), _) => {
+            out.push_str(&format!("  {:<9} {:<9} {reason}\n", "nvml", "missing"));
+            if let Some(fix) = &report.gpu.fix {
+                out.push_str(&format!("  {:<19} fix: {fix}\n", ""));
+            }
+        }
+        (None, false) => {
+            for g in &report.gpu.gpus {
+                let method = match g.method {
+                    nvml::GpuEnergyMethod::EnergyCounter => "total-energy counter",
+                    nvml::GpuEnergyMethod::PowerIntegration => {
+                        "power samples integrated (no energy counter on this GPU: estimated)"
+                    }
+                };
+                out.push_str(&format!(
+                    "  nvml      in use    GPU {} {} ({}): {method}, {:.1} GiB{}\n",
+                    g.index,
+                    g.name,
+                    g.uuid,
+                    g.memory_total_bytes as f64 / f64::from(1u32 << 30),
+                    if g.mig {
+                        "; MIG enabled: instances are not attributed separately yet"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        (None, true) => out.push_str("  nvml      missing\n"),
+    }
     if let Some(w) = &report.wattmeter {
         let s = &w.stats;
         out.push_str(&format!(
@@ -280,6 +358,7 @@ pub fn render(report: &SourcesReport) -> String {
 pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let mut report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    report.gpu = probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()));
     if let Some(over) = args.check {
         let (checked, d) = check_readers(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo, over);
         report.checked = checked;

@@ -6,6 +6,7 @@
 
 pub mod counter;
 pub mod msr;
+pub mod nvml;
 pub mod perf;
 pub mod powercap;
 pub mod wattmeter;
@@ -28,6 +29,8 @@ pub enum Domain {
     Psys,
     /// The whole machine at the wall socket, from an external wattmeter.
     Wall,
+    /// A GPU (`package` is then its NVML index).
+    Gpu,
 }
 
 impl Domain {
@@ -40,6 +43,7 @@ impl Domain {
             Self::Dram => "dram",
             Self::Psys => "psys",
             Self::Wall => "wall",
+            Self::Gpu => "gpu",
         }
     }
 }
@@ -49,8 +53,8 @@ impl Domain {
 pub struct DomainEnergy {
     /// Which domain.
     pub domain: Domain,
-    /// The package (the kernel's `physical_package_id`), or `None` for
-    /// machine-level domains (psys).
+    /// The package (the kernel's `physical_package_id`), the GPU index for
+    /// [`Domain::Gpu`], or `None` for machine-level domains (psys, wall).
     pub package: Option<u32>,
     /// Microjoules since the previous read.
     pub energy_uj: u64,
