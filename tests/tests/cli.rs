@@ -222,7 +222,7 @@ fn sources_lists_every_reader_with_findings_or_a_reason() {
         let report: serde_json::Value = serde_json::from_str(&text).expect("json");
         let readers = report["readers"].as_array().expect("readers");
         let names: Vec<&str> = readers.iter().filter_map(|r| r["name"].as_str()).collect();
-        assert_eq!(names, ["powercap", "perf", "msr"]);
+        assert_eq!(names, ["powercap", "perf", "msr", "estimate"]);
         for r in readers {
             match r["status"].as_str() {
                 Some("in_use" | "available") => assert!(r["info"].is_object(), "{r}"),
@@ -236,6 +236,35 @@ fn sources_lists_every_reader_with_findings_or_a_reason() {
             report.get("cpu_energy_reader").filter(|v| !v.is_null())
         );
     }
+}
+
+#[test]
+fn sources_estimates_from_tdp_only_where_nothing_measures() {
+    let out = wattprof(&["sources", "--json", "--cpu-tdp", "100"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let readers = report["readers"].as_array().expect("readers");
+    let measured = readers[..3].iter().any(|r| r["status"] != "missing");
+    let expected = if measured {
+        report["readers"][0]["name"].clone()
+    } else {
+        "estimate".into()
+    };
+    let chosen = &report["cpu_energy_reader"];
+    if measured {
+        assert_ne!(chosen, "estimate", "a measured reader must win");
+    } else {
+        assert_eq!(chosen, &expected);
+        let text = String::from_utf8_lossy(&wattprof(&["sources", "--cpu-tdp", "100"]).stdout)
+            .into_owned();
+        assert!(text.contains("CPU energy is ESTIMATED"), "{text}");
+    }
+    let out = wattprof(&["sources", "--cpu-tdp", "0"]);
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::sources::{
-    Domain, Source, SourceError, SourceInfo, msr, nvml, perf, powercap, wattmeter,
+    Domain, Source, SourceError, SourceInfo, estimate, msr, nvml, perf, powercap, wattmeter,
 };
 use crate::topology::SysRoot;
 
@@ -22,6 +22,11 @@ pub struct SourcesArgs {
     /// mean power and energy.
     #[arg(long, value_name = "FILE")]
     pub wattmeter_log: Option<std::path::PathBuf>,
+
+    /// TDP in watts of all the machine's CPU packages together (from the
+    /// CPU's spec sheet), for an estimate where no energy counter exists.
+    #[arg(long, value_name = "WATTS", value_parser = parse_tdp)]
+    pub cpu_tdp: Option<f64>,
 
     /// Load NVML from this file instead of the driver's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
@@ -49,6 +54,16 @@ pub struct WattmeterReport {
     pub energy_j: f64,
     /// Frames and problems.
     pub stats: wattmeter::WattmeterStats,
+}
+
+/// A TDP in watts: a positive number below 100 kW.
+fn parse_tdp(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(w) if w.is_finite() && w > 0.0 && w < 100_000.0 => Ok(w),
+        _ => Err(format!(
+            "`{text}` is not a TDP in watts (e.g. 120 or 2x 205 = 410)"
+        )),
+    }
 }
 
 /// One reader's status.
@@ -147,8 +162,14 @@ fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> Reader
 }
 
 /// Probes every reader on the machine described by `sys`, `msr_root` and
-/// `cpuinfo`.
-pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesReport {
+/// `cpuinfo`; with `cpu_tdp`, the TDP estimate stands in when no counter
+/// works.
+pub fn probe(
+    sys: &SysRoot,
+    msr_root: &msr::MsrRoot,
+    cpuinfo: &str,
+    cpu_tdp: Option<f64>,
+) -> SourcesReport {
     let mut readers = vec![
         status("powercap", powercap::Powercap::open(sys).map(|p| p.info())),
         status("perf", perf::PerfPower::open(sys).map(|p| p.info())),
@@ -157,6 +178,41 @@ pub fn probe(sys: &SysRoot, msr_root: &msr::MsrRoot, cpuinfo: &str) -> SourcesRe
             msr::Msr::open(sys, msr_root, cpuinfo).map(|m| m.info()),
         ),
     ];
+    let measured = readers.iter().any(|r| r.status == "available");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "this CPU".into());
+    readers.push(match (cpu_tdp, measured) {
+        (Some(tdp), _) => status(
+            "estimate",
+            estimate::TdpEstimate::new(tdp, "/proc/stat").map(|e| e.info()),
+        ),
+        (None, true) => ReaderStatus {
+            name: "estimate",
+            status: "missing",
+            info: None,
+            reason: Some("not needed: energy is measured".into()),
+            fix: None,
+        },
+        (None, false) => ReaderStatus {
+            name: "estimate",
+            status: "missing",
+            info: None,
+            reason: Some(format!(
+                "no CPU energy counter here, and no TDP given for {model}"
+            )),
+            fix: Some(
+                "set --cpu-tdp WATTS (the TDP of all CPU packages together, from the spec sheet): \
+                 energy is then estimated as TDP x CPU utilization"
+                    .into(),
+            ),
+        },
+    });
     let chosen = readers.iter_mut().find(|r| r.status == "available");
     let cpu_energy_reader = chosen.map(|r| {
         r.status = "in_use";
@@ -253,11 +309,9 @@ pub fn render(report: &SourcesReport) -> String {
                     .resolution_uj
                     .map(|u| format!("; resolution {u:.1} µJ"))
                     .unwrap_or_default();
-                out.push_str(&format!(
-                    " {}: {}{res}\n",
-                    info.location,
-                    describe_domains(&info.domains)
-                ));
+                let domains = describe_domains(&info.domains);
+                let sep = if domains.is_empty() { "" } else { ": " };
+                out.push_str(&format!(" {}{sep}{domains}{res}\n", info.location));
             }
             (None, Some(reason)) => {
                 out.push_str(&format!(" {reason}\n"));
@@ -331,7 +385,7 @@ pub fn render(report: &SourcesReport) -> String {
         }
         for x in d {
             out.push_str(&format!(
-                "Cross-check: {} {} disagree on {}{}: {:.3} J vs {:.3} J ({:.1}%)\n",
+                "Cross-check: {} and {} disagree on {} energy{}: {:.3} J vs {:.3} J ({:.1}%)\n",
                 x.a.0,
                 x.b.0,
                 x.domain.name(),
@@ -345,6 +399,10 @@ pub fn render(report: &SourcesReport) -> String {
         }
     }
     match report.cpu_energy_reader {
+        Some("estimate") => out.push_str(
+            "CPU energy is ESTIMATED (TDP x CPU utilization; no energy counter here): every \
+             figure from it is marked estimated.\n",
+        ),
         Some(name) => out.push_str(&format!("CPU energy is measured with {name}.\n")),
         None => out.push_str(
             "No CPU energy counter is readable on this machine: wattprof cannot measure CPU \
@@ -357,7 +415,12 @@ pub fn render(report: &SourcesReport) -> String {
 /// Runs `wattprof sources`.
 pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let mut report = probe(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo);
+    let mut report = probe(
+        &SysRoot::real(),
+        &msr::MsrRoot::real(),
+        &cpuinfo,
+        args.cpu_tdp,
+    );
     report.gpu = probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()));
     if let Some(over) = args.check {
         let (checked, d) = check_readers(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo, over);
@@ -402,6 +465,7 @@ mod tests {
             &sys,
             &msr::MsrRoot::at(dir.path()),
             "vendor_id: GenuineIntel\ncpu family: 6\nmodel: 85\n",
+            Some(150.0),
         );
         assert_eq!(report.cpu_energy_reader, Some("powercap"));
         assert_eq!(report.readers[0].status, "in_use");
@@ -415,6 +479,9 @@ mod tests {
         );
         assert!(text.contains("platform: psys"), "{text}");
         assert!(text.contains("measured with powercap"), "{text}");
+        // A measured reader wins over the estimate, even with a TDP given.
+        assert_eq!(report.readers[3].name, "estimate");
+        assert_eq!(report.readers[3].status, "available");
     }
 
     #[test]
@@ -471,15 +538,28 @@ mod tests {
     #[test]
     fn machine_without_rapl_says_why_and_what_to_do() {
         let dir = tempfile::tempdir().expect("tempdir");
+        let cpuinfo = "vendor_id: AuthenticAMD\ncpu family: 25\nmodel: 1\nmodel name: AMD EPYC\n";
         let report = probe(
             &SysRoot::at(dir.path()),
             &msr::MsrRoot::at(dir.path()),
-            "vendor_id: AuthenticAMD\ncpu family: 25\nmodel: 1\n",
+            cpuinfo,
+            None,
         );
         assert_eq!(report.cpu_energy_reader, None);
         let text = render(&report);
         assert!(text.contains("modprobe intel_rapl_msr"), "{text}");
+        assert!(text.contains("no TDP given for AMD EPYC"), "{text}");
+        assert!(text.contains("set --cpu-tdp WATTS"), "{text}");
         assert!(text.contains("cannot measure CPU energy here"), "{text}");
+        // With a TDP, the estimate is used, and said to be an estimate.
+        let report = probe(
+            &SysRoot::at(dir.path()),
+            &msr::MsrRoot::at(dir.path()),
+            cpuinfo,
+            Some(120.0),
+        );
+        assert_eq!(report.cpu_energy_reader, Some("estimate"));
+        assert!(render(&report).contains("CPU energy is ESTIMATED"));
         let json = serde_json::to_value(&report).expect("json");
         assert_eq!(json["readers"][0]["status"], "missing");
         assert!(json["readers"][0]["fix"].is_string());

@@ -5,6 +5,7 @@
 //! read, with counter wraparound handled once, in [`counter`].
 
 pub mod counter;
+pub mod estimate;
 pub mod msr;
 pub mod nvml;
 pub mod perf;
@@ -58,6 +59,8 @@ pub struct DomainEnergy {
     pub package: Option<u32>,
     /// Microjoules since the previous read.
     pub energy_uj: u64,
+    /// Modelled, not measured (TDP estimate, GPU power integration).
+    pub estimated: bool,
 }
 
 /// Why a reader cannot be used, or a read failed.
@@ -145,14 +148,16 @@ pub struct Disagreement {
 pub const DISAGREEMENT_THRESHOLD: f64 = 0.05;
 
 /// Compares readers' energy over one interval, domain by domain. Pairs where
-/// both saw less than `floor_uj` are too small to compare and are skipped.
+/// both saw less than `floor_uj` are too small to compare and are skipped;
+/// estimated figures are not measurements and are never compared.
 pub fn cross_check(readings: &[(String, Vec<DomainEnergy>)], floor_uj: u64) -> Vec<Disagreement> {
     let mut out = Vec::new();
     for (i, (name_a, a)) in readings.iter().enumerate() {
         for (name_b, b) in &readings[i + 1..] {
-            for ea in a {
+            for ea in a.iter().filter(|e| !e.estimated) {
                 let Some(eb) = b
                     .iter()
+                    .filter(|e| !e.estimated)
                     .find(|eb| eb.domain == ea.domain && eb.package == ea.package)
                 else {
                     continue;
@@ -186,6 +191,7 @@ mod tests {
             domain,
             package,
             energy_uj,
+            estimated: false,
         }
     }
 

@@ -257,6 +257,7 @@ impl Source for Msr {
                 domain: r.domain,
                 package: r.package,
                 energy_uj: r.counter.advance(raw).unwrap_or(0),
+                estimated: false,
             });
         }
         Ok(out)

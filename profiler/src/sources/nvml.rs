@@ -339,6 +339,7 @@ impl Source for NvmlGpus {
                 domain: Domain::Gpu,
                 package: Some(r.index),
                 energy_uj: r.energy_uj,
+                estimated: r.method == GpuEnergyMethod::PowerIntegration,
             })
             .collect())
     }

@@ -182,6 +182,7 @@ impl Source for PerfPower {
                     domain: e.domain,
                     package: e.package,
                     energy_uj: e.energy.advance(raw).unwrap_or(0),
+                    estimated: false,
                 })
             })
             .collect()

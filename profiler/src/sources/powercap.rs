@@ -193,6 +193,7 @@ impl Source for Powercap {
                             domain: z.domain,
                             package: z.package,
                             energy_uj,
+                            estimated: false,
                         });
                     }
                 }

@@ -380,6 +380,7 @@ impl Source for Wattmeter {
             domain: Domain::Wall,
             package: None,
             energy_uj: delta,
+            estimated: false,
         }])
     }
 }
