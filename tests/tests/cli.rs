@@ -315,8 +315,37 @@ fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
         "3",
     ]);
     assert_one_line_error(&out, 125, "no good frame for socket 3");
+    // The same frames from a command wattprof starts, reads and stops.
+    let script = dir.join("wattmetre-read");
+    std::fs::write(&script, format!("#!/bin/sh\ncat '{path}'\nexec sleep 30\n")).expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let cmd = format!("{} --tty=/dev/ttyUSB0 --nb=2", script.display());
+    let out = wattprof(&[
+        "sources",
+        "--json",
+        "--wattmeter-cmd",
+        &cmd,
+        "--wattmeter-socket",
+        "2",
+        "--check",
+        "500ms",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!((report["wattmeter"]["energy_j"].as_f64().expect("energy") - 300.0).abs() < 1e-3);
     let out = wattprof(&["sources", "--wattmeter-log", "/nonexistent.log"]);
     assert_one_line_error(&out, 125, "cannot open wattmeter log /nonexistent.log");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("/nonexistent.log").count(),
+        1,
+        "path said once: {err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -37,6 +37,12 @@ pub struct SourcesArgs {
     #[arg(long, value_name = "DURATION", value_parser = super::run::parse_interval)]
     pub check: Option<std::time::Duration>,
 
+    /// Start this wattmeter command (e.g. "wattmetre-read --tty=/dev/ttyUSB0
+    /// --nb=6"), read it for the --check duration (2 s by default), report,
+    /// and stop it.
+    #[arg(long, value_name = "CMD", conflicts_with = "wattmeter_log")]
+    pub wattmeter_cmd: Option<String>,
+
     /// The wattmeter socket (1-based `#activepowN` column) the machine is
     /// plugged into.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -258,6 +264,33 @@ pub fn check_readers(
     (names, crate::sources::cross_check(&readings, 1_000))
 }
 
+/// Runs a wattmeter command for `over`, then stops it.
+pub fn read_wattmeter_cmd(
+    cmd: &str,
+    socket: u32,
+    over: std::time::Duration,
+) -> Result<WattmeterReport, SourceError> {
+    let argv: Vec<String> = cmd.split_whitespace().map(String::from).collect();
+    let mut wm = wattmeter::Wattmeter::spawn(&argv, socket)?;
+    let deadline = std::time::Instant::now() + over;
+    let mut energy_uj = 0;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        match wm.read() {
+            Ok(e) => energy_uj += e[0].energy_uj,
+            // The meter stopped early: report what it gave.
+            Err(_) => break,
+        }
+    }
+    energy_uj += wm.read().map_or(0, |e| e[0].energy_uj);
+    Ok(WattmeterReport {
+        log: cmd.to_string(),
+        socket,
+        energy_j: energy_uj as f64 / 1e6,
+        stats: wm.stats().clone(),
+    })
+}
+
 /// Reads a whole wattmeter log.
 pub fn read_wattmeter_log(
     path: &std::path::Path,
@@ -357,7 +390,7 @@ pub fn render(report: &SourcesReport) -> String {
     if let Some(w) = &report.wattmeter {
         let s = &w.stats;
         out.push_str(&format!(
-            "Wattmeter log {} (socket {}): {} good frames, {} not ok, {} malformed lines, \
+            "Wattmeter {} (socket {}): {} good frames, {} not ok, {} malformed lines, \
              {} out of order; mean {:.1} W, {:.3} J{}\n",
             w.log,
             w.socket,
@@ -427,17 +460,27 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         report.checked = checked;
         report.disagreements = Some(d);
     }
-    if let Some(log) = &args.wattmeter_log {
-        let w = read_wattmeter_log(log, args.wattmeter_socket)
-            .map_err(|e| super::Fatal::profiler(format!("wattmeter log {}: {e}", log.display())))?;
+    let wattmeter = match (&args.wattmeter_log, &args.wattmeter_cmd) {
+        (Some(log), _) => Some((
+            log.display().to_string(),
+            read_wattmeter_log(log, args.wattmeter_socket),
+        )),
+        (None, Some(cmd)) => {
+            let over = args.check.unwrap_or(std::time::Duration::from_secs(2));
+            Some((
+                cmd.clone(),
+                read_wattmeter_cmd(cmd, args.wattmeter_socket, over),
+            ))
+        }
+        (None, None) => None,
+    };
+    if let Some((source, w)) = wattmeter {
+        let w = w.map_err(|e| super::Fatal::profiler(e.to_string()))?;
         if w.stats.frames_ok == 0 {
             return Err(super::Fatal::profiler(format!(
-                "wattmeter log {}: no good frame for socket {} ({} not ok, {} malformed lines): \
-                 check --wattmeter-socket and the log",
-                log.display(),
-                args.wattmeter_socket,
-                w.stats.frames_not_ok,
-                w.stats.malformed_lines
+                "wattmeter {source}: no good frame for socket {} ({} not ok, {} malformed \
+                 lines): check --wattmeter-socket and the log",
+                args.wattmeter_socket, w.stats.frames_not_ok, w.stats.malformed_lines
             ))
             .into());
         }
