@@ -177,7 +177,10 @@ pub fn probe(
     cpu_tdp: Option<f64>,
 ) -> SourcesReport {
     let mut readers = vec![
-        status("powercap", powercap::Powercap::open(sys).map(|p| p.info())),
+        status(
+            "powercap",
+            powercap::Powercap::open(sys, cpuinfo).map(|p| p.info()),
+        ),
         status("perf", perf::PerfPower::open(sys).map(|p| p.info())),
         status(
             "msr",
@@ -242,7 +245,7 @@ pub fn check_readers(
     over: std::time::Duration,
 ) -> (Vec<&'static str>, Vec<crate::sources::Disagreement>) {
     let mut readers: Vec<Box<dyn Source>> = Vec::new();
-    if let Ok(p) = powercap::Powercap::open(sys) {
+    if let Ok(p) = powercap::Powercap::open(sys, cpuinfo) {
         readers.push(Box::new(p));
     }
     if let Ok(p) = perf::PerfPower::open(sys) {
@@ -254,12 +257,45 @@ pub fn check_readers(
     for r in &mut readers {
         let _ = r.read();
     }
-    std::thread::sleep(over);
+    // Read every second and add up: 32-bit counters can wrap more than
+    // once in a long check (about 160 s at 400 W on AMD).
+    let mut totals: Vec<Option<Vec<crate::sources::DomainEnergy>>> =
+        readers.iter().map(|_| Some(Vec::new())).collect();
+    let deadline = std::time::Instant::now() + over;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        std::thread::sleep(left.min(std::time::Duration::from_secs(1)));
+        for (r, total) in readers.iter_mut().zip(totals.iter_mut()) {
+            match (r.read(), total.as_mut()) {
+                (Ok(energy), Some(acc)) => {
+                    for e in energy {
+                        match acc
+                            .iter_mut()
+                            .find(|a| a.domain == e.domain && a.package == e.package)
+                        {
+                            Some(a) => a.energy_uj += e.energy_uj,
+                            None => acc.push(e),
+                        }
+                    }
+                }
+                // A reader that failed is not compared.
+                _ => *total = None,
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+    }
     let readings: Vec<(String, Vec<crate::sources::DomainEnergy>)> = readers
-        .iter_mut()
-        .filter_map(|r| Some((r.name().to_string(), r.read().ok()?)))
+        .iter()
+        .zip(totals)
+        .filter_map(|(r, t)| Some((r.name().to_string(), t?)))
         .collect();
-    let names = readers.iter().map(|r| r.name()).collect();
+    let names = readers
+        .iter()
+        .map(|r| r.name())
+        .filter(|n| readings.iter().any(|(m, _)| m == n))
+        .collect();
     // Below 1 mJ over the interval, counter steps dominate any comparison.
     (names, crate::sources::cross_check(&readings, 1_000))
 }
@@ -297,7 +333,7 @@ pub fn read_wattmeter_log(
     socket: u32,
 ) -> Result<WattmeterReport, SourceError> {
     let mut wm = wattmeter::Wattmeter::open_file(path, socket)?;
-    let energy_uj = wm.read()?[0].energy_uj;
+    let energy_uj = wm.read()?[0].energy_uj + wm.finish();
     Ok(WattmeterReport {
         log: path.display().to_string(),
         socket,

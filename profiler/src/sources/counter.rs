@@ -11,6 +11,9 @@
 pub struct WrappingCounter {
     modulus: u64,
     last: Option<u64>,
+    /// A 64-bit counter never wraps in practice: a decrease is a reset
+    /// (GPU reset, driver reload) and counting restarts from its value.
+    decrease_is_reset: bool,
 }
 
 impl WrappingCounter {
@@ -19,12 +22,26 @@ impl WrappingCounter {
         Self {
             modulus: modulus.max(1),
             last: None,
+            decrease_is_reset: false,
         }
     }
 
-    /// A counter of `bits` bits.
+    /// A counter of `bits` bits (64: decreases are resets, not wraps).
     pub fn bits(bits: u32) -> Self {
-        Self::new(if bits >= 64 { u64::MAX } else { 1u64 << bits })
+        if bits >= 64 {
+            Self {
+                decrease_is_reset: true,
+                ..Self::new(u64::MAX)
+            }
+        } else {
+            Self::new(1u64 << bits)
+        }
+    }
+
+    /// Forgets the last reading (the counter vanished): the next one is a
+    /// new starting point. The range is kept.
+    pub fn reset(&mut self) {
+        self.last = None;
     }
 
     /// The growth since the previous reading (`None` on the first one). A
@@ -35,6 +52,8 @@ impl WrappingCounter {
         let delta = self.last.map(|last| {
             if now >= last {
                 now - last
+            } else if self.decrease_is_reset {
+                now
             } else {
                 self.modulus - last + now
             }
@@ -109,5 +128,22 @@ mod tests {
         assert_eq!(c.advance(0x10), Some(0x20));
         // Bits above the counter's width are ignored.
         assert_eq!(c.advance(0xdead_0000_0000_0020), Some(0x10));
+    }
+
+    #[test]
+    fn a_64_bit_counter_that_goes_down_was_reset() {
+        let mut c = WrappingCounter::bits(64);
+        c.advance(5_000_000);
+        assert_eq!(c.advance(5_000_100), Some(100));
+        assert_eq!(c.advance(40), Some(40), "GPU reset: counting restarts");
+    }
+
+    #[test]
+    fn reset_keeps_the_range() {
+        let mut c = WrappingCounter::new(1000);
+        c.advance(500);
+        c.reset();
+        assert_eq!(c.advance(990), None);
+        assert_eq!(c.advance(10), Some(20));
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! Intel: unit register `0x606` (energy status unit in bits 12:8, one step
 //! is 1/2^ESU J); package `0x611`, PP0/core `0x639`, PP1/uncore `0x641`,
-//! DRAM `0x619`, platform `0x64D`. Server parts count DRAM in a fixed
-//! 15.3 µJ step whatever the unit register says (the models Linux lists in
-//! `drivers/powercap/intel_rapl_common.c` with server defaults).
+//! DRAM `0x619`, platform `0x64D`. Haswell to Ice Lake server parts count
+//! DRAM in a fixed 15.3 µJ step whatever the unit register says, and
+//! Sapphire Rapids and later count platform (PSYS) energy in 1 J steps (as
+//! Linux's `drivers/powercap/intel_rapl_common.c` server defaults do).
 //! AMD and Hygon family 17h and later: unit `0xC0010299`, package
 //! `0xC001029B`. (Their core counter `0xC001029A` is per core, not per
 //! package, and is not read yet.) All counters are 32 bits and wrap.
@@ -48,10 +49,12 @@ impl MsrRoot {
 /// The CPU's RAPL register set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vendor {
-    /// Intel; `fixed_dram_unit` on server parts.
+    /// Intel, with the unit quirks of some server parts.
     Intel {
         /// DRAM counts 2^-16 J per step regardless of the unit register.
         fixed_dram_unit: bool,
+        /// PSYS counts 1 J per step.
+        joule_psys_unit: bool,
     },
     /// AMD or Hygon, family 17h or later.
     Amd,
@@ -59,9 +62,12 @@ pub enum Vendor {
 
 /// Intel models (family 6) whose DRAM energy unit is fixed at 2^-16 J:
 /// Haswell-X, Broadwell-X/D, Skylake-X (and Cascade/Cooper Lake),
-/// Ice Lake-X/D, Sapphire Rapids-X, Emerald Rapids-X, Xeon Phi KNL/KNM.
-const FIXED_DRAM_UNIT_MODELS: &[u32] =
-    &[0x3F, 0x4F, 0x56, 0x55, 0x6A, 0x6C, 0x8F, 0xCF, 0x57, 0x85];
+/// Ice Lake-X/D, Xeon Phi KNL/KNM. (Sapphire Rapids dropped the quirk.)
+const FIXED_DRAM_UNIT_MODELS: &[u32] = &[0x3F, 0x4F, 0x56, 0x55, 0x6A, 0x6C, 0x57, 0x85];
+
+/// Intel models whose PSYS counter counts whole joules: Sapphire Rapids-X,
+/// Emerald Rapids-X, Granite Rapids-X/D, Sierra Forest-X.
+const JOULE_PSYS_UNIT_MODELS: &[u32] = &[0x8F, 0xCF, 0xAD, 0xAE, 0xAF];
 
 /// Which RAPL registers this CPU has, from `/proc/cpuinfo` text.
 pub fn detect_vendor(cpuinfo: &str) -> Option<Vendor> {
@@ -77,6 +83,7 @@ pub fn detect_vendor(cpuinfo: &str) -> Option<Vendor> {
     match vendor.as_str() {
         "GenuineIntel" if family == 6 => Some(Vendor::Intel {
             fixed_dram_unit: FIXED_DRAM_UNIT_MODELS.contains(&model),
+            joule_psys_unit: JOULE_PSYS_UNIT_MODELS.contains(&model),
         }),
         "AuthenticAMD" | "HygonGenuine" if family >= 0x17 => Some(Vendor::Amd),
         _ => None,
@@ -194,9 +201,17 @@ impl Msr {
                     (
                         Vendor::Intel {
                             fixed_dram_unit: true,
+                            ..
                         },
                         Domain::Dram,
                     ) => 1.0 / 65536.0,
+                    (
+                        Vendor::Intel {
+                            joule_psys_unit: true,
+                            ..
+                        },
+                        Domain::Psys,
+                    ) => 1.0,
                     _ => step,
                 };
                 let mut counter = EnergyCounter::new(WrappingCounter::bits(32), joules_per_step);
@@ -249,10 +264,18 @@ impl Source for Msr {
     /// Counters were read when opened, so even the first read reports the
     /// energy since then.
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+        // All registers first: if one fails, no counter has advanced, and
+        // the next read still covers this interval.
+        let raws = self
+            .registers
+            .iter()
+            .map(|r| {
+                read_msr(&self.files[r.file], r.address)
+                    .map_err(|e| classify_io(&format!("MSR {:#x}", r.address), &e, PERMISSION_FIX))
+            })
+            .collect::<Result<Vec<u64>, SourceError>>()?;
         let mut out = Vec::with_capacity(self.registers.len());
-        for r in &mut self.registers {
-            let raw = read_msr(&self.files[r.file], r.address)
-                .map_err(|e| classify_io(&format!("MSR {:#x}", r.address), &e, PERMISSION_FIX))?;
+        for (r, raw) in self.registers.iter_mut().zip(raws) {
             out.push(DomainEnergy {
                 domain: r.domain,
                 package: r.package,
@@ -269,6 +292,7 @@ mod tests {
     use super::*;
 
     const INTEL_SKX: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n";
+    const INTEL_SPR: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n";
     const INTEL_CLIENT: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 151\n";
     const AMD_ZEN3: &str = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n";
 
@@ -321,13 +345,22 @@ mod tests {
         assert_eq!(
             detect_vendor(INTEL_SKX),
             Some(Vendor::Intel {
-                fixed_dram_unit: true
+                fixed_dram_unit: true,
+                joule_psys_unit: false
             })
         );
         assert_eq!(
             detect_vendor(INTEL_CLIENT),
             Some(Vendor::Intel {
-                fixed_dram_unit: false
+                fixed_dram_unit: false,
+                joule_psys_unit: false
+            })
+        );
+        assert_eq!(
+            detect_vendor(INTEL_SPR),
+            Some(Vendor::Intel {
+                fixed_dram_unit: false,
+                joule_psys_unit: true
             })
         );
         assert_eq!(detect_vendor(AMD_ZEN3), Some(Vendor::Amd));
@@ -376,6 +409,50 @@ mod tests {
         );
         assert_eq!(get(&r, Domain::Dram, Some(1)), 1_000_000);
         assert_eq!(get(&r, Domain::Package, Some(1)), 0);
+    }
+
+    #[test]
+    fn sapphire_rapids_dram_follows_the_unit_register_and_psys_counts_joules() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sys, dev) = (dir.path().join("sys"), dir.path().join("dev"));
+        topology(&sys, 2, 1);
+        device(&dev, 0, &[(0x606, 14 << 8), (0x619, 0), (0x64D, 1000)]);
+        let mut msr = Msr::open(&SysRoot::at(&sys), &MsrRoot::at(&dev), INTEL_SPR).expect("open");
+        write_reg(&dev, 0, 0x619, 16_384);
+        write_reg(&dev, 0, 0x64D, 1_250);
+        let r = msr.read().expect("read");
+        assert_eq!(
+            get(&r, Domain::Dram, Some(0)),
+            1_000_000,
+            "16,384 steps of 61 µJ"
+        );
+        assert_eq!(get(&r, Domain::Psys, None), 250_000_000, "250 steps of 1 J");
+    }
+
+    #[test]
+    fn a_failed_read_loses_no_energy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sys, dev) = (dir.path().join("sys"), dir.path().join("dev"));
+        topology(&sys, 2, 2);
+        for cpu in [0, 1] {
+            device(&dev, cpu, &[(0x606, 14 << 8), (0x611, 0)]);
+        }
+        let mut msr =
+            Msr::open(&SysRoot::at(&sys), &MsrRoot::at(&dev), INTEL_CLIENT).expect("open");
+        write_reg(&dev, 0, 0x611, 16_384);
+        // Package 1's device breaks (CPU offline): the read fails whole.
+        std::fs::rename(dev.join("1/msr"), dev.join("1/msr.saved")).expect("set aside");
+        std::fs::create_dir(dev.join("1/msr")).expect("dir in its place");
+        msr.files[1] = File::open(dev.join("1/msr")).expect("open dir");
+        assert!(msr.read().is_err());
+        std::fs::remove_dir(dev.join("1/msr")).expect("rmdir");
+        std::fs::rename(dev.join("1/msr.saved"), dev.join("1/msr")).expect("restore");
+        msr.files[1] = File::open(dev.join("1/msr")).expect("reopen");
+        // Package 0's energy of both intervals is still there.
+        assert_eq!(
+            get(&msr.read().expect("read"), Domain::Package, Some(0)),
+            1_000_000
+        );
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl PerfPower {
                 .map_err(|e| SourceError::Fatal(format!("{name}: {e}")))?;
             // Platform energy is one counter for the machine.
             let cpus: &[u32] = if domain == Domain::Psys {
-                &cpumask[..1]
+                &cpumask[..cpumask.len().min(1)]
             } else {
                 &cpumask
             };
@@ -171,21 +171,27 @@ impl Source for PerfPower {
     /// Counters were read when opened, so even the first read reports the
     /// energy since then.
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
-        self.events
+        // All counters first: if one fails, none has advanced.
+        let raws = self
+            .events
             .iter_mut()
             .map(|e| {
-                let raw = e
-                    .counter
+                e.counter
                     .read()
-                    .map_err(|err| SourceError::Retryable(format!("perf read: {err}")))?;
-                Ok(DomainEnergy {
-                    domain: e.domain,
-                    package: e.package,
-                    energy_uj: e.energy.advance(raw).unwrap_or(0),
-                    estimated: false,
-                })
+                    .map_err(|err| SourceError::Retryable(format!("perf read: {err}")))
             })
-            .collect()
+            .collect::<Result<Vec<u64>, SourceError>>()?;
+        Ok(self
+            .events
+            .iter_mut()
+            .zip(raws)
+            .map(|(e, raw)| DomainEnergy {
+                domain: e.domain,
+                package: e.package,
+                energy_uj: e.energy.advance(raw).unwrap_or(0),
+                estimated: false,
+            })
+            .collect())
     }
 }
 

@@ -23,7 +23,27 @@ struct Zone {
     dir: PathBuf,
     domain: Domain,
     package: Option<u32>,
+    die: u32,
     counter: WrappingCounter,
+}
+
+/// A top-level zone: ((mmio?, zone id), domain, package, die).
+type TopZone = ((bool, u32), Domain, Option<u32>, u32);
+
+/// The counter's period: the range plus one step. The step (the RAPL
+/// energy unit) is not published; `max_energy_range_uj` is 2^32 - 1 steps.
+fn wrap_period(range_uj: u64) -> u64 {
+    let step = (range_uj as f64 / 4_294_967_295.0).round() as u64;
+    range_uj.saturating_add(step.max(1))
+}
+
+/// `package-3` → (3, 0); `package-1-die-2` → (1, 2).
+fn parse_package_name(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_prefix("package-")?;
+    match rest.split_once("-die-") {
+        Some((p, d)) => Some((p.parse().ok()?, d.parse().ok()?)),
+        None => Some((rest.parse().ok()?, 0)),
+    }
 }
 
 /// A problem with one zone in one read; the other zones were read.
@@ -70,8 +90,11 @@ fn parse_zone_id(name: &str) -> Option<(bool, Vec<u32>)> {
 impl Powercap {
     /// Finds every zone under `sys`. Zones whose counter cannot be read are
     /// left out (with the reason available from [`Powercap::problems`]);
-    /// no readable zone at all is [`SourceError::NotSupported`].
-    pub fn open(sys: &SysRoot) -> Result<Self, SourceError> {
+    /// no readable zone at all is [`SourceError::NotSupported`]. `cpuinfo`
+    /// (the text of `/proc/cpuinfo`) tells AMD, whose `core` zone is left
+    /// out.
+    pub fn open(sys: &SysRoot, cpuinfo: &str) -> Result<Self, SourceError> {
+        let amd = super::msr::detect_vendor(cpuinfo) == Some(super::msr::Vendor::Amd);
         let root = sys.join("class/powercap");
         let entries = std::fs::read_dir(&root).map_err(|_| {
             SourceError::unsupported(
@@ -94,37 +117,38 @@ impl Powercap {
 
         let mut zones: Vec<Zone> = Vec::new();
         let mut problems = Vec::new();
-        // (mmio?, top-level id) → (domain, package) of top-level zones.
-        let mut tops: Vec<((bool, u32), Domain, Option<u32>)> = Vec::new();
+        // Top-level zones, by (mmio?, zone id), for their subzones.
+        let mut tops: Vec<TopZone> = Vec::new();
         for (mmio, ids, dir) in found {
             let name = read_trimmed(&dir.join("name")).unwrap_or_default();
-            let (domain, package) = if ids.len() == 1 {
+            let (domain, package, die) = if ids.len() == 1 {
                 if name == "psys" {
-                    (Domain::Psys, None)
-                } else if let Some(n) = name.strip_prefix("package-") {
-                    let Ok(n) = n.parse::<u32>() else { continue };
-                    (Domain::Package, Some(n))
+                    (Domain::Psys, None, 0)
+                } else if let Some((p, d)) = parse_package_name(&name) {
+                    (Domain::Package, Some(p), d)
                 } else {
                     continue;
                 }
             } else {
-                let Some(&(_, _, package)) = tops.iter().find(|t| t.0 == (mmio, ids[0])) else {
+                let Some(&(_, _, package, die)) = tops.iter().find(|t| t.0 == (mmio, ids[0]))
+                else {
                     continue;
                 };
                 let domain = match name.as_str() {
+                    "core" if amd => continue,
                     "core" => Domain::Core,
                     "uncore" => Domain::Uncore,
                     "dram" => Domain::Dram,
                     _ => continue,
                 };
-                (domain, package)
+                (domain, package, die)
             };
             if ids.len() == 1 {
-                tops.push(((mmio, ids[0]), domain, package));
+                tops.push(((mmio, ids[0]), domain, package, die));
             }
             if zones
                 .iter()
-                .any(|z| z.domain == domain && z.package == package)
+                .any(|z| z.domain == domain && z.package == package && z.die == die)
             {
                 // The same package through MMIO: already read via MSR.
                 continue;
@@ -136,7 +160,8 @@ impl Powercap {
                     dir,
                     domain,
                     package,
-                    counter: WrappingCounter::new(range.saturating_add(1)),
+                    die,
+                    counter: WrappingCounter::new(wrap_period(range)),
                 }),
                 (Err(e), _) | (_, Err(e)) => problems.push(ZoneProblem {
                     domain,
@@ -174,7 +199,11 @@ impl Source for Powercap {
 
     fn info(&self) -> SourceInfo {
         SourceInfo {
-            domains: self.zones.iter().map(|z| (z.domain, z.package)).collect(),
+            domains: {
+                let mut d: Vec<_> = self.zones.iter().map(|z| (z.domain, z.package)).collect();
+                d.dedup();
+                d
+            },
             // powercap reports whole microjoules of a counter whose own
             // step is ~15-61 µJ; the step is not exposed.
             resolution_uj: Some(1.0),
@@ -189,18 +218,24 @@ impl Source for Powercap {
             match read_u64(&z.dir.join("energy_uj")) {
                 Ok(raw) => {
                     if let Some(energy_uj) = z.counter.advance(raw) {
-                        out.push(DomainEnergy {
-                            domain: z.domain,
-                            package: z.package,
-                            energy_uj,
-                            estimated: false,
-                        });
+                        // Dies of one package add up to the package.
+                        match out.iter_mut().find(|e: &&mut DomainEnergy| {
+                            e.domain == z.domain && e.package == z.package
+                        }) {
+                            Some(e) => e.energy_uj += energy_uj,
+                            None => out.push(DomainEnergy {
+                                domain: z.domain,
+                                package: z.package,
+                                energy_uj,
+                                estimated: false,
+                            }),
+                        }
                     }
                 }
                 Err(e) => {
                     // The zone is gone or unreadable for now: if it comes
                     // back, its first reading is a new starting point.
-                    z.counter = WrappingCounter::new(z.counter_modulus());
+                    z.counter.reset();
                     self.problems.push(ZoneProblem {
                         domain: z.domain,
                         package: z.package,
@@ -220,15 +255,12 @@ impl Source for Powercap {
     }
 }
 
-impl Zone {
-    fn counter_modulus(&self) -> u64 {
-        read_u64(&self.dir.join("max_energy_range_uj")).map_or(u64::MAX, |r| r.saturating_add(1))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const INTEL: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n";
+    const AMD: &str = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n";
 
     /// Copies a committed fixture tree into a temporary directory the test
     /// can change.
@@ -267,7 +299,7 @@ mod tests {
     #[test]
     fn two_intel_packages_with_subzones_psys_and_an_mmio_duplicate() {
         let dir = fixture("intel-2s");
-        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), INTEL).expect("open");
         let mut domains = pc.info().domains;
         domains.sort();
         assert_eq!(
@@ -300,30 +332,67 @@ mod tests {
     #[test]
     fn counter_wrapping_mid_run() {
         let dir = fixture("intel-2s");
-        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), INTEL).expect("open");
         // max_energy_range_uj of package-1 is 262143328850.
         set(dir.path(), "intel-rapl:1", 262_143_328_000);
         pc.read().expect("baseline");
         set(dir.path(), "intel-rapl:1", 1_150);
         let r = pc.read().expect("wrapped");
-        // 850 µJ up to the maximum, one step to 0, then 1,150.
-        assert_eq!(energy(&r, Domain::Package, Some(1)), Some(850 + 1 + 1_150));
+        // 850 µJ up to the maximum, one 61 µJ counter step to 0, then 1,150.
+        assert_eq!(energy(&r, Domain::Package, Some(1)), Some(850 + 61 + 1_150));
     }
 
     #[test]
-    fn amd_layout_package_and_core_only() {
+    fn amd_layout_core_zone_of_one_core_is_left_out() {
         let dir = fixture("amd-1s");
-        let pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        let pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), AMD).expect("open");
+        assert_eq!(pc.info().domains, vec![(Domain::Package, Some(0))]);
+    }
+
+    #[test]
+    fn an_mmio_zone_fills_in_for_a_package_the_msr_zones_lack() {
+        let dir = fixture("intel-2s");
+        let pcap = dir.path().join("sys/class/powercap");
+        for z in [
+            "intel-rapl:1",
+            "intel-rapl:1:0",
+            "intel-rapl:1:1",
+            "intel-rapl:1:2",
+        ] {
+            std::fs::remove_dir_all(pcap.join(z)).expect("rm");
+        }
+        std::fs::write(pcap.join("intel-rapl-mmio:0/name"), "package-1\n").expect("w");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), INTEL).expect("open");
+        assert!(pc.info().domains.contains(&(Domain::Package, Some(1))));
+        pc.read().expect("baseline");
+        set(dir.path(), "intel-rapl-mmio:0", 1_000_500 + 7);
         assert_eq!(
-            pc.info().domains,
-            vec![(Domain::Package, Some(0)), (Domain::Core, Some(0))]
+            energy(&pc.read().expect("read"), Domain::Package, Some(1)),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn dies_of_one_package_are_summed() {
+        let dir = fixture("intel-2s");
+        let pcap = dir.path().join("sys/class/powercap");
+        std::fs::write(pcap.join("intel-rapl:1/name"), "package-0-die-1\n").expect("w");
+        std::fs::remove_dir_all(pcap.join("intel-rapl-mmio:0")).expect("rm");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), INTEL).expect("open");
+        assert!(!pc.info().domains.contains(&(Domain::Package, Some(1))));
+        pc.read().expect("baseline");
+        set(dir.path(), "intel-rapl:0", 1_000_000 + 30);
+        set(dir.path(), "intel-rapl:1", 1_100_000 + 12);
+        assert_eq!(
+            energy(&pc.read().expect("read"), Domain::Package, Some(0)),
+            Some(42)
         );
     }
 
     #[test]
     fn a_zone_that_vanishes_is_a_problem_not_a_failure_and_restarts_cleanly() {
         let dir = fixture("intel-2s");
-        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys"))).expect("open");
+        let mut pc = Powercap::open(&SysRoot::at(dir.path().join("sys")), INTEL).expect("open");
         pc.read().expect("baseline");
         let dram = dir.path().join("sys/class/powercap/intel-rapl:0:2");
         let saved = tempfile::tempdir().expect("tempdir");
@@ -364,7 +433,7 @@ mod tests {
         let err = std::thread::spawn(move || {
             // SAFETY: setfsuid only changes this thread's filesystem uid.
             unsafe { libc::setfsuid(65534) };
-            Powercap::open(&sys).expect_err("unreadable")
+            Powercap::open(&sys, INTEL).expect_err("unreadable")
         })
         .join()
         .expect("thread");
@@ -380,7 +449,7 @@ mod tests {
     #[test]
     fn no_powercap_at_all() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Powercap::open(&SysRoot::at(dir.path())).expect_err("none");
+        let err = Powercap::open(&SysRoot::at(dir.path()), INTEL).expect_err("none");
         assert!(matches!(err, SourceError::NotSupported { .. }), "{err:?}");
     }
 }

@@ -190,6 +190,11 @@ impl Integrator {
     }
 }
 
+fn file_identity(file: &std::fs::File) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().map_or((0, 0), |m| (m.dev(), m.ino()))
+}
+
 /// Where the log comes from.
 #[derive(Debug)]
 enum Input {
@@ -198,6 +203,8 @@ enum Input {
         path: PathBuf,
         file: std::fs::File,
         offset: u64,
+        /// (device, inode) of the open file, to notice a replaced log.
+        identity: (u64, u64),
     },
     /// A `wattmetre-read` wattprof started; stopped when the reader drops.
     Command { child: Child, argv: Vec<String> },
@@ -222,11 +229,13 @@ impl Wattmeter {
                 "check the path given to wattprof",
             )
         })?;
+        let identity = file_identity(&file);
         Ok(Self::with(
             Input::File {
                 path,
                 file,
                 offset: 0,
+                identity,
             },
             socket,
         ))
@@ -280,19 +289,46 @@ impl Wattmeter {
         self.integrator.stats()
     }
 
+    /// Takes a last line that has no newline as complete (the log has
+    /// ended) and returns the energy it adds (µJ).
+    pub fn finish(&mut self) -> u64 {
+        if !self.pending.is_empty() {
+            let line = std::mem::take(&mut self.pending);
+            match std::str::from_utf8(&line) {
+                Ok(text) => self.integrator.line(text),
+                Err(_) => self.integrator.stats.malformed_lines += 1,
+            }
+        }
+        let total_uj = (self.integrator.energy_j() * 1e6).round() as u64;
+        let delta = total_uj.saturating_sub(self.reported_uj);
+        self.reported_uj = total_uj;
+        delta
+    }
+
     /// Reads what arrived since the last call into `pending`.
     fn pull(&mut self) -> Result<(), SourceError> {
         let integrator = &mut self.integrator;
         let mut buf = [0u8; 64 * 1024];
         match &mut self.input {
-            Input::File { path, file, offset } => {
-                let len = std::fs::metadata(&*path)
-                    .map(|m| m.len())
-                    .unwrap_or(*offset);
-                if len < *offset {
-                    // Truncated or replaced: start over from the top.
+            Input::File {
+                path,
+                file,
+                offset,
+                identity,
+            } => {
+                let meta = std::fs::metadata(&*path).ok();
+                let now_identity = meta.as_ref().map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.dev(), m.ino())
+                });
+                let len = meta.map_or(*offset, |m| m.len());
+                let replaced = now_identity.is_some_and(|id| id != *identity);
+                if replaced || len < *offset {
+                    // Truncated, or replaced (rotated by rename): start over
+                    // from the top of the file now at the path.
                     *file = std::fs::File::open(&*path)
                         .map_err(|e| SourceError::Retryable(format!("{}: {e}", path.display())))?;
+                    *identity = file_identity(file);
                     *offset = 0;
                     self.pending.clear();
                     integrator.restart();
@@ -371,11 +407,15 @@ impl Source for Wattmeter {
             self.pending.clear();
             self.integrator.stats.malformed_lines += 1;
         }
-        pulled?;
         // Deltas of the rounded running total: no drift, however many reads.
         let total_uj = (self.integrator.energy_j() * 1e6).round() as u64;
         let delta = total_uj.saturating_sub(self.reported_uj);
         self.reported_uj = total_uj;
+        // Frames that arrived before a failure are reported first; the
+        // failure surfaces on a read that has nothing else to give.
+        if delta == 0 {
+            pulled?;
+        }
         Ok(vec![DomainEnergy {
             domain: Domain::Wall,
             package: None,
@@ -388,8 +428,12 @@ impl Source for Wattmeter {
 impl Drop for Wattmeter {
     fn drop(&mut self) {
         if let Input::Command { child, .. } = &mut self.input {
+            // Already reaped: its pid may belong to someone else now.
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
             // wattmetre-read stops on SIGUSR1; make sure it is gone.
-            // SAFETY: signalling our own child.
+            // SAFETY: signalling our own child, not yet reaped.
             unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
             std::thread::sleep(std::time::Duration::from_millis(50));
             let _ = child.kill();
@@ -511,6 +555,54 @@ mod tests {
         .expect("rewrite");
         let e = wm.read().expect("read")[0].energy_uj;
         assert_eq!(e, 10_000_000, "1 s at 10 W, not joined to the old log");
+    }
+
+    #[test]
+    fn a_log_replaced_by_rename_is_followed_and_a_last_line_without_newline_counts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("wm.log");
+        let lines = |a: f64, b: f64| format!("{HEADER}\n{}\n{}\n", frame(a, 10.0), frame(b, 10.0));
+        std::fs::write(&path, lines(0.0, 1.0)).expect("w");
+        let mut wm = Wattmeter::open_file(&path, 2).expect("open");
+        assert_eq!(wm.read().expect("read")[0].energy_uj, 10_000_000);
+        // Rotated: a longer new file renamed over the old one.
+        let next = dir.path().join("wm.log.new");
+        std::fs::write(
+            &next,
+            lines(10.0, 13.0) + "# padding to be longer than before\n",
+        )
+        .expect("w");
+        std::fs::rename(&next, &path).expect("rename");
+        assert_eq!(
+            wm.read().expect("read")[0].energy_uj,
+            30_000_000,
+            "new series, not joined"
+        );
+        // A final frame without its newline is complete once the log ends.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        write!(f, "{}", frame(14.0, 10.0)).expect("w");
+        assert_eq!(
+            wm.read().expect("read")[0].energy_uj,
+            0,
+            "still being written"
+        );
+        assert_eq!(wm.finish(), 10_000_000);
+    }
+
+    #[test]
+    fn frames_before_the_command_exits_are_reported() {
+        let script = format!(
+            "echo '{HEADER}'; echo '{}'; echo '{}'",
+            frame(1.0, 20.0),
+            frame(3.0, 20.0)
+        );
+        let mut wm = Wattmeter::spawn(&["sh".into(), "-c".into(), script], 2).expect("spawn");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(wm.read().expect("frames first")[0].energy_uj, 40_000_000);
+        assert!(wm.read().is_err(), "then the exit");
     }
 
     #[test]
