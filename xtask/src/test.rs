@@ -68,16 +68,10 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The integration tests run the real binary and load the NVML stub.
-    run_cmd(cargo().args([
-        "build",
-        "--locked",
-        "-p",
-        "profiler",
-        "--bins",
-        "-p",
-        "nvml-stub",
-    ]))?;
+    // The integration tests run the real binary and load the NVML stub
+    // (a library only: `--bins` would skip it, so it builds on its own).
+    run_cmd(cargo().args(["build", "--locked", "-p", "profiler", "--bins"]))?;
+    run_cmd(cargo().args(["build", "--locked", "-p", "nvml-stub"]))?;
     let mut counts = Counts::default();
     let mut ok = run_tests(
         cargo().args([
