@@ -117,6 +117,13 @@ impl Topology {
         })
     }
 
+    /// The kernel's `physical_package_id` of `cpu` (the first package for
+    /// a CPU the topology does not know).
+    pub fn package_id_of(&self, cpu: u32) -> u32 {
+        let dense = self.socket_of_cpu.get(cpu as usize).copied().unwrap_or(0);
+        self.package_ids.get(dense as usize).copied().unwrap_or(0)
+    }
+
     /// Number of packages.
     pub fn sockets(&self) -> usize {
         self.package_ids.len()
@@ -197,6 +204,10 @@ mod tests {
         assert_eq!(t.socket_of_cpu, vec![0, 0, 1, 1, 0]);
         assert_eq!(t.online, vec![0, 1, 2, 3]);
         assert_eq!((t.sockets(), t.possible_cpus()), (2, 5));
+        assert_eq!(
+            (t.package_id_of(2), t.package_id_of(4), t.package_id_of(99)),
+            (3, 0, 0)
+        );
     }
 
     #[test]

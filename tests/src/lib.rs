@@ -156,3 +156,20 @@ pub fn subtree_ns(report: &Value, pid: u64) -> u64 {
 pub fn rel_err(a: u64, b: u64) -> f64 {
     (a as f64 - b as f64).abs() / (b as f64).max(1.0)
 }
+
+/// A private copy of the NVML stub library (`cargo build -p nvml-stub`)
+/// named like the real one, with `scenario` beside it: each caller gets its
+/// own library instance and state.
+pub fn nvml_stub(scenario: &str) -> PathBuf {
+    let built = target_dir().join("libnvml_stub.so");
+    assert!(
+        built.exists(),
+        "{} is missing: build it with `cargo build -p nvml-stub` (cargo xtask test does)",
+        built.display()
+    );
+    let dir = tempfile_dir();
+    let lib = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(&built, &lib).expect("copy the NVML stub");
+    std::fs::write(dir.join("scenario.txt"), scenario).expect("write the scenario");
+    lib
+}

@@ -5,7 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use wattprof_tests::{require_ebpf, tempfile_dir, u, wattprof_bin, wattprof_run};
+use wattprof_tests::{nvml_stub, require_ebpf, tempfile_dir, u, wattprof_bin, wattprof_run};
 
 fn wattprof(args: &[&str]) -> std::process::Output {
     Command::new(wattprof_bin())
@@ -351,25 +351,10 @@ fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
 
 #[test]
 fn sources_lists_gpus_through_nvml() {
-    let exe = std::env::current_exe().expect("exe");
-    let built = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target")
-        .join("libnvml_stub.so");
-    assert!(
-        built.exists(),
-        "build it with `cargo build -p nvml-stub` (cargo xtask test does)"
-    );
-    let dir = tempfile_dir();
-    let lib = dir.join("libnvidia-ml.so.1");
-    std::fs::copy(&built, &lib).expect("copy");
-    std::fs::write(
-        dir.join("scenario.txt"),
+    let lib = nvml_stub(
         "gpu name=NVIDIA-H100 uuid=GPU-aaaa power_mw=250000 energy=counter memory_total=85899345920\n\
          gpu name=Tesla-P100 uuid=GPU-bbbb power_mw=50000 energy=unsupported mig=1\n",
-    )
-    .expect("scenario");
+    );
     let out = wattprof(&[
         "sources",
         "--json",
@@ -398,5 +383,4 @@ fn sources_lists_gpus_through_nvml() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(report["gpu"]["status"], "missing");
     assert_eq!(report["gpu"]["reason"], "no NVIDIA driver found");
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -7,26 +7,10 @@ use std::time::{Duration, Instant};
 
 use wattprof::sources::nvml::{GpuEnergyMethod, NvmlGpus};
 use wattprof::sources::{Source, SourceError};
-use wattprof_tests::tempfile_dir;
+use wattprof_tests::nvml_stub;
 
-/// A private copy of the stub library with its scenario beside it.
 fn stub(scenario: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let built = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .join("libnvml_stub.so");
-    assert!(
-        built.exists(),
-        "{} is missing: build it with `cargo build -p nvml-stub` (cargo xtask test does)",
-        built.display()
-    );
-    let dir = tempfile_dir();
-    let lib = dir.join("libnvidia-ml.so.1");
-    std::fs::copy(&built, &lib).expect("copy stub");
-    std::fs::write(dir.join("scenario.txt"), scenario).expect("scenario");
-    lib
+    nvml_stub(scenario)
 }
 
 fn open(lib: &std::path::Path) -> NvmlGpus {

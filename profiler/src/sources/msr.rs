@@ -128,16 +128,7 @@ impl Msr {
         let topology = Topology::read(sys).map_err(|e| SourceError::Fatal(e.to_string()))?;
         let mut cpus: Vec<(u32, u32)> = Vec::new(); // (package id, cpu)
         for &cpu in &topology.online {
-            let dense = topology
-                .socket_of_cpu
-                .get(cpu as usize)
-                .copied()
-                .unwrap_or(0);
-            let package = topology
-                .package_ids
-                .get(dense as usize)
-                .copied()
-                .unwrap_or(0);
+            let package = topology.package_id_of(cpu);
             if !cpus.iter().any(|(p, _)| *p == package) {
                 cpus.push((package, cpu));
             }

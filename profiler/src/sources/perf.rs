@@ -95,16 +95,7 @@ impl PerfPower {
                 &cpumask
             };
             for &cpu in cpus {
-                let dense = topology
-                    .socket_of_cpu
-                    .get(cpu as usize)
-                    .copied()
-                    .unwrap_or(0);
-                let package = topology
-                    .package_ids
-                    .get(dense as usize)
-                    .copied()
-                    .unwrap_or(0);
+                let package = topology.package_id_of(cpu);
                 let opened = Builder::new(event)
                     .one_cpu(cpu as usize)
                     .any_pid()
