@@ -113,6 +113,29 @@ pub struct TaskStats {
 }
 
 impl TaskStats {
+    /// A new entry with no time yet: the tgid is filled in by the task's
+    /// first charge, as `current` tells it.
+    pub const fn new(
+        created_ns: u64,
+        cgroup_id: u64,
+        task_ptr: u64,
+        flags: u32,
+        comm: [u8; COMM_LEN],
+    ) -> Self {
+        Self {
+            created_ns,
+            cgroup_id,
+            sum_exec_seen: 0,
+            provisional_ns: 0,
+            epoch: 0,
+            task_ptr,
+            on_cpu_ns: [0; MAX_SOCKETS],
+            tgid: 0,
+            flags,
+            comm,
+        }
+    }
+
     /// Total nanoseconds on CPU over all packages.
     pub fn total_ns(&self) -> u64 {
         self.on_cpu_ns.iter().fold(0u64, |a, b| a.wrapping_add(*b))

@@ -185,18 +185,8 @@ fn charge(kind: Charge) {
         // SAFETY: as above.
         Some(task) => unsafe { &mut *task },
         None => {
-            let fresh = TaskStats {
-                created_ns: now,
-                cgroup_id,
-                sum_exec_seen: 0,
-                provisional_ns: 0,
-                epoch: 0,
-                task_ptr,
-                on_cpu_ns: [0; MAX_SOCKETS],
-                tgid: 0,
-                flags: 0,
-                comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
-            };
+            let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+            let fresh = TaskStats::new(now, cgroup_id, task_ptr, 0, comm);
             if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
                 cpu.lost_ns += wall;
                 return;
@@ -367,18 +357,13 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
     // The child's run-time counter starts at zero: with this entry its very
     // first slice is the scheduler's figure too. (No room: first sight later.)
     // SAFETY: helpers without preconditions.
-    let fresh = TaskStats {
-        created_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        sum_exec_seen: 0,
-        provisional_ns: 0,
-        epoch: 0,
-        task_ptr: 0,
-        on_cpu_ns: [0; MAX_SOCKETS],
-        tgid: 0,
-        flags: TASK_FLAG_BASELINE,
-        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
-    };
+    let fresh = TaskStats::new(
+        unsafe { bpf_ktime_get_ns() },
+        unsafe { bpf_get_current_cgroup_id() },
+        0,
+        TASK_FLAG_BASELINE,
+        bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    );
     let _ = TASKS.insert(child, fresh, BPF_NOEXIST.into());
     emit_current(EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
     0

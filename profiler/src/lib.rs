@@ -9,5 +9,7 @@ pub mod cli;
 pub mod output;
 pub mod process;
 pub mod sources;
+#[cfg(test)]
+mod testutil;
 pub mod topology;
 pub mod tracker;

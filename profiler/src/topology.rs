@@ -168,12 +168,7 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(p, text).expect("write");
-    }
+    use crate::testutil::write;
 
     #[test]
     fn cpu_lists() {

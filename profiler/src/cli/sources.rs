@@ -582,24 +582,7 @@ mod tests {
             .status()
             .expect("cp");
         assert!(copy.success());
-        let write = |rel: &str, text: &str| {
-            let p = root.join(rel);
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-            std::fs::write(p, text).expect("write");
-        };
-        write("devices/system/cpu/possible", "0\n");
-        write("devices/system/cpu/online", "0\n");
-        write(
-            "devices/system/cpu/cpu0/topology/physical_package_id",
-            "0\n",
-        );
-        // A power PMU backed by the software cpu-clock event: ~1 J per s.
-        let pmu = "bus/event_source/devices/power";
-        write(&format!("{pmu}/type"), "1\n");
-        write(&format!("{pmu}/cpumask"), "0\n");
-        write(&format!("{pmu}/format/event"), "config:0-7\n");
-        write(&format!("{pmu}/events/energy-pkg"), "event=0x00\n");
-        write(&format!("{pmu}/events/energy-pkg.scale"), "1e-9\n");
+        crate::testutil::software_backed_power_pmu(root);
         let (checked, d) = check_readers(
             &SysRoot::at(root),
             &msr::MsrRoot::at(root.join("no-msr")),

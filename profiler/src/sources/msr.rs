@@ -281,28 +281,12 @@ impl Source for Msr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::topology;
 
     const INTEL_SKX: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n";
     const INTEL_SPR: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n";
     const INTEL_CLIENT: &str = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 151\n";
     const AMD_ZEN3: &str = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n";
-
-    /// A sysfs tree with `n` CPUs on `packages` packages.
-    fn topology(root: &Path, n: u32, packages: u32) {
-        let cpu = root.join("devices/system/cpu");
-        std::fs::create_dir_all(&cpu).expect("mkdir");
-        std::fs::write(cpu.join("possible"), format!("0-{}", n - 1)).expect("w");
-        std::fs::write(cpu.join("online"), format!("0-{}", n - 1)).expect("w");
-        for c in 0..n {
-            let t = cpu.join(format!("cpu{c}/topology"));
-            std::fs::create_dir_all(&t).expect("mkdir");
-            std::fs::write(
-                t.join("physical_package_id"),
-                (c / (n / packages)).to_string(),
-            )
-            .expect("w");
-        }
-    }
 
     /// A sparse file standing in for `/dev/cpu/N/msr`: pread at a register's
     /// address returns what was written there.

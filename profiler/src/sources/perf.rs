@@ -189,33 +189,7 @@ impl Source for PerfPower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(p, text).expect("write");
-    }
-
-    /// A `power` PMU whose `energy-pkg` is really the kernel's software
-    /// `cpu-clock` event (type 1, config 0) scaled by 1e-9: a real perf
-    /// counter that counts one "joule" per second of CPU clock.
-    fn software_backed_pmu(root: &Path) {
-        write(root, "devices/system/cpu/possible", "0\n");
-        write(root, "devices/system/cpu/online", "0\n");
-        write(
-            root,
-            "devices/system/cpu/cpu0/topology/physical_package_id",
-            "0\n",
-        );
-        let pmu = "bus/event_source/devices/power";
-        write(root, &format!("{pmu}/type"), "1\n");
-        write(root, &format!("{pmu}/cpumask"), "0\n");
-        write(root, &format!("{pmu}/format/event"), "config:0-7\n");
-        write(root, &format!("{pmu}/events/energy-pkg"), "event=0x00\n");
-        write(root, &format!("{pmu}/events/energy-pkg.scale"), "1e-9\n");
-        write(root, &format!("{pmu}/events/energy-pkg.unit"), "Joules\n");
-    }
+    use crate::testutil::software_backed_power_pmu;
 
     #[test]
     fn opens_reads_and_scales_a_real_perf_counter() {
@@ -225,7 +199,7 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        software_backed_pmu(dir.path());
+        software_backed_power_pmu(dir.path());
         let mut perf = PerfPower::open(&SysRoot::at(dir.path())).expect("open");
         assert_eq!(perf.info().domains, vec![(Domain::Package, Some(0))]);
         let t = std::time::Instant::now();

@@ -9,7 +9,7 @@ use aya::{
 };
 use profiler_common::{
     COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT,
-    EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
+    EVENT_FORK, EVENT_REAPED, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
 };
 
 use super::{
@@ -467,18 +467,7 @@ impl EbpfTracker {
     }
 
     fn read_tasks(&mut self) -> Result<Vec<(u32, TaskStats)>, TrackerError> {
-        let zero = TaskStats {
-            created_ns: 0,
-            cgroup_id: 0,
-            sum_exec_seen: 0,
-            provisional_ns: 0,
-            epoch: 0,
-            task_ptr: 0,
-            on_cpu_ns: [0; MAX_SOCKETS],
-            tgid: 0,
-            flags: 0,
-            comm: [0; COMM_LEN],
-        };
+        let zero = TaskStats::new(0, 0, 0, 0, [0; COMM_LEN]);
         if self.batch_supported
             && let Some(fd) = map_fd(&self.tasks)
         {
