@@ -5,6 +5,8 @@
 //! [`tracker::CpuSample`]s; [`process`] turns them into processes and
 //! command trees; [`output`] renders reports; [`cli`] wires it together.
 
+pub mod attribution;
+pub mod carbon;
 pub mod cli;
 pub mod output;
 pub mod process;

@@ -56,6 +56,9 @@ pub enum Role {
 /// One process (one generation of a pid).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
+    /// This record's id in its table (unique for the table's life; a
+    /// reused pid gets a new one).
+    pub id: u64,
     /// Process id.
     pub pid: u32,
     /// Parent process id (at fork time), when known.
@@ -70,6 +73,8 @@ pub struct Process {
     pub on_cpu_ns: Vec<u64>,
     /// Its group.
     pub role: Role,
+    /// cgroup v2 id of its threads at their last context switch.
+    pub cgroup_id: u64,
 }
 
 impl Process {
@@ -109,6 +114,22 @@ pub struct ProcessTable<M: ProcMeta> {
     pending: HashMap<u32, PendingFork>,
     totals: GroupTotals,
     unmatched_forks: u64,
+    interval: HashMap<u64, Vec<u64>>,
+}
+
+/// One process's on-CPU time over one interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntervalUsage {
+    /// The process record ([`Process::id`]).
+    pub id: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Its group.
+    pub role: Role,
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Nanoseconds per dense package index.
+    pub on_cpu_ns: Vec<u64>,
 }
 
 /// Forks whose task never showed up are dropped after this long.
@@ -128,6 +149,7 @@ impl<M: ProcMeta> ProcessTable<M> {
             pending: HashMap::new(),
             totals: GroupTotals::default(),
             unmatched_forks: 0,
+            interval: HashMap::new(),
         }
     }
 
@@ -171,10 +193,11 @@ impl<M: ProcMeta> ProcessTable<M> {
         self.index.get(&pid).and_then(|id| self.records.get(id))
     }
 
-    /// Folds one sample in. Events and exits are applied in time order, so
-    /// a pid that exits and is reused within one interval stays two
+    /// Folds one sample in and returns each process's time in it (what
+    /// energy is divided by). Events and exits are applied in time order,
+    /// so a pid that exits and is reused within one interval stays two
     /// processes; time of threads still running is applied last.
-    pub fn apply(&mut self, sample: &CpuSample) {
+    pub fn apply(&mut self, sample: &CpuSample) -> Vec<IntervalUsage> {
         enum Item<'a> {
             Event(&'a TaskEvent),
             Task(&'a TaskTime),
@@ -212,6 +235,21 @@ impl<M: ProcMeta> ProcessTable<M> {
             }
             keep
         });
+        let mut usage: Vec<IntervalUsage> = self
+            .interval
+            .drain()
+            .filter_map(|(id, on_cpu_ns)| {
+                let p = self.records.get(&id)?;
+                Some(IntervalUsage {
+                    id,
+                    pid: p.pid,
+                    role: p.role,
+                    cgroup_id: p.cgroup_id,
+                    on_cpu_ns,
+                })
+            })
+            .collect();
+        usage.sort_unstable_by_key(|u| u.id);
         // Exited processes outside the tree carry nothing more to report.
         let profiler_pid = self.profiler_pid;
         let index = &mut self.index;
@@ -222,6 +260,36 @@ impl<M: ProcMeta> ProcessTable<M> {
             }
             keep
         });
+        usage
+    }
+
+    /// Whether process record `id` is `ancestor_pid`'s process or one of
+    /// its descendants (by fork lineage, as far as the table knows it).
+    pub fn descends_from(&self, id: u64, ancestor_pid: u32) -> bool {
+        let mut cur = self.records.get(&id);
+        // Lineage cannot be deeper than the number of records.
+        for _ in 0..=self.records.len() {
+            let Some(p) = cur else { return false };
+            if p.pid == ancestor_pid {
+                return true;
+            }
+            cur = p
+                .ppid
+                .and_then(|pp| self.index.get(&pp))
+                .and_then(|i| self.records.get(i));
+        }
+        false
+    }
+
+    /// The record of the current process with this pid.
+    pub fn id_of(&self, pid: u32) -> Option<u64> {
+        self.index.get(&pid).copied()
+    }
+
+    /// A process record by id (exited processes outside the tree are
+    /// forgotten once their last interval was applied).
+    pub fn by_id(&self, id: u64) -> Option<&Process> {
+        self.records.get(&id)
     }
 
     fn event(&mut self, e: &TaskEvent) {
@@ -265,6 +333,14 @@ impl<M: ProcMeta> ProcessTable<M> {
             return;
         };
         for (acc, ns) in rec.on_cpu_ns.iter_mut().zip(&t.on_cpu_ns) {
+            *acc += ns;
+        }
+        rec.cgroup_id = t.cgroup_id;
+        let iv = self
+            .interval
+            .entry(id)
+            .or_insert_with(|| vec![0; t.on_cpu_ns.len()]);
+        for (acc, ns) in iv.iter_mut().zip(&t.on_cpu_ns) {
             *acc += ns;
         }
         let total = t.total_ns();
@@ -323,6 +399,7 @@ impl<M: ProcMeta> ProcessTable<M> {
         self.records.insert(
             id,
             Process {
+                id,
                 pid: tgid,
                 ppid,
                 comm,
@@ -330,6 +407,7 @@ impl<M: ProcMeta> ProcessTable<M> {
                 exit_ns: None,
                 on_cpu_ns: vec![0; self.sockets],
                 role,
+                cgroup_id: 0,
             },
         );
         self.index.insert(tgid, id);

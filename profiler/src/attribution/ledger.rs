@@ -1,0 +1,199 @@
+//! Sums of attributed energy over many intervals.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{Basis, ConsumerId, DomainShare};
+use crate::sources::Domain;
+
+/// Energy by kind of domain (µJ), for one consumer or group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EnergyBy {
+    /// CPU package energy (cores, caches, uncore), all packages.
+    pub package_uj: u64,
+    /// Core (PP0) energy: part of `package_uj`, where the CPU reports it.
+    pub core_uj: u64,
+    /// DRAM energy.
+    pub dram_uj: u64,
+    /// GPU energy, all GPUs.
+    pub gpu_uj: u64,
+}
+
+impl EnergyBy {
+    /// Adds `uj` of `domain` (machine-level domains are not kept per
+    /// consumer and are ignored).
+    pub fn add(&mut self, domain: Domain, uj: u64) {
+        match domain {
+            Domain::Package => self.package_uj += uj,
+            Domain::Core => self.core_uj += uj,
+            Domain::Dram => self.dram_uj += uj,
+            Domain::Gpu => self.gpu_uj += uj,
+            Domain::Uncore | Domain::Psys | Domain::Wall => {}
+        }
+    }
+
+    /// Adds another sum.
+    pub fn merge(&mut self, o: &EnergyBy) {
+        self.package_uj += o.package_uj;
+        self.core_uj += o.core_uj;
+        self.dram_uj += o.dram_uj;
+        self.gpu_uj += o.gpu_uj;
+    }
+
+    /// Package + DRAM + GPU (core is inside package).
+    pub fn total_uj(&self) -> u64 {
+        self.package_uj + self.dram_uj + self.gpu_uj
+    }
+}
+
+/// One domain's energy summed over intervals.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DomainTotals {
+    /// Which domain.
+    pub domain: Domain,
+    /// Kernel package id, GPU index, or `None` (machine level).
+    pub package: Option<u32>,
+    /// Some interval's figure was modelled rather than measured.
+    pub estimated: bool,
+    /// How it was divided.
+    pub basis: Basis,
+    /// Measured (µJ).
+    pub measured_uj: u64,
+    /// Attributed to consumers (µJ).
+    pub attributed_uj: u64,
+    /// Idle share (µJ).
+    pub idle_uj: u64,
+    /// Neither (µJ).
+    pub unattributed_uj: u64,
+}
+
+/// Energy attributed so far: per domain, and per consumer.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    domains: Vec<DomainTotals>,
+    consumers: HashMap<ConsumerId, EnergyBy>,
+}
+
+impl Ledger {
+    /// Adds one interval's shares.
+    pub fn add(&mut self, shares: &[DomainShare]) {
+        for s in shares {
+            let t = match self
+                .domains
+                .iter_mut()
+                .position(|t| t.domain == s.domain && t.package == s.package)
+            {
+                Some(i) => &mut self.domains[i],
+                None => {
+                    self.domains.push(DomainTotals {
+                        domain: s.domain,
+                        package: s.package,
+                        estimated: false,
+                        basis: s.basis,
+                        measured_uj: 0,
+                        attributed_uj: 0,
+                        idle_uj: 0,
+                        unattributed_uj: 0,
+                    });
+                    self.domains.sort_by_key(|t| (t.domain, t.package));
+                    let i = self
+                        .domains
+                        .iter()
+                        .position(|t| t.domain == s.domain && t.package == s.package)
+                        .unwrap_or(0);
+                    &mut self.domains[i]
+                }
+            };
+            t.estimated |= s.estimated;
+            t.measured_uj += s.measured_uj;
+            t.attributed_uj += s.attributed_uj();
+            t.idle_uj += s.idle_uj;
+            t.unattributed_uj += s.unattributed_uj;
+            for (id, uj) in &s.attributed {
+                self.consumers.entry(*id).or_default().add(s.domain, *uj);
+            }
+        }
+    }
+
+    /// Per-domain totals, ordered by domain then package.
+    pub fn domains(&self) -> &[DomainTotals] {
+        &self.domains
+    }
+
+    /// A consumer's energy so far.
+    pub fn consumer(&self, id: ConsumerId) -> EnergyBy {
+        self.consumers.get(&id).copied().unwrap_or_default()
+    }
+
+    /// Forgets consumers `keep` rejects (their energy stays in the domain
+    /// totals; callers fold it into their groups first).
+    pub fn retain(&mut self, mut keep: impl FnMut(ConsumerId) -> bool) {
+        self.consumers.retain(|id, _| keep(*id));
+    }
+
+    /// Sum over domains of one kind: (measured, attributed, idle,
+    /// unattributed) µJ.
+    pub fn sum_of(&self, domain: Domain) -> (u64, u64, u64, u64) {
+        self.domains
+            .iter()
+            .filter(|t| t.domain == domain)
+            .fold((0, 0, 0, 0), |a, t| {
+                (
+                    a.0 + t.measured_uj,
+                    a.1 + t.attributed_uj,
+                    a.2 + t.idle_uj,
+                    a.3 + t.unattributed_uj,
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(domain: Domain, package: Option<u32>, attributed: Vec<(u64, u64)>) -> DomainShare {
+        let a: u64 = attributed.iter().map(|x| x.1).sum();
+        DomainShare {
+            domain,
+            package,
+            estimated: false,
+            basis: Basis::CpuTime,
+            measured_uj: a + 10,
+            idle_uj: 6,
+            unattributed_uj: 4,
+            attributed,
+        }
+    }
+
+    #[test]
+    fn sums_domains_and_consumers_over_intervals() {
+        let mut l = Ledger::default();
+        l.add(&[
+            share(Domain::Package, Some(1), vec![(1, 100)]),
+            share(Domain::Package, Some(0), vec![(1, 50), (2, 5)]),
+        ]);
+        l.add(&[
+            share(Domain::Package, Some(0), vec![(2, 20)]),
+            share(Domain::Dram, Some(0), vec![(2, 7)]),
+        ]);
+        let d: Vec<_> = l.domains().iter().map(|t| (t.domain, t.package)).collect();
+        assert_eq!(
+            d,
+            vec![
+                (Domain::Package, Some(0)),
+                (Domain::Package, Some(1)),
+                (Domain::Dram, Some(0))
+            ]
+        );
+        assert_eq!(l.domains()[0].measured_uj, 55 + 10 + 20 + 10);
+        assert_eq!(l.domains()[0].idle_uj, 12);
+        assert_eq!(l.consumer(1).package_uj, 150);
+        assert_eq!(l.consumer(2).package_uj, 25);
+        assert_eq!(l.consumer(2).total_uj(), 32);
+        assert_eq!(l.sum_of(Domain::Package).0, 95 + 110);
+        l.retain(|id| id != 1);
+        assert_eq!(l.consumer(1), EnergyBy::default());
+    }
+}

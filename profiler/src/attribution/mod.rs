@@ -1,0 +1,565 @@
+//! The attribution engine: a pure function from one interval's measured
+//! CPU time and measured energy to each consumer's share of that energy.
+//!
+//! No I/O happens here. The rules, per interval:
+//!
+//! - **Package, core and DRAM energy of a socket** go to consumers by their
+//!   on-CPU time on that socket's CPUs, over all the time that existed on
+//!   those CPUs (busy + idle + lost). The share of idle time is *idle*
+//!   energy, never spread over processes; the share of lost time (threads
+//!   the kernel map could not hold) and of any consumer not named is
+//!   *unattributed*. A task that ran only on socket 1 gets nothing of
+//!   socket 0's energy.
+//! - **Estimated CPU energy** (the TDP model, which has no idle term: its
+//!   energy exists only because tasks ran) goes to consumers by their
+//!   share of busy time.
+//! - **Uncore, psys and wall** energy is machine level: reported, and
+//!   counted as unattributed.
+//! - **GPU energy** goes to the processes that held the GPU in the
+//!   interval, by their share of its SM utilization (equally when none
+//!   reported any); an interval in which no process held the GPU is idle
+//!   energy. A process on the GPU that is not a known consumer is
+//!   unattributed.
+//!
+//! Integer microjoules throughout: shares are rounded down and the
+//! rounding goes to unattributed, so for every domain and interval
+//! `attributed + idle + unattributed == measured`, exactly.
+
+mod ledger;
+
+pub use ledger::{DomainTotals, EnergyBy, Ledger};
+
+use serde::Serialize;
+
+use crate::sources::{Domain, DomainEnergy};
+
+/// Who energy is attributed to: an id the caller chooses (a process record).
+pub type ConsumerId = u64;
+
+/// One socket's CPU time over an interval (summed over its CPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketTime {
+    /// Time charged to tasks.
+    pub busy_ns: u64,
+    /// Time charged to no task.
+    pub idle_ns: u64,
+    /// Time tasks ran that could not be recorded per task.
+    pub lost_ns: u64,
+}
+
+impl SocketTime {
+    /// All the CPU time that existed on the socket.
+    pub fn window_ns(&self) -> u64 {
+        self.busy_ns + self.idle_ns + self.lost_ns
+    }
+}
+
+/// One consumer's on-CPU time over an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Who.
+    pub id: ConsumerId,
+    /// Nanoseconds on CPU per dense socket index.
+    pub on_cpu_ns: Vec<u64>,
+}
+
+/// One GPU over an interval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuInterval {
+    /// NVML index.
+    pub index: u32,
+    /// Energy measured (µJ).
+    pub energy_uj: u64,
+    /// Integrated from power samples rather than read from a counter.
+    pub estimated: bool,
+    /// The processes that held it: their consumer (`None`: not a known
+    /// consumer) and SM utilization (percent).
+    pub processes: Vec<(Option<ConsumerId>, u32)>,
+}
+
+/// Everything one interval measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Interval<'a> {
+    /// CPU time per dense socket index.
+    pub sockets: &'a [SocketTime],
+    /// The kernel's package id of each dense socket index.
+    pub package_ids: &'a [u32],
+    /// Per-consumer on-CPU time.
+    pub usage: &'a [Usage],
+    /// CPU-side energy (RAPL domains, wattmeter).
+    pub energy: &'a [DomainEnergy],
+    /// GPUs.
+    pub gpus: &'a [GpuInterval],
+}
+
+/// How a domain's energy was divided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// By on-CPU time over all CPU time of the socket(s); idle time's share
+    /// is idle energy.
+    CpuTime,
+    /// By share of busy time (estimated energy with no idle term).
+    BusyTime,
+    /// By share of SM utilization among the GPU's processes.
+    GpuSm,
+    /// Not divided: machine level (uncore, psys, wall).
+    MachineLevel,
+}
+
+/// One domain's energy over one interval, divided.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DomainShare {
+    /// Which domain.
+    pub domain: Domain,
+    /// Kernel package id, GPU index, or `None` (machine level).
+    pub package: Option<u32>,
+    /// Modelled rather than measured.
+    pub estimated: bool,
+    /// How it was divided.
+    pub basis: Basis,
+    /// What the reader measured (µJ).
+    pub measured_uj: u64,
+    /// The idle share (µJ).
+    pub idle_uj: u64,
+    /// Neither attributed nor idle: lost time, unknown consumers, machine
+    /// level domains, rounding (µJ).
+    pub unattributed_uj: u64,
+    /// Per consumer (µJ), only non-zero shares.
+    pub attributed: Vec<(ConsumerId, u64)>,
+}
+
+impl DomainShare {
+    /// Sum of the attributed shares.
+    pub fn attributed_uj(&self) -> u64 {
+        self.attributed.iter().map(|(_, e)| e).sum()
+    }
+}
+
+/// `e × part / whole`, rounded down, without overflow.
+fn share(e: u64, part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    (u128::from(e) * u128::from(part) / u128::from(whole)) as u64
+}
+
+/// Builds a share from per-consumer weights and an idle weight out of a
+/// total weight; whatever is left is unattributed.
+fn divide(
+    mut base: DomainShare,
+    weights: impl Iterator<Item = (ConsumerId, u64)>,
+    idle_weight: u64,
+    total_weight: u64,
+) -> DomainShare {
+    let e = base.measured_uj;
+    base.attributed = weights
+        .map(|(id, w)| (id, share(e, w, total_weight)))
+        .filter(|(_, uj)| *uj > 0)
+        .collect();
+    base.idle_uj = share(e, idle_weight, total_weight);
+    base.unattributed_uj = e - base.attributed_uj() - base.idle_uj;
+    base
+}
+
+fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
+    let base = DomainShare {
+        domain: d.domain,
+        package: d.package,
+        estimated: d.estimated,
+        basis: Basis::CpuTime,
+        measured_uj: d.energy_uj,
+        idle_uj: 0,
+        unattributed_uj: d.energy_uj,
+        attributed: Vec::new(),
+    };
+    // The sockets this energy was spent on: one package, or all of them.
+    let sockets: Vec<usize> = match d.package {
+        Some(p) => match iv.package_ids.iter().position(|id| *id == p) {
+            Some(s) => vec![s],
+            // A package the tracker does not know: nothing to divide by.
+            None => return base,
+        },
+        None => (0..iv.sockets.len()).collect(),
+    };
+    let on = |u: &Usage| -> u64 {
+        sockets
+            .iter()
+            .map(|s| u.on_cpu_ns.get(*s).copied().unwrap_or(0))
+            .sum()
+    };
+    let times: Vec<SocketTime> = sockets
+        .iter()
+        .filter_map(|s| iv.sockets.get(*s).copied())
+        .collect();
+    let consumed: u64 = iv.usage.iter().map(on).sum();
+    if d.estimated && d.domain == Domain::Package {
+        let busy = times.iter().map(|t| t.busy_ns).sum::<u64>().max(consumed);
+        return divide(
+            DomainShare {
+                basis: Basis::BusyTime,
+                ..base
+            },
+            iv.usage.iter().map(|u| (u.id, on(u))),
+            0,
+            busy,
+        );
+    }
+    let idle: u64 = times.iter().map(|t| t.idle_ns).sum();
+    let lost: u64 = times.iter().map(|t| t.lost_ns).sum();
+    let window: u64 = times.iter().map(SocketTime::window_ns).sum();
+    // Consumers' time cannot exceed the busy time; if a caller passes more,
+    // divide by the larger total so shares never exceed what was measured.
+    let total = window.max(consumed + idle + lost);
+    divide(base, iv.usage.iter().map(|u| (u.id, on(u))), idle, total)
+}
+
+fn gpu_share(g: &GpuInterval) -> DomainShare {
+    let base = DomainShare {
+        domain: Domain::Gpu,
+        package: Some(g.index),
+        estimated: g.estimated,
+        basis: Basis::GpuSm,
+        measured_uj: g.energy_uj,
+        idle_uj: 0,
+        unattributed_uj: g.energy_uj,
+        attributed: Vec::new(),
+    };
+    if g.processes.is_empty() {
+        return DomainShare {
+            idle_uj: g.energy_uj,
+            unattributed_uj: 0,
+            ..base
+        };
+    }
+    let sm_total: u64 = g.processes.iter().map(|(_, sm)| u64::from(*sm)).sum();
+    // No process reported SM activity (NVML's per-process samples can be
+    // empty over a short interval): they held the GPU together, equally.
+    let weight = |sm: u32| if sm_total == 0 { 1 } else { u64::from(sm) };
+    let total: u64 = g.processes.iter().map(|(_, sm)| weight(*sm)).sum();
+    let mut merged: Vec<(ConsumerId, u64)> = Vec::new();
+    for (id, sm) in &g.processes {
+        let Some(id) = id else { continue };
+        match merged.iter_mut().find(|(m, _)| m == id) {
+            Some(m) => m.1 += weight(*sm),
+            None => merged.push((*id, weight(*sm))),
+        }
+    }
+    divide(base, merged.into_iter(), 0, total)
+}
+
+/// Divides one interval's energy among consumers, domain by domain.
+pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
+    let mut out: Vec<DomainShare> = iv
+        .energy
+        .iter()
+        .map(|d| match d.domain {
+            Domain::Package | Domain::Core | Domain::Dram => cpu_share(iv, d),
+            Domain::Uncore | Domain::Psys | Domain::Wall | Domain::Gpu => DomainShare {
+                domain: d.domain,
+                package: d.package,
+                estimated: d.estimated,
+                basis: Basis::MachineLevel,
+                measured_uj: d.energy_uj,
+                idle_uj: 0,
+                unattributed_uj: d.energy_uj,
+                attributed: Vec::new(),
+            },
+        })
+        .collect();
+    out.extend(iv.gpus.iter().map(gpu_share));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(domain: Domain, package: Option<u32>, uj: u64) -> DomainEnergy {
+        DomainEnergy {
+            domain,
+            package,
+            energy_uj: uj,
+            estimated: false,
+        }
+    }
+
+    fn conserved(shares: &[DomainShare]) {
+        for s in shares {
+            assert_eq!(
+                s.attributed_uj() + s.idle_uj + s.unattributed_uj,
+                s.measured_uj,
+                "{s:?}"
+            );
+        }
+    }
+
+    fn get(shares: &[DomainShare], d: Domain, p: Option<u32>) -> &DomainShare {
+        shares
+            .iter()
+            .find(|s| s.domain == d && s.package == p)
+            .expect("domain present")
+    }
+
+    fn of(s: &DomainShare, id: ConsumerId) -> u64 {
+        s.attributed
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map_or(0, |(_, e)| *e)
+    }
+
+    /// Two sockets (kernel ids 0 and 1), 2 CPUs each, 1 s interval: 2 s of
+    /// CPU time per socket.
+    fn two_sockets() -> Vec<SocketTime> {
+        vec![
+            SocketTime {
+                busy_ns: 1_500_000_000,
+                idle_ns: 500_000_000,
+                lost_ns: 0,
+            },
+            SocketTime {
+                busy_ns: 600_000_000,
+                idle_ns: 1_300_000_000,
+                lost_ns: 100_000_000,
+            },
+        ]
+    }
+
+    #[test]
+    fn per_socket_energy_goes_only_to_tasks_that_ran_there() {
+        let sockets = two_sockets();
+        let usage = vec![
+            // Ran only on socket 0.
+            Usage {
+                id: 1,
+                on_cpu_ns: vec![1_000_000_000, 0],
+            },
+            // Ran on both.
+            Usage {
+                id: 2,
+                on_cpu_ns: vec![500_000_000, 600_000_000],
+            },
+        ];
+        let energy = vec![
+            e(Domain::Package, Some(0), 100_000_000),
+            e(Domain::Package, Some(1), 40_000_000),
+            e(Domain::Dram, Some(1), 8_000_000),
+        ];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0, 1],
+            usage: &usage,
+            energy: &energy,
+            gpus: &[],
+        });
+        conserved(&shares);
+        let p0 = get(&shares, Domain::Package, Some(0));
+        assert_eq!(of(p0, 1), 50_000_000);
+        assert_eq!(of(p0, 2), 25_000_000);
+        assert_eq!(p0.idle_uj, 25_000_000);
+        assert_eq!(p0.unattributed_uj, 0);
+        let p1 = get(&shares, Domain::Package, Some(1));
+        assert_eq!(of(p1, 1), 0, "task 1 never ran on socket 1");
+        assert_eq!(of(p1, 2), 12_000_000);
+        assert_eq!(p1.idle_uj, 26_000_000);
+        // Lost time's share (0.1 of 2 s) is unattributed, never idle.
+        assert_eq!(p1.unattributed_uj, 2_000_000);
+        let d1 = get(&shares, Domain::Dram, Some(1));
+        assert_eq!(of(d1, 2), 2_400_000);
+        assert_eq!(d1.basis, Basis::CpuTime);
+    }
+
+    #[test]
+    fn conservation_holds_with_rounding_for_every_domain() {
+        let sockets = vec![SocketTime {
+            busy_ns: 999_999_999,
+            idle_ns: 1_000_000_003,
+            lost_ns: 7,
+        }];
+        let usage: Vec<Usage> = (0..333)
+            .map(|i| Usage {
+                id: i,
+                on_cpu_ns: vec![3_003_003],
+            })
+            .collect();
+        let energy = vec![
+            e(Domain::Package, Some(0), 12_345_677),
+            e(Domain::Core, Some(0), 9_999_991),
+            e(Domain::Uncore, Some(0), 1_111),
+            e(Domain::Dram, Some(0), 3),
+            e(Domain::Psys, None, 77_777_777),
+            e(Domain::Wall, None, 99_999_999),
+        ];
+        let gpus = vec![GpuInterval {
+            index: 0,
+            energy_uj: 1_000_001,
+            estimated: false,
+            processes: vec![(Some(1), 33), (Some(2), 33), (None, 34)],
+        }];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0],
+            usage: &usage,
+            energy: &energy,
+            gpus: &gpus,
+        });
+        assert_eq!(shares.len(), 7);
+        conserved(&shares);
+        for d in [Domain::Uncore, Domain::Psys, Domain::Wall] {
+            let s = shares.iter().find(|s| s.domain == d).expect("present");
+            assert_eq!(s.basis, Basis::MachineLevel);
+            assert_eq!(s.unattributed_uj, s.measured_uj);
+        }
+        // Rounding loses under one µJ per consumer.
+        let p = get(&shares, Domain::Package, Some(0));
+        assert!(p.unattributed_uj <= 334, "{}", p.unattributed_uj);
+    }
+
+    #[test]
+    fn idle_energy_is_the_idle_share_and_a_machine_with_nothing_running_is_all_idle() {
+        let sockets = vec![SocketTime {
+            busy_ns: 0,
+            idle_ns: 2_000_000_000,
+            lost_ns: 0,
+        }];
+        let energy = vec![e(Domain::Package, Some(0), 30_000_000)];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0],
+            usage: &[],
+            energy: &energy,
+            gpus: &[],
+        });
+        assert_eq!(shares[0].idle_uj, 30_000_000);
+        assert!(shares[0].attributed.is_empty());
+    }
+
+    #[test]
+    fn a_task_that_exited_mid_interval_gets_its_share() {
+        // The tracker reports an exited thread's final time in the interval
+        // of its exit; the engine needs no notion of exit: its time counts.
+        let sockets = vec![SocketTime {
+            busy_ns: 1_000_000_000,
+            idle_ns: 1_000_000_000,
+            lost_ns: 0,
+        }];
+        let usage = vec![
+            Usage {
+                id: 7,
+                on_cpu_ns: vec![10_000_000],
+            },
+            Usage {
+                id: 8,
+                on_cpu_ns: vec![990_000_000],
+            },
+        ];
+        let energy = vec![e(Domain::Package, Some(0), 20_000_000)];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0],
+            usage: &usage,
+            energy: &energy,
+            gpus: &[],
+        });
+        assert_eq!(of(&shares[0], 7), 100_000);
+        assert_eq!(of(&shares[0], 8), 9_900_000);
+    }
+
+    #[test]
+    fn estimated_energy_is_divided_by_busy_time_with_no_idle_share() {
+        let sockets = two_sockets();
+        let usage = vec![
+            Usage {
+                id: 1,
+                on_cpu_ns: vec![1_500_000_000, 0],
+            },
+            Usage {
+                id: 2,
+                on_cpu_ns: vec![0, 600_000_000],
+            },
+        ];
+        let energy = vec![DomainEnergy {
+            domain: Domain::Package,
+            package: None,
+            energy_uj: 2_100_000,
+            estimated: true,
+        }];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0, 1],
+            usage: &usage,
+            energy: &energy,
+            gpus: &[],
+        });
+        conserved(&shares);
+        assert_eq!(shares[0].basis, Basis::BusyTime);
+        assert_eq!(of(&shares[0], 1), 1_500_000);
+        assert_eq!(of(&shares[0], 2), 600_000);
+        assert_eq!(shares[0].idle_uj, 0);
+        assert!(shares[0].estimated);
+    }
+
+    #[test]
+    fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
+        let gpus = vec![
+            GpuInterval {
+                index: 0,
+                energy_uj: 300_000_000,
+                estimated: false,
+                processes: vec![(Some(1), 60), (Some(2), 30)],
+            },
+            GpuInterval {
+                index: 1,
+                energy_uj: 50_000_000,
+                estimated: false,
+                processes: vec![],
+            },
+            GpuInterval {
+                index: 2,
+                energy_uj: 90_000_000,
+                estimated: true,
+                processes: vec![(Some(3), 0)],
+            },
+        ];
+        let shares = attribute(&Interval {
+            sockets: &[],
+            package_ids: &[],
+            usage: &[],
+            energy: &[],
+            gpus: &gpus,
+        });
+        conserved(&shares);
+        let g0 = get(&shares, Domain::Gpu, Some(0));
+        assert_eq!(of(g0, 1), 200_000_000);
+        assert_eq!(of(g0, 2), 100_000_000);
+        assert_eq!(g0.idle_uj, 0);
+        let g1 = get(&shares, Domain::Gpu, Some(1));
+        assert_eq!(g1.idle_uj, 50_000_000);
+        // The only process on the GPU gets all of it, even with no SM sample.
+        let g2 = get(&shares, Domain::Gpu, Some(2));
+        assert_eq!(of(g2, 3), 90_000_000);
+        assert!(g2.estimated);
+    }
+
+    #[test]
+    fn energy_of_a_package_the_tracker_does_not_know_is_unattributed() {
+        let sockets = vec![SocketTime {
+            busy_ns: 1,
+            idle_ns: 1,
+            lost_ns: 0,
+        }];
+        let usage = vec![Usage {
+            id: 1,
+            on_cpu_ns: vec![1],
+        }];
+        let energy = vec![e(Domain::Package, Some(5), 1_000)];
+        let shares = attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &[0],
+            usage: &usage,
+            energy: &energy,
+            gpus: &[],
+        });
+        assert_eq!(shares[0].unattributed_uj, 1_000);
+    }
+}
