@@ -10,6 +10,7 @@ pub mod carbon;
 pub mod cli;
 pub mod output;
 pub mod process;
+pub mod profile;
 pub mod sources;
 #[cfg(test)]
 mod testutil;

@@ -173,3 +173,91 @@ pub fn nvml_stub(scenario: &str) -> PathBuf {
     std::fs::write(dir.join("scenario.txt"), scenario).expect("write the scenario");
     lib
 }
+
+/// A powercap tree (package 0 with a DRAM subzone) in a temp directory
+/// whose counters a thread advances at known power, every millisecond,
+/// each write atomic (a rename), as the kernel's counters are.
+pub struct FakeRapl {
+    /// The sysfs root to give `--energy-sysfs`.
+    pub sys: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeRapl {
+    /// Starts counting `package_w` and `dram_w` watts.
+    pub fn start(package_w: f64, dram_w: f64) -> Self {
+        let sys = tempfile_dir().join("sys");
+        let zones = [
+            ("intel-rapl:0", "package-0", package_w),
+            ("intel-rapl:0:0", "dram", dram_w),
+        ];
+        for (dir, name, _) in zones {
+            let d = sys.join("class/powercap").join(dir);
+            std::fs::create_dir_all(&d).expect("fixture dir");
+            std::fs::write(d.join("name"), format!("{name}\n")).expect("name");
+            std::fs::write(d.join("enabled"), "1\n").expect("enabled");
+            // A range far beyond the test: no wrap to reason about here
+            // (wraps are unit-tested in the reader).
+            std::fs::write(d.join("max_energy_range_uj"), "262143328850\n").expect("range");
+            std::fs::write(d.join("energy_uj"), "0\n").expect("energy");
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let root = sys.clone();
+        let thread = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let s = t0.elapsed().as_secs_f64();
+                for (dir, _, w) in zones {
+                    let d = root.join("class/powercap").join(dir);
+                    let tmp = d.join(".energy_uj.tmp");
+                    let uj = (w * s * 1e6) as u64;
+                    if std::fs::write(&tmp, format!("{uj}\n")).is_ok() {
+                        let _ = std::fs::rename(&tmp, d.join("energy_uj"));
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        Self {
+            sys,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The `--energy-sysfs` argument.
+    pub fn arg(&self) -> String {
+        format!("--energy-sysfs={}", self.sys.display())
+    }
+}
+
+impl Drop for FakeRapl {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(dir) = self.sys.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `f64` at a JSON pointer, failing the test with the pointer if absent.
+pub fn f(v: &Value, ptr: &str) -> f64 {
+    v.pointer(ptr)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no number at {ptr} in {v}"))
+}
+
+/// The domain entry of a report's `energy.domains`.
+pub fn domain<'a>(report: &'a Value, name: &str, package: Option<u64>) -> &'a Value {
+    report["energy"]["domains"]
+        .as_array()
+        .expect("energy.domains")
+        .iter()
+        .find(|d| d["domain"] == name && d["package"].as_u64() == package)
+        .unwrap_or_else(|| panic!("no domain {name} {package:?} in {}", report["energy"]))
+}

@@ -150,10 +150,19 @@ pub fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<Path
     }))
 }
 
-/// Starts the command, as `run_as` when given.
-pub fn spawn(program: &Path, args: &[OsString], run_as: Option<&RunAs>) -> Result<Child, Fatal> {
+/// Starts the command, as `run_as` when given, with `env` added to its
+/// environment.
+pub fn spawn(
+    program: &Path,
+    args: &[OsString],
+    run_as: Option<&RunAs>,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Result<Child, Fatal> {
     let mut cmd = Command::new(program);
     cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     if let Some(user) = run_as {
         if let Some(home) = &user.home {
             cmd.env("HOME", home);

@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand, wiring only.
 
 pub mod child;
+pub mod energy;
 pub mod run;
 pub mod sources;
 

@@ -10,9 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use profiler_common::DEFAULT_MAX_TASKS;
 
-use super::{Fatal, child};
-use crate::output::{self, MachineTimes, ProfilerReport, RunFacts};
+use super::{Fatal, child, energy::EnergyArgs};
+use crate::output::{self, ProfilerReport};
 use crate::process::{ProcFs, ProcessTable};
+use crate::profile::windows::WindowSocket;
+use crate::profile::{self, Ending, Profile, ProfileConfig, Readers, Scope};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Shortest time between two drains of the event ring while records flow.
@@ -21,7 +23,11 @@ const DRAIN_BATCH: Duration = Duration::from_millis(10);
 /// Arguments of `wattprof run`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  sudo wattprof run -- python train.py\n  \
-        sudo wattprof run --interval 500ms --output run.json -- make -j8\n\n\
+        sudo wattprof run --interval 500ms --output run.json -- make -j8\n  \
+        sudo wattprof run --country FRA --jsonl live.jsonl -- ./train.sh\n\n\
+        Profiling windows: the command finds a Unix datagram socket in $WATTPROF_SOCKET; \
+        sending `begin NAME` and `end NAME` to it measures that region of the program \
+        (see README).\n\n\
         Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
         failed, 126 if the command cannot be executed, 127 if it is not found.")]
 pub struct RunArgs {
@@ -30,9 +36,13 @@ pub struct RunArgs {
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
 
-    /// Write the report as JSON to FILE (written when the command ends).
+    /// Write the recording as JSON to FILE (written when the command ends;
+    /// layout in docs/recording.md).
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub energy: EnergyArgs,
 
     /// Run the command as root even when wattprof was started with sudo
     /// (by default it runs as the user who invoked sudo).
@@ -161,6 +171,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         .as_deref()
         .map(PendingOutput::create)
         .transpose()?;
+    let (carbon, jsonl) = args.energy.validate()?;
 
     let cfg = TrackerConfig {
         max_tasks: args.max_tasks,
@@ -168,24 +179,65 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         force_switch_timing: args.switch_timing,
         ..TrackerConfig::default()
     };
+    // Readers first (NVML takes a while to load), then the tracker; the
+    // readers' starting points are then set again at the tracker's start.
+    let mut readers = Readers::open(&args.energy.readers())
+        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
     let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    readers.rebase();
     let start_ns = tracker.start_ns();
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut table = ProcessTable::new(
+    let table = ProcessTable::new(
         ProcFs::real(),
         tracker.topology().sockets(),
         std::process::id(),
     );
-    let mut machine = MachineTimes::default();
+    let argv: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let host = profile::host_report(readers.gpus());
+    let mut profile = Profile::new(
+        table,
+        readers,
+        tracker.topology().package_ids.clone(),
+        start_ns,
+        ProfileConfig {
+            carbon,
+            scope: Scope::Tree,
+            keep_process_intervals: true,
+        },
+        jsonl,
+        host,
+    );
+    profile.write_header("run", Some(&argv), start_unix_ns);
+
+    let socket = WindowSocket::bind(
+        &std::env::temp_dir(),
+        run_as.as_ref().map(|u| (u.uid, u.gid)),
+    )
+    .map_err(|e| {
+        Fatal::profiler(format!(
+            "cannot create the profiling-window socket in {}: {e} (set TMPDIR to a writable \
+             directory)",
+            std::env::temp_dir().display()
+        ))
+    })?;
 
     let signal_target = Arc::new(child::SignalTarget::default());
     child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
-    let mut proc = child::spawn(&resolved, rest, run_as.as_ref())?;
+    let mut proc = child::spawn(
+        &resolved,
+        rest,
+        run_as.as_ref(),
+        &[("WATTPROF_SOCKET", socket.path().as_os_str())],
+    )?;
     let pid = proc.id();
     signal_target.started(pid);
-    table.set_root(pid);
+    profile.table.set_root(pid);
     let pidfd = child::pidfd(pid);
 
     let interval_ns = args.interval.as_nanos() as u64;
@@ -194,17 +246,23 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         let now = monotonic_ns();
         if now >= next_tick {
             let sample = tracker.sample()?;
-            table.apply(&sample);
-            machine.add(&sample);
+            profile.step(&sample, false);
             next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
             continue;
         }
         let timeout_ms = ((next_tick - now) / 1_000_000).clamp(1, 1000) as i32;
-        let mut fds = vec![libc::pollfd {
-            fd: tracker.events_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
+        let mut fds = vec![
+            libc::pollfd {
+                fd: tracker.events_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: socket.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         if let Some(fd) = &pidfd {
             fds.push(libc::pollfd {
                 fd: fd.as_raw_fd(),
@@ -220,6 +278,16 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         };
         // SAFETY: fds is a valid array of pollfd.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if ready > 0 && fds[1].revents != 0 {
+            // A window boundary: read the counters and the tracker now, so
+            // the window is exact to the counters' resolution.
+            let messages = socket.receive();
+            if !messages.is_empty() {
+                let sample = tracker.sample()?;
+                profile.step(&sample, false);
+                profile.window_messages(messages, sample.at_ns);
+            }
+        }
         tracker.drain_events();
         if ready > 0 && fds[0].revents != 0 {
             // Records come one wake-up each: take them in batches (the ring
@@ -229,13 +297,20 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
                 next_tick.saturating_sub(monotonic_ns()),
             ));
             if let Some(fd) = &pidfd {
-                let mut exit_fd = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut exit_fd, 1, wait.as_millis() as i32) };
+                let mut exit_fd = [
+                    libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: socket.fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: two valid pollfds.
+                unsafe { libc::poll(exit_fd.as_mut_ptr(), 2, wait.as_millis() as i32) };
             } else {
                 std::thread::sleep(wait);
             }
@@ -255,24 +330,25 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         std::thread::sleep(Duration::from_millis(1));
         tracker.drain_events();
     }
+    // Window messages sent just before the command exited.
+    let messages = socket.receive();
+    if !messages.is_empty() {
+        let sample = tracker.sample()?;
+        profile.step(&sample, false);
+        profile.window_messages(messages, sample.at_ns);
+    }
     let last = tracker.finish()?;
-    table.apply(&last);
-    machine.add(&last);
-    let end_ns = last.at_ns;
+    profile.step(&last, true);
 
-    let facts = RunFacts {
-        argv: args
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        pid,
-        exit_code: status.code(),
-        signal: std::os::unix::process::ExitStatusExt::signal(&status),
-        start_ns,
-        end_ns,
+    let report = profile.finish(Ending {
+        mode: "run",
+        command: Some((
+            argv,
+            pid,
+            status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&status),
+        )),
         start_unix_ns,
-        package_ids: tracker.topology().package_ids.clone(),
         profiler: ProfilerReport {
             on_cpu_ns: 0,
             kernel_memory_bytes: tracker.kernel_memory_bytes(),
@@ -287,8 +363,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             discarded_ns: 0,
             unmatched_forks: 0,
         },
-    };
-    let report = output::run_report(facts, &table, &machine);
+    });
     // The file first: a closed or broken stderr must not cost the report.
     let written = match pending_output {
         Some(out) => {

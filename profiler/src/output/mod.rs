@@ -6,11 +6,14 @@ pub use table::render_run_table;
 
 use serde::Serialize;
 
-use crate::process::{GroupTotals, ProcMeta, Process, ProcessTable, Role};
+use crate::attribution::{Basis, EnergyBy};
+use crate::carbon::CarbonIntensity;
+use crate::process::GroupTotals;
+use crate::sources::Domain;
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub const RUN_SCHEMA_VERSION: u32 = 1;
+pub const RUN_SCHEMA_VERSION: u32 = 2;
 
 /// Per-CPU times accumulated over a run.
 #[derive(Clone, Debug, Default)]
@@ -52,6 +55,57 @@ impl MachineTimes {
     }
 }
 
+/// Energy in joules, with average power and CO2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct EnergyJ {
+    /// CPU package energy (J); includes `core_j`.
+    pub package_j: f64,
+    /// Core (PP0) energy (J), where the CPU reports it.
+    pub core_j: f64,
+    /// DRAM energy (J).
+    pub dram_j: f64,
+    /// GPU energy (J).
+    pub gpu_j: f64,
+    /// package + DRAM + GPU (J).
+    pub total_j: f64,
+    /// `total_j` over the time span it was measured over (W).
+    pub avg_power_w: f64,
+    /// CO2 equivalent (g) at the run's carbon intensity.
+    pub co2_g: f64,
+}
+
+impl EnergyJ {
+    /// From microjoules over `span_ns`, at `g_per_kwh`.
+    pub fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
+        let j = |uj: u64| uj as f64 / 1e6;
+        let total = e.total_uj();
+        Self {
+            package_j: j(e.package_uj),
+            core_j: j(e.core_uj),
+            dram_j: j(e.dram_uj),
+            gpu_j: j(e.gpu_uj),
+            total_j: j(total),
+            avg_power_w: if span_ns == 0 {
+                0.0
+            } else {
+                j(total) / (span_ns as f64 / 1e9)
+            },
+            co2_g: carbon.grams(total),
+        }
+    }
+}
+
+/// Peak memory of a process over the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryReport {
+    /// Highest PSS seen (bytes).
+    pub peak_pss_bytes: u64,
+    /// Highest USS seen (bytes).
+    pub peak_uss_bytes: u64,
+    /// Highest GPU memory seen, all GPUs (bytes).
+    pub peak_gpu_bytes: u64,
+}
+
 /// One process in the run document. Times are ns since the run started.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessReport {
@@ -69,6 +123,12 @@ pub struct ProcessReport {
     pub start_ns: Option<u64>,
     /// When it exited; null if still running at the end.
     pub exit_ns: Option<u64>,
+    /// Energy attributed to it (power over its lifetime within the run).
+    pub energy: EnergyJ,
+    /// Peak memory.
+    pub memory: MemoryReport,
+    /// cgroup v2 path at its last context switch, when known.
+    pub cgroup: Option<String>,
 }
 
 /// The profiled command.
@@ -86,6 +146,8 @@ pub struct CommandReport {
     pub on_cpu_ns: u64,
     /// Processes in the tree.
     pub processes: usize,
+    /// Energy of the whole tree.
+    pub energy: EnergyJ,
 }
 
 /// Whole-machine figures.
@@ -140,114 +202,186 @@ pub struct ProfilerReport {
     pub unmatched_forks: u64,
 }
 
-/// The JSON document `wattprof run --output` writes.
+/// One energy domain over the whole profile (J).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DomainReport {
+    /// Domain.
+    pub domain: Domain,
+    /// Kernel package id, GPU index, or null (machine level).
+    pub package: Option<u32>,
+    /// Modelled rather than measured (for some interval at least).
+    pub estimated: bool,
+    /// How it was divided among processes.
+    pub basis: Basis,
+    /// Measured (J).
+    pub measured_j: f64,
+    /// Attributed to processes (J).
+    pub attributed_j: f64,
+    /// Share of idle CPU time, or GPU time no process held (J).
+    pub idle_j: f64,
+    /// Neither: lost time, unknown processes, machine-level domains (J).
+    pub unattributed_j: f64,
+    /// `measured_j` over the span (W).
+    pub avg_power_w: f64,
+}
+
+/// Energy per group.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GroupEnergy {
+    /// The command tree (or, in `monitor`, the processes selected).
+    pub tree: EnergyJ,
+    /// wattprof itself.
+    pub profiler: EnergyJ,
+    /// Everything else.
+    pub other: EnergyJ,
+}
+
+/// Energy: what was read, how it was divided.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EnergyReport {
+    /// The readers in use, and the kinds of energy not measured and why.
+    pub readers: Vec<crate::profile::ReaderUse>,
+    /// Per domain, over the whole profile.
+    pub domains: Vec<DomainReport>,
+    /// Per group.
+    pub groups: GroupEnergy,
+    /// gCO2eq per kWh used for `co2_g`.
+    pub carbon_intensity_g_per_kwh: f64,
+    /// Where that figure comes from.
+    pub carbon_intensity_source: String,
+    /// Read failures (first few), for people.
+    pub problems: Vec<String>,
+}
+
+/// One cgroup's use over the profile.
+#[derive(Clone, Debug, Serialize)]
+pub struct CgroupReport {
+    /// cgroup v2 path (`/system.slice/docker-<id>.scope`), or `id:N` when
+    /// the cgroup was gone before its path was read.
+    pub path: String,
+    /// cgroup v2 id.
+    pub id: u64,
+    /// On-CPU ns of its processes.
+    pub on_cpu_ns: u64,
+    /// Energy attributed to its processes.
+    pub energy: EnergyJ,
+}
+
+/// A profiling window.
+#[derive(Clone, Debug, Serialize)]
+pub struct WindowReport {
+    /// Name.
+    pub name: String,
+    /// The process whose tree it covers.
+    pub pid: u32,
+    /// Windows open around it when it began.
+    pub depth: usize,
+    /// Begin and end, ns since the run started.
+    pub begin_ns: u64,
+    /// End.
+    pub end_ns: u64,
+    /// Still open when the run ended (closed there).
+    pub unterminated: bool,
+    /// On-CPU ns of the tree in the window.
+    pub on_cpu_ns: u64,
+    /// Energy attributed to the tree in the window.
+    pub energy: EnergyJ,
+    /// The whole machine's measured energy in the window, per domain.
+    pub machine: Vec<WindowDomainReport>,
+}
+
+/// A domain's measured energy in a window.
+#[derive(Clone, Debug, Serialize)]
+pub struct WindowDomainReport {
+    /// Domain.
+    pub domain: Domain,
+    /// Package or GPU index.
+    pub package: Option<u32>,
+    /// Measured (J).
+    pub measured_j: f64,
+    /// Average power (W).
+    pub avg_power_w: f64,
+    /// Modelled.
+    pub estimated: bool,
+}
+
+/// The machine the profile ran on.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HostReport {
+    /// Host name.
+    pub hostname: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// CPU model name.
+    pub cpu_model: String,
+    /// GPUs found.
+    pub gpus: Vec<crate::sources::nvml::GpuInfo>,
+}
+
+/// The JSON document `wattprof run --output` and `monitor --output` write
+/// (documented in docs/recording.md).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
     /// Layout version.
     pub schema_version: u32,
     /// wattprof's version.
     pub wattprof_version: String,
+    /// `run` or `monitor`.
+    pub mode: &'static str,
     /// Wall-clock start, ns since the Unix epoch.
     pub start_unix_ns: u64,
-    /// Length of the run (monotonic).
+    /// Length of the profile (monotonic).
     pub wall_ns: u64,
-    /// The command.
-    pub command: CommandReport,
-    /// Every process of the command's tree.
+    /// The machine.
+    pub host: HostReport,
+    /// The command (`run`); null in `monitor`.
+    pub command: Option<CommandReport>,
+    /// Every process of the command's tree (`run`), or the processes with
+    /// the most energy (`monitor`).
     pub processes: Vec<ProcessReport>,
     /// On-CPU time per group.
     pub groups: GroupTotals,
+    /// Energy.
+    pub energy: EnergyReport,
+    /// Per cgroup, most energy first.
+    pub cgroups: Vec<CgroupReport>,
+    /// Profiling windows, in the order they ended.
+    pub windows: Vec<WindowReport>,
+    /// Bad window messages (first few).
+    pub window_errors: Vec<String>,
     /// Machine figures.
     pub machine: MachineReport,
     /// Task time that could not be recorded per task (map full).
     pub lost_ns: u64,
     /// wattprof's own cost and health.
     pub profiler: ProfilerReport,
+    /// Per-interval series (see docs/recording.md).
+    pub intervals: Vec<serde_json::Value>,
 }
 
-/// Everything needed to build a [`RunReport`] besides the process table.
-pub struct RunFacts {
-    /// The command line.
-    pub argv: Vec<String>,
-    /// Its pid.
-    pub pid: u32,
-    /// Exit code.
-    pub exit_code: Option<i32>,
-    /// Killing signal.
-    pub signal: Option<i32>,
-    /// Monotonic start of accounting.
-    pub start_ns: u64,
-    /// Monotonic end.
-    pub end_ns: u64,
-    /// Wall-clock start.
-    pub start_unix_ns: u64,
-    /// Package ids.
-    pub package_ids: Vec<u32>,
-    /// Tracker facts.
-    pub profiler: ProfilerReport,
-}
-
-fn process_report(p: &Process, start_ns: u64) -> ProcessReport {
-    ProcessReport {
-        pid: p.pid,
-        ppid: p.ppid,
-        comm: p.comm.clone(),
-        on_cpu_ns: p.total_ns(),
-        on_cpu_ns_per_socket: p.on_cpu_ns.clone(),
-        start_ns: p.start_ns.map(|t| t.saturating_sub(start_ns)),
-        exit_ns: p.exit_ns.map(|t| t.saturating_sub(start_ns)),
+impl MachineTimes {
+    /// The machine section of a report.
+    pub fn report(&self, package_ids: Vec<u32>, attributed_ns: u64) -> MachineReport {
+        MachineReport {
+            cpus: self.cpus.len(),
+            package_ids,
+            busy_ns: self.sum(|c| c.busy_ns),
+            idle_ns: self.sum(|c| c.idle_ns),
+            idle_task_ns: self.sum(|c| c.idle_task_ns),
+            window_ns: self.sum(|c| c.window_ns),
+            attributed_ns,
+            switches: self.sum(|c| c.switches),
+            per_cpu: self.cpus.clone(),
+        }
     }
-}
 
-/// Builds the run document.
-pub fn run_report<M: ProcMeta>(
-    facts: RunFacts,
-    table: &ProcessTable<M>,
-    machine: &MachineTimes,
-) -> RunReport {
-    let processes: Vec<ProcessReport> = table
-        .tree()
-        .into_iter()
-        .map(|p| process_report(p, facts.start_ns))
-        .collect();
-    let groups = table.totals().clone();
-    let mut profiler = facts.profiler;
-    profiler.on_cpu_ns = table
-        .processes()
-        .filter(|p| p.role == Role::Profiler)
-        .map(Process::total_ns)
-        .sum();
-    profiler.events_lost = machine.events_lost;
-    profiler.discarded_ns = machine.discarded_ns;
-    profiler.samples = machine.samples;
-    profiler.unmatched_forks = table.unmatched_forks();
-    RunReport {
-        schema_version: RUN_SCHEMA_VERSION,
-        wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
-        start_unix_ns: facts.start_unix_ns,
-        wall_ns: facts.end_ns.saturating_sub(facts.start_ns),
-        command: CommandReport {
-            argv: facts.argv,
-            pid: facts.pid,
-            exit_code: facts.exit_code,
-            signal: facts.signal,
-            on_cpu_ns: groups.tree_ns,
-            processes: processes.len(),
-        },
-        processes,
-        machine: MachineReport {
-            cpus: machine.cpus.len(),
-            package_ids: facts.package_ids,
-            busy_ns: machine.sum(|c| c.busy_ns),
-            idle_ns: machine.sum(|c| c.idle_ns),
-            idle_task_ns: machine.sum(|c| c.idle_task_ns),
-            window_ns: machine.sum(|c| c.window_ns),
-            attributed_ns: groups.tree_ns + groups.profiler_ns + groups.other_ns,
-            switches: machine.sum(|c| c.switches),
-            per_cpu: machine.cpus.clone(),
-        },
-        groups,
-        lost_ns: machine.sum(|c| c.lost_ns),
-        profiler,
+    /// Lost task time over all CPUs.
+    pub fn lost_ns(&self) -> u64 {
+        self.sum(|c| c.lost_ns)
+    }
+
+    /// Ring-buffer records lost, time discarded, samples taken.
+    pub fn health(&self) -> (u64, u64, u64) {
+        (self.events_lost, self.discarded_ns, self.samples)
     }
 }

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::RunReport;
+use super::{EnergyJ, RunReport};
+use crate::sources::Domain;
 
 /// Rows shown one by one; the rest are summed by name.
 const TOP_ROWS: usize = 20;
@@ -20,28 +21,184 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Which kinds of energy were measured, for the columns.
+struct Measured {
+    cpu: bool,
+    dram: bool,
+    gpu: bool,
+}
+
+impl Measured {
+    fn of(r: &RunReport) -> Self {
+        let has = |d: Domain| r.energy.domains.iter().any(|x| x.domain == d);
+        Self {
+            cpu: has(Domain::Package),
+            dram: has(Domain::Dram),
+            gpu: has(Domain::Gpu),
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.cpu || self.dram || self.gpu
+    }
+
+    fn header(&self) -> String {
+        if self.any() {
+            format!(
+                " {:>9} {:>9} {:>9} {:>8} {:>8}",
+                "CPU J", "DRAM J", "GPU J", "AVG W", "CO2 g"
+            )
+        } else {
+            String::new()
+        }
+    }
+
+    fn cells(&self, e: &EnergyJ) -> String {
+        if !self.any() {
+            return String::new();
+        }
+        let cell = |on: bool, v: f64| {
+            if on {
+                format!(" {v:>9.3}")
+            } else {
+                format!(" {:>9}", "-")
+            }
+        };
+        format!(
+            "{}{}{} {:>8.2} {:>8.4}",
+            cell(self.cpu, e.package_j),
+            cell(self.dram, e.dram_j),
+            cell(self.gpu, e.gpu_j),
+            e.avg_power_w,
+            e.co2_g
+        )
+    }
+}
+
+/// Renders the energy part: domains, readers, CO2, windows.
+fn render_energy(s: &mut String, r: &RunReport) {
+    let _ = writeln!(s, "\n  energy readers:");
+    for u in &r.energy.readers {
+        let _ = writeln!(
+            s,
+            "    {:<5} {:<10} {}{}",
+            u.kind,
+            u.name,
+            u.detail,
+            if u.estimated { " [ESTIMATED]" } else { "" }
+        );
+        if let Some(fix) = &u.fix {
+            let _ = writeln!(s, "                     fix: {fix}");
+        }
+    }
+    if !r.energy.domains.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n  {:<16} {:>12} {:>12} {:>12} {:>12} {:>9}",
+            "DOMAIN", "MEASURED J", "PROCESSES J", "IDLE J", "UNATTRIB. J", "AVG W"
+        );
+        for d in &r.energy.domains {
+            let name = match (d.domain, d.package) {
+                (Domain::Gpu, Some(i)) => format!("gpu {i}"),
+                (dom, Some(p)) => format!("{} {p}", dom.name()),
+                (dom, None) => format!("{} (machine)", dom.name()),
+            };
+            let _ = writeln!(
+                s,
+                "  {:<16} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>9.2}{}",
+                name,
+                d.measured_j,
+                d.attributed_j,
+                d.idle_j,
+                d.unattributed_j,
+                d.avg_power_w,
+                if d.estimated { "  estimated" } else { "" }
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  CO2 at {} gCO2eq/kWh ({})",
+            r.energy.carbon_intensity_g_per_kwh, r.energy.carbon_intensity_source
+        );
+    }
+    for p in r.energy.problems.iter().take(3) {
+        let _ = writeln!(s, "  warning: {p}");
+    }
+    if !r.windows.is_empty() {
+        let m = Measured::of(r);
+        let _ = writeln!(
+            s,
+            "\n  {:<20} {:>8} {:>10} {:>10}{}",
+            "WINDOW",
+            "PID",
+            "LENGTH s",
+            "ON-CPU s",
+            m.header()
+        );
+        for w in &r.windows {
+            let name = format!("{}{}", "  ".repeat(w.depth), w.name);
+            let _ = writeln!(
+                s,
+                "  {:<20} {:>8} {:>10.3} {:>10.3}{}{}",
+                name,
+                w.pid,
+                secs(w.end_ns.saturating_sub(w.begin_ns)),
+                secs(w.on_cpu_ns),
+                m.cells(&w.energy),
+                if w.unterminated {
+                    "  (never ended)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    if !r.window_errors.is_empty() {
+        let _ = writeln!(
+            s,
+            "  warning: {} bad window message(s), first: {}",
+            r.window_errors.len(),
+            r.window_errors[0]
+        );
+    }
+}
+
 /// Renders the end-of-run table. Shares are of all CPU time in the run
 /// (every CPU's window: busy + idle + lost).
 pub fn render_run_table(r: &RunReport) -> String {
     let mut s = String::new();
     let total = r.machine.window_ns;
-    let outcome = match (r.command.exit_code, r.command.signal) {
-        (_, Some(sig)) => format!("was killed by signal {sig}"),
-        (Some(code), _) => format!("exited with code {code}"),
-        _ => "ended".to_string(),
+    let m = Measured::of(r);
+    let (argv, outcome, tree_procs) = match &r.command {
+        Some(c) => (
+            c.argv.join(" "),
+            match (c.exit_code, c.signal) {
+                (_, Some(sig)) => format!("was killed by signal {sig}"),
+                (Some(code), _) => format!("exited with code {code}"),
+                _ => "ended".to_string(),
+            },
+            c.processes,
+        ),
+        None => ("the machine".to_string(), "monitored".to_string(), 0),
     };
     let _ = writeln!(
         s,
-        "\nwattprof: `{}` {outcome} after {:.3} s; {} CPUs, {} package(s)",
-        r.command.argv.join(" "),
+        "\nwattprof: `{argv}` {outcome} after {:.3} s; {} CPUs, {} package(s)",
         secs(r.wall_ns),
         r.machine.cpus,
         r.machine.package_ids.len()
     );
     let _ = writeln!(
         s,
-        "\n{:>8} {:>8}  {:<16} {:>10} {:>7} {:>9} {:>9}",
-        "PID", "PPID", "COMMAND", "ON-CPU s", "SHARE", "START s", "END s"
+        "\n{:>8} {:>8}  {:<16} {:>10} {:>7}{} {:>9} {:>9}",
+        "PID",
+        "PPID",
+        "COMMAND",
+        "ON-CPU s",
+        "SHARE",
+        m.header(),
+        "START s",
+        "END s"
     );
     let mut procs: Vec<_> = r.processes.iter().collect();
     procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
@@ -49,12 +206,13 @@ pub fn render_run_table(r: &RunReport) -> String {
     for p in procs.iter().take(TOP_ROWS) {
         let _ = writeln!(
             s,
-            "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}% {:>9} {:>9}",
+            "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%{} {:>9} {:>9}",
             p.pid,
             p.ppid.map_or_else(|| "-".to_string(), |v| v.to_string()),
             p.comm,
             secs(p.on_cpu_ns),
             pct(p.on_cpu_ns, total),
+            m.cells(&p.energy),
             opt(p.start_ns),
             opt(p.exit_ns),
         );
@@ -94,21 +252,66 @@ pub fn render_run_table(r: &RunReport) -> String {
             );
         }
     }
-    let rows = [
+    let sum = |d: Domain, f: fn(&super::DomainReport) -> f64| -> f64 {
+        r.energy
+            .domains
+            .iter()
+            .filter(|x| x.domain == d)
+            .map(f)
+            .sum()
+    };
+    let idle = EnergyJ {
+        package_j: sum(Domain::Package, |x| x.idle_j),
+        dram_j: sum(Domain::Dram, |x| x.idle_j),
+        gpu_j: sum(Domain::Gpu, |x| x.idle_j),
+        ..EnergyJ::default()
+    };
+    let lost = EnergyJ {
+        package_j: sum(Domain::Package, |x| x.unattributed_j),
+        dram_j: sum(Domain::Dram, |x| x.unattributed_j),
+        gpu_j: sum(Domain::Gpu, |x| x.unattributed_j),
+        ..EnergyJ::default()
+    };
+    let g = &r.energy.groups;
+    let mut rows = vec![
         (
-            format!("command tree ({} processes)", r.command.processes),
-            r.groups.tree_ns,
+            "wattprof itself".to_string(),
+            r.groups.profiler_ns,
+            g.profiler,
         ),
-        ("wattprof itself".to_string(), r.groups.profiler_ns),
-        ("rest of the machine".to_string(), r.groups.other_ns),
-        ("idle".to_string(), r.machine.idle_ns),
-        ("lost (not recorded)".to_string(), r.lost_ns),
+        (
+            "rest of the machine".to_string(),
+            r.groups.other_ns,
+            g.other,
+        ),
+        ("idle".to_string(), r.machine.idle_ns, idle),
+        ("lost / unattributed".to_string(), r.lost_ns, lost),
     ];
+    if r.command.is_some() {
+        rows.insert(
+            0,
+            (
+                format!("command tree ({tree_procs} processes)"),
+                r.groups.tree_ns,
+                g.tree,
+            ),
+        );
+    }
     let _ = writeln!(s);
-    for (label, ns) in rows {
+    for (label, ns, e) in rows {
+        let cells = m.cells(&e);
+        // Idle and unattributed rows have no power or CO2 of their own.
+        let cells = if label == "idle" || label.starts_with("lost") {
+            cells
+                .get(..cells.len().saturating_sub(18))
+                .unwrap_or("")
+                .to_string()
+        } else {
+            cells
+        };
         let _ = writeln!(
             s,
-            "  {label:<34} {:>10.3} s {:>6.1}%",
+            "  {label:<34} {:>10.3} s {:>6.1}%{cells}",
             secs(ns),
             pct(ns, total)
         );
@@ -131,5 +334,6 @@ pub fn render_run_table(r: &RunReport) -> String {
             secs(r.profiler.discarded_ns)
         );
     }
+    render_energy(&mut s, r);
     s
 }

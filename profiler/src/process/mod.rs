@@ -5,6 +5,8 @@
 //! millisecond still has its parent. Processes that predate wattprof get
 //! their parent from `/proc` when first seen.
 
+pub mod cgroup;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -28,6 +30,52 @@ impl ProcFs {
         Self {
             root: PathBuf::from("/proc"),
         }
+    }
+}
+
+/// A process's resident memory, from `/proc/PID/smaps_rollup`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Memory {
+    /// Proportional set size: private pages plus its share of shared ones.
+    pub pss_bytes: u64,
+    /// Unique set size: pages only this process maps (private clean +
+    /// private dirty + private huge pages).
+    pub uss_bytes: u64,
+}
+
+/// Parses `smaps_rollup` (kB fields).
+pub fn parse_smaps_rollup(text: &str) -> Option<Memory> {
+    let mut m = Memory::default();
+    let mut seen = false;
+    for line in text.lines() {
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let kb = || -> u64 {
+            rest.split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        match key {
+            "Pss" => {
+                m.pss_bytes = kb() * 1024;
+                seen = true;
+            }
+            "Private_Clean" | "Private_Dirty" | "Private_Hugetlb" => m.uss_bytes += kb() * 1024,
+            _ => {}
+        }
+    }
+    seen.then_some(m)
+}
+
+impl ProcFs {
+    /// Memory of `pid`, if it is alive and readable (kernel threads have
+    /// none).
+    pub fn memory(&self, pid: u32) -> Option<Memory> {
+        let text =
+            std::fs::read_to_string(self.root.join(pid.to_string()).join("smaps_rollup")).ok()?;
+        parse_smaps_rollup(&text)
     }
 }
 
@@ -418,6 +466,31 @@ impl<M: ProcMeta> ProcessTable<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smaps_rollup_gives_pss_and_uss() {
+        let text = "55d0c0a00000-7ffd1c9d4000 ---p 00000000 00:00 0    [rollup]\n\
+                    Rss:                5120 kB\n\
+                    Pss:                2048 kB\n\
+                    Pss_Anon:           1024 kB\n\
+                    Shared_Clean:       3072 kB\n\
+                    Private_Clean:       512 kB\n\
+                    Private_Dirty:      1024 kB\n\
+                    Private_Hugetlb:       0 kB\n";
+        assert_eq!(
+            parse_smaps_rollup(text),
+            Some(Memory {
+                pss_bytes: 2048 * 1024,
+                uss_bytes: 1536 * 1024
+            })
+        );
+        assert_eq!(parse_smaps_rollup(""), None);
+        // This test's own process has memory.
+        let me = ProcFs::real()
+            .memory(std::process::id())
+            .expect("own smaps_rollup");
+        assert!(me.pss_bytes > 0 && me.uss_bytes > 0 && me.uss_bytes <= me.pss_bytes + 4096);
+    }
 
     struct NoProc;
     impl ProcMeta for NoProc {

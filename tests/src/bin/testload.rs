@@ -12,6 +12,10 @@
 //! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
 //! wattprof-testload thread-exec            runs `exec-from-thread` and prints its
 //!                                          wait4 rusage
+//! wattprof-testload window NAME SECONDS    sends `begin NAME` to $WATTPROF_SOCKET,
+//!                                          burns SECONDS of CPU, sends `end NAME`;
+//!                                          prints {"pid", "begin_ns", "end_ns"}
+//!                                          (CLOCK_MONOTONIC around the two sends)
 //! wattprof-testload exec-from-thread       the leader burns 300 ms, then a second
 //!                                          thread burns 100 ms and execs `burn 0.5 1.0`
 //!                                          (the kernel swaps the two threads' tids)
@@ -44,6 +48,16 @@ fn thread_cpu_ns() -> u64 {
     };
     // SAFETY: valid timespec pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -124,6 +138,22 @@ fn main() {
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.get(1).map(String::as_str) {
         Some("burn") => burn(num(2, 2.0), num(3, 1.0)),
+        Some("window") => {
+            let name = args.get(2).cloned().unwrap_or_else(|| "w".into());
+            let path = std::env::var_os("WATTPROF_SOCKET").expect("WATTPROF_SOCKET is set");
+            let sock = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+            let begin_ns = monotonic_ns();
+            sock.send_to(format!("begin {name}").as_bytes(), &path)
+                .expect("send begin");
+            spin_for(Duration::from_secs_f64(num(3, 1.0)));
+            sock.send_to(format!("end {name}").as_bytes(), &path)
+                .expect("send end");
+            let end_ns = monotonic_ns();
+            println!(
+                "{{\"pid\":{},\"begin_ns\":{begin_ns},\"end_ns\":{end_ns}}}",
+                std::process::id()
+            );
+        }
         Some("short") => {
             set_name("wp-short");
             spin_for(Duration::from_millis(2));

@@ -1,0 +1,101 @@
+//! Options shared by `run` and `monitor`: energy readers, CO2, streaming.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use super::Fatal;
+use crate::carbon::CarbonIntensity;
+use crate::profile::{Jsonl, ReaderConfig};
+
+/// Energy and output options of `run` and `monitor`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct EnergyArgs {
+    /// Also stream one JSON record per interval to FILE, written as each
+    /// interval ends (a killed wattprof leaves every finished line).
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+
+    /// Grams of CO2eq per kWh for the CO2 figures (default: the world
+    /// average, 475).
+    #[arg(long, value_name = "G_PER_KWH", conflicts_with = "country")]
+    pub carbon_intensity: Option<f64>,
+
+    /// Take the carbon intensity of this country's electricity from the
+    /// shipped table (ISO 3166-1 alpha-3: FRA, USA, DEU, ...).
+    #[arg(long, value_name = "ISO3")]
+    pub country: Option<String>,
+
+    /// Where no CPU energy counter exists (VMs): estimate CPU energy as
+    /// TDP x measured utilization, with the TDP of all packages together.
+    #[arg(long, value_name = "WATTS")]
+    pub cpu_tdp: Option<f64>,
+
+    /// Do not read NVIDIA GPUs.
+    #[arg(long)]
+    pub no_gpu: bool,
+
+    /// Load this NVML library instead of the driver's libnvidia-ml.so.1.
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<OsString>,
+
+    /// Follow an OmegaWatt wattmetre-read log being written, for the
+    /// whole machine's power at the wall.
+    #[arg(long, value_name = "FILE", conflicts_with = "wattmeter_cmd")]
+    pub wattmeter_log: Option<PathBuf>,
+
+    /// Start this wattmeter program (e.g. "wattmetre-read --tty=/dev/ttyUSB0
+    /// --nb=6"), read it for the whole profile, and stop it at the end.
+    #[arg(long, value_name = "CMD")]
+    pub wattmeter_cmd: Option<String>,
+
+    /// The wattmeter socket the machine is plugged into (#activepowN).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wattmeter_socket: u32,
+
+    /// Read CPU energy counters from this copy of /sys (testing).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub energy_sysfs: Option<PathBuf>,
+}
+
+impl EnergyArgs {
+    /// The readers to open.
+    pub fn readers(&self) -> ReaderConfig {
+        ReaderConfig {
+            sys: self.energy_sysfs.clone(),
+            cpu_tdp_w: self.cpu_tdp,
+            no_gpu: self.no_gpu,
+            nvml_lib: self.nvml_lib.clone(),
+            wattmeter_log: self.wattmeter_log.clone(),
+            wattmeter_cmd: self
+                .wattmeter_cmd
+                .as_ref()
+                .map(|c| c.split_whitespace().map(String::from).collect()),
+            wattmeter_socket: self.wattmeter_socket,
+        }
+    }
+
+    /// Cheap checks, before anything is loaded or started: the carbon
+    /// intensity, the TDP, the JSONL file.
+    pub fn validate(&self) -> Result<(CarbonIntensity, Option<Jsonl>), Fatal> {
+        let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
+            .map_err(|e| Fatal::profiler(e.to_string()))?;
+        if let Some(tdp) = self.cpu_tdp {
+            crate::sources::estimate::TdpEstimate::new(tdp, "/proc/stat")
+                .map_err(|e| Fatal::profiler(e.to_string()))?;
+        }
+        let jsonl = self
+            .jsonl
+            .as_deref()
+            .map(|p| {
+                Jsonl::create(p).map_err(|e| {
+                    Fatal::profiler(format!(
+                        "cannot write --jsonl {}: {e} (check that the directory exists and is \
+                         writable)",
+                        p.display()
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok((carbon, jsonl))
+    }
+}

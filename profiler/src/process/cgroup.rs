@@ -1,0 +1,97 @@
+//! cgroup v2 ids (what the kernel hands the eBPF program) to paths.
+//!
+//! A cgroup v2 id is the inode number of its directory in the cgroup2
+//! mount, so the path is found by walking the mount once and caching; an
+//! id not in the cache triggers one new walk (at most once per `refresh`
+//! interval, so a storm of short-lived cgroups costs one walk each time).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Maps cgroup ids to paths under a cgroup2 mount.
+#[derive(Debug)]
+pub struct CgroupNames {
+    root: PathBuf,
+    names: HashMap<u64, String>,
+    walked_at_ns: Option<u64>,
+    refresh_ns: u64,
+}
+
+/// Directories deeper than this are not walked (systemd nests 5–8 deep).
+const MAX_DEPTH: usize = 16;
+
+impl CgroupNames {
+    /// Paths under `root` (normally `/sys/fs/cgroup`), walking again for an
+    /// unknown id at most every `refresh_ns`.
+    pub fn new(root: impl Into<PathBuf>, refresh_ns: u64) -> Self {
+        Self {
+            root: root.into(),
+            names: HashMap::new(),
+            walked_at_ns: None,
+            refresh_ns,
+        }
+    }
+
+    /// The cgroup2 mount of this machine.
+    pub fn real(refresh_ns: u64) -> Self {
+        Self::new("/sys/fs/cgroup", refresh_ns)
+    }
+
+    fn walk(&mut self, dir: &Path, rel: &str, depth: usize) {
+        if let Ok(md) = std::fs::metadata(dir) {
+            let name = if rel.is_empty() { "/" } else { rel };
+            self.names.insert(md.ino(), name.to_string());
+        }
+        if depth >= MAX_DEPTH {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let child = format!("{rel}/{}", e.file_name().to_string_lossy());
+                self.walk(&e.path(), &child, depth + 1);
+            }
+        }
+    }
+
+    /// The path of cgroup `id` (`/` for the root, `/system.slice/x.service`),
+    /// or `None` when it is not (or no longer) in the mount. `now_ns` is a
+    /// monotonic time for rate-limiting walks.
+    pub fn name(&mut self, id: u64, now_ns: u64) -> Option<&str> {
+        if id != 0
+            && !self.names.contains_key(&id)
+            && self
+                .walked_at_ns
+                .is_none_or(|t| now_ns.saturating_sub(t) >= self.refresh_ns)
+        {
+            self.walked_at_ns = Some(now_ns);
+            let root = self.root.clone();
+            self.walk(&root, "", 0);
+        }
+        self.names.get(&id).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_directory_inodes_and_unknown_ids_walk_again_after_the_refresh() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(dir.path().join("system.slice/docker-abc.scope")).expect("mkdir");
+        let ino = |p: &str| std::fs::metadata(dir.path().join(p)).expect("md").ino();
+        let mut names = CgroupNames::new(dir.path(), 1_000);
+        let id = ino("system.slice/docker-abc.scope");
+        assert_eq!(names.name(id, 0), Some("/system.slice/docker-abc.scope"));
+        assert_eq!(names.name(ino(""), 0), Some("/"));
+        std::fs::create_dir(dir.path().join("user.slice")).expect("mkdir");
+        let user = ino("user.slice");
+        // Within the refresh interval an unknown id is not walked for.
+        assert_eq!(names.name(user, 500), None);
+        assert_eq!(names.name(user, 1_500), Some("/user.slice"));
+    }
+}

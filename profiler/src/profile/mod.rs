@@ -1,0 +1,706 @@
+//! One profile (a `run` or a `monitor`): each interval, the tracker's
+//! sample and the readers' energy go through the attribution engine, and
+//! the results are summed per process, group, cgroup and window, streamed
+//! as JSON lines and kept for the recording.
+//!
+//! This is the only place the pieces meet: `tracker` measures time,
+//! `sources` measure energy, `attribution` divides, `output` renders.
+
+mod readers;
+pub mod windows;
+
+pub use readers::{ReaderConfig, ReaderUse, Readers};
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
+use crate::carbon::CarbonIntensity;
+use crate::output::{
+    CgroupReport, CommandReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy, HostReport,
+    MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION, RunReport,
+    WindowDomainReport, WindowReport,
+};
+use crate::process::cgroup::CgroupNames;
+use crate::process::{IntervalUsage, ProcFs, Process, ProcessTable, Role};
+use crate::tracker::CpuSample;
+
+/// Which processes a profile reports one by one.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    /// `run`: the command's tree and wattprof.
+    Tree,
+    /// `monitor`: the `top` processes with the most energy in each
+    /// interval, limited to `pids` and their descendants when given.
+    Machine {
+        /// Rows per interval.
+        top: usize,
+        /// Only these pids and their descendants (empty: all).
+        pids: Vec<u32>,
+    },
+}
+
+/// How a profile is set up.
+#[derive(Clone, Debug)]
+pub struct ProfileConfig {
+    /// CO2 per kWh.
+    pub carbon: CarbonIntensity,
+    /// Which processes are reported one by one.
+    pub scope: Scope,
+    /// Keep every interval's record for the final recording (`run`);
+    /// `monitor` keeps machine-level figures only, to stay bounded.
+    pub keep_process_intervals: bool,
+}
+
+/// Problems kept for the report.
+const MAX_PROBLEMS: usize = 20;
+
+/// A JSON-lines stream, one complete line per write.
+#[derive(Debug)]
+pub struct Jsonl {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    failed: bool,
+}
+
+impl Jsonl {
+    /// Creates (truncates) `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            file: std::fs::File::create(path)?,
+            path: path.to_path_buf(),
+            failed: false,
+        })
+    }
+
+    /// Writes one record as a single `write` of a whole line, so a killed
+    /// wattprof leaves complete lines only (but for, at worst, the last).
+    pub fn write(&mut self, v: &Value) {
+        if self.failed {
+            return;
+        }
+        let mut line = serde_json::to_vec(v).unwrap_or_default();
+        line.push(b'\n');
+        if let Err(e) = self.file.write_all(&line) {
+            self.failed = true;
+            eprintln!(
+                "wattprof: writing --jsonl {}: {e}; the stream stops here, the final report is \
+                 still written",
+                self.path.display()
+            );
+        }
+    }
+}
+
+fn j(uj: u64) -> f64 {
+    uj as f64 / 1e6
+}
+
+fn watts(uj: u64, ns: u64) -> f64 {
+    if ns == 0 {
+        0.0
+    } else {
+        uj as f64 / 1e6 / (ns as f64 / 1e9)
+    }
+}
+
+/// Host facts for the report header.
+pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let cpu_model = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    HostReport {
+        hostname: read("/proc/sys/kernel/hostname"),
+        kernel: read("/proc/sys/kernel/osrelease"),
+        cpu_model,
+        gpus,
+    }
+}
+
+/// Facts about how the profile ended, for the report.
+pub struct Ending {
+    /// `run` or `monitor`.
+    pub mode: &'static str,
+    /// The command (`run`).
+    pub command: Option<(Vec<String>, u32, Option<i32>, Option<i32>)>,
+    /// Wall-clock start (ns since the epoch).
+    pub start_unix_ns: u64,
+    /// The tracker's facts.
+    pub profiler: ProfilerReport,
+}
+
+/// One profile in progress.
+pub struct Profile {
+    /// Processes seen.
+    pub table: ProcessTable<ProcFs>,
+    procfs: ProcFs,
+    machine: MachineTimes,
+    readers: Readers,
+    ledger: Ledger,
+    groups: [EnergyBy; 3],
+    cgroups: HashMap<u64, (u64, EnergyBy, Option<String>)>,
+    cgroup_names: CgroupNames,
+    windows: windows::Windows,
+    intervals: Vec<Value>,
+    memory: HashMap<ConsumerId, MemoryReport>,
+    start_ns: u64,
+    last_ns: u64,
+    package_ids: Vec<u32>,
+    cfg: ProfileConfig,
+    jsonl: Option<Jsonl>,
+    problems: Vec<String>,
+    problem_count: u64,
+    host: HostReport,
+}
+
+impl Profile {
+    /// A profile starting at monotonic `start_ns` (the tracker's start) on
+    /// a machine with these package ids.
+    pub fn new(
+        table: ProcessTable<ProcFs>,
+        readers: Readers,
+        package_ids: Vec<u32>,
+        start_ns: u64,
+        cfg: ProfileConfig,
+        jsonl: Option<Jsonl>,
+        host: HostReport,
+    ) -> Self {
+        Self {
+            table,
+            procfs: ProcFs::real(),
+            machine: MachineTimes::default(),
+            readers,
+            ledger: Ledger::default(),
+            groups: Default::default(),
+            cgroups: HashMap::new(),
+            cgroup_names: CgroupNames::real(1_000_000_000),
+            windows: windows::Windows::default(),
+            intervals: Vec::new(),
+            memory: HashMap::new(),
+            start_ns,
+            last_ns: start_ns,
+            package_ids,
+            cfg,
+            jsonl,
+            problems: Vec::new(),
+            problem_count: 0,
+            host,
+        }
+    }
+
+    /// Writes the stream's header record.
+    pub fn write_header(&mut self, mode: &str, argv: Option<&[String]>, start_unix_ns: u64) {
+        let header = json!({
+            "type": "header",
+            "schema_version": RUN_SCHEMA_VERSION,
+            "wattprof_version": env!("CARGO_PKG_VERSION"),
+            "mode": mode,
+            "start_unix_ns": start_unix_ns,
+            "host": self.host,
+            "package_ids": self.package_ids,
+            "readers": self.readers.used(),
+            "carbon_intensity_g_per_kwh": self.cfg.carbon.g_per_kwh,
+            "carbon_intensity_source": self.cfg.carbon.source,
+            "argv": argv,
+        });
+        if let Some(s) = &mut self.jsonl {
+            s.write(&header);
+        }
+    }
+
+    /// The readers in use.
+    pub fn readers(&self) -> &Readers {
+        &self.readers
+    }
+
+    fn problem(&mut self, p: String) {
+        self.problem_count += 1;
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(p);
+        }
+    }
+
+    /// Processes of this interval that are reported one by one.
+    fn selected<'a>(
+        &self,
+        usage: &'a [IntervalUsage],
+        energy: &HashMap<ConsumerId, EnergyBy>,
+    ) -> Vec<&'a IntervalUsage> {
+        match &self.cfg.scope {
+            Scope::Tree => usage
+                .iter()
+                .filter(|u| matches!(u.role, Role::Tree | Role::Profiler))
+                .collect(),
+            Scope::Machine { top, pids } => {
+                let mut v: Vec<&IntervalUsage> = usage
+                    .iter()
+                    .filter(|u| {
+                        pids.is_empty() || pids.iter().any(|p| self.table.descends_from(u.id, *p))
+                    })
+                    .collect();
+                let key = |u: &IntervalUsage| {
+                    (
+                        energy.get(&u.id).map_or(0, EnergyBy::total_uj),
+                        u.on_cpu_ns.iter().sum::<u64>(),
+                    )
+                };
+                v.sort_by_key(|u| std::cmp::Reverse(key(u)));
+                v.truncate(*top);
+                v
+            }
+        }
+    }
+
+    /// Folds in one interval: the tracker's sample, read at the same
+    /// instant as the energy counters (read here). `last` is the final
+    /// read (the wattmeter program is stopped).
+    pub fn step(&mut self, sample: &CpuSample, last: bool) {
+        let usage = self.table.apply(sample);
+        self.machine.add(sample);
+        let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
+        self.last_ns = sample.at_ns;
+
+        let mut sockets = vec![SocketTime::default(); self.package_ids.len().max(1)];
+        let mut online = 0;
+        for c in &sample.cpus {
+            if let Some(s) = sockets.get_mut(c.socket as usize) {
+                s.busy_ns += c.busy_ns;
+                s.idle_ns += c.idle_ns;
+                s.lost_ns += c.lost_ns;
+            }
+            online += usize::from(c.window_ns > 0);
+        }
+        let read = self.readers.read(sample.busy_ns(), online.max(1), last);
+        for p in self.readers.take_problems() {
+            self.problem(p);
+        }
+        let gpus: Vec<GpuInterval> = read
+            .gpus
+            .iter()
+            .map(|g| GpuInterval {
+                index: g.index,
+                energy_uj: g.energy_uj,
+                estimated: g.method == crate::sources::nvml::GpuEnergyMethod::PowerIntegration,
+                processes: g
+                    .processes
+                    .iter()
+                    .map(|p| (self.table.id_of(p.pid), p.sm_util_pct))
+                    .collect(),
+            })
+            .collect();
+        let cpu_usage: Vec<attribution::Usage> = usage
+            .iter()
+            .map(|u| attribution::Usage {
+                id: u.id,
+                on_cpu_ns: u.on_cpu_ns.clone(),
+            })
+            .collect();
+        let shares = attribution::attribute(&Interval {
+            sockets: &sockets,
+            package_ids: &self.package_ids,
+            usage: &cpu_usage,
+            energy: &read.energy,
+            gpus: &gpus,
+        });
+        self.ledger.add(&shares);
+
+        // This interval's energy per consumer, and the groups it goes to.
+        let mut energy: HashMap<ConsumerId, EnergyBy> = HashMap::new();
+        for s in &shares {
+            for (id, uj) in &s.attributed {
+                energy.entry(*id).or_default().add(s.domain, *uj);
+            }
+        }
+        let meta: HashMap<ConsumerId, (Role, u64)> = usage
+            .iter()
+            .map(|u| (u.id, (u.role, u.cgroup_id)))
+            .collect();
+        for (id, e) in &energy {
+            let (role, cgroup) = meta.get(id).copied().unwrap_or_else(|| {
+                self.table
+                    .by_id(*id)
+                    .map_or((Role::Other, 0), |p| (p.role, p.cgroup_id))
+            });
+            self.groups[role as usize].merge(e);
+            self.cgroups.entry(cgroup).or_default().1.merge(e);
+        }
+        for u in &usage {
+            self.cgroups.entry(u.cgroup_id).or_default().0 += u.on_cpu_ns.iter().sum::<u64>();
+        }
+        // Name new cgroups while they still exist.
+        for (id, entry) in &mut self.cgroups {
+            if entry.2.is_none() {
+                entry.2 = self
+                    .cgroup_names
+                    .name(*id, sample.at_ns)
+                    .map(str::to_string);
+            }
+        }
+
+        let consumers: Vec<(ConsumerId, u64)> = usage
+            .iter()
+            .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
+            .collect();
+        if self.windows.any_open() {
+            let table = &self.table;
+            self.windows
+                .add_interval(&shares, &consumers, |id, pid| table.descends_from(id, pid));
+        }
+
+        // Memory of the reported processes that ran (one that did not run
+        // cannot have changed its own memory).
+        let selected = self.selected(&usage, &energy);
+        let mut gpu_mem: HashMap<ConsumerId, u64> = HashMap::new();
+        for g in &read.gpus {
+            for p in &g.processes {
+                if let Some(id) = self.table.id_of(p.pid) {
+                    *gpu_mem.entry(id).or_default() += p.memory_bytes;
+                }
+            }
+        }
+        let mut rows = Vec::with_capacity(selected.len());
+        for u in &selected {
+            let exited = self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some());
+            let mem = if exited {
+                None
+            } else {
+                self.procfs.memory(u.pid)
+            };
+            let gpu_bytes = gpu_mem.get(&u.id).copied().unwrap_or(0);
+            let peak = self.memory.entry(u.id).or_default();
+            if let Some(m) = mem {
+                peak.peak_pss_bytes = peak.peak_pss_bytes.max(m.pss_bytes);
+                peak.peak_uss_bytes = peak.peak_uss_bytes.max(m.uss_bytes);
+            }
+            peak.peak_gpu_bytes = peak.peak_gpu_bytes.max(gpu_bytes);
+            let e = energy.get(&u.id).copied().unwrap_or_default();
+            rows.push(json!({
+                "pid": u.pid,
+                "comm": self.table.by_id(u.id).map_or("", |p| p.comm.as_str()),
+                "on_cpu_ns": u.on_cpu_ns.iter().sum::<u64>(),
+                "package_j": j(e.package_uj),
+                "core_j": j(e.core_uj),
+                "dram_j": j(e.dram_uj),
+                "gpu_j": j(e.gpu_uj),
+                "pss_bytes": mem.map(|m| m.pss_bytes),
+                "uss_bytes": mem.map(|m| m.uss_bytes),
+                "gpu_memory_bytes": gpu_bytes,
+            }));
+        }
+
+        let domains: Vec<Value> = shares
+            .iter()
+            .map(|s| {
+                json!({
+                    "domain": s.domain,
+                    "package": s.package,
+                    "estimated": s.estimated,
+                    "basis": s.basis,
+                    "measured_j": j(s.measured_uj),
+                    "attributed_j": j(s.attributed_uj()),
+                    "idle_j": j(s.idle_uj),
+                    "unattributed_j": j(s.unattributed_uj),
+                    "power_w": watts(s.measured_uj, duration_ns),
+                })
+            })
+            .collect();
+        let gpu_rows: Vec<Value> = read
+            .gpus
+            .iter()
+            .map(|g| {
+                json!({
+                    "index": g.index,
+                    "energy_j": j(g.energy_uj),
+                    "power_w": g.power_w,
+                    "util_pct": g.util_pct,
+                    "memory_used_bytes": g.memory_used_bytes,
+                    "processes": g.processes,
+                })
+            })
+            .collect();
+        let group = |r: Role| {
+            let e = usage
+                .iter()
+                .filter(|u| u.role == r)
+                .map(|u| u.on_cpu_ns.iter().sum::<u64>())
+                .sum::<u64>();
+            let en = energy
+                .iter()
+                .filter(|(id, _)| meta.get(id).map(|m| m.0) == Some(r))
+                .fold(EnergyBy::default(), |mut a, (_, e)| {
+                    a.merge(e);
+                    a
+                });
+            json!({ "on_cpu_ns": e, "energy_j": j(en.total_uj()) })
+        };
+        let mut record = json!({
+            "type": "interval",
+            "t_ns": sample.at_ns.saturating_sub(self.start_ns),
+            "duration_ns": duration_ns,
+            "busy_ns": sample.busy_ns(),
+            "domains": domains,
+            "gpus": gpu_rows,
+            "groups": {
+                "tree": group(Role::Tree),
+                "profiler": group(Role::Profiler),
+                "other": group(Role::Other),
+            },
+            "processes": rows,
+        });
+        if let Some(s) = &mut self.jsonl {
+            s.write(&record);
+        }
+        if !self.cfg.keep_process_intervals
+            && let Some(obj) = record.as_object_mut()
+        {
+            obj.remove("processes");
+        }
+        self.intervals.push(record);
+
+        // Energy of forgotten processes is in the group and cgroup sums.
+        let table = &self.table;
+        self.ledger.retain(|id| table.by_id(id).is_some());
+        self.memory.retain(|id, _| table.by_id(*id).is_some());
+    }
+
+    /// Handles window datagrams. The caller has just taken a sample (so
+    /// the boundary falls exactly between two intervals) at `at_ns`.
+    pub fn window_messages(&mut self, messages: Vec<(String, u32)>, at_ns: u64) {
+        for (text, sender) in messages {
+            match windows::parse(&text, sender) {
+                Ok(cmd) => {
+                    if let Some(w) = self.windows.apply(cmd, at_ns) {
+                        let report = self.window_report(&w);
+                        if let Some(s) = &mut self.jsonl {
+                            let mut v = serde_json::to_value(&report).unwrap_or(Value::Null);
+                            if let Some(o) = v.as_object_mut() {
+                                o.insert("type".into(), "window".into());
+                            }
+                            s.write(&v);
+                        }
+                    }
+                }
+                Err(e) => self
+                    .windows
+                    .error(format!("`{}` from pid {sender}: {e}", text.escape_debug())),
+            }
+        }
+    }
+
+    fn window_report(&self, w: &windows::Window) -> WindowReport {
+        let span = w.end_ns.saturating_sub(w.begin_ns);
+        WindowReport {
+            name: w.name.clone(),
+            pid: w.pid,
+            depth: w.depth,
+            begin_ns: w.begin_ns.saturating_sub(self.start_ns),
+            end_ns: w.end_ns.saturating_sub(self.start_ns),
+            unterminated: w.unterminated,
+            on_cpu_ns: w.on_cpu_ns,
+            energy: EnergyJ::new(&w.energy, span, &self.cfg.carbon),
+            machine: w
+                .machine
+                .iter()
+                .map(|m| WindowDomainReport {
+                    domain: m.domain,
+                    package: m.package,
+                    measured_j: j(m.measured_uj),
+                    avg_power_w: watts(m.measured_uj, span),
+                    estimated: m.estimated,
+                })
+                .collect(),
+        }
+    }
+
+    /// Energy of one process so far.
+    pub fn process_energy(&self, p: &Process) -> EnergyBy {
+        self.ledger.consumer(p.id)
+    }
+
+    /// The last interval's record (as streamed).
+    pub fn last_interval(&self) -> Option<&Value> {
+        self.intervals.last()
+    }
+
+    fn process_report(&self, p: &Process, end_ns: u64) -> ProcessReport {
+        let from = p.start_ns.unwrap_or(self.start_ns).max(self.start_ns);
+        let to = p.exit_ns.unwrap_or(end_ns);
+        ProcessReport {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: p.comm.clone(),
+            on_cpu_ns: p.total_ns(),
+            on_cpu_ns_per_socket: p.on_cpu_ns.clone(),
+            start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),
+            exit_ns: p.exit_ns.map(|t| t.saturating_sub(self.start_ns)),
+            energy: EnergyJ::new(
+                &self.ledger.consumer(p.id),
+                to.saturating_sub(from),
+                &self.cfg.carbon,
+            ),
+            memory: self.memory.get(&p.id).copied().unwrap_or_default(),
+            cgroup: self.cgroups.get(&p.cgroup_id).and_then(|c| c.2.clone()),
+        }
+    }
+
+    /// Ends the profile: closes open windows and builds the report. Call
+    /// after the final [`Profile::step`].
+    pub fn finish(mut self, ending: Ending) -> RunReport {
+        let end_ns = self.last_ns;
+        let span = end_ns.saturating_sub(self.start_ns);
+        let (windows, window_errors) = self.windows.finish(end_ns);
+        let windows: Vec<WindowReport> = windows.iter().map(|w| self.window_report(w)).collect();
+        if let Some(s) = &mut self.jsonl {
+            for w in windows.iter().filter(|w| w.unterminated) {
+                let mut v = serde_json::to_value(w).unwrap_or(Value::Null);
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("type".into(), "window".into());
+                }
+                s.write(&v);
+            }
+        }
+        let carbon = &self.cfg.carbon;
+        let mut processes: Vec<ProcessReport> = match &self.cfg.scope {
+            Scope::Tree => self
+                .table
+                .tree()
+                .into_iter()
+                .map(|p| self.process_report(p, end_ns))
+                .collect(),
+            Scope::Machine { top, pids } => {
+                let mut v: Vec<ProcessReport> = self
+                    .table
+                    .processes()
+                    .filter(|p| {
+                        pids.is_empty() || pids.iter().any(|q| self.table.descends_from(p.id, *q))
+                    })
+                    .map(|p| self.process_report(p, end_ns))
+                    .collect();
+                v.sort_by(|a, b| {
+                    b.energy
+                        .total_j
+                        .total_cmp(&a.energy.total_j)
+                        .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+                });
+                v.truncate((*top).max(100));
+                v
+            }
+        };
+        if matches!(self.cfg.scope, Scope::Tree) {
+            processes.sort_by_key(|p| (p.start_ns.unwrap_or(0), p.pid));
+        }
+        let groups = self.table.totals().clone();
+        let group_energy = GroupEnergy {
+            tree: EnergyJ::new(&self.groups[Role::Tree as usize], span, carbon),
+            profiler: EnergyJ::new(&self.groups[Role::Profiler as usize], span, carbon),
+            other: EnergyJ::new(&self.groups[Role::Other as usize], span, carbon),
+        };
+        let domains = self
+            .ledger
+            .domains()
+            .iter()
+            .map(|t| DomainReport {
+                domain: t.domain,
+                package: t.package,
+                estimated: t.estimated,
+                basis: t.basis,
+                measured_j: j(t.measured_uj),
+                attributed_j: j(t.attributed_uj),
+                idle_j: j(t.idle_uj),
+                unattributed_j: j(t.unattributed_uj),
+                avg_power_w: watts(t.measured_uj, span),
+            })
+            .collect();
+        let mut cgroups: Vec<CgroupReport> = self
+            .cgroups
+            .iter()
+            .map(|(id, (ns, e, name))| CgroupReport {
+                path: name.clone().unwrap_or_else(|| format!("id:{id}")),
+                id: *id,
+                on_cpu_ns: *ns,
+                energy: EnergyJ::new(e, span, carbon),
+            })
+            .collect();
+        cgroups.sort_by(|a, b| {
+            b.energy
+                .total_j
+                .total_cmp(&a.energy.total_j)
+                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+        });
+        let mut problems = self.problems.clone();
+        if self.problem_count > problems.len() as u64 {
+            problems.push(format!(
+                "... and {} more",
+                self.problem_count - problems.len() as u64
+            ));
+        }
+        let mut profiler = ending.profiler;
+        profiler.on_cpu_ns = groups.profiler_ns;
+        (
+            profiler.events_lost,
+            profiler.discarded_ns,
+            profiler.samples,
+        ) = self.machine.health();
+        profiler.unmatched_forks = self.table.unmatched_forks();
+        let command = ending
+            .command
+            .map(|(argv, pid, exit_code, signal)| CommandReport {
+                argv,
+                pid,
+                exit_code,
+                signal,
+                on_cpu_ns: groups.tree_ns,
+                processes: processes.len(),
+                energy: group_energy.tree,
+            });
+        let attributed_ns = groups.tree_ns + groups.profiler_ns + groups.other_ns;
+        let report = RunReport {
+            schema_version: RUN_SCHEMA_VERSION,
+            wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: ending.mode,
+            start_unix_ns: ending.start_unix_ns,
+            wall_ns: span,
+            host: self.host.clone(),
+            command,
+            processes,
+            energy: EnergyReport {
+                readers: self.readers.used().to_vec(),
+                domains,
+                groups: group_energy,
+                carbon_intensity_g_per_kwh: carbon.g_per_kwh,
+                carbon_intensity_source: carbon.source.clone(),
+                problems,
+            },
+            groups,
+            cgroups,
+            windows,
+            window_errors,
+            machine: self.machine.report(self.package_ids.clone(), attributed_ns),
+            lost_ns: self.machine.lost_ns(),
+            profiler,
+            intervals: std::mem::take(&mut self.intervals),
+        };
+        if let Some(s) = &mut self.jsonl {
+            let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
+            if let Some(o) = summary.as_object_mut() {
+                o.remove("intervals");
+                o.insert("type".into(), "summary".into());
+            }
+            s.write(&summary);
+        }
+        report
+    }
+}

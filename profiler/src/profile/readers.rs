@@ -1,0 +1,307 @@
+//! The energy readers a profile uses: the first CPU reader that works
+//! (powercap, perf, msr; or the TDP estimate), NVML when there are GPUs,
+//! and a wattmeter when one is given.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::sources::estimate::TdpModel;
+use crate::sources::nvml::{GpuEnergyMethod, GpuReading, NvmlGpus};
+use crate::sources::wattmeter::Wattmeter;
+use crate::sources::{
+    Domain, DomainEnergy, Source, SourceError, msr::MsrRoot, perf::PerfPower, powercap::Powercap,
+};
+use crate::topology::SysRoot;
+
+/// Which readers to try, from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct ReaderConfig {
+    /// sysfs root for the CPU energy readers (`/sys`; a fixture in tests).
+    pub sys: Option<PathBuf>,
+    /// TDP of all CPU packages, for the estimate where no counter works.
+    pub cpu_tdp_w: Option<f64>,
+    /// Skip NVML.
+    pub no_gpu: bool,
+    /// NVML library to load instead of the driver's.
+    pub nvml_lib: Option<OsString>,
+    /// A wattmeter log to follow.
+    pub wattmeter_log: Option<PathBuf>,
+    /// A wattmeter program to start (argv).
+    pub wattmeter_cmd: Option<Vec<String>>,
+    /// The wattmeter socket the machine is plugged into.
+    pub wattmeter_socket: u32,
+}
+
+/// A reader in use, or why a kind of energy is not measured, for reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReaderUse {
+    /// `cpu`, `gpu` or `wall`.
+    pub kind: &'static str,
+    /// Reader name (`powercap`, `nvml`, `estimate`), or `none`.
+    pub name: &'static str,
+    /// What it reads, or why nothing is read.
+    pub detail: String,
+    /// Modelled rather than measured.
+    pub estimated: bool,
+    /// What would make it work (when `name` is `none`).
+    pub fix: Option<String>,
+}
+
+enum Cpu {
+    Counter(Box<dyn Source>),
+    Estimate(TdpModel),
+    None,
+}
+
+/// The readers of one profile.
+pub struct Readers {
+    cpu: Cpu,
+    gpu: Option<NvmlGpus>,
+    wall: Option<Wattmeter>,
+    used: Vec<ReaderUse>,
+    problems: Vec<String>,
+}
+
+impl std::fmt::Debug for Readers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readers")
+            .field("used", &self.used)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One interval's energy from every reader.
+#[derive(Debug, Default)]
+pub struct IntervalEnergy {
+    /// CPU and wall domains.
+    pub energy: Vec<DomainEnergy>,
+    /// GPUs.
+    pub gpus: Vec<GpuReading>,
+}
+
+fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse {
+    ReaderUse {
+        kind,
+        name: "none",
+        detail,
+        estimated: false,
+        fix,
+    }
+}
+
+impl Readers {
+    /// Opens the readers. Missing hardware is not an error (it is reported
+    /// in [`Readers::used`]); a wattmeter that was asked for and cannot be
+    /// opened, or an implausible TDP, is.
+    pub fn open(cfg: &ReaderConfig) -> Result<Self, SourceError> {
+        let sys = cfg.sys.clone().map_or_else(SysRoot::real, SysRoot::at);
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let mut used = Vec::new();
+        let mut reasons: Vec<String> = Vec::new();
+        let mut cpu = Cpu::None;
+        let openers: [(&str, &dyn Fn() -> Result<Box<dyn Source>, SourceError>); 3] = [
+            ("powercap", &|| {
+                Powercap::open(&sys, &cpuinfo).map(|p| Box::new(p) as Box<dyn Source>)
+            }),
+            ("perf", &|| {
+                PerfPower::open(&sys).map(|p| Box::new(p) as Box<dyn Source>)
+            }),
+            ("msr", &|| {
+                // A fixture sysfs has no MSR devices: only the real machine
+                // is probed for them.
+                if cfg.sys.is_some() {
+                    return Err(SourceError::unsupported(
+                        "not probed with a sysfs fixture",
+                        "",
+                    ));
+                }
+                crate::sources::msr::Msr::open(&sys, &MsrRoot::real(), &cpuinfo)
+                    .map(|m| Box::new(m) as Box<dyn Source>)
+            }),
+        ];
+        for (name, open) in openers {
+            match open() {
+                Ok(mut source) => {
+                    let info = source.info();
+                    // The first read sets the counters' starting points.
+                    let _ = source.read();
+                    used.push(ReaderUse {
+                        kind: "cpu",
+                        name: source.name(),
+                        detail: info.location,
+                        estimated: false,
+                        fix: None,
+                    });
+                    cpu = Cpu::Counter(source);
+                    break;
+                }
+                Err(e) => reasons.push(format!("{name}: {e}")),
+            }
+        }
+        if matches!(cpu, Cpu::None) {
+            match cfg.cpu_tdp_w {
+                Some(tdp) => {
+                    // Validates the figure.
+                    let est = crate::sources::estimate::TdpEstimate::new(tdp, "/proc/stat")?;
+                    used.push(ReaderUse {
+                        kind: "cpu",
+                        name: "estimate",
+                        detail: format!(
+                            "no energy counter ({}); TDP {tdp} W x measured CPU utilization",
+                            reasons.join("; ")
+                        ),
+                        estimated: true,
+                        fix: None,
+                    });
+                    cpu = Cpu::Estimate(est.model());
+                }
+                None => used.push(missing(
+                    "cpu",
+                    format!("CPU energy not measured: {}", reasons.join("; ")),
+                    Some(
+                        "on bare metal load intel_rapl_msr (modprobe) or the msr driver; \
+                         on a VM give --cpu-tdp WATTS for an estimate (see `wattprof sources`)"
+                            .into(),
+                    ),
+                )),
+            }
+        }
+        let gpu = if cfg.no_gpu {
+            None
+        } else {
+            match NvmlGpus::open(cfg.nvml_lib.as_deref()) {
+                Ok(g) => {
+                    for info in g.gpus() {
+                        used.push(ReaderUse {
+                            kind: "gpu",
+                            name: "nvml",
+                            detail: format!(
+                                "GPU {} {} ({})",
+                                info.index,
+                                info.name,
+                                match info.method {
+                                    GpuEnergyMethod::EnergyCounter => "total-energy counter",
+                                    GpuEnergyMethod::PowerIntegration => "power samples integrated",
+                                }
+                            ),
+                            estimated: info.method == GpuEnergyMethod::PowerIntegration,
+                            fix: None,
+                        });
+                    }
+                    Some(g)
+                }
+                Err(SourceError::NotSupported { reason, .. }) => {
+                    used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
+                    None
+                }
+                Err(e) => {
+                    used.push(missing("gpu", format!("no GPU energy: {e}"), None));
+                    None
+                }
+            }
+        };
+        let wall = match (&cfg.wattmeter_log, &cfg.wattmeter_cmd) {
+            (Some(log), _) => Some(Wattmeter::open_file(log, cfg.wattmeter_socket)?),
+            (None, Some(argv)) => Some(Wattmeter::spawn(argv, cfg.wattmeter_socket)?),
+            (None, None) => None,
+        };
+        if let Some(w) = &wall {
+            used.push(ReaderUse {
+                kind: "wall",
+                name: "wattmeter",
+                detail: w.info().location,
+                estimated: false,
+                fix: None,
+            });
+        }
+        let mut readers = Self {
+            cpu,
+            gpu,
+            wall,
+            used,
+            problems: Vec::new(),
+        };
+        // Starting points for the GPUs and the wattmeter.
+        readers.rebase();
+        Ok(readers)
+    }
+
+    /// Sets every counter's starting point to now (energy since the last
+    /// read is dropped): call when counting starts.
+    pub fn rebase(&mut self) {
+        let _ = self.read(0, 1, false);
+        self.problems.clear();
+    }
+
+    /// The GPUs read.
+    pub fn gpus(&self) -> Vec<crate::sources::nvml::GpuInfo> {
+        self.gpu.as_ref().map(NvmlGpus::gpus).unwrap_or_default()
+    }
+
+    /// The readers in use and the kinds of energy not measured.
+    pub fn used(&self) -> &[ReaderUse] {
+        &self.used
+    }
+
+    /// Whether any CPU energy (measured or estimated) is read.
+    pub fn has_cpu(&self) -> bool {
+        !matches!(self.cpu, Cpu::None)
+    }
+
+    /// Read failures since the last call (each a line for people).
+    pub fn take_problems(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.problems)
+    }
+
+    /// Reads every reader. `busy_ns` and `cpus` feed the TDP estimate
+    /// (the tracker's exact busy time over the interval). The `last` read
+    /// also stops the wattmeter program and counts its final frames.
+    pub fn read(&mut self, busy_ns: u64, cpus: usize, last: bool) -> IntervalEnergy {
+        let mut out = IntervalEnergy::default();
+        match &mut self.cpu {
+            Cpu::Counter(s) => match s.read() {
+                Ok(e) => out.energy.extend(e),
+                // A failed read advances no counter: the next one catches up.
+                Err(e) => self.problems.push(format!("{}: {e}", s.name())),
+            },
+            Cpu::Estimate(model) => out.energy.push(DomainEnergy {
+                domain: Domain::Package,
+                package: None,
+                energy_uj: model.energy_uj(busy_ns, cpus),
+                estimated: true,
+            }),
+            Cpu::None => {}
+        }
+        if let Some(g) = &mut self.gpu {
+            out.gpus = g.read_gpus();
+            for (i, what) in g.problems() {
+                self.problems.push(format!("GPU {i}: {what}"));
+            }
+        }
+        if let Some(w) = &mut self.wall {
+            let mut wall = match w.read() {
+                Ok(e) => e,
+                Err(e) => {
+                    self.problems.push(format!("wattmeter: {e}"));
+                    Vec::new()
+                }
+            };
+            if last {
+                let rest = w.finish();
+                match wall.first_mut() {
+                    Some(e) => e.energy_uj += rest,
+                    None => wall.push(DomainEnergy {
+                        domain: Domain::Wall,
+                        package: None,
+                        energy_uj: rest,
+                        estimated: false,
+                    }),
+                }
+            }
+            out.energy.extend(wall);
+        }
+        out
+    }
+}

@@ -1,0 +1,410 @@
+//! Profiling windows: named begin/end regions of a program, Zeus-style,
+//! signalled with datagrams on a Unix socket (`WATTPROF_SOCKET`).
+//!
+//! A message is `begin NAME` or `end NAME`, optionally followed by
+//! `pid=N` to name the process whose tree the window belongs to (a shell
+//! script sending with `socat` names itself with `pid=$$`); by default it
+//! is the sender, which the kernel tells (`SCM_CREDENTIALS`), so no client
+//! library is needed. Windows nest and overlap freely; `end NAME` closes
+//! the most recent open window of that name and tree.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
+use crate::sources::Domain;
+
+/// A window command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// `true` for begin, `false` for end.
+    pub begin: bool,
+    /// Window name.
+    pub name: String,
+    /// Whose tree: `pid=N`, or the sender.
+    pub pid: u32,
+}
+
+/// Longest window name kept.
+const MAX_NAME: usize = 200;
+
+/// Parses one datagram from `sender` (its pid, from the kernel).
+pub fn parse(text: &str, sender: u32) -> Result<Command, String> {
+    let mut words = text.split_whitespace();
+    let verb = words.next().ok_or("empty message")?;
+    let begin = match verb {
+        "begin" => true,
+        "end" => false,
+        other => {
+            return Err(format!(
+                "unknown verb `{other}` (use `begin NAME` or `end NAME`)"
+            ));
+        }
+    };
+    let name = words
+        .next()
+        .ok_or_else(|| format!("`{verb}` without a window name"))?;
+    if name.len() > MAX_NAME {
+        return Err(format!("window name longer than {MAX_NAME} bytes"));
+    }
+    let mut pid = sender;
+    for w in words {
+        match w.strip_prefix("pid=").map(str::parse::<u32>) {
+            Some(Ok(p)) if p > 0 => pid = p,
+            _ => {
+                return Err(format!(
+                    "unexpected `{w}` (only `pid=N` may follow the name)"
+                ));
+            }
+        }
+    }
+    Ok(Command {
+        begin,
+        name: name.to_string(),
+        pid,
+    })
+}
+
+/// The socket wattprof listens on, in a private directory.
+#[derive(Debug)]
+pub struct WindowSocket {
+    sock: UnixDatagram,
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl WindowSocket {
+    /// Binds `windows.sock` in a new directory under `parent`, owned by
+    /// `owner` (uid, gid) when the command runs as another user, so that
+    /// only the command's user (and root) can send.
+    pub fn bind(parent: &Path, owner: Option<(u32, u32)>) -> std::io::Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = parent.join(format!("wattprof-{}", std::process::id()));
+        // A leftover from a crashed run with the same pid is ours to reuse.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let path = dir.join("windows.sock");
+        let sock = UnixDatagram::bind(&path)?;
+        sock.set_nonblocking(true)?;
+        let one: libc::c_int = 1;
+        // SAFETY: valid socket and option pointer of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Self { sock, dir, path })
+    }
+
+    /// Where programs send to (`WATTPROF_SOCKET`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// For poll().
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Every datagram waiting: (text, sender pid).
+    pub fn receive(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        loop {
+            let mut buf = [0u8; 512];
+            // Room for one ucred control message.
+            let mut cmsg = [0u64; 8];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: msghdr is plain data; zero is a valid start.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
+            // SAFETY: msg points at live buffers of the sizes given.
+            let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            if n < 0 {
+                break;
+            }
+            let mut pid = 0u32;
+            // SAFETY: walking the control buffer the kernel filled, with
+            // the kernel's own macros.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET
+                        && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                    {
+                        let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                        pid = cred.pid as u32;
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            let text = String::from_utf8_lossy(&buf[..n as usize])
+                .trim()
+                .to_string();
+            out.push((text, pid));
+        }
+        out
+    }
+}
+
+impl Drop for WindowSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One domain's measured energy during a window (whole machine).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WindowDomain {
+    /// Domain.
+    pub domain: Domain,
+    /// Package or GPU index.
+    pub package: Option<u32>,
+    /// Measured over the window (µJ).
+    pub measured_uj: u64,
+    /// Modelled.
+    pub estimated: bool,
+}
+
+/// A profiling window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Window {
+    /// Its name.
+    pub name: String,
+    /// The process whose tree it covers.
+    pub pid: u32,
+    /// Windows of any name open around it when it began.
+    pub depth: usize,
+    /// Monotonic begin (ns).
+    pub begin_ns: u64,
+    /// Monotonic end (ns); the run's end if it was never ended.
+    pub end_ns: u64,
+    /// It was still open when the profile ended.
+    pub unterminated: bool,
+    /// On-CPU time of the tree during the window (ns).
+    pub on_cpu_ns: u64,
+    /// Energy attributed to the tree during the window.
+    pub energy: EnergyBy,
+    /// The whole machine's measured energy during the window.
+    pub machine: Vec<WindowDomain>,
+}
+
+/// Open and finished windows.
+#[derive(Debug, Default)]
+pub struct Windows {
+    open: Vec<Window>,
+    done: Vec<Window>,
+    errors: Vec<String>,
+}
+
+/// Problems kept for the report (the rest are counted).
+const MAX_ERRORS: usize = 20;
+
+impl Windows {
+    /// Whether any window is open.
+    pub fn any_open(&self) -> bool {
+        !self.open.is_empty()
+    }
+
+    /// Applies a command at monotonic time `at_ns` (the caller took a
+    /// sample at that instant first). Returns the window it closed.
+    pub fn apply(&mut self, cmd: Command, at_ns: u64) -> Option<Window> {
+        if cmd.begin {
+            self.open.push(Window {
+                name: cmd.name,
+                pid: cmd.pid,
+                depth: self.open.len(),
+                begin_ns: at_ns,
+                end_ns: at_ns,
+                unterminated: false,
+                on_cpu_ns: 0,
+                energy: EnergyBy::default(),
+                machine: Vec::new(),
+            });
+            return None;
+        }
+        match self
+            .open
+            .iter()
+            .rposition(|w| w.name == cmd.name && w.pid == cmd.pid)
+            .or_else(|| self.open.iter().rposition(|w| w.name == cmd.name))
+        {
+            Some(i) => {
+                let mut w = self.open.remove(i);
+                w.end_ns = at_ns;
+                self.done.push(w.clone());
+                Some(w)
+            }
+            None => {
+                self.error(format!(
+                    "`end {}` with no open window of that name",
+                    cmd.name
+                ));
+                None
+            }
+        }
+    }
+
+    /// Records a bad message.
+    pub fn error(&mut self, what: String) {
+        if self.errors.len() < MAX_ERRORS {
+            self.errors.push(what);
+        }
+    }
+
+    /// Adds one interval to every open window: `in_tree(consumer, pid)`
+    /// says whether a consumer belongs to the tree of `pid`; `on_cpu`
+    /// gives a consumer's on-CPU time in the interval.
+    pub fn add_interval(
+        &mut self,
+        shares: &[DomainShare],
+        consumers: &[(ConsumerId, u64)],
+        in_tree: impl Fn(ConsumerId, u32) -> bool,
+    ) {
+        for w in &mut self.open {
+            for (id, ns) in consumers {
+                if in_tree(*id, w.pid) {
+                    w.on_cpu_ns += ns;
+                }
+            }
+            for s in shares {
+                for (id, uj) in &s.attributed {
+                    if in_tree(*id, w.pid) {
+                        w.energy.add(s.domain, *uj);
+                    }
+                }
+                match w
+                    .machine
+                    .iter_mut()
+                    .find(|m| m.domain == s.domain && m.package == s.package)
+                {
+                    Some(m) => {
+                        m.measured_uj += s.measured_uj;
+                        m.estimated |= s.estimated;
+                    }
+                    None => w.machine.push(WindowDomain {
+                        domain: s.domain,
+                        package: s.package,
+                        measured_uj: s.measured_uj,
+                        estimated: s.estimated,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Closes every open window at `at_ns` (marked unterminated) and
+    /// returns all windows in the order they ended.
+    pub fn finish(&mut self, at_ns: u64) -> (Vec<Window>, Vec<String>) {
+        for mut w in self.open.drain(..) {
+            w.end_ns = at_ns;
+            w.unterminated = true;
+            self.done.push(w);
+        }
+        (
+            std::mem::take(&mut self.done),
+            std::mem::take(&mut self.errors),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::Basis;
+
+    #[test]
+    fn messages() {
+        assert_eq!(
+            parse("begin train\n", 42),
+            Ok(Command {
+                begin: true,
+                name: "train".into(),
+                pid: 42
+            })
+        );
+        assert_eq!(
+            parse("end eval pid=7", 42).map(|c| (c.begin, c.pid)),
+            Ok((false, 7))
+        );
+        assert!(parse("", 1).is_err());
+        assert!(parse("start x", 1).is_err());
+        assert!(parse("begin", 1).is_err());
+        assert!(parse("begin x pid=abc", 1).is_err());
+        assert!(parse("begin x y", 1).is_err());
+    }
+
+    #[test]
+    fn nested_windows_get_the_intervals_they_span_for_their_tree_only() {
+        let mut w = Windows::default();
+        w.apply(parse("begin outer", 10).expect("ok"), 0);
+        let share = |uj: u64| DomainShare {
+            domain: Domain::Package,
+            package: Some(0),
+            estimated: false,
+            basis: Basis::CpuTime,
+            measured_uj: 3 * uj,
+            idle_uj: 0,
+            unattributed_uj: uj,
+            attributed: vec![(1, uj), (2, uj)],
+        };
+        // Consumer 1 is in pid 10's tree; 2 is not.
+        let in_tree = |id: ConsumerId, pid: u32| id == 1 && pid == 10;
+        w.add_interval(&[share(100)], &[(1, 5), (2, 7)], in_tree);
+        w.apply(parse("begin inner", 10).expect("ok"), 1);
+        w.add_interval(&[share(10)], &[(1, 1)], in_tree);
+        let inner = w
+            .apply(parse("end inner", 10).expect("ok"), 2)
+            .expect("closed");
+        assert_eq!(
+            (inner.depth, inner.energy.package_uj, inner.on_cpu_ns),
+            (1, 10, 1)
+        );
+        assert_eq!(inner.machine[0].measured_uj, 30);
+        assert!(w.apply(parse("end nothing", 10).expect("ok"), 3).is_none());
+        let (all, errors) = w.finish(4);
+        assert_eq!(errors.len(), 1);
+        let outer = &all[1];
+        assert!(outer.unterminated);
+        assert_eq!((outer.energy.package_uj, outer.on_cpu_ns), (110, 6));
+        assert_eq!(outer.machine[0].measured_uj, 330);
+    }
+
+    #[test]
+    fn the_socket_tells_the_sender_pid() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = WindowSocket::bind(dir.path(), None).expect("bind");
+        let c = UnixDatagram::unbound().expect("client");
+        c.send_to(b"begin x", s.path()).expect("send");
+        c.send_to(b"end x", s.path()).expect("send");
+        let got = s.receive();
+        assert_eq!(
+            got,
+            vec![
+                ("begin x".to_string(), std::process::id()),
+                ("end x".to_string(), std::process::id())
+            ]
+        );
+    }
+}
