@@ -12,6 +12,8 @@
 //! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
 //! wattprof-testload thread-exec            runs `exec-from-thread` and prints its
 //!                                          wait4 rusage
+//! wattprof-testload cpu SECONDS            burns SECONDS of its own CPU time;
+//!                                          prints {"pid", "schedstat_ns"}
 //! wattprof-testload window NAME SECONDS    sends `begin NAME` to $WATTPROF_SOCKET,
 //!                                          burns SECONDS of CPU, sends `end NAME`;
 //!                                          prints {"pid", "begin_ns", "end_ns"}
@@ -138,6 +140,15 @@ fn main() {
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.get(1).map(String::as_str) {
         Some("burn") => burn(num(2, 2.0), num(3, 1.0)),
+        Some("cpu") => {
+            set_name("wp-cpu");
+            spin_for(Duration::from_secs_f64(num(2, 1.0)));
+            println!(
+                "{{\"pid\":{},\"schedstat_ns\":{}}}",
+                std::process::id(),
+                schedstat_ns()
+            );
+        }
         Some("window") => {
             let name = args.get(2).cloned().unwrap_or_else(|| "w".into());
             let path = std::env::var_os("WATTPROF_SOCKET").expect("WATTPROF_SOCKET is set");

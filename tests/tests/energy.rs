@@ -1,0 +1,237 @@
+//! Energy attribution end to end: the real eBPF tracker, a powercap
+//! fixture whose counters a test thread advances at a known power, and
+//! `wattprof run`. Needs root; run with `--test-threads=1`.
+
+use serde_json::Value;
+use wattprof_tests::{
+    FakeRapl, domain, f, rel_err, require_ebpf, testload_bin, u, wattprof_bin, wattprof_run,
+};
+
+const PACKAGE_W: f64 = 40.0;
+const DRAM_W: f64 = 4.0;
+
+fn testload() -> String {
+    testload_bin().to_string_lossy().into_owned()
+}
+
+fn process<'a>(report: &'a Value, pid: u64) -> &'a Value {
+    report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in the report"))
+}
+
+/// attributed + idle + unattributed = measured, for every domain, in the
+/// totals and in every interval.
+fn assert_conserved(report: &Value) {
+    let check = |d: &Value| {
+        let sum = f(d, "/attributed_j") + f(d, "/idle_j") + f(d, "/unattributed_j");
+        assert!(
+            (sum - f(d, "/measured_j")).abs() < 1e-5,
+            "not conserved: {d}"
+        );
+    };
+    for d in report["energy"]["domains"].as_array().expect("domains") {
+        check(d);
+    }
+    for iv in report["intervals"].as_array().expect("intervals") {
+        for d in iv["domains"].as_array().expect("interval domains") {
+            check(d);
+        }
+    }
+    // The groups add up to what was attributed.
+    let g = &report["energy"]["groups"];
+    let groups = f(g, "/tree/package_j") + f(g, "/profiler/package_j") + f(g, "/other/package_j");
+    let attributed = f(domain(report, "package", Some(0)), "/attributed_j");
+    assert!(
+        (groups - attributed).abs() < 1e-5,
+        "{groups} vs {attributed}"
+    );
+}
+
+#[test]
+fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    let t = testload();
+    let script = format!("{t} cpu 1.2 & {t} cpu 0.6 & wait");
+    let run = wattprof_run(
+        &[&rapl.arg(), "--interval", "250ms"],
+        &["sh", "-c", &script],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    assert_conserved(report);
+    let truths = run.stdout_json();
+    assert_eq!(truths.len(), 2, "{truths:?}");
+    let (a, b) = (
+        process(report, u(&truths[0], "/pid")),
+        process(report, u(&truths[1], "/pid")),
+    );
+    // Which finished first is not fixed: the full-duty one has more time.
+    let (full, half) = if u(a, "/on_cpu_ns") > u(b, "/on_cpu_ns") {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let time_ratio = u(full, "/on_cpu_ns") as f64 / u(half, "/on_cpu_ns") as f64;
+    let energy_ratio = f(full, "/energy/package_j") / f(half, "/energy/package_j");
+    let dram_ratio = f(full, "/energy/dram_j") / f(half, "/energy/dram_j");
+    eprintln!(
+        "burners: CPU time ratio {time_ratio:.4}, package energy ratio {energy_ratio:.4}, \
+         DRAM {dram_ratio:.4}"
+    );
+    assert!((time_ratio - 2.0).abs() < 0.02, "time ratio {time_ratio}");
+    assert!((energy_ratio / time_ratio - 1.0).abs() < 0.01);
+    assert!((dram_ratio / time_ratio - 1.0).abs() < 0.01);
+
+    // The whole measured energy is the fixture's power over the run.
+    let pkg = domain(report, "package", Some(0));
+    let wall_s = u(report, "/wall_ns") as f64 / 1e9;
+    let expected = PACKAGE_W * wall_s;
+    eprintln!(
+        "package: measured {:.3} J, expected {expected:.3} J; idle {:.3} J",
+        f(pkg, "/measured_j"),
+        f(pkg, "/idle_j")
+    );
+    assert!((f(pkg, "/measured_j") / expected - 1.0).abs() < 0.01);
+    // Idle energy is idle time's share.
+    let idle_share = u(report, "/machine/idle_ns") as f64 / u(report, "/machine/window_ns") as f64;
+    let idle_energy_share = f(pkg, "/idle_j") / f(pkg, "/measured_j");
+    eprintln!("idle: {idle_share:.4} of CPU time, {idle_energy_share:.4} of energy");
+    assert!((idle_energy_share - idle_share).abs() < 0.01);
+    assert_eq!(report["energy"]["readers"][0]["name"], "powercap");
+    assert!(run.stderr().contains("CPU J"), "{}", run.stderr());
+}
+
+#[test]
+fn a_window_is_exact_to_the_counter_not_to_the_interval() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    // A 5 s interval: the window's boundaries can only come from its
+    // messages.
+    let run = wattprof_run(
+        &[&rapl.arg(), "--interval", "5s"],
+        &[&testload(), "window", "train", "0.7"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let truth = &run.stdout_json()[0];
+    let client_s = (u(truth, "/end_ns") - u(truth, "/begin_ns")) as f64 / 1e9;
+    let windows = report["windows"].as_array().expect("windows");
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    let w = &windows[0];
+    assert_eq!(w["name"], "train");
+    assert_eq!(w["pid"].as_u64(), Some(u(truth, "/pid")));
+    assert_eq!(w["unterminated"], false);
+    let machine = w["machine"]
+        .as_array()
+        .expect("machine")
+        .iter()
+        .find(|m| m["domain"] == "package")
+        .expect("package in window");
+    let measured = f(machine, "/measured_j");
+    let expected = PACKAGE_W * client_s;
+    eprintln!(
+        "window: {measured:.4} J measured, {expected:.4} J = {PACKAGE_W} W x {client_s:.4} s"
+    );
+    assert!((measured / expected - 1.0).abs() < 0.01);
+    // The tree's share is its on-CPU share of the window's CPU time.
+    let len_ns = u(w, "/end_ns") - u(w, "/begin_ns");
+    let cpus = u(report, "/machine/cpus") as f64;
+    let share = u(w, "/on_cpu_ns") as f64 / (cpus * len_ns as f64);
+    let tree = f(w, "/energy/package_j");
+    eprintln!("window: tree {tree:.4} J, on-CPU share {share:.4}");
+    assert!((tree / (measured * share) - 1.0).abs() < 0.01);
+    assert!(run.stderr().contains("WINDOW"), "{}", run.stderr());
+}
+
+#[test]
+fn short_lived_processes_get_their_energy() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    let run = wattprof_run(&[&rapl.arg()], &[&testload(), "spawn", "1000"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    assert_conserved(report);
+    let shorts: Vec<&Value> = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["comm"] == "wp-short")
+        .collect();
+    assert_eq!(shorts.len(), 1000);
+    let pkg = domain(report, "package", Some(0));
+    let joules: f64 = shorts.iter().map(|p| f(p, "/energy/package_j")).sum();
+    let ns: u64 = shorts.iter().map(|p| u(p, "/on_cpu_ns")).sum();
+    // Each got energy, and together their share of the energy is their
+    // share of CPU time (power is constant here).
+    assert!(shorts.iter().all(|p| f(p, "/energy/package_j") > 0.0));
+    let time_share = ns as f64 / u(report, "/machine/window_ns") as f64;
+    let energy_share = joules / f(pkg, "/measured_j");
+    eprintln!(
+        "1000 short processes: {joules:.3} J, {energy_share:.4} of energy, {time_share:.4} of CPU time"
+    );
+    assert!(rel_err((energy_share * 1e6) as u64, (time_share * 1e6) as u64) < 0.01);
+}
+
+#[test]
+fn the_tdp_estimate_is_marked_and_divided_by_busy_time() {
+    require_ebpf!();
+    if std::path::Path::new("/sys/class/powercap/intel-rapl:0").exists() {
+        eprintln!("skipping: this machine has RAPL, so the estimate is not used");
+        return;
+    }
+    let run = wattprof_run(
+        &["--cpu-tdp", "100", "--energy-sysfs=/nonexistent"],
+        &[&testload(), "burn", "1", "1.0"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let pkg = domain(report, "package", None);
+    assert_eq!(pkg["estimated"], true);
+    assert_eq!(pkg["basis"], "busy_time");
+    assert_eq!(f(pkg, "/idle_j"), 0.0);
+    // TDP x busy / CPUs.
+    let expected =
+        100.0 * u(report, "/machine/busy_ns") as f64 / 1e9 / u(report, "/machine/cpus") as f64;
+    assert!((f(pkg, "/measured_j") / expected - 1.0).abs() < 0.001);
+    assert!(run.stderr().contains("[ESTIMATED]"), "{}", run.stderr());
+}
+
+#[test]
+fn a_killed_wattprof_leaves_a_jsonl_stream_that_parses_to_its_last_line() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    let dir = wattprof_tests::tempfile_dir();
+    let stream = dir.join("live.jsonl");
+    let mut child = std::process::Command::new(wattprof_bin())
+        .args(["run", &rapl.arg(), "--interval", "50ms", "--jsonl"])
+        .arg(&stream)
+        .args(["--", &testload(), "burn", "1.5", "0.3"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start wattprof");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    child.kill().expect("SIGKILL wattprof");
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&stream).expect("stream exists");
+    let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+    let records: Vec<Value> = complete
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every complete line parses"))
+        .collect();
+    let intervals = records.iter().filter(|r| r["type"] == "interval").count();
+    eprintln!(
+        "killed after 1 s: {} records, {intervals} intervals",
+        records.len()
+    );
+    assert_eq!(records[0]["type"], "header");
+    assert!(intervals >= 10, "{intervals} intervals");
+    // The burner outlives wattprof; let it finish before the next test.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let _ = std::fs::remove_dir_all(&dir);
+}
