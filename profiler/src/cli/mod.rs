@@ -2,6 +2,7 @@
 
 pub mod child;
 pub mod energy;
+pub mod monitor;
 pub mod run;
 pub mod sources;
 
@@ -53,8 +54,11 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a command and report the CPU time of it and every process it starts.
+    /// Run a command and report the CPU time and energy of it and every
+    /// process it starts.
     Run(run::RunArgs),
+    /// Watch the whole machine: energy per process and per cgroup, until Ctrl-C.
+    Monitor(monitor::MonitorArgs),
     /// List the energy readers: which work here, and why the others do not.
     Sources(sources::SourcesArgs),
 }
@@ -63,6 +67,7 @@ pub enum Command {
 pub fn main(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::execute(args),
+        Command::Monitor(args) => monitor::execute(args),
         Command::Sources(args) => sources::execute(args),
     }
 }

@@ -76,6 +76,31 @@ pub struct RunArgs {
 
 /// Parses `1s`, `250ms`, `2.5s`, `1m`, `500us`; between 10 ms and 1 hour.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    parse_duration_within(
+        text,
+        Duration::from_millis(10),
+        Duration::from_secs(3600),
+        "10ms to 1h",
+    )
+}
+
+/// Parses a duration like [`parse_interval`], between 10 ms and 30 days
+/// (with `h` and `d` units too).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    parse_duration_within(
+        text,
+        Duration::from_millis(10),
+        Duration::from_secs(30 * 86_400),
+        "10ms to 30d",
+    )
+}
+
+fn parse_duration_within(
+    text: &str,
+    min: Duration,
+    max: Duration,
+    range: &str,
+) -> Result<Duration, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -89,15 +114,17 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         "ms" => 1e-3,
         "s" => 1.0,
         "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
         _ => {
             return Err(format!(
-                "unknown unit `{unit}` in `{text}`: use us, ms, s or m"
+                "unknown unit `{unit}` in `{text}`: use us, ms, s, m, h or d"
             ));
         }
     };
     let d = Duration::from_secs_f64(value * scale);
-    if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
-        return Err(format!("interval `{text}` out of range: use 10ms to 1h"));
+    if d < min || d > max {
+        return Err(format!("`{text}` out of range: use {range}"));
     }
     Ok(d)
 }
@@ -105,14 +132,14 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 /// The output file is written to a temporary name beside it and renamed at
 /// the end, so a failed run never leaves a half-written report, and an
 /// unwritable location fails before the command starts.
-struct PendingOutput {
+pub(super) struct PendingOutput {
     tmp: PathBuf,
-    dest: PathBuf,
+    pub(super) dest: PathBuf,
     file: std::fs::File,
 }
 
 impl PendingOutput {
-    fn create(dest: &Path) -> Result<Self, Fatal> {
+    pub(super) fn create(dest: &Path) -> Result<Self, Fatal> {
         let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -138,7 +165,7 @@ impl PendingOutput {
         })
     }
 
-    fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
+    pub(super) fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
         self.file.write_all(json)?;
         self.file.write_all(b"\n")?;
         self.file.sync_all()?;
@@ -364,10 +391,19 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             unmatched_forks: 0,
         },
     });
-    // The file first: a closed or broken stderr must not cost the report.
+    deliver(&report, pending_output)?;
+    Ok(child::exit_code(status))
+}
+
+/// Writes the recording (first: a closed or broken stderr must not cost
+/// it), then prints the table to stderr.
+pub(super) fn deliver(
+    report: &output::RunReport,
+    pending_output: Option<PendingOutput>,
+) -> anyhow::Result<()> {
     let written = match pending_output {
         Some(out) => {
-            let json = serde_json::to_vec_pretty(&report).context("encoding the report")?;
+            let json = serde_json::to_vec_pretty(report).context("encoding the report")?;
             let dest = out.dest.clone();
             out.commit(&json)
                 .with_context(|| format!("writing {}", dest.display()))?;
@@ -376,11 +412,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(output::render_run_table(&report).as_bytes());
+    let _ = stderr.write_all(output::render_run_table(report).as_bytes());
     if let Some(dest) = written {
         let _ = writeln!(stderr, "  report written to {}", dest.display());
     }
-    Ok(child::exit_code(status))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -398,5 +434,7 @@ mod tests {
         assert!(parse_interval("1ms").is_err());
         assert!(parse_interval("2h").is_err());
         assert!(parse_interval("fast").is_err());
+        assert_eq!(super::parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_interval("1h").is_ok() && parse_interval("2h").is_err());
     }
 }

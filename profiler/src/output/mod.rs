@@ -2,7 +2,7 @@
 
 mod table;
 
-pub use table::render_run_table;
+pub use table::{render_monitor_frame, render_run_table};
 
 use serde::Serialize;
 

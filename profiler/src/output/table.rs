@@ -337,3 +337,73 @@ pub fn render_run_table(r: &RunReport) -> String {
     render_energy(&mut s, r);
     s
 }
+
+/// One screen of `wattprof monitor`: the last interval's top processes by
+/// power, and the cgroups with the most energy so far.
+pub fn render_monitor_frame(
+    interval: Option<&serde_json::Value>,
+    cgroups: &[super::CgroupReport],
+    elapsed_ns: u64,
+    top: usize,
+) -> String {
+    let mut s = String::new();
+    let Some(iv) = interval else {
+        return s;
+    };
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let dur_s = (iv["duration_ns"].as_u64().unwrap_or(0) as f64 / 1e9).max(1e-9);
+    let mut power = String::new();
+    for d in iv["domains"].as_array().into_iter().flatten() {
+        let name = match d["package"].as_u64() {
+            Some(p) => format!("{} {p}", d["domain"].as_str().unwrap_or("?")),
+            None => d["domain"].as_str().unwrap_or("?").to_string(),
+        };
+        let _ = write!(power, "  {name}: {:.1} W", num(d, "power_w"));
+    }
+    if power.is_empty() {
+        power = "  (no energy reader: see `wattprof sources`)".into();
+    }
+    let _ = writeln!(s, "wattprof monitor  {:.0} s{power}", secs(elapsed_ns));
+    let _ = writeln!(
+        s,
+        "\n{:>8}  {:<16} {:>7} {:>9} {:>9} {:>9} {:>10}",
+        "PID", "COMMAND", "CPU%", "CPU W", "DRAM W", "GPU W", "PSS MiB"
+    );
+    for p in iv["processes"].as_array().into_iter().flatten().take(top) {
+        let _ = writeln!(
+            s,
+            "{:>8}  {:<16} {:>6.1}% {:>9.2} {:>9.2} {:>9.2} {:>10}",
+            p["pid"].as_u64().unwrap_or(0),
+            p["comm"].as_str().unwrap_or(""),
+            100.0 * p["on_cpu_ns"].as_u64().unwrap_or(0) as f64 / 1e9 / dur_s,
+            num(p, "package_j") / dur_s,
+            num(p, "dram_j") / dur_s,
+            num(p, "gpu_j") / dur_s,
+            p["pss_bytes"].as_u64().map_or_else(
+                || "-".to_string(),
+                |b| format!("{:.1}", b as f64 / 1048576.0)
+            ),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n{:<48} {:>10} {:>10} {:>8}",
+        "CGROUP", "ON-CPU s", "ENERGY J", "AVG W"
+    );
+    for c in cgroups.iter().take(top.min(10)) {
+        let n = c.path.chars().count();
+        let path = if n > 48 {
+            format!("...{}", c.path.chars().skip(n - 45).collect::<String>())
+        } else {
+            c.path.clone()
+        };
+        let _ = writeln!(
+            s,
+            "{path:<48} {:>10.3} {:>10.3} {:>8.2}",
+            secs(c.on_cpu_ns),
+            c.energy.total_j,
+            c.energy.avg_power_w
+        );
+    }
+    s
+}

@@ -33,16 +33,25 @@ impl CgroupNames {
         }
     }
 
-    /// The cgroup2 mount of this machine.
+    /// The cgroup2 mount of this machine (`/sys/fs/cgroup`, or
+    /// `/sys/fs/cgroup/unified` on hybrid v1/v2 hosts), from mountinfo.
     pub fn real(refresh_ns: u64) -> Self {
-        Self::new("/sys/fs/cgroup", refresh_ns)
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let root = cgroup2_mount(&mountinfo).unwrap_or_else(|| "/sys/fs/cgroup".into());
+        Self::new(root, refresh_ns)
     }
 
-    fn walk(&mut self, dir: &Path, rel: &str, depth: usize) {
-        if let Ok(md) = std::fs::metadata(dir) {
-            let name = if rel.is_empty() { "/" } else { rel };
-            self.names.insert(md.ino(), name.to_string());
+    fn walk(&mut self, dir: &Path, rel: &str, depth: usize, dev: Option<u64>) {
+        let Ok(md) = std::fs::metadata(dir) else {
+            return;
+        };
+        // Stay on the cgroup2 file system (v1 hierarchies may be mounted
+        // below it on hybrid hosts).
+        if dev.is_some_and(|d| d != md.dev()) {
+            return;
         }
+        let name = if rel.is_empty() { "/" } else { rel };
+        self.names.insert(md.ino(), name.to_string());
         if depth >= MAX_DEPTH {
             return;
         }
@@ -52,7 +61,7 @@ impl CgroupNames {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 let child = format!("{rel}/{}", e.file_name().to_string_lossy());
-                self.walk(&e.path(), &child, depth + 1);
+                self.walk(&e.path(), &child, depth + 1, Some(md.dev()));
             }
         }
     }
@@ -69,15 +78,39 @@ impl CgroupNames {
         {
             self.walked_at_ns = Some(now_ns);
             let root = self.root.clone();
-            self.walk(&root, "", 0);
+            self.walk(&root, "", 0, None);
         }
         self.names.get(&id).map(String::as_str)
     }
 }
 
+/// The mount point of the cgroup2 file system in a mountinfo text.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split_whitespace().nth(4)?;
+        (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_mount_on_hybrid_hosts() {
+        let hybrid = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+                      32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+                      41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            cgroup2_mount("31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"),
+            None
+        );
+    }
 
     #[test]
     fn ids_are_directory_inodes_and_unknown_ids_walk_again_after_the_refresh() {

@@ -155,6 +155,7 @@ pub struct Profile {
     cgroup_names: CgroupNames,
     windows: windows::Windows,
     intervals: Vec<Value>,
+    last: Option<Value>,
     memory: HashMap<ConsumerId, MemoryReport>,
     start_ns: u64,
     last_ns: u64,
@@ -189,6 +190,7 @@ impl Profile {
             cgroup_names: CgroupNames::real(1_000_000_000),
             windows: windows::Windows::default(),
             intervals: Vec::new(),
+            last: None,
             memory: HashMap::new(),
             start_ns,
             last_ns: start_ns,
@@ -463,12 +465,16 @@ impl Profile {
         if let Some(s) = &mut self.jsonl {
             s.write(&record);
         }
-        if !self.cfg.keep_process_intervals
-            && let Some(obj) = record.as_object_mut()
-        {
-            obj.remove("processes");
+        if self.cfg.keep_process_intervals {
+            self.intervals.push(record.clone());
+        } else {
+            let mut machine_only = record.clone();
+            if let Some(obj) = machine_only.as_object_mut() {
+                obj.remove("processes");
+            }
+            self.intervals.push(machine_only);
         }
-        self.intervals.push(record);
+        self.last = Some(record);
 
         // Energy of forgotten processes is in the group and cgroup sums.
         let table = &self.table;
@@ -532,7 +538,29 @@ impl Profile {
 
     /// The last interval's record (as streamed).
     pub fn last_interval(&self) -> Option<&Value> {
-        self.intervals.last()
+        self.last.as_ref()
+    }
+
+    /// Per cgroup so far, most energy first.
+    pub fn cgroup_reports(&self) -> Vec<CgroupReport> {
+        let span = self.last_ns.saturating_sub(self.start_ns);
+        let mut cgroups: Vec<CgroupReport> = self
+            .cgroups
+            .iter()
+            .map(|(id, (ns, e, name))| CgroupReport {
+                path: name.clone().unwrap_or_else(|| format!("id:{id}")),
+                id: *id,
+                on_cpu_ns: *ns,
+                energy: EnergyJ::new(e, span, &self.cfg.carbon),
+            })
+            .collect();
+        cgroups.sort_by(|a, b| {
+            b.energy
+                .total_j
+                .total_cmp(&a.energy.total_j)
+                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+        });
+        cgroups
     }
 
     fn process_report(&self, p: &Process, end_ns: u64) -> ProcessReport {
@@ -624,22 +652,7 @@ impl Profile {
                 avg_power_w: watts(t.measured_uj, span),
             })
             .collect();
-        let mut cgroups: Vec<CgroupReport> = self
-            .cgroups
-            .iter()
-            .map(|(id, (ns, e, name))| CgroupReport {
-                path: name.clone().unwrap_or_else(|| format!("id:{id}")),
-                id: *id,
-                on_cpu_ns: *ns,
-                energy: EnergyJ::new(e, span, carbon),
-            })
-            .collect();
-        cgroups.sort_by(|a, b| {
-            b.energy
-                .total_j
-                .total_cmp(&a.energy.total_j)
-                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
-        });
+        let cgroups = self.cgroup_reports();
         let mut problems = self.problems.clone();
         if self.problem_count > problems.len() as u64 {
             problems.push(format!(

@@ -1,0 +1,169 @@
+//! `wattprof monitor`: the whole machine, per process and per cgroup,
+//! until Ctrl-C.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use profiler_common::DEFAULT_MAX_TASKS;
+
+use super::Fatal;
+use super::energy::EnergyArgs;
+use super::run::{PendingOutput, deliver, parse_duration, parse_interval};
+use crate::output::{ProfilerReport, render_monitor_frame};
+use crate::process::{ProcFs, ProcessTable};
+use crate::profile::{self, Ending, Profile, ProfileConfig, Readers, Scope};
+use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
+
+/// Arguments of `wattprof monitor`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  sudo wattprof monitor\n  \
+        sudo wattprof monitor --interval 5s --jsonl /var/log/wattprof.jsonl\n  \
+        sudo wattprof monitor --pid 4242 --duration 10m --output night.json\n\n\
+        In a terminal the table is redrawn every interval; otherwise nothing is printed \
+        until the end. Ctrl-C, SIGTERM or SIGHUP end it and write the summary.")]
+pub struct MonitorArgs {
+    /// How often energy is read and attributed (e.g. 1s, 100ms).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+
+    /// Only report these processes and their descendants (repeat, or
+    /// separate with commas). Energy is still divided over every process.
+    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    pub pid: Vec<u32>,
+
+    /// Processes shown per interval (and kept per interval in the JSONL).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub top: u32,
+
+    /// Stop after this long (e.g. 30s, 2h) instead of at Ctrl-C.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Write the recording as JSON to FILE at the end (docs/recording.md;
+    /// per-interval series hold machine-level figures only: per-process
+    /// series are in the --jsonl stream).
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Threads the kernel tracks at once (time beyond is counted as lost).
+    #[arg(long, default_value_t = DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
+    pub max_tasks: u32,
+
+    #[command(flatten)]
+    pub energy: EnergyArgs,
+}
+
+/// Runs `wattprof monitor`.
+pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
+    let pending_output = args
+        .output
+        .as_deref()
+        .map(PendingOutput::create)
+        .transpose()?;
+    let (carbon, jsonl) = args.energy.validate()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
+    }
+    let mut readers = Readers::open(&args.energy.readers())
+        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
+    let cfg = TrackerConfig {
+        max_tasks: args.max_tasks,
+        ..TrackerConfig::default()
+    };
+    let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    readers.rebase();
+    let start_ns = tracker.start_ns();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let table = ProcessTable::new(
+        ProcFs::real(),
+        tracker.topology().sockets(),
+        std::process::id(),
+    );
+    let host = profile::host_report(readers.gpus());
+    let mut profile = Profile::new(
+        table,
+        readers,
+        tracker.topology().package_ids.clone(),
+        start_ns,
+        ProfileConfig {
+            carbon,
+            scope: Scope::Machine {
+                top: args.top as usize,
+                pids: args.pid.clone(),
+            },
+            keep_process_intervals: false,
+        },
+        jsonl,
+        host,
+    );
+    profile.write_header("monitor", None, start_unix_ns);
+    let live = std::io::stdout().is_terminal();
+    let interval_ns = args.interval.as_nanos() as u64;
+    let end_ns = args.duration.map(|d| start_ns + d.as_nanos() as u64);
+    let mut next_tick = start_ns + interval_ns;
+    while !stop.load(Ordering::Relaxed) {
+        let now = monotonic_ns();
+        if end_ns.is_some_and(|e| now >= e) {
+            break;
+        }
+        if now >= next_tick {
+            let sample = tracker.sample()?;
+            profile.step(&sample, false);
+            next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
+            if live {
+                let frame = render_monitor_frame(
+                    profile.last_interval(),
+                    &profile.cgroup_reports(),
+                    now.saturating_sub(start_ns),
+                    args.top as usize,
+                );
+                let mut out = std::io::stdout().lock();
+                // Home, clear, draw: one write so the screen never flickers
+                // half-drawn.
+                let _ = out.write_all(format!("\x1b[H\x1b[2J{frame}").as_bytes());
+                let _ = out.flush();
+            }
+            continue;
+        }
+        let wake = end_ns.map_or(next_tick, |e| e.min(next_tick));
+        let timeout_ms = (wake.saturating_sub(now) / 1_000_000).clamp(1, 200) as i32;
+        let mut fds = [libc::pollfd {
+            fd: tracker.events_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd. EINTR (a signal) just ends the wait.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
+        tracker.drain_events();
+    }
+    let last = tracker.finish()?;
+    profile.step(&last, true);
+    let report = profile.finish(Ending {
+        mode: "monitor",
+        command: None,
+        start_unix_ns,
+        profiler: ProfilerReport {
+            on_cpu_ns: 0,
+            kernel_memory_bytes: tracker.kernel_memory_bytes(),
+            exit_tracking: tracker.exit_tracking(),
+            task_clock: tracker.task_clock(),
+            flush_supported: tracker.flush_supported(),
+            max_tasks: args.max_tasks,
+            interval_ns,
+            samples: 0,
+            map_read_syscalls: tracker.read_syscalls(),
+            events_lost: 0,
+            discarded_ns: 0,
+            unmatched_forks: 0,
+        },
+    });
+    deliver(&report, pending_output)?;
+    Ok(0)
+}
