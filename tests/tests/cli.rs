@@ -384,3 +384,153 @@ fn sources_lists_gpus_through_nvml() {
     assert_eq!(report["gpu"]["status"], "missing");
     assert_eq!(report["gpu"]["reason"], "no NVIDIA driver found");
 }
+
+#[test]
+fn bad_energy_options_fail_before_anything_starts() {
+    let dir = tempfile_dir();
+    let marker = dir.join("ran");
+    let m = marker.to_str().expect("utf-8");
+    for (args, needle) in [
+        (
+            &["run", "--country", "XYZ", "--", "touch", m][..],
+            "--country XYZ",
+        ),
+        (
+            &["run", "--carbon-intensity", "-5", "--", "touch", m],
+            "--carbon-intensity -5",
+        ),
+        (&["run", "--cpu-tdp", "0", "--", "touch", m], "--cpu-tdp 0"),
+        (
+            &[
+                "run",
+                "--jsonl",
+                "/nonexistent-dir/x.jsonl",
+                "--",
+                "touch",
+                m,
+            ],
+            "cannot write --jsonl /nonexistent-dir/x.jsonl",
+        ),
+        (
+            &["monitor", "--jsonl", "/nonexistent-dir/x.jsonl"],
+            "cannot write --jsonl",
+        ),
+        (
+            &[
+                "run",
+                "--wattmeter-log",
+                "/nonexistent-dir/wm.log",
+                "--",
+                "touch",
+                m,
+            ],
+            "/nonexistent-dir/wm.log",
+        ),
+    ] {
+        let out = wattprof(args);
+        assert_one_line_error(&out, 125, needle);
+        assert!(!marker.exists(), "{args:?}: the command must not have run");
+    }
+    let out = wattprof(&["monitor", "--duration", "5x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let help = wattprof(&["monitor", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in [
+        "--interval",
+        "--pid",
+        "--top",
+        "--jsonl",
+        "--country",
+        "Ctrl-C",
+    ] {
+        assert!(text.contains(needle), "help lacks {needle}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn under_sudo_the_command_can_send_window_messages() {
+    require_ebpf!();
+    // The command runs as nobody: the socket must be theirs to write.
+    let load = wattprof_tests::testload_bin();
+    let out = Command::new(wattprof_bin())
+        .args([
+            "run",
+            "--",
+            load.to_str().expect("utf-8"),
+            "window",
+            "w",
+            "0.2",
+        ])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .output()
+        .expect("start wattprof");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("WINDOW"), "{err}");
+}
+
+#[test]
+fn monitor_reports_a_burner_per_process_and_per_cgroup_until_its_duration() {
+    require_ebpf!();
+    let rapl = wattprof_tests::FakeRapl::start(30.0, 3.0);
+    let dir = tempfile_dir();
+    let out_file = dir.join("m.json");
+    let mut burner = Command::new(wattprof_tests::testload_bin())
+        .args(["burn", "3", "0.5"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("burner");
+    let started = Instant::now();
+    let out = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            &rapl.arg(),
+            "--duration",
+            "1500ms",
+            "--interval",
+            "250ms",
+        ])
+        .arg("--output")
+        .arg(&out_file)
+        .output()
+        .expect("monitor");
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out_file).expect("recording")).expect("JSON");
+    assert_eq!(report["mode"], "monitor");
+    assert!(report["command"].is_null());
+    let pid = u64::from(burner.id());
+    let p = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("burner not in {}", report["processes"]));
+    let pkg = p["energy"]["package_j"].as_f64().expect("package_j");
+    // About half a CPU of two for 1.5 s at 30 W: ~11 J.
+    eprintln!("monitor: burner {pkg:.3} J");
+    assert!(pkg > 5.0 && pkg < 17.0, "{pkg}");
+    let cgroups = report["cgroups"].as_array().expect("cgroups");
+    assert!(!cgroups.is_empty());
+    let cg_total: f64 = cgroups
+        .iter()
+        .map(|c| c["energy"]["package_j"].as_f64().unwrap_or(0.0))
+        .sum();
+    let attributed = wattprof_tests::f(
+        wattprof_tests::domain(&report, "package", Some(0)),
+        "/attributed_j",
+    );
+    assert!(
+        (cg_total - attributed).abs() < 1e-3,
+        "{cg_total} vs {attributed}"
+    );
+    assert_eq!(u(&report, "/profiler/max_tasks"), 65536);
+    let _ = burner.kill();
+    let _ = burner.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
