@@ -25,6 +25,25 @@ pub enum Which {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// wattprof monitor's own CPU time at 1 s and 100 ms intervals, with
+    /// 1,000 processes alive that each run briefly every 50 ms, side by
+    /// side with the same monitor on the machine without them.
+    Monitor {
+        /// Seconds each measurement lasts (after a 2 s settle).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Processes alive during the loaded measurement.
+        #[arg(long, default_value_t = 1000)]
+        processes: usize,
+    },
+    /// (helper) N processes that each wake every 50 ms and spin ~20 us.
+    #[command(hide = true)]
+    BusyProcs {
+        /// Processes.
+        n: usize,
+        /// Seconds they live.
+        seconds: u64,
+    },
     /// (helper) Two processes passing a byte back and forth over pipes.
     #[command(hide = true)]
     Pingpong {
@@ -48,6 +67,8 @@ pub fn run(which: Which) -> Result<()> {
             round_trips,
             seconds,
         } => overhead(pairs, round_trips, seconds),
+        Which::Monitor { seconds, processes } => monitor(seconds, processes),
+        Which::BusyProcs { n, seconds } => busy_procs(n, seconds),
         Which::Pingpong { round_trips } => {
             let secs = pingpong(round_trips)?;
             println!("{secs}");
@@ -324,6 +345,110 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
     }
     for threads in [1_000, 10_000] {
         tracker_cpu(&wattprof, &xtask, threads, seconds)?;
+    }
+    Ok(())
+}
+
+/// N children that each wake every 50 ms and spin about 20 us, for
+/// `seconds`; the parent waits for them.
+fn busy_procs(n: usize, seconds: u64) -> Result<()> {
+    let end = Instant::now() + std::time::Duration::from_secs(seconds);
+    let mut pids = Vec::with_capacity(n);
+    for _ in 0..n {
+        // SAFETY: the child only sleeps, spins and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            while Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let t = Instant::now();
+                while t.elapsed() < std::time::Duration::from_micros(20) {
+                    std::hint::spin_loop();
+                }
+            }
+            // SAFETY: leave without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            bail!("fork failed: {}", std::io::Error::last_os_error());
+        }
+        pids.push(pid);
+    }
+    for pid in pids {
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    }
+    Ok(())
+}
+
+/// wattprof monitor's CPU per second of wall time, from its threads'
+/// schedstat, over `seconds` after a 2 s settle.
+fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u64)> {
+    const SETTLE_S: u64 = 2;
+    let out = std::env::temp_dir().join("wattprof-bench-monitor.json");
+    let mut child = Command::new(wattprof)
+        .args([
+            "monitor",
+            "--cpu-tdp",
+            "100",
+            "--no-gpu",
+            "--interval",
+            interval,
+        ])
+        .args(["--duration", &format!("{}s", SETTLE_S + seconds + 1)])
+        .arg("--output")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
+    let (c0, t0) = (process_cpu_ns(child.id()), Instant::now());
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let (c1, t1) = (process_cpu_ns(child.id()), Instant::now());
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("wattprof monitor failed: {status}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let _ = std::fs::remove_file(&out);
+    let seen = report
+        .pointer("/intervals")
+        .and_then(serde_json::Value::as_array)
+        .map_or(0, Vec::len) as u64;
+    Ok(((c1 - c0) as f64 / (t1 - t0).as_secs_f64(), seen))
+}
+
+fn monitor(seconds: u64, processes: usize) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the monitor benchmark loads eBPF: run it as root");
+    }
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    println!(
+        "machine: {} CPUs, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    for interval in ["1s", "100ms"] {
+        let (idle, _) = monitor_cpu(&wattprof, interval, seconds)?;
+        let mut load = Command::new(&xtask)
+            .args(["bench", "busy-procs", &processes.to_string()])
+            .arg((seconds + 6).to_string())
+            .spawn()?;
+        // Let them all start.
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let (busy, intervals) = monitor_cpu(&wattprof, interval, seconds)?;
+        let _ = load.wait();
+        println!(
+            "monitor --interval {interval}: {:.3} ms/s ({:.3}% of one core) with {processes} processes waking every 50 ms; {:.3} ms/s ({:.3}%) without them; ratio {:.2} ({intervals} intervals)",
+            busy / 1e6,
+            busy / 1e7,
+            idle / 1e6,
+            idle / 1e7,
+            busy / idle.max(1.0)
+        );
     }
     Ok(())
 }

@@ -55,6 +55,9 @@ pub struct ProfileConfig {
     pub keep_process_intervals: bool,
 }
 
+/// Shortest time between two memory reads of one process.
+const MEMORY_EVERY_NS: u64 = 1_000_000_000;
+
 /// Problems kept for the report.
 const MAX_PROBLEMS: usize = 20;
 
@@ -157,6 +160,7 @@ pub struct Profile {
     intervals: Vec<Value>,
     last: Option<Value>,
     memory: HashMap<ConsumerId, MemoryReport>,
+    memory_read_ns: HashMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
     start_ns: u64,
     last_ns: u64,
     package_ids: Vec<u32>,
@@ -192,6 +196,7 @@ impl Profile {
             intervals: Vec::new(),
             last: None,
             memory: HashMap::new(),
+            memory_read_ns: HashMap::new(),
             start_ns,
             last_ns: start_ns,
             package_ids,
@@ -376,10 +381,16 @@ impl Profile {
         let mut rows = Vec::with_capacity(selected.len());
         for u in &selected {
             let exited = self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some());
-            let mem = if exited {
-                None
-            } else {
-                self.procfs.memory(u.pid)
+            // smaps_rollup walks the page tables: at most once a second
+            // per process, however short the interval.
+            let mem = match self.memory_read_ns.get(&u.id) {
+                _ if exited => None,
+                Some((t, m)) if sample.at_ns.saturating_sub(*t) < MEMORY_EVERY_NS => *m,
+                _ => {
+                    let m = self.procfs.memory(u.pid);
+                    self.memory_read_ns.insert(u.id, (sample.at_ns, m));
+                    m
+                }
             };
             let gpu_bytes = gpu_mem.get(&u.id).copied().unwrap_or(0);
             let peak = self.memory.entry(u.id).or_default();
@@ -448,7 +459,7 @@ impl Profile {
                 });
             json!({ "on_cpu_ns": e, "energy_j": j(en.total_uj()) })
         };
-        let mut record = json!({
+        let record = json!({
             "type": "interval",
             "t_ns": sample.at_ns.saturating_sub(self.start_ns),
             "duration_ns": duration_ns,
@@ -480,6 +491,8 @@ impl Profile {
         let table = &self.table;
         self.ledger.retain(|id| table.by_id(id).is_some());
         self.memory.retain(|id, _| table.by_id(*id).is_some());
+        self.memory_read_ns
+            .retain(|id, _| table.by_id(*id).is_some());
     }
 
     /// Handles window datagrams. The caller has just taken a sample (so
