@@ -1,6 +1,8 @@
 //! Helpers for wattprof's root integration tests: finding the binaries,
 //! running `wattprof run`, and skipping (loudly) where eBPF cannot run.
 
+pub mod schema;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

@@ -502,6 +502,7 @@ fn monitor_reports_a_burner_per_process_and_per_cgroup_until_its_duration() {
     assert!(took < Duration::from_secs(3), "{took:?}");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&out_file).expect("recording")).expect("JSON");
+    wattprof_tests::schema::assert_valid("recording", &report);
     assert_eq!(report["mode"], "monitor");
     assert!(report["command"].is_null());
     let pid = u64::from(burner.id());

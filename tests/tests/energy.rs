@@ -14,7 +14,7 @@ fn testload() -> String {
     testload_bin().to_string_lossy().into_owned()
 }
 
-fn process<'a>(report: &'a Value, pid: u64) -> &'a Value {
+fn process(report: &Value, pid: u64) -> &Value {
     report["processes"]
         .as_array()
         .expect("processes")
@@ -234,4 +234,93 @@ fn a_killed_wattprof_leaves_a_jsonl_stream_that_parses_to_its_last_line() {
     // The burner outlives wattprof; let it finish before the next test.
     std::thread::sleep(std::time::Duration::from_millis(700));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_recording_and_every_stream_line_match_the_documented_schema() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    let dir = wattprof_tests::tempfile_dir();
+    let stream = dir.join("s.jsonl");
+    let stream_arg = stream.to_string_lossy().into_owned();
+    let run = wattprof_run(
+        &[
+            &rapl.arg(),
+            "--interval",
+            "200ms",
+            "--country",
+            "FRA",
+            "--jsonl",
+            &stream_arg,
+        ],
+        &[&testload(), "window", "step", "0.3"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    wattprof_tests::schema::assert_valid("recording", report);
+    assert!(f(report, "/energy/carbon_intensity_g_per_kwh") > 50.0);
+    let text = std::fs::read_to_string(&stream).expect("stream");
+    let mut kinds = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).expect("line parses");
+        let kind = v["type"].as_str().expect("type").to_string();
+        let def = match kind.as_str() {
+            "summary" => "recording",
+            k => k,
+        };
+        wattprof_tests::schema::assert_valid(def, &v);
+        kinds.push(kind);
+    }
+    assert_eq!(kinds.first().map(String::as_str), Some("header"));
+    assert_eq!(kinds.last().map(String::as_str), Some("summary"));
+    assert!(kinds.iter().any(|k| k == "window"), "{kinds:?}");
+    assert!(kinds.iter().filter(|k| *k == "interval").count() >= 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpu_energy_goes_to_the_command_by_its_sm_share() {
+    require_ebpf!();
+    // Two processes on one GPU at 200 W: the command (70% SM) and an
+    // outsider (30%); a second GPU nobody uses is idle.
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub-A uuid=GPU-A power_mw=200000 energy=counter util=100 \
+         memory_total=85899345920 memory_used=2147483648 procs=child:70:1073741824,999999:30:1024\n\
+         gpu name=Stub-B uuid=GPU-B power_mw=50000 energy=counter util=0 \
+         memory_total=85899345920 memory_used=0\n",
+    );
+    let lib_arg = format!("--nvml-lib={}", lib.display());
+    let run = wattprof_run(
+        &[
+            &lib_arg,
+            "--energy-sysfs=/nonexistent",
+            "--interval",
+            "250ms",
+        ],
+        &[&testload(), "burn", "1.5", "0.2"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    wattprof_tests::schema::assert_valid("recording", report);
+    let g0 = domain(report, "gpu", Some(0));
+    let g1 = domain(report, "gpu", Some(1));
+    let pid = u(report, "/command/pid");
+    let cmd = process(report, pid);
+    let gpu_j = f(cmd, "/energy/gpu_j");
+    eprintln!(
+        "GPU 0: measured {:.3} J, command {gpu_j:.3} J, unattributed {:.3} J; GPU 1 idle {:.3} J",
+        f(g0, "/measured_j"),
+        f(g0, "/unattributed_j"),
+        f(g1, "/idle_j")
+    );
+    // The command's share, except the first interval (before it started).
+    assert!((gpu_j / f(g0, "/measured_j") - 0.7).abs() < 0.05, "{gpu_j}");
+    // The outsider is no process wattprof saw: unattributed, not dropped.
+    assert!((f(g0, "/unattributed_j") / f(g0, "/measured_j") - 0.3).abs() < 0.05);
+    assert!((f(g1, "/idle_j") - f(g1, "/measured_j")).abs() < 1e-6);
+    assert_eq!(
+        cmd["memory"]["peak_gpu_bytes"].as_u64(),
+        Some(1_073_741_824)
+    );
+    assert!(cmd["memory"]["peak_pss_bytes"].as_u64().unwrap_or(0) > 0);
 }

@@ -14,7 +14,7 @@ use super::{Fatal, child, energy::EnergyArgs};
 use crate::output::{self, ProfilerReport};
 use crate::process::{ProcFs, ProcessTable};
 use crate::profile::windows::WindowSocket;
-use crate::profile::{self, Ending, Profile, ProfileConfig, Readers, Scope};
+use crate::profile::{self, CommandEnd, Ending, Profile, ProfileConfig, Readers, Scope};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Shortest time between two drains of the event ring while records flow.
@@ -369,12 +369,12 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
 
     let report = profile.finish(Ending {
         mode: "run",
-        command: Some((
+        command: Some(CommandEnd {
             argv,
             pid,
-            status.code(),
-            std::os::unix::process::ExitStatusExt::signal(&status),
-        )),
+            exit_code: status.code(),
+            signal: std::os::unix::process::ExitStatusExt::signal(&status),
+        }),
         start_unix_ns,
         profiler: ProfilerReport {
             on_cpu_ns: 0,

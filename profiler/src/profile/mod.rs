@@ -133,12 +133,24 @@ pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
     }
 }
 
+/// How the profiled command ended.
+pub struct CommandEnd {
+    /// Its command line.
+    pub argv: Vec<String>,
+    /// Its pid.
+    pub pid: u32,
+    /// Exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+}
+
 /// Facts about how the profile ended, for the report.
 pub struct Ending {
     /// `run` or `monitor`.
     pub mode: &'static str,
     /// The command (`run`).
-    pub command: Option<(Vec<String>, u32, Option<i32>, Option<i32>)>,
+    pub command: Option<CommandEnd>,
     /// Wall-clock start (ns since the epoch).
     pub start_unix_ns: u64,
     /// The tracker's facts.
@@ -681,17 +693,15 @@ impl Profile {
             profiler.samples,
         ) = self.machine.health();
         profiler.unmatched_forks = self.table.unmatched_forks();
-        let command = ending
-            .command
-            .map(|(argv, pid, exit_code, signal)| CommandReport {
-                argv,
-                pid,
-                exit_code,
-                signal,
-                on_cpu_ns: groups.tree_ns,
-                processes: processes.len(),
-                energy: group_energy.tree,
-            });
+        let command = ending.command.map(|c| CommandReport {
+            argv: c.argv,
+            pid: c.pid,
+            exit_code: c.exit_code,
+            signal: c.signal,
+            on_cpu_ns: groups.tree_ns,
+            processes: processes.len(),
+            energy: group_energy.tree,
+        });
         let attributed_ns = groups.tree_ns + groups.profiler_ns + groups.other_ns;
         let report = RunReport {
             schema_version: RUN_SCHEMA_VERSION,

@@ -49,6 +49,9 @@ pub struct ReaderUse {
     pub fix: Option<String>,
 }
 
+/// Opens one CPU reader.
+type Opener<'a> = &'a dyn Fn() -> Result<Box<dyn Source>, SourceError>;
+
 enum Cpu {
     Counter(Box<dyn Source>),
     Estimate(TdpModel),
@@ -101,7 +104,7 @@ impl Readers {
         let mut used = Vec::new();
         let mut reasons: Vec<String> = Vec::new();
         let mut cpu = Cpu::None;
-        let openers: [(&str, &dyn Fn() -> Result<Box<dyn Source>, SourceError>); 3] = [
+        let openers: [(&str, Opener<'_>); 3] = [
             ("powercap", &|| {
                 Powercap::open(&sys, &cpuinfo).map(|p| Box::new(p) as Box<dyn Source>)
             }),

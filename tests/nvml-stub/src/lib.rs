@@ -15,7 +15,9 @@
 //! in real time from `nvmlInit`; `energy=unsupported` returns
 //! NVML_ERROR_NOT_SUPPORTED (pre-Volta GPUs). `lost_after=N` makes every
 //! call on the GPU return NVML_ERROR_GPU_IS_LOST after N energy or power
-//! calls (0: never). `mig=1` reports MIG mode enabled.
+//! calls (0: never). `mig=1` reports MIG mode enabled. In `procs`, the pid
+//! `child` stands for the loading process's first child (the command that
+//! `wattprof run` started), found in /proc when NVML is asked.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
@@ -52,6 +54,21 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+/// A scenario pid: 0 is the loading process's first child, if any.
+fn resolve(pid: u32) -> u32 {
+    if pid != 0 {
+        return pid;
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .find_map(|c| c.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
     let mut gpus = Vec::new();
     for line in text
@@ -82,8 +99,10 @@ fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
                         .split(',')
                         .filter_map(|p| {
                             let mut f = p.split(':');
+                            let pid = f.next()?;
                             Some((
-                                f.next()?.parse().ok()?,
+                                // 0: the loading process's first child.
+                                if pid == "child" { 0 } else { pid.parse().ok()? },
                                 f.next()?.parse().ok()?,
                                 f.next()?.parse().ok()?,
                             ))
@@ -334,7 +353,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             }
             for (i, &(pid, sm, _)) in g.procs.iter().enumerate() {
                 *samples.add(i) = ProcessSample {
-                    pid,
+                    pid: resolve(pid),
                     time_stamp: (elapsed * 1e6) as u64 + 1,
                     sm_util: sm,
                     mem_util: sm / 2,
@@ -375,7 +394,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             }
             for (i, &(pid, _, mem)) in g.procs.iter().enumerate() {
                 *infos.add(i) = ProcessInfo {
-                    pid,
+                    pid: resolve(pid),
                     used_gpu_memory: mem,
                     gpu_instance_id: u32::MAX,
                     compute_instance_id: u32::MAX,
