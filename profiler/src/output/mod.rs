@@ -356,7 +356,7 @@ pub struct RunReport {
     /// wattprof's own cost and health.
     pub profiler: ProfilerReport,
     /// Per-interval series (see docs/recording.md).
-    pub intervals: Vec<serde_json::Value>,
+    pub intervals: Vec<Box<serde_json::value::RawValue>>,
 }
 
 impl MachineTimes {

@@ -169,7 +169,7 @@ pub struct Profile {
     cgroups: HashMap<u64, (u64, EnergyBy, Option<String>)>,
     cgroup_names: CgroupNames,
     windows: windows::Windows,
-    intervals: Vec<Value>,
+    intervals: Vec<Box<serde_json::value::RawValue>>,
     last: Option<Value>,
     memory: HashMap<ConsumerId, MemoryReport>,
     memory_read_ns: HashMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
@@ -488,14 +488,19 @@ impl Profile {
         if let Some(s) = &mut self.jsonl {
             s.write(&record);
         }
-        if self.cfg.keep_process_intervals {
-            self.intervals.push(record.clone());
+        // Kept serialized: a parsed record costs several times its text,
+        // and a run can last days.
+        let kept = if self.cfg.keep_process_intervals {
+            serde_json::value::to_raw_value(&record)
         } else {
             let mut machine_only = record.clone();
             if let Some(obj) = machine_only.as_object_mut() {
                 obj.remove("processes");
             }
-            self.intervals.push(machine_only);
+            serde_json::value::to_raw_value(&machine_only)
+        };
+        if let Ok(raw) = kept {
+            self.intervals.push(raw);
         }
         self.last = Some(record);
 
@@ -727,7 +732,7 @@ impl Profile {
             machine: self.machine.report(self.package_ids.clone(), attributed_ns),
             lost_ns: self.machine.lost_ns(),
             profiler,
-            intervals: std::mem::take(&mut self.intervals),
+            intervals: Vec::new(),
         };
         if let Some(s) = &mut self.jsonl {
             let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
@@ -737,6 +742,9 @@ impl Profile {
             }
             s.write(&summary);
         }
-        report
+        RunReport {
+            intervals: std::mem::take(&mut self.intervals),
+            ..report
+        }
     }
 }
