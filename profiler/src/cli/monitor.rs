@@ -15,7 +15,7 @@ use super::energy::EnergyArgs;
 use super::run::{PendingOutput, deliver, parse_duration, parse_interval};
 use crate::output::{ProfilerReport, render_monitor_frame};
 use crate::process::{ProcFs, ProcessTable};
-use crate::profile::{self, Ending, Profile, ProfileConfig, Readers, Scope};
+use crate::profile::{self, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
@@ -67,6 +67,10 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (carbon, jsonl) = args.energy.validate()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // A second signal while the summary is being written (a hung GPU
+        // driver, a stalled disk) ends wattprof at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let mut readers = Readers::open(&args.energy.readers())
@@ -98,7 +102,11 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
                 top: args.top as usize,
                 pids: args.pid.clone(),
             },
-            keep_process_intervals: false,
+            keep: if args.output.is_some() {
+                KeepIntervals::MachineOnly
+            } else {
+                KeepIntervals::Nothing
+            },
         },
         jsonl,
         host,

@@ -14,7 +14,9 @@ use super::{Fatal, child, energy::EnergyArgs};
 use crate::output::{self, ProfilerReport};
 use crate::process::{ProcFs, ProcessTable};
 use crate::profile::windows::WindowSocket;
-use crate::profile::{self, CommandEnd, Ending, Profile, ProfileConfig, Readers, Scope};
+use crate::profile::{
+    self, CommandEnd, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope,
+};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Shortest time between two drains of the event ring while records flow.
@@ -122,11 +124,10 @@ fn parse_duration_within(
             ));
         }
     };
-    let d = Duration::from_secs_f64(value * scale);
-    if d < min || d > max {
-        return Err(format!("`{text}` out of range: use {range}"));
+    match Duration::try_from_secs_f64(value * scale) {
+        Ok(d) if d >= min && d <= max => Ok(d),
+        _ => Err(format!("`{text}` out of range: use {range}")),
     }
-    Ok(d)
 }
 
 /// The output file is written to a temporary name beside it and renamed at
@@ -235,7 +236,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         ProfileConfig {
             carbon,
             scope: Scope::Tree,
-            keep_process_intervals: true,
+            keep: KeepIntervals::All,
         },
         jsonl,
         host,
@@ -436,5 +437,6 @@ mod tests {
         assert!(parse_interval("fast").is_err());
         assert_eq!(super::parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_interval("1h").is_ok() && parse_interval("2h").is_err());
+        assert!(super::parse_duration("100000000000000000000000d").is_err());
     }
 }

@@ -228,7 +228,7 @@ pub struct DomainReport {
 /// Energy per group.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GroupEnergy {
-    /// The command tree (or, in `monitor`, the processes selected).
+    /// The command tree (always zero in `monitor`).
     pub tree: EnergyJ,
     /// wattprof itself.
     pub profiler: EnergyJ,

@@ -135,7 +135,9 @@ fn render_energy(s: &mut String, r: &RunReport) {
             "ON-CPU s",
             m.header()
         );
-        for w in &r.windows {
+        // Per-step windows can number thousands: the recording has them all.
+        const SHOWN: usize = 40;
+        for w in r.windows.iter().take(SHOWN) {
             let name = format!("{}{}", "  ".repeat(w.depth), w.name);
             let _ = writeln!(
                 s,
@@ -153,12 +155,18 @@ fn render_energy(s: &mut String, r: &RunReport) {
             );
         }
     }
-    if !r.window_errors.is_empty() {
+    if r.windows.len() > 40 {
         let _ = writeln!(
             s,
-            "  warning: {} bad window message(s), first: {}",
-            r.window_errors.len(),
-            r.window_errors[0]
+            "  ... {} more windows (all are in the --output recording)",
+            r.windows.len() - 40
+        );
+    }
+    if let Some(first) = r.window_errors.first() {
+        let _ = writeln!(
+            s,
+            "  warning: window messages: {first} (all problems are in the recording's \
+             window_errors)"
         );
     }
 }

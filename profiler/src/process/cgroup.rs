@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 pub struct CgroupNames {
     root: PathBuf,
     names: HashMap<u64, String>,
+    first_asked_ns: HashMap<u64, u64>,
     walked_at_ns: Option<u64>,
     refresh_ns: u64,
 }
@@ -28,6 +29,7 @@ impl CgroupNames {
         Self {
             root: root.into(),
             names: HashMap::new(),
+            first_asked_ns: HashMap::new(),
             walked_at_ns: None,
             refresh_ns,
         }
@@ -70,7 +72,12 @@ impl CgroupNames {
     /// or `None` when it is not (or no longer) in the mount. `now_ns` is a
     /// monotonic time for rate-limiting walks.
     pub fn name(&mut self, id: u64, now_ns: u64) -> Option<&str> {
+        let asked = *self.first_asked_ns.entry(id).or_insert(now_ns);
+        // A walk that began after the id was first asked for did not find
+        // it: the cgroup is gone (ids are never reused), stop looking.
+        let gone = self.walked_at_ns.is_some_and(|t| t > asked);
         if id != 0
+            && !gone
             && !self.names.contains_key(&id)
             && self
                 .walked_at_ns
@@ -126,5 +133,11 @@ mod tests {
         // Within the refresh interval an unknown id is not walked for.
         assert_eq!(names.name(user, 500), None);
         assert_eq!(names.name(user, 1_500), Some("/user.slice"));
+        // An id no walk after its first sighting finds is given up on.
+        assert_eq!(names.name(999_999_999, 2_000), None);
+        assert_eq!(names.name(999_999_999, 3_000), None);
+        let walked = names.walked_at_ns;
+        assert_eq!(names.name(999_999_999, 9_000), None);
+        assert_eq!(names.walked_at_ns, walked, "no walk for a gone cgroup");
     }
 }

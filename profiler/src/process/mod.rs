@@ -163,7 +163,12 @@ pub struct ProcessTable<M: ProcMeta> {
     totals: GroupTotals,
     unmatched_forks: u64,
     interval: HashMap<u64, Vec<u64>>,
+    samples: u64,
+    exited_at: HashMap<u64, u64>,
 }
+
+/// Samples an exited process outside the tree is kept for after its exit.
+const EXITED_KEEP_SAMPLES: u64 = 3;
 
 /// One process's on-CPU time over one interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,6 +203,8 @@ impl<M: ProcMeta> ProcessTable<M> {
             totals: GroupTotals::default(),
             unmatched_forks: 0,
             interval: HashMap::new(),
+            samples: 0,
+            exited_at: HashMap::new(),
         }
     }
 
@@ -298,13 +305,27 @@ impl<M: ProcMeta> ProcessTable<M> {
             })
             .collect();
         usage.sort_unstable_by_key(|u| u.id);
-        // Exited processes outside the tree carry nothing more to report.
+        // Exited processes outside the tree carry nothing more to report,
+        // once their threads' last slices are in: a thread can report after
+        // its process's exit (a non-leader thread ending later; kernels
+        // before 5.18 report the final slice a read later). Forgetting them
+        // sooner would make those slices a new, never-exited process.
+        self.samples += 1;
+        let samples = self.samples;
         let profiler_pid = self.profiler_pid;
         let index = &mut self.index;
+        let exited_at = &mut self.exited_at;
         self.records.retain(|id, p| {
-            let keep = p.role != Role::Other || p.exit_ns.is_none() || p.pid == profiler_pid;
-            if !keep && index.get(&p.pid) == Some(id) {
-                index.remove(&p.pid);
+            if p.role != Role::Other || p.exit_ns.is_none() || p.pid == profiler_pid {
+                return true;
+            }
+            let since = *exited_at.entry(*id).or_insert(samples);
+            let keep = samples - since < EXITED_KEEP_SAMPLES;
+            if !keep {
+                exited_at.remove(id);
+                if index.get(&p.pid) == Some(id) {
+                    index.remove(&p.pid);
+                }
             }
             keep
         });
@@ -655,8 +676,15 @@ mod tests {
             vec![fork(1, 300, 1, "cron")],
             vec![task(300, 300, 9, Some(5), "cron")],
         ));
-        assert!(t.get(300).is_none());
-        assert_eq!(t.totals().other_ns, 9);
+        // A thread of it that reports after the exit (a non-leader thread,
+        // or the final slice on kernels before 5.18) still lands on it.
+        t.apply(&sample(20, vec![], vec![task(301, 300, 4, None, "cron")]));
+        let id = t.id_of(300).expect("kept for the late slice");
+        assert_eq!(t.by_id(id).map(Process::total_ns), Some(13));
+        t.apply(&sample(30, vec![], vec![]));
+        t.apply(&sample(40, vec![], vec![]));
+        assert!(t.get(300).is_none(), "forgotten a few samples later");
+        assert_eq!(t.totals().other_ns, 13);
     }
 
     #[test]

@@ -43,6 +43,18 @@ pub enum Scope {
     },
 }
 
+/// Which interval records a profile keeps for its final recording (the
+/// stream always has them all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeepIntervals {
+    /// Every record, with its processes (`run`).
+    All,
+    /// Machine-level figures only (`monitor --output`).
+    MachineOnly,
+    /// None (`monitor` without `--output`: nothing would read them).
+    Nothing,
+}
+
 /// How a profile is set up.
 #[derive(Clone, Debug)]
 pub struct ProfileConfig {
@@ -50,9 +62,8 @@ pub struct ProfileConfig {
     pub carbon: CarbonIntensity,
     /// Which processes are reported one by one.
     pub scope: Scope,
-    /// Keep every interval's record for the final recording (`run`);
-    /// `monitor` keeps machine-level figures only, to stay bounded.
-    pub keep_process_intervals: bool,
+    /// Which interval records are kept for the final recording.
+    pub keep: KeepIntervals,
 }
 
 /// Shortest time between two memory reads of one process.
@@ -287,11 +298,8 @@ impl Profile {
     /// instant as the energy counters (read here). `last` is the final
     /// read (the wattmeter program is stopped).
     pub fn step(&mut self, sample: &CpuSample, last: bool) {
-        let usage = self.table.apply(sample);
-        self.machine.add(sample);
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
-
         let mut sockets = vec![SocketTime::default(); self.package_ids.len().max(1)];
         let mut online = 0;
         for c in &sample.cpus {
@@ -302,7 +310,10 @@ impl Profile {
             }
             online += usize::from(c.window_ns > 0);
         }
+        // Energy first, as close as possible to the tracker's read.
         let read = self.readers.read(sample.busy_ns(), online.max(1), last);
+        let mut usage = self.table.apply(sample);
+        self.machine.add(sample);
         for p in self.readers.take_problems() {
             self.problem(p);
         }
@@ -343,17 +354,33 @@ impl Profile {
                 energy.entry(*id).or_default().add(s.domain, *uj);
             }
         }
+        // Processes with energy but no CPU time this interval (a GPU job
+        // asleep on its CPU) are reported like the others.
+        for id in energy.keys() {
+            if usage.iter().any(|u| u.id == *id) {
+                continue;
+            }
+            if let Some(p) = self.table.by_id(*id) {
+                usage.push(IntervalUsage {
+                    id: *id,
+                    pid: p.pid,
+                    role: p.role,
+                    cgroup_id: p.cgroup_id,
+                    on_cpu_ns: vec![0; self.package_ids.len().max(1)],
+                });
+            }
+        }
         let meta: HashMap<ConsumerId, (Role, u64)> = usage
             .iter()
             .map(|u| (u.id, (u.role, u.cgroup_id)))
             .collect();
+        let mut interval_groups: [EnergyBy; 3] = Default::default();
         for (id, e) in &energy {
-            let (role, cgroup) = meta.get(id).copied().unwrap_or_else(|| {
-                self.table
-                    .by_id(*id)
-                    .map_or((Role::Other, 0), |p| (p.role, p.cgroup_id))
-            });
+            // A consumer the table no longer knows was an exited process
+            // outside the tree.
+            let (role, cgroup) = meta.get(id).copied().unwrap_or((Role::Other, 0));
             self.groups[role as usize].merge(e);
+            interval_groups[role as usize].merge(e);
             self.cgroups.entry(cgroup).or_default().1.merge(e);
         }
         for u in &usage {
@@ -462,13 +489,7 @@ impl Profile {
                 .filter(|u| u.role == r)
                 .map(|u| u.on_cpu_ns.iter().sum::<u64>())
                 .sum::<u64>();
-            let en = energy
-                .iter()
-                .filter(|(id, _)| meta.get(id).map(|m| m.0) == Some(r))
-                .fold(EnergyBy::default(), |mut a, (_, e)| {
-                    a.merge(e);
-                    a
-                });
+            let en = interval_groups[r as usize];
             json!({ "on_cpu_ns": e, "energy_j": j(en.total_uj()) })
         };
         let record = json!({
@@ -490,18 +511,25 @@ impl Profile {
         }
         // Kept serialized: a parsed record costs several times its text,
         // and a run can last days.
-        let kept = if self.cfg.keep_process_intervals {
-            serde_json::value::to_raw_value(&record)
-        } else {
-            let mut machine_only = record.clone();
-            if let Some(obj) = machine_only.as_object_mut() {
-                obj.remove("processes");
+        let kept = match self.cfg.keep {
+            KeepIntervals::All => serde_json::value::to_raw_value(&record).ok(),
+            KeepIntervals::MachineOnly => {
+                let mut machine_only = record.clone();
+                if let Some(obj) = machine_only.as_object_mut() {
+                    obj.remove("processes");
+                    if let Some(Value::Array(gpus)) = obj.get_mut("gpus") {
+                        for g in gpus {
+                            if let Some(g) = g.as_object_mut() {
+                                g.remove("processes");
+                            }
+                        }
+                    }
+                }
+                serde_json::value::to_raw_value(&machine_only).ok()
             }
-            serde_json::value::to_raw_value(&machine_only)
+            KeepIntervals::Nothing => None,
         };
-        if let Ok(raw) = kept {
-            self.intervals.push(raw);
-        }
+        self.intervals.extend(kept);
         self.last = Some(record);
 
         // Energy of forgotten processes is in the group and cgroup sums.

@@ -140,7 +140,13 @@ impl WindowSocket {
             msg.msg_control = cmsg.as_mut_ptr().cast();
             msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
             // SAFETY: msg points at live buffers of the sizes given.
-            let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::recvmsg(
+                    self.sock.as_raw_fd(),
+                    &mut msg,
+                    libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+                )
+            };
             if n < 0 {
                 break;
             }
@@ -155,6 +161,17 @@ impl WindowSocket {
                     {
                         let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                         pid = cred.pid as u32;
+                    }
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        // File descriptors a client attached: not ours to
+                        // keep (they would pile up in wattprof).
+                        let data = libc::CMSG_DATA(c);
+                        let len = (*c).cmsg_len as usize - (data as usize - c as usize);
+                        for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                            let fd: libc::c_int =
+                                std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                            libc::close(fd);
+                        }
                     }
                     c = libc::CMSG_NXTHDR(&msg, c);
                 }
@@ -216,10 +233,15 @@ pub struct Windows {
     open: Vec<Window>,
     done: Vec<Window>,
     errors: Vec<String>,
+    error_count: u64,
 }
 
 /// Problems kept for the report (the rest are counted).
 const MAX_ERRORS: usize = 20;
+
+/// Windows open at once; a `begin` beyond this is refused (a program
+/// that never sends `end` must not slow every read down).
+pub const MAX_OPEN: usize = 1000;
 
 impl Windows {
     /// Whether any window is open.
@@ -231,10 +253,18 @@ impl Windows {
     /// sample at that instant first). Returns the window it closed.
     pub fn apply(&mut self, cmd: Command, at_ns: u64) -> Option<Window> {
         if cmd.begin {
+            if self.open.len() >= MAX_OPEN {
+                self.error(format!(
+                    "`begin {}` refused: {MAX_OPEN} windows already open (missing `end`s?)",
+                    cmd.name
+                ));
+                return None;
+            }
+            let depth = self.open.iter().filter(|w| w.pid == cmd.pid).count();
             self.open.push(Window {
                 name: cmd.name,
                 pid: cmd.pid,
-                depth: self.open.len(),
+                depth,
                 begin_ns: at_ns,
                 end_ns: at_ns,
                 unterminated: false,
@@ -244,22 +274,53 @@ impl Windows {
             });
             return None;
         }
-        match self
+        // Another sender may end a window (a helper process, `pid=` left
+        // out), but only when that leaves no doubt which one.
+        let by_name: Vec<usize> = self
             .open
             .iter()
-            .rposition(|w| w.name == cmd.name && w.pid == cmd.pid)
-            .or_else(|| self.open.iter().rposition(|w| w.name == cmd.name))
-        {
+            .enumerate()
+            .filter(|(_, w)| w.name == cmd.name)
+            .map(|(i, _)| i)
+            .collect();
+        let found = by_name
+            .iter()
+            .rev()
+            .find(|i| self.open[**i].pid == cmd.pid)
+            .or(if by_name.len() == 1 {
+                by_name.first()
+            } else {
+                None
+            })
+            .copied();
+        match found {
             Some(i) => {
                 let mut w = self.open.remove(i);
                 w.end_ns = at_ns;
+                if w.end_ns == w.begin_ns {
+                    self.error(format!(
+                        "window `{}` began and ended between two reads (its messages arrived \
+                         together): it shows 0 J; make it longer than a read takes",
+                        w.name
+                    ));
+                }
                 self.done.push(w.clone());
                 Some(w)
             }
-            None => {
+            None if by_name.is_empty() => {
                 self.error(format!(
                     "`end {}` with no open window of that name",
                     cmd.name
+                ));
+                None
+            }
+            None => {
+                self.error(format!(
+                    "`end {}` from pid {}: {} windows of that name are open, none of its tree \
+                     (send `pid=N`)",
+                    cmd.name,
+                    cmd.pid,
+                    by_name.len()
                 ));
                 None
             }
@@ -268,6 +329,7 @@ impl Windows {
 
     /// Records a bad message.
     pub fn error(&mut self, what: String) {
+        self.error_count += 1;
         if self.errors.len() < MAX_ERRORS {
             self.errors.push(what);
         }
@@ -315,17 +377,22 @@ impl Windows {
     }
 
     /// Closes every open window at `at_ns` (marked unterminated) and
-    /// returns all windows in the order they ended.
+    /// returns all windows in the order they ended, and the first errors
+    /// (with a count of the rest).
     pub fn finish(&mut self, at_ns: u64) -> (Vec<Window>, Vec<String>) {
         for mut w in self.open.drain(..) {
             w.end_ns = at_ns;
             w.unterminated = true;
             self.done.push(w);
         }
-        (
-            std::mem::take(&mut self.done),
-            std::mem::take(&mut self.errors),
-        )
+        let mut errors = std::mem::take(&mut self.errors);
+        if self.error_count > errors.len() as u64 {
+            errors.push(format!(
+                "... and {} more",
+                self.error_count - errors.len() as u64
+            ));
+        }
+        (std::mem::take(&mut self.done), errors)
     }
 }
 
@@ -383,12 +450,101 @@ mod tests {
         );
         assert_eq!(inner.machine[0].measured_uj, 30);
         assert!(w.apply(parse("end nothing", 10).expect("ok"), 3).is_none());
+        // Begin and end in one read: kept, and flagged.
+        w.apply(parse("begin blink", 10).expect("ok"), 3);
+        let blink = w
+            .apply(parse("end blink", 10).expect("ok"), 3)
+            .expect("closed");
+        assert_eq!(blink.end_ns, blink.begin_ns);
         let (all, errors) = w.finish(4);
-        assert_eq!(errors.len(), 1);
-        let outer = &all[1];
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[1].contains("0 J"), "{errors:?}");
+        let outer = &all[2];
         assert!(outer.unterminated);
         assert_eq!((outer.energy.package_uj, outer.on_cpu_ns), (110, 6));
         assert_eq!(outer.machine[0].measured_uj, 330);
+    }
+
+    #[test]
+    fn an_end_from_another_tree_closes_only_an_unambiguous_window() {
+        let mut w = Windows::default();
+        w.apply(parse("begin step", 10).expect("ok"), 0);
+        w.apply(parse("begin step", 20).expect("ok"), 0);
+        assert_eq!(w.open[1].depth, 0, "depth counts the sender's own windows");
+        assert!(w.apply(parse("end step", 30).expect("ok"), 1).is_none());
+        assert_eq!(
+            w.apply(parse("end step", 20).expect("ok"), 1)
+                .map(|x| x.pid),
+            Some(20)
+        );
+        assert_eq!(
+            w.apply(parse("end step", 30).expect("ok"), 2)
+                .map(|x| x.pid),
+            Some(10)
+        );
+        for i in 0..MAX_OPEN + 25 {
+            w.apply(parse(&format!("begin w{i}"), 1).expect("ok"), 3);
+        }
+        assert_eq!(w.open.len(), MAX_OPEN);
+        let (_, errors) = w.finish(4);
+        assert!(
+            errors.last().is_some_and(|e| e.contains("more")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn passed_file_descriptors_are_closed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = WindowSocket::bind(dir.path(), None).expect("bind");
+        let c = UnixDatagram::unbound().expect("client");
+        let passed = dir.path().join("passed-file");
+        let file = std::fs::File::create(&passed).expect("a file to pass");
+        // Other tests open files in this process at the same time: count
+        // only descriptors of this file.
+        let open_on = || {
+            std::fs::read_dir("/proc/self/fd")
+                .expect("fds")
+                .flatten()
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == passed))
+                .count()
+        };
+        let fd = file.as_raw_fd();
+        let mut cmsg = [0u64; 4];
+        let mut text = *b"begin x";
+        let mut iov = libc::iovec {
+            iov_base: text.as_mut_ptr().cast(),
+            iov_len: text.len(),
+        };
+        // SAFETY: a message with one SCM_RIGHTS fd, built with the kernel's
+        // macros into a buffer large enough for it.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (d, b) in addr
+                .sun_path
+                .iter_mut()
+                .zip(s.path().as_os_str().as_encoded_bytes())
+            {
+                *d = *b as libc::c_char;
+            }
+            msg.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c0 = libc::CMSG_FIRSTHDR(&msg);
+            (*c0).cmsg_level = libc::SOL_SOCKET;
+            (*c0).cmsg_type = libc::SCM_RIGHTS;
+            (*c0).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c0).cast::<libc::c_int>(), fd);
+            let sent = libc::sendmsg(c.as_raw_fd(), &msg, 0);
+            assert!(sent > 0, "{}", std::io::Error::last_os_error());
+        }
+        assert_eq!(s.receive().len(), 1);
+        assert_eq!(open_on(), 1, "only the test's own descriptor is left");
     }
 
     #[test]

@@ -247,8 +247,12 @@ impl Wattmeter {
         let (program, args) = argv.split_first().ok_or_else(|| {
             SourceError::unsupported("empty wattmeter command", "give the wattmetre-read command")
         })?;
+        use std::os::unix::process::CommandExt;
         let child = Command::new(program)
             .args(args)
+            // Its own process group: a Ctrl-C in the terminal must not kill
+            // it before wattprof has read its last frames.
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
