@@ -13,7 +13,11 @@ fn testload() -> String {
 /// independently between context switches. They differ because the
 /// scheduler charges a woken task from its wakeup, not from the switch
 /// (about 6 us per wakeup in a VM, 0.2% of CPU time in a 2,000-process
-/// storm): bounded at 0.5% of the window.
+/// storm). Measured on the project's VM over repeated runs, with this
+/// project's binary before and after energy attribution alike: up to
+/// 0.56% in the 2,000-process storm and 0.59% in the 0.5 s full-map run,
+/// so the bound is 1% of the window (a mis-charged slice or a lost window
+/// shows up as several percent).
 fn assert_cpu_time_closes(report: &serde_json::Value) {
     let wall = u(report, "/wall_ns");
     for cpu in report["machine"]["per_cpu"].as_array().expect("per_cpu") {
@@ -41,7 +45,7 @@ fn assert_cpu_time_closes(report: &serde_json::Value) {
             cpu["cpu"],
             gap * 100.0
         );
-        assert!(gap < 0.005, "cpu {cpu}: idle vs idle task gap {gap:.5}");
+        assert!(gap < 0.01, "cpu {cpu}: idle vs idle task gap {gap:.5}");
     }
 }
 
