@@ -208,6 +208,13 @@ impl FakeRapl {
         let flag = stop.clone();
         let root = sys.clone();
         let thread = std::thread::spawn(move || {
+            // Real-time priority, so the counter stays current while the
+            // workloads keep every CPU busy (the kernel's counters always
+            // are); a starved writer would make an interval's energy depend
+            // on when it last ran. Root only, like these tests.
+            let param = libc::sched_param { sched_priority: 10 };
+            // SAFETY: this thread (0), a valid sched_param.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
             let t0 = std::time::Instant::now();
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 let s = t0.elapsed().as_secs_f64();
