@@ -12,8 +12,8 @@ use profiler_common::DEFAULT_MAX_TASKS;
 
 use super::Fatal;
 use super::energy::EnergyArgs;
-use super::run::{PendingOutput, deliver, parse_duration, parse_interval};
-use crate::output::{ProfilerReport, render_monitor_frame};
+use super::run::{PendingOutput, deliver, parse_duration, parse_interval, tracker_facts};
+use crate::output::render_monitor_frame;
 use crate::process::{ProcFs, ProcessTable};
 use crate::profile::{self, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
@@ -157,20 +157,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         mode: "monitor",
         command: None,
         start_unix_ns,
-        profiler: ProfilerReport {
-            on_cpu_ns: 0,
-            kernel_memory_bytes: tracker.kernel_memory_bytes(),
-            exit_tracking: tracker.exit_tracking(),
-            task_clock: tracker.task_clock(),
-            flush_supported: tracker.flush_supported(),
-            max_tasks: args.max_tasks,
-            interval_ns,
-            samples: 0,
-            map_read_syscalls: tracker.read_syscalls(),
-            events_lost: 0,
-            discarded_ns: 0,
-            unmatched_forks: 0,
-        },
+        profiler: tracker_facts(&tracker, args.max_tasks, interval_ns),
     });
     deliver(&report, pending_output)?;
     Ok(0)

@@ -307,14 +307,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         // SAFETY: fds is a valid array of pollfd.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if ready > 0 && fds[1].revents != 0 {
-            // A window boundary: read the counters and the tracker now, so
-            // the window is exact to the counters' resolution.
-            let messages = socket.receive();
-            if !messages.is_empty() {
-                let sample = tracker.sample()?;
-                profile.step(&sample, false);
-                profile.window_messages(messages, sample.at_ns);
-            }
+            window_boundary(&socket, &mut tracker, &mut profile)?;
         }
         tracker.drain_events();
         if ready > 0 && fds[0].revents != 0 {
@@ -359,12 +352,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         tracker.drain_events();
     }
     // Window messages sent just before the command exited.
-    let messages = socket.receive();
-    if !messages.is_empty() {
-        let sample = tracker.sample()?;
-        profile.step(&sample, false);
-        profile.window_messages(messages, sample.at_ns);
-    }
+    window_boundary(&socket, &mut tracker, &mut profile)?;
     let last = tracker.finish()?;
     profile.step(&last, true);
 
@@ -377,23 +365,49 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             signal: std::os::unix::process::ExitStatusExt::signal(&status),
         }),
         start_unix_ns,
-        profiler: ProfilerReport {
-            on_cpu_ns: 0,
-            kernel_memory_bytes: tracker.kernel_memory_bytes(),
-            exit_tracking: tracker.exit_tracking(),
-            task_clock: tracker.task_clock(),
-            flush_supported: tracker.flush_supported(),
-            max_tasks: args.max_tasks,
-            interval_ns,
-            samples: 0,
-            map_read_syscalls: tracker.read_syscalls(),
-            events_lost: 0,
-            discarded_ns: 0,
-            unmatched_forks: 0,
-        },
+        profiler: tracker_facts(&tracker, args.max_tasks, interval_ns),
     });
     deliver(&report, pending_output)?;
     Ok(child::exit_code(status))
+}
+
+/// Handles waiting window messages: a window boundary reads the counters
+/// and the tracker at once, so a window is exact to the counters'
+/// resolution, not rounded to the interval.
+fn window_boundary(
+    socket: &WindowSocket,
+    tracker: &mut EbpfTracker,
+    profile: &mut Profile,
+) -> anyhow::Result<()> {
+    let messages = socket.receive();
+    if !messages.is_empty() {
+        let sample = tracker.sample()?;
+        profile.step(&sample, false);
+        profile.window_messages(messages, sample.at_ns);
+    }
+    Ok(())
+}
+
+/// The tracker's part of a report (the profile fills in the counts).
+pub(super) fn tracker_facts(
+    tracker: &EbpfTracker,
+    max_tasks: u32,
+    interval_ns: u64,
+) -> ProfilerReport {
+    ProfilerReport {
+        on_cpu_ns: 0,
+        kernel_memory_bytes: tracker.kernel_memory_bytes(),
+        exit_tracking: tracker.exit_tracking(),
+        task_clock: tracker.task_clock(),
+        flush_supported: tracker.flush_supported(),
+        max_tasks,
+        interval_ns,
+        samples: 0,
+        map_read_syscalls: tracker.read_syscalls(),
+        events_lost: 0,
+        discarded_ns: 0,
+        unmatched_forks: 0,
+    }
 }
 
 /// Writes the recording (first: a closed or broken stderr must not cost
