@@ -6,6 +6,8 @@
 //! their parent from `/proc` when first seen.
 
 pub mod cgroup;
+pub mod container;
+pub mod docker;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,0 +1,145 @@
+//! Docker container names from the Docker Engine API on its Unix socket.
+//!
+//! Lookups run on a background thread: asking for a name never blocks
+//! (the id stands in until the answer comes), each id is asked once, and a
+//! daemon that does not answer within the timeout is left alone.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// What one request may take.
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Largest answer read (a container's JSON is a few KiB).
+const MAX_ANSWER: u64 = 4 << 20;
+
+/// Cached Docker names.
+#[derive(Debug)]
+pub struct DockerNames {
+    names: Arc<Mutex<HashMap<String, Option<String>>>>,
+    ask: Option<Sender<String>>,
+}
+
+/// The `Name` of a container from the Engine API's `GET /containers/ID/json`
+/// answer (headers and body), without its leading `/`.
+pub fn parse_name(answer: &str) -> Option<String> {
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1) != Some("200") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    Some(v["Name"].as_str()?.trim_start_matches('/').to_string())
+}
+
+fn lookup(socket: &Path, id: &str) -> Option<String> {
+    let mut s = UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(TIMEOUT)).ok()?;
+    s.set_write_timeout(Some(TIMEOUT)).ok()?;
+    // HTTP/1.0: the daemon closes the connection after the answer.
+    write!(
+        s,
+        "GET /containers/{id}/json HTTP/1.0\r\nHost: docker\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    s.take(MAX_ANSWER).read_to_string(&mut answer).ok()?;
+    parse_name(&answer)
+}
+
+fn serve(
+    socket: PathBuf,
+    rx: Receiver<String>,
+    names: Arc<Mutex<HashMap<String, Option<String>>>>,
+) {
+    for id in rx {
+        let name = lookup(&socket, &id);
+        names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, name);
+    }
+}
+
+impl DockerNames {
+    /// Names from the daemon at `socket` (normally `/var/run/docker.sock`);
+    /// with no socket there, every lookup answers `None` at once.
+    pub fn new(socket: &Path) -> Self {
+        let names = Arc::new(Mutex::new(HashMap::new()));
+        let ask = socket.exists().then(|| {
+            let (tx, rx) = channel();
+            let (path, shared) = (socket.to_path_buf(), names.clone());
+            let _ = std::thread::Builder::new()
+                .name("wattprof-docker".into())
+                .spawn(move || serve(path, rx, shared));
+            tx
+        });
+        Self { names, ask }
+    }
+
+    /// The name of container `id`, if known yet; asks for it otherwise.
+    pub fn name(&self, id: &str) -> Option<String> {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        match names.get(id) {
+            Some(n) => n.clone(),
+            None => {
+                if let Some(ask) = &self.ask {
+                    // Asked once: an answer of no name is cached too.
+                    names.insert(id.to_string(), None);
+                    let _ = ask.send(id.to_string());
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn names_come_from_the_engine_api_without_blocking() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let sock = dir.path().join("docker.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            let mut req = [0u8; 512];
+            let n = c.read(&mut req).expect("request");
+            let req = String::from_utf8_lossy(&req[..n]).to_string();
+            let body = r#"{"Id":"abc","Name":"/web-1","State":{}}"#;
+            let _ = write!(
+                c,
+                "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            req
+        });
+        let names = DockerNames::new(&sock);
+        assert_eq!(names.name("abc"), None, "first ask does not wait");
+        let req = server.join().expect("server");
+        assert!(
+            req.starts_with("GET /containers/abc/json HTTP/1.0\r\n"),
+            "{req}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while names.name("abc").is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(names.name("abc").as_deref(), Some("web-1"));
+        assert_eq!(
+            parse_name("HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"no\"}"),
+            None
+        );
+        assert_eq!(
+            DockerNames::new(&dir.path().join("none.sock")).name("x"),
+            None
+        );
+    }
+}
