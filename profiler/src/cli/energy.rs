@@ -52,12 +52,40 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub wattmeter_socket: u32,
 
+    /// Report only processes in this container (id, or a prefix of 4 or
+    /// more characters; Docker name; or Kubernetes pod UID). Energy is
+    /// still divided over every process.
+    #[arg(long, value_name = "ID|NAME")]
+    pub container: Option<String>,
+
+    /// Report only processes in this cgroup (v2 path, as in
+    /// /proc/PID/cgroup, e.g. /system.slice/nginx.service) or below it.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+
+    /// The Docker Engine API socket, for container names.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/run/docker.sock",
+        hide = true
+    )]
+    pub docker_socket: PathBuf,
+
     /// Read CPU energy counters from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
     pub energy_sysfs: Option<PathBuf>,
 }
 
 impl EnergyArgs {
+    /// The `--cgroup` / `--container` filter.
+    pub fn filter(&self) -> crate::profile::Filter {
+        crate::profile::Filter {
+            cgroup: self.cgroup.clone(),
+            container: self.container.clone(),
+        }
+    }
+
     /// The readers to open.
     pub fn readers(&self) -> ReaderConfig {
         ReaderConfig {
@@ -77,6 +105,14 @@ impl EnergyArgs {
     /// Cheap checks, before anything is loaded or started: the carbon
     /// intensity, the TDP, the JSONL file.
     pub fn validate(&self) -> Result<(CarbonIntensity, Option<Jsonl>), Fatal> {
+        if let Some(c) = &self.cgroup
+            && !c.starts_with('/')
+        {
+            return Err(Fatal::profiler(format!(
+                "--cgroup {c}: give the cgroup's path from its root, as /proc/PID/cgroup shows \
+                 it (e.g. /system.slice/docker-ID.scope)"
+            )));
+        }
         let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
             .map_err(|e| Fatal::profiler(e.to_string()))?;
         if let Some(tdp) = self.cpu_tdp {

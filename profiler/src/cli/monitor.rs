@@ -13,7 +13,7 @@ use profiler_common::DEFAULT_MAX_TASKS;
 use super::Fatal;
 use super::energy::EnergyArgs;
 use super::run::{PendingOutput, deliver, parse_duration, parse_interval, tracker_facts};
-use crate::output::render_monitor_frame;
+use crate::output::{By, render_monitor_frame};
 use crate::process::{ProcFs, ProcessTable};
 use crate::profile::{self, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope};
 use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
@@ -38,6 +38,10 @@ pub struct MonitorArgs {
     /// Processes shown per interval (and kept per interval in the JSONL).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub top: u32,
+
+    /// What the live screen's rows are.
+    #[arg(long, value_enum, default_value = "process")]
+    pub by: By,
 
     /// Stop after this long (e.g. 30s, 2h) instead of at Ctrl-C.
     #[arg(long, value_parser = parse_duration)]
@@ -98,6 +102,8 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         start_ns,
         ProfileConfig {
             carbon,
+            filter: args.energy.filter(),
+            docker_socket: args.energy.docker_socket.clone(),
             scope: Scope::Machine {
                 top: args.top as usize,
                 pids: args.pid.clone(),
@@ -126,11 +132,18 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             profile.step(&sample, false);
             next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
             if live {
+                let (containers, cgroups) = match args.by {
+                    By::Process => (Vec::new(), Vec::new()),
+                    By::Container => (profile.container_reports(), Vec::new()),
+                    By::Cgroup => (Vec::new(), profile.cgroup_reports()),
+                };
                 let frame = render_monitor_frame(
                     profile.last_interval(),
-                    &profile.cgroup_reports(),
+                    &containers,
+                    &cgroups,
                     now.saturating_sub(start_ns),
                     args.top as usize,
+                    args.by,
                 );
                 let mut out = std::io::stdout().lock();
                 // Home, clear, draw: one write so the screen never flickers

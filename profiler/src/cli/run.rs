@@ -235,6 +235,8 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         start_ns,
         ProfileConfig {
             carbon,
+            filter: args.energy.filter(),
+            docker_socket: args.energy.docker_socket.clone(),
             scope: Scope::Tree,
             keep: KeepIntervals::All,
         },

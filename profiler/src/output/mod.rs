@@ -2,7 +2,7 @@
 
 mod table;
 
-pub use table::{render_monitor_frame, render_run_table};
+pub use table::{By, container_label, render_monitor_frame, render_run_table};
 
 use serde::Serialize;
 
@@ -253,6 +253,28 @@ pub struct EnergyReport {
     pub problems: Vec<String>,
 }
 
+/// One container's (or systemd unit's) use over the profile: the sum of
+/// its cgroups, processes that exited included.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContainerReport {
+    /// Who made it.
+    pub runtime: crate::process::container::Runtime,
+    /// Container id, or unit name.
+    pub id: String,
+    /// Docker name, when the Docker daemon answered.
+    pub name: Option<String>,
+    /// Kubernetes pod UID.
+    pub pod_uid: Option<String>,
+    /// Kubernetes QoS class.
+    pub qos: Option<String>,
+    /// Its cgroup paths seen.
+    pub cgroups: Vec<String>,
+    /// On-CPU ns of its processes.
+    pub on_cpu_ns: u64,
+    /// Energy attributed to its processes.
+    pub energy: EnergyJ,
+}
+
 /// One cgroup's use over the profile.
 #[derive(Clone, Debug, Serialize)]
 pub struct CgroupReport {
@@ -345,6 +367,8 @@ pub struct RunReport {
     pub energy: EnergyReport,
     /// Per cgroup, most energy first.
     pub cgroups: Vec<CgroupReport>,
+    /// Per container and systemd unit, most energy first.
+    pub containers: Vec<ContainerReport>,
     /// Profiling windows, in the order they ended.
     pub windows: Vec<WindowReport>,
     /// Bad window messages (first few).

@@ -342,17 +342,106 @@ pub fn render_run_table(r: &RunReport) -> String {
             secs(r.profiler.discarded_ns)
         );
     }
+    if !r.containers.is_empty() {
+        render_sums(
+            &mut s,
+            "CONTAINER / UNIT",
+            r.containers
+                .iter()
+                .take(10)
+                .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
+        );
+        if r.containers.len() > 10 {
+            let _ = writeln!(
+                s,
+                "  ... {} more (in the recording)",
+                r.containers.len() - 10
+            );
+        }
+    }
     render_energy(&mut s, r);
     s
 }
 
+/// What `monitor`'s rows are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    /// Processes, by power over the last interval.
+    Process,
+    /// Containers and systemd units, by energy so far.
+    Container,
+    /// cgroups, by energy so far.
+    Cgroup,
+}
+
+/// Shortens from the left to `width` characters.
+fn left_cut(text: &str, width: usize) -> String {
+    let n = text.chars().count();
+    if n > width {
+        format!(
+            "...{}",
+            text.chars().skip(n + 3 - width).collect::<String>()
+        )
+    } else {
+        text.to_string()
+    }
+}
+
+/// Rows of named energy sums (containers, cgroups): name, on-CPU time,
+/// energy, average power, CO2.
+fn render_sums<'a>(
+    s: &mut String,
+    title: &str,
+    rows: impl Iterator<Item = (String, u64, &'a EnergyJ)>,
+) {
+    let _ = writeln!(
+        s,
+        "\n  {:<56} {:>10} {:>10} {:>8} {:>9}",
+        title, "ON-CPU s", "ENERGY J", "AVG W", "CO2 g"
+    );
+    for (name, ns, e) in rows {
+        let _ = writeln!(
+            s,
+            "  {:<56} {:>10.3} {:>10.3} {:>8.2} {:>9.4}",
+            left_cut(&name, 56),
+            secs(ns),
+            e.total_j,
+            e.avg_power_w,
+            e.co2_g
+        );
+    }
+}
+
+/// A container's label in tables: runtime, name or short id, pod.
+pub fn container_label(c: &super::ContainerReport) -> String {
+    let short: String = c.id.chars().take(12).collect();
+    let mut label = match &c.name {
+        Some(n) => format!("{} {n} ({short})", c.runtime.name()),
+        None => format!(
+            "{} {}",
+            c.runtime.name(),
+            if c.runtime == crate::process::container::Runtime::Systemd {
+                c.id.clone()
+            } else {
+                short
+            }
+        ),
+    };
+    if let Some(pod) = &c.pod_uid {
+        label.push_str(&format!(" pod {}", pod.chars().take(8).collect::<String>()));
+    }
+    label
+}
+
 /// One screen of `wattprof monitor`: the last interval's top processes by
-/// power, and the cgroups with the most energy so far.
+/// power, or the containers or cgroups with the most energy so far.
 pub fn render_monitor_frame(
     interval: Option<&serde_json::Value>,
+    containers: &[super::ContainerReport],
     cgroups: &[super::CgroupReport],
     elapsed_ns: u64,
     top: usize,
+    by: By,
 ) -> String {
     let mut s = String::new();
     let Some(iv) = interval else {
@@ -372,46 +461,46 @@ pub fn render_monitor_frame(
         power = "  (no energy reader: see `wattprof sources`)".into();
     }
     let _ = writeln!(s, "wattprof monitor  {:.0} s{power}", secs(elapsed_ns));
-    let _ = writeln!(
-        s,
-        "\n{:>8}  {:<16} {:>7} {:>9} {:>9} {:>9} {:>10}",
-        "PID", "COMMAND", "CPU%", "CPU W", "DRAM W", "GPU W", "PSS MiB"
-    );
-    for p in iv["processes"].as_array().into_iter().flatten().take(top) {
-        let _ = writeln!(
-            s,
-            "{:>8}  {:<16} {:>6.1}% {:>9.2} {:>9.2} {:>9.2} {:>10}",
-            p["pid"].as_u64().unwrap_or(0),
-            p["comm"].as_str().unwrap_or(""),
-            100.0 * p["on_cpu_ns"].as_u64().unwrap_or(0) as f64 / 1e9 / dur_s,
-            num(p, "package_j") / dur_s,
-            num(p, "dram_j") / dur_s,
-            num(p, "gpu_j") / dur_s,
-            p["pss_bytes"].as_u64().map_or_else(
-                || "-".to_string(),
-                |b| format!("{:.1}", b as f64 / 1048576.0)
-            ),
-        );
-    }
-    let _ = writeln!(
-        s,
-        "\n{:<48} {:>10} {:>10} {:>8}",
-        "CGROUP", "ON-CPU s", "ENERGY J", "AVG W"
-    );
-    for c in cgroups.iter().take(top.min(10)) {
-        let n = c.path.chars().count();
-        let path = if n > 48 {
-            format!("...{}", c.path.chars().skip(n - 45).collect::<String>())
-        } else {
-            c.path.clone()
-        };
-        let _ = writeln!(
-            s,
-            "{path:<48} {:>10.3} {:>10.3} {:>8.2}",
-            secs(c.on_cpu_ns),
-            c.energy.total_j,
-            c.energy.avg_power_w
-        );
+    match by {
+        By::Process => {
+            let _ = writeln!(
+                s,
+                "\n{:>8}  {:<16} {:>7} {:>9} {:>9} {:>9} {:>10}",
+                "PID", "COMMAND", "CPU%", "CPU W", "DRAM W", "GPU W", "PSS MiB"
+            );
+            for p in iv["processes"].as_array().into_iter().flatten().take(top) {
+                let _ = writeln!(
+                    s,
+                    "{:>8}  {:<16} {:>6.1}% {:>9.2} {:>9.2} {:>9.2} {:>10}",
+                    p["pid"].as_u64().unwrap_or(0),
+                    p["comm"].as_str().unwrap_or(""),
+                    100.0 * p["on_cpu_ns"].as_u64().unwrap_or(0) as f64 / 1e9 / dur_s,
+                    num(p, "package_j") / dur_s,
+                    num(p, "dram_j") / dur_s,
+                    num(p, "gpu_j") / dur_s,
+                    p["pss_bytes"].as_u64().map_or_else(
+                        || "-".to_string(),
+                        |b| format!("{:.1}", b as f64 / 1048576.0)
+                    ),
+                );
+            }
+        }
+        By::Container => render_sums(
+            &mut s,
+            "CONTAINER / UNIT",
+            containers
+                .iter()
+                .take(top)
+                .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
+        ),
+        By::Cgroup => render_sums(
+            &mut s,
+            "CGROUP",
+            cgroups
+                .iter()
+                .take(top)
+                .map(|c| (c.path.clone(), c.on_cpu_ns, &c.energy)),
+        ),
     }
     s
 }

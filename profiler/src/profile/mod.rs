@@ -20,11 +20,12 @@ use serde_json::{Value, json};
 use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
 use crate::carbon::CarbonIntensity;
 use crate::output::{
-    CgroupReport, CommandReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy, HostReport,
-    MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION, RunReport,
-    WindowDomainReport, WindowReport,
+    CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
+    HostReport, MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION,
+    RunReport, WindowDomainReport, WindowReport,
 };
 use crate::process::cgroup::CgroupNames;
+use crate::process::docker::DockerNames;
 use crate::process::{IntervalUsage, ProcFs, Process, ProcessTable, Role};
 use crate::tracker::CpuSample;
 
@@ -55,6 +56,51 @@ pub enum KeepIntervals {
     Nothing,
 }
 
+/// Which processes are reported one by one (`--cgroup`, `--container`);
+/// energy is still divided over every process.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// cgroup path, and everything below it.
+    pub cgroup: Option<String>,
+    /// Container id (or a prefix of 4 or more characters), name, or pod UID.
+    pub container: Option<String>,
+}
+
+impl Filter {
+    fn matches(&self, path: Option<&str>, docker: &DockerNames) -> bool {
+        if self.cgroup.is_none() && self.container.is_none() {
+            return true;
+        }
+        let Some(path) = path else { return false };
+        if let Some(prefix) = &self.cgroup {
+            let prefix = prefix.trim_end_matches('/');
+            let below = path == prefix
+                || path
+                    .strip_prefix(prefix)
+                    .is_some_and(|r| r.starts_with('/'))
+                || prefix.is_empty();
+            if !below {
+                return false;
+            }
+        }
+        if let Some(want) = &self.container {
+            let Some(c) = crate::process::container::from_cgroup_path(path) else {
+                return false;
+            };
+            let name = (c.runtime == crate::process::container::Runtime::Docker)
+                .then(|| docker.name(&c.id))
+                .flatten();
+            let hit = (want.len() >= 4 && c.id.starts_with(want.as_str()))
+                || name.as_deref() == Some(want.as_str())
+                || c.pod_uid.as_deref() == Some(want.as_str());
+            if !hit {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// How a profile is set up.
 #[derive(Clone, Debug)]
 pub struct ProfileConfig {
@@ -64,6 +110,10 @@ pub struct ProfileConfig {
     pub scope: Scope,
     /// Which interval records are kept for the final recording.
     pub keep: KeepIntervals,
+    /// Which processes are reported one by one.
+    pub filter: Filter,
+    /// The Docker Engine API socket, for container names.
+    pub docker_socket: std::path::PathBuf,
 }
 
 /// Shortest time between two memory reads of one process.
@@ -179,6 +229,7 @@ pub struct Profile {
     groups: [EnergyBy; 3],
     cgroups: HashMap<u64, (u64, EnergyBy, Option<String>)>,
     cgroup_names: CgroupNames,
+    docker: DockerNames,
     windows: windows::Windows,
     intervals: Vec<Box<serde_json::value::RawValue>>,
     last: Option<Value>,
@@ -215,6 +266,7 @@ impl Profile {
             groups: Default::default(),
             cgroups: HashMap::new(),
             cgroup_names: CgroupNames::real(1_000_000_000),
+            docker: DockerNames::new(&cfg.docker_socket),
             windows: windows::Windows::default(),
             intervals: Vec::new(),
             last: None,
@@ -264,6 +316,27 @@ impl Profile {
     }
 
     /// Processes of this interval that are reported one by one.
+    /// cgroup path of a process record, when known.
+    fn cgroup_path(&self, cgroup_id: u64) -> Option<&str> {
+        self.cgroups.get(&cgroup_id).and_then(|c| c.2.as_deref())
+    }
+
+    /// Whether a process passes `--pid`, `--cgroup` and `--container`.
+    fn wanted(&self, id: ConsumerId, cgroup_id: u64) -> bool {
+        let pids_ok = match &self.cfg.scope {
+            Scope::Machine { pids, .. } if !pids.is_empty() => {
+                pids.iter().any(|p| self.table.descends_from(id, *p))
+            }
+            _ => true,
+        };
+        pids_ok
+            && self
+                .cfg
+                .filter
+                .matches(self.cgroup_path(cgroup_id), &self.docker)
+    }
+
+    /// Processes of this interval that are reported one by one.
     fn selected<'a>(
         &self,
         usage: &'a [IntervalUsage],
@@ -273,13 +346,12 @@ impl Profile {
             Scope::Tree => usage
                 .iter()
                 .filter(|u| matches!(u.role, Role::Tree | Role::Profiler))
+                .filter(|u| u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id))
                 .collect(),
-            Scope::Machine { top, pids } => {
+            Scope::Machine { top, .. } => {
                 let mut v: Vec<&IntervalUsage> = usage
                     .iter()
-                    .filter(|u| {
-                        pids.is_empty() || pids.iter().any(|p| self.table.descends_from(u.id, *p))
-                    })
+                    .filter(|u| self.wanted(u.id, u.cgroup_id))
                     .collect();
                 let key = |u: &IntervalUsage| {
                     (
@@ -621,6 +693,51 @@ impl Profile {
         cgroups
     }
 
+    /// Per container and systemd unit so far (from the cgroups), most
+    /// energy first.
+    pub fn container_reports(&self) -> Vec<ContainerReport> {
+        use crate::process::container::{Runtime, from_cgroup_path};
+        let mut by: HashMap<crate::process::container::Container, (u64, EnergyBy, Vec<String>)> =
+            HashMap::new();
+        for (ns, e, path) in self.cgroups.values() {
+            let Some(path) = path else { continue };
+            let Some(c) = from_cgroup_path(path) else {
+                continue;
+            };
+            let entry = by.entry(c).or_default();
+            entry.0 += ns;
+            entry.1.merge(e);
+            entry.2.push(path.clone());
+        }
+        let span = self.last_ns.saturating_sub(self.start_ns);
+        let mut v: Vec<ContainerReport> = by
+            .into_iter()
+            .map(|(c, (ns, e, mut cgroups))| {
+                cgroups.sort();
+                ContainerReport {
+                    name: (c.runtime == Runtime::Docker)
+                        .then(|| self.docker.name(&c.id))
+                        .flatten(),
+                    runtime: c.runtime,
+                    id: c.id,
+                    pod_uid: c.pod_uid,
+                    qos: c.qos,
+                    cgroups,
+                    on_cpu_ns: ns,
+                    energy: EnergyJ::new(&e, span, &self.cfg.carbon),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            b.energy
+                .total_j
+                .total_cmp(&a.energy.total_j)
+                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+                .then(a.id.cmp(&b.id))
+        });
+        v
+    }
+
     fn process_report(&self, p: &Process, end_ns: u64) -> ProcessReport {
         let from = p.start_ns.unwrap_or(self.start_ns).max(self.start_ns);
         let to = p.exit_ns.unwrap_or(end_ns);
@@ -664,15 +781,14 @@ impl Profile {
                 .table
                 .tree()
                 .into_iter()
+                .filter(|p| self.wanted(p.id, p.cgroup_id))
                 .map(|p| self.process_report(p, end_ns))
                 .collect(),
-            Scope::Machine { top, pids } => {
+            Scope::Machine { top, .. } => {
                 let mut v: Vec<ProcessReport> = self
                     .table
                     .processes()
-                    .filter(|p| {
-                        pids.is_empty() || pids.iter().any(|q| self.table.descends_from(p.id, *q))
-                    })
+                    .filter(|p| p.exit_ns.is_none() && self.wanted(p.id, p.cgroup_id))
                     .map(|p| self.process_report(p, end_ns))
                     .collect();
                 v.sort_by(|a, b| {
@@ -711,6 +827,7 @@ impl Profile {
             })
             .collect();
         let cgroups = self.cgroup_reports();
+        let containers = self.container_reports();
         let mut problems = self.problems.clone();
         if self.problem_count > problems.len() as u64 {
             problems.push(format!(
@@ -755,6 +872,7 @@ impl Profile {
             },
             groups,
             cgroups,
+            containers,
             windows,
             window_errors,
             machine: self.machine.report(self.package_ids.clone(), attributed_ns),

@@ -1,0 +1,223 @@
+//! Containers from real cgroups: cgroups named as Docker, containerd,
+//! CRI-O, Podman and Kubernetes name them, real processes moved into them,
+//! and `wattprof monitor` with a fixture RAPL tree. Needs root and a
+//! cgroup2 mount; run with `--test-threads=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+use wattprof_tests::{FakeRapl, f, require_ebpf, tempfile_dir, testload_bin, wattprof_bin};
+
+const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const POD: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+
+fn cgroup2_root() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap_or("")))
+    })
+}
+
+/// A test's cgroups, removed (deepest first) when dropped.
+struct Cgroups {
+    made: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    fn make(&mut self, root: &Path, rel: &str) -> PathBuf {
+        let mut p = root.to_path_buf();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            p.push(part);
+            if !p.exists() {
+                std::fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+                self.made.push(p.clone());
+            }
+        }
+        p
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for p in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+/// Starts `testload cpu SECONDS` inside the cgroup `dir`.
+fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} cpu {seconds}",
+        dir.display(),
+        testload_bin().display()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start a burner")
+}
+
+#[test]
+fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processes_exit() {
+    require_ebpf!();
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skipping: no cgroup2 mount");
+        return;
+    };
+    let base = format!("wattprof-test-{}", std::process::id());
+    let sd_pod = POD.replace('-', "_");
+    let layouts = [
+        ("docker", format!("{base}/system.slice/docker-{ID}.scope")),
+        ("docker", format!("{base}/docker/{}", ID.replace('0', "9"))),
+        (
+            "containerd",
+            format!(
+                "{base}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{sd_pod}.slice/cri-containerd-{}.scope",
+                ID.replace('1', "8")
+            ),
+        ),
+        (
+            "crio",
+            format!("{base}/machine.slice/crio-{}.scope", ID.replace('2', "7")),
+        ),
+        (
+            "podman",
+            format!("{base}/machine.slice/libpod-{}.scope", ID.replace('3', "6")),
+        ),
+        (
+            "kubernetes",
+            format!(
+                "{base}/kubepods/besteffort/pod{POD}/{}",
+                ID.replace('4', "5")
+            ),
+        ),
+    ];
+    let mut cgroups = Cgroups { made: Vec::new() };
+    let dirs: Vec<PathBuf> = layouts
+        .iter()
+        .map(|(_, rel)| cgroups.make(&root, rel))
+        .collect();
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let out = tempfile_dir().join("m.json");
+    let mut monitor = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            &rapl.arg(),
+            "--duration",
+            "2500ms",
+            "--interval",
+            "250ms",
+        ])
+        .arg("--output")
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("monitor");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // 0.2 s of CPU each, one after another: all exit well before the end.
+    for d in &dirs {
+        let mut c = burn_in(d, "0.2");
+        assert!(c.wait().expect("burner").success());
+    }
+    let status = monitor.wait().expect("monitor");
+    assert!(status.success());
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("recording")).expect("JSON");
+    wattprof_tests::schema::assert_valid("recording", &report);
+    let containers = report["containers"].as_array().expect("containers");
+    for ((runtime, rel), _) in layouts.iter().zip(&dirs) {
+        let id = rel.rsplit('/').next().unwrap_or("");
+        let id = id
+            .trim_end_matches(".scope")
+            .rsplit('-')
+            .next()
+            .unwrap_or(id);
+        let c = containers
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{runtime} container {id} missing from {containers:?}"));
+        assert_eq!(c["runtime"], *runtime, "{c}");
+        let ns = c["on_cpu_ns"].as_u64().unwrap_or(0);
+        let joules = f(c, "/energy/package_j");
+        eprintln!(
+            "{runtime:<10} {id:.12}: {:.3} s on CPU, {joules:.3} J",
+            ns as f64 / 1e9
+        );
+        // 0.2 s of its own CPU, plus its shell's few ms.
+        assert!((200_000_000..260_000_000).contains(&ns), "{c}");
+        // At 30 W over 2 CPUs, 0.2 CPU-s is ~3 J.
+        assert!(joules > 1.5 && joules < 4.5, "{c}");
+    }
+    let kube = containers
+        .iter()
+        .find(|c| c["runtime"] == "containerd")
+        .expect("kube container");
+    assert_eq!(kube["pod_uid"], POD);
+    assert_eq!(kube["qos"], "burstable");
+    let besteffort = containers
+        .iter()
+        .find(|c| c["runtime"] == "kubernetes")
+        .expect("cgroupfs kube container");
+    assert_eq!(besteffort["qos"], "besteffort");
+}
+
+#[test]
+fn container_and_cgroup_filters_choose_the_reported_processes() {
+    require_ebpf!();
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skipping: no cgroup2 mount");
+        return;
+    };
+    let base = format!("wattprof-test-f{}", std::process::id());
+    let mut cgroups = Cgroups { made: Vec::new() };
+    let inside = cgroups.make(&root, &format!("{base}/system.slice/docker-{ID}.scope"));
+    let dir = tempfile_dir();
+    let stream = dir.join("s.jsonl");
+    let mut monitor = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            "--duration",
+            "1500ms",
+            "--interval",
+            "250ms",
+            "--container",
+            &ID[..12],
+        ])
+        .arg("--jsonl")
+        .arg(&stream)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("monitor");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut outside = Command::new(testload_bin())
+        .args(["cpu", "0.4"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("outside");
+    let mut c = burn_in(&inside, "0.4");
+    let _ = outside.wait();
+    let _ = c.wait();
+    assert!(monitor.wait().expect("monitor").success());
+    let text = std::fs::read_to_string(&stream).expect("stream");
+    let mut rows = 0;
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).expect("line");
+        for p in v["processes"].as_array().into_iter().flatten() {
+            rows += 1;
+            assert_ne!(p["pid"].as_u64(), Some(u64::from(outside.id())), "{p}");
+        }
+    }
+    assert!(rows > 0, "the container's burner was reported");
+    // A bad --cgroup is a one-line error before anything starts.
+    let out = Command::new(wattprof_bin())
+        .args(["monitor", "--cgroup", "system.slice"])
+        .output()
+        .expect("monitor");
+    assert_eq!(out.status.code(), Some(125));
+    let _ = std::fs::remove_dir_all(dir);
+}
