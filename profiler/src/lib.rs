@@ -8,6 +8,7 @@
 pub mod attribution;
 pub mod carbon;
 pub mod cli;
+pub mod exporter;
 pub mod output;
 pub mod process;
 pub mod profile;

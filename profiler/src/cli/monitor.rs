@@ -53,6 +53,22 @@ pub struct MonitorArgs {
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics (ADDR: a port, or
+    /// HOST:PORT; without a value 127.0.0.1:9101: loopback unless an
+    /// address is given).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9101", value_parser = crate::exporter::parse_addr)]
+    pub prometheus: Option<std::net::SocketAddr>,
+
+    /// Processes exported one by one (by power over the last interval);
+    /// the rest are one `pid="other"` series.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub prometheus_top: u32,
+
+    /// Keep exporting a container's or cgroup's series this long after its
+    /// processes last ran, then drop them.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub prometheus_grace: Duration,
+
     /// Threads the kernel tracks at once (time beyond is counted as lost).
     #[arg(long, default_value_t = DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tasks: u32,
@@ -105,7 +121,8 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             filter: args.energy.filter(),
             docker_socket: args.energy.docker_socket.clone(),
             scope: Scope::Machine {
-                top: args.top as usize,
+                // The exporter's top processes come from the interval's rows.
+                top: args.top.max(args.prometheus_top) as usize,
                 pids: args.pid.clone(),
             },
             keep: if args.output.is_some() {
@@ -118,6 +135,23 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         host,
     );
     profile.write_header("monitor", None, start_unix_ns);
+    let exporter = match args.prometheus {
+        Some(addr) => {
+            let shared: crate::exporter::Shared = Arc::new(std::sync::Mutex::new(Arc::new(
+                profile.snapshot(args.prometheus_top as usize, 0),
+            )));
+            let ex = crate::exporter::serve(addr, shared.clone()).map_err(|e| {
+                Fatal::profiler(format!(
+                    "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
+                     choose another with --prometheus HOST:PORT)"
+                ))
+            })?;
+            eprintln!("wattprof: Prometheus metrics at http://{}/metrics", ex.addr);
+            Some((ex, shared))
+        }
+        None => None,
+    };
+    let grace_ns = args.prometheus_grace.as_nanos() as u64;
     let live = std::io::stdout().is_terminal();
     let interval_ns = args.interval.as_nanos() as u64;
     let end_ns = args.duration.map(|d| start_ns + d.as_nanos() as u64);
@@ -130,12 +164,18 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         if now >= next_tick {
             let sample = tracker.sample()?;
             profile.step(&sample, false);
+            if let Some((_, shared)) = &exporter {
+                let snap = Arc::new(profile.snapshot(args.prometheus_top as usize, grace_ns));
+                *shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = snap;
+            }
             next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
             if live {
                 let (containers, cgroups) = match args.by {
                     By::Process => (Vec::new(), Vec::new()),
-                    By::Container => (profile.container_reports(), Vec::new()),
-                    By::Cgroup => (Vec::new(), profile.cgroup_reports()),
+                    By::Container => (profile.container_reports(None), Vec::new()),
+                    By::Cgroup => (Vec::new(), profile.cgroup_reports(None)),
                 };
                 let frame = render_monitor_frame(
                     profile.last_interval(),

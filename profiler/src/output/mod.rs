@@ -1,5 +1,6 @@
 //! What a run reports: the JSON document and the table printed at the end.
 
+pub mod prometheus;
 mod table;
 
 pub use table::{By, container_label, render_monitor_frame, render_run_table};
@@ -397,6 +398,15 @@ impl MachineTimes {
             switches: self.sum(|c| c.switches),
             per_cpu: self.cpus.clone(),
         }
+    }
+
+    /// Busy, idle and lost time over all CPUs.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.sum(|c| c.busy_ns),
+            self.sum(|c| c.idle_ns),
+            self.sum(|c| c.lost_ns),
+        )
     }
 
     /// Lost task time over all CPUs.

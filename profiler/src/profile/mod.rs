@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
 use crate::carbon::CarbonIntensity;
+use crate::output::prometheus::{Labels, Snapshot};
 use crate::output::{
     CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
     HostReport, MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION,
@@ -218,6 +219,17 @@ pub struct Ending {
     pub profiler: ProfilerReport,
 }
 
+/// One cgroup's sums.
+#[derive(Clone, Debug, Default)]
+struct CgroupSum {
+    on_cpu_ns: u64,
+    energy: EnergyBy,
+    /// Its path, once found.
+    name: Option<String>,
+    /// When a process of it last ran (monotonic ns).
+    last_ns: u64,
+}
+
 /// One profile in progress.
 pub struct Profile {
     /// Processes seen.
@@ -227,7 +239,7 @@ pub struct Profile {
     readers: Readers,
     ledger: Ledger,
     groups: [EnergyBy; 3],
-    cgroups: HashMap<u64, (u64, EnergyBy, Option<String>)>,
+    cgroups: HashMap<u64, CgroupSum>,
     cgroup_names: CgroupNames,
     docker: DockerNames,
     windows: windows::Windows,
@@ -318,7 +330,7 @@ impl Profile {
     /// Processes of this interval that are reported one by one.
     /// cgroup path of a process record, when known.
     fn cgroup_path(&self, cgroup_id: u64) -> Option<&str> {
-        self.cgroups.get(&cgroup_id).and_then(|c| c.2.as_deref())
+        self.cgroups.get(&cgroup_id).and_then(|c| c.name.as_deref())
     }
 
     /// Whether a process passes `--pid`, `--cgroup` and `--container`.
@@ -453,15 +465,17 @@ impl Profile {
             let (role, cgroup) = meta.get(id).copied().unwrap_or((Role::Other, 0));
             self.groups[role as usize].merge(e);
             interval_groups[role as usize].merge(e);
-            self.cgroups.entry(cgroup).or_default().1.merge(e);
+            self.cgroups.entry(cgroup).or_default().energy.merge(e);
         }
         for u in &usage {
-            self.cgroups.entry(u.cgroup_id).or_default().0 += u.on_cpu_ns.iter().sum::<u64>();
+            let c = self.cgroups.entry(u.cgroup_id).or_default();
+            c.on_cpu_ns += u.on_cpu_ns.iter().sum::<u64>();
+            c.last_ns = sample.at_ns;
         }
         // Name new cgroups while they still exist.
         for (id, entry) in &mut self.cgroups {
-            if entry.2.is_none() {
-                entry.2 = self
+            if entry.name.is_none() {
+                entry.name = self
                     .cgroup_names
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
@@ -671,17 +685,19 @@ impl Profile {
         self.last.as_ref()
     }
 
-    /// Per cgroup so far, most energy first.
-    pub fn cgroup_reports(&self) -> Vec<CgroupReport> {
+    /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
+    /// whose processes ran since then.
+    pub fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
         let span = self.last_ns.saturating_sub(self.start_ns);
         let mut cgroups: Vec<CgroupReport> = self
             .cgroups
             .iter()
-            .map(|(id, (ns, e, name))| CgroupReport {
-                path: name.clone().unwrap_or_else(|| format!("id:{id}")),
+            .filter(|(_, c)| since_ns.is_none_or(|t| c.last_ns >= t))
+            .map(|(id, c)| CgroupReport {
+                path: c.name.clone().unwrap_or_else(|| format!("id:{id}")),
                 id: *id,
-                on_cpu_ns: *ns,
-                energy: EnergyJ::new(e, span, &self.cfg.carbon),
+                on_cpu_ns: c.on_cpu_ns,
+                energy: EnergyJ::new(&c.energy, span, &self.cfg.carbon),
             })
             .collect();
         cgroups.sort_by(|a, b| {
@@ -694,16 +710,20 @@ impl Profile {
     }
 
     /// Per container and systemd unit so far (from the cgroups), most
-    /// energy first.
-    pub fn container_reports(&self) -> Vec<ContainerReport> {
+    /// energy first; with `since_ns`, only those whose processes ran since.
+    pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
         use crate::process::container::{Runtime, from_cgroup_path};
         let mut by: HashMap<crate::process::container::Container, (u64, EnergyBy, Vec<String>)> =
             HashMap::new();
-        for (ns, e, path) in self.cgroups.values() {
-            let Some(path) = path else { continue };
+        let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
+        for cg in self.cgroups.values() {
+            let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
+            let Some(path) = &cg.name else { continue };
             let Some(c) = from_cgroup_path(path) else {
                 continue;
             };
+            let l = last.entry(c.clone()).or_default();
+            *l = (*l).max(cg.last_ns);
             let entry = by.entry(c).or_default();
             entry.0 += ns;
             entry.1.merge(e);
@@ -712,6 +732,7 @@ impl Profile {
         let span = self.last_ns.saturating_sub(self.start_ns);
         let mut v: Vec<ContainerReport> = by
             .into_iter()
+            .filter(|(c, _)| since_ns.is_none_or(|t| last.get(c).is_some_and(|l| *l >= t)))
             .map(|(c, (ns, e, mut cgroups))| {
                 cgroups.sort();
                 ContainerReport {
@@ -738,6 +759,193 @@ impl Profile {
         v
     }
 
+    /// The Prometheus view of the profile so far: counters per domain,
+    /// container, cgroup; CPU seconds; wattprof's own cost; the power of
+    /// the last interval's `top` processes and of all others together.
+    /// Containers and cgroups whose processes have not run for `grace_ns`
+    /// are left out (their series end).
+    pub fn snapshot(&self, top: usize, grace_ns: u64) -> Snapshot {
+        let since = self.last_ns.saturating_sub(grace_ns);
+        let l = |pairs: &[(&str, String)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), v.clone()))
+                .collect()
+        };
+        let pkg = |p: Option<u32>| p.map_or_else(|| "machine".to_string(), |p| p.to_string());
+        let kinds = |e: &EnergyJ| {
+            [
+                ("package", e.package_j),
+                ("dram", e.dram_j),
+                ("gpu", e.gpu_j),
+            ]
+        };
+        let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
+        for t in self.ledger.domains() {
+            let labels = l(&[
+                ("domain", t.domain.name().to_string()),
+                ("package", pkg(t.package)),
+            ]);
+            measured.push((labels.clone(), j(t.measured_uj)));
+            idle.push((labels.clone(), j(t.idle_uj)));
+            unattributed.push((labels, j(t.unattributed_uj)));
+        }
+        let (mut c_energy, mut c_cpu) = (Vec::new(), Vec::new());
+        for c in self.container_reports(Some(since)) {
+            let base = l(&[
+                ("runtime", c.runtime.name().to_string()),
+                ("container_id", c.id.clone()),
+                ("container_name", c.name.clone().unwrap_or_default()),
+                ("pod_uid", c.pod_uid.clone().unwrap_or_default()),
+                ("qos", c.qos.clone().unwrap_or_default()),
+            ]);
+            c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
+            for (domain, v) in kinds(&c.energy) {
+                let mut labels = base.clone();
+                labels.push(("domain".into(), domain.into()));
+                c_energy.push((labels, v));
+            }
+        }
+        let (mut g_energy, mut g_cpu) = (Vec::new(), Vec::new());
+        for c in self.cgroup_reports(Some(since)) {
+            g_cpu.push((l(&[("cgroup", c.path.clone())]), c.on_cpu_ns as f64 / 1e9));
+            for (domain, v) in kinds(&c.energy) {
+                g_energy.push((
+                    l(&[("cgroup", c.path.clone()), ("domain", domain.into())]),
+                    v,
+                ));
+            }
+        }
+        let groups = self.table.totals();
+        let (busy, idle_ns, lost) = self.machine.totals();
+        let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
+            .into_iter()
+            .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
+            .collect();
+        let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
+        let self_energy = kinds(&me)
+            .into_iter()
+            .map(|(d, v)| (l(&[("domain", d.into())]), v))
+            .collect();
+        // Power of the last interval's processes: the top ones by name, the
+        // rest as one `other` series.
+        let mut power = Vec::new();
+        if let Some(iv) = &self.last {
+            let dur_s = (iv["duration_ns"].as_u64().unwrap_or(0) as f64 / 1e9).max(1e-9);
+            let rows = iv["processes"].as_array().cloned().unwrap_or_default();
+            let watts = |p: &Value| {
+                ["package_j", "dram_j", "gpu_j"]
+                    .iter()
+                    .map(|k| p[*k].as_f64().unwrap_or(0.0))
+                    .sum::<f64>()
+                    / dur_s
+            };
+            let mut rows: Vec<(f64, &Value)> = rows.iter().map(|p| (watts(p), p)).collect();
+            rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (w, p) in rows.iter().take(top) {
+                power.push((
+                    l(&[
+                        ("pid", p["pid"].as_u64().unwrap_or(0).to_string()),
+                        ("comm", p["comm"].as_str().unwrap_or("").to_string()),
+                    ]),
+                    *w,
+                ));
+            }
+            // Everything attributed in the interval that is not in the top.
+            let attributed: f64 = iv["domains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| d["attributed_j"].as_f64().unwrap_or(0.0))
+                .sum::<f64>()
+                / dur_s;
+            let shown: f64 = power.iter().map(|(_, w)| w).sum();
+            power.push((
+                l(&[("pid", "other".into()), ("comm", "other".into())]),
+                (attributed - shown).max(0.0),
+            ));
+        }
+        let gpu_power = self
+            .last
+            .as_ref()
+            .and_then(|iv| iv["gpus"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|g| {
+                (
+                    l(&[("gpu", g["index"].as_u64().unwrap_or(0).to_string())]),
+                    g["power_w"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        Snapshot {
+            counters: vec![
+                (
+                    "wattprof_energy_joules",
+                    "Energy measured, per domain and package (or GPU index).",
+                    measured,
+                ),
+                (
+                    "wattprof_idle_energy_joules",
+                    "Share of the measured energy that went to idle CPU time (or a GPU nobody held).",
+                    idle,
+                ),
+                (
+                    "wattprof_unattributed_energy_joules",
+                    "Measured energy neither attributed nor idle (lost time, unknown processes, machine-level domains).",
+                    unattributed,
+                ),
+                (
+                    "wattprof_container_energy_joules",
+                    "Energy attributed to a container's (or systemd unit's) processes.",
+                    c_energy,
+                ),
+                (
+                    "wattprof_container_cpu_seconds",
+                    "On-CPU time of a container's (or systemd unit's) processes.",
+                    c_cpu,
+                ),
+                (
+                    "wattprof_cgroup_energy_joules",
+                    "Energy attributed to a cgroup's processes.",
+                    g_energy,
+                ),
+                (
+                    "wattprof_cgroup_cpu_seconds",
+                    "On-CPU time of a cgroup's processes.",
+                    g_cpu,
+                ),
+                (
+                    "wattprof_cpu_seconds",
+                    "CPU time of all CPUs: busy (tasks), idle, lost (not recorded per task).",
+                    cpu,
+                ),
+                (
+                    "wattprof_self_cpu_seconds",
+                    "wattprof's own on-CPU time.",
+                    vec![(Vec::new(), groups.profiler_ns as f64 / 1e9)],
+                ),
+                (
+                    "wattprof_self_energy_joules",
+                    "Energy attributed to wattprof itself.",
+                    self_energy,
+                ),
+            ],
+            gauges: vec![
+                (
+                    "wattprof_process_power_watts",
+                    "Power of the top processes over the last interval (package + DRAM + GPU), and of all others as pid=\"other\".",
+                    power,
+                ),
+                (
+                    "wattprof_gpu_power_watts",
+                    "GPU power draw as NVML reports it.",
+                    gpu_power,
+                ),
+            ],
+        }
+    }
+
     fn process_report(&self, p: &Process, end_ns: u64) -> ProcessReport {
         let from = p.start_ns.unwrap_or(self.start_ns).max(self.start_ns);
         let to = p.exit_ns.unwrap_or(end_ns);
@@ -755,7 +963,7 @@ impl Profile {
                 &self.cfg.carbon,
             ),
             memory: self.memory.get(&p.id).copied().unwrap_or_default(),
-            cgroup: self.cgroups.get(&p.cgroup_id).and_then(|c| c.2.clone()),
+            cgroup: self.cgroups.get(&p.cgroup_id).and_then(|c| c.name.clone()),
         }
     }
 
@@ -826,8 +1034,8 @@ impl Profile {
                 avg_power_w: watts(t.measured_uj, span),
             })
             .collect();
-        let cgroups = self.cgroup_reports();
-        let containers = self.container_reports();
+        let cgroups = self.cgroup_reports(None);
+        let containers = self.container_reports(None);
         let mut problems = self.problems.clone();
         if self.problem_count > problems.len() as u64 {
             problems.push(format!(
