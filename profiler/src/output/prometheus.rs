@@ -15,14 +15,17 @@ use prometheus_client::registry::Registry;
 /// Labels of one series.
 pub type Labels = Vec<(String, String)>;
 
+/// A metric family: name (without `_total` for counters), help, series.
+pub type Family = (&'static str, &'static str, Vec<(Labels, f64)>);
+
 /// Everything one scrape shows, built by the sampling loop after each
 /// interval (so a scrape never waits for, or slows, sampling).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Counters: (name without `_total`, help, series).
-    pub counters: Vec<(&'static str, &'static str, Vec<(Labels, f64)>)>,
+    pub counters: Vec<Family>,
     /// Gauges: (name, help, series).
-    pub gauges: Vec<(&'static str, &'static str, Vec<(Labels, f64)>)>,
+    pub gauges: Vec<Family>,
 }
 
 impl Snapshot {

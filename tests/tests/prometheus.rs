@@ -1,0 +1,239 @@
+//! `wattprof monitor --prometheus` scraped by a real Prometheus server
+//! (Debian's `prometheus`, which `cargo xtask test` installs), on loopback.
+//! Needs root; run with `--test-threads=1`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use wattprof_tests::{
+    FakeRapl, free_port, http_get, require_ebpf, tempfile_dir, testload_bin, wattprof_bin,
+};
+
+/// Kills and reaps a child when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `wattprof monitor --prometheus 127.0.0.1:0 extra...` and returns
+/// it with the address it printed.
+fn monitor(extra: &[&str]) -> (Reaped, String) {
+    let mut child = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            "--prometheus",
+            "127.0.0.1:0",
+            "--interval",
+            "250ms",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("monitor");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut line = String::new();
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .expect("first line");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in: {line}"))
+        .to_string();
+    (Reaped(child), addr)
+}
+
+fn prometheus_bin() -> Option<&'static str> {
+    ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+/// Runs a PromQL instant query; the result vector.
+fn query(prom: &str, q: &str) -> Vec<Value> {
+    let path = format!(
+        "/api/v1/query?query={}",
+        q.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            })
+            .collect::<String>()
+    );
+    http_get(prom, &path)
+        .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+        .and_then(|v| v["data"]["result"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
+    require_ebpf!();
+    let Some(prom_bin) = prometheus_bin() else {
+        eprintln!("skipping: no prometheus binary (cargo xtask test installs Debian's package)");
+        return;
+    };
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let (_monitor, addr) = monitor(&[&rapl.arg(), "--duration", "60s"]);
+    let dir = tempfile_dir();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
+             - job_name: wattprof\n    static_configs:\n      - targets: ['{addr}']\n"
+        ),
+    )
+    .expect("config");
+    let prom = format!("127.0.0.1:{}", free_port());
+    let _server = Reaped(
+        Command::new(prom_bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+    // Something to measure while it scrapes.
+    let mut burner = Reaped(
+        Command::new(testload_bin())
+            .args(["burn", "20", "0.5"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("burner"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut energy = Vec::new();
+    while Instant::now() < deadline {
+        energy = query(&prom, "wattprof_energy_joules_total{domain=\"package\"}");
+        if energy
+            .first()
+            .and_then(|r| r["value"][1].as_str()?.parse::<f64>().ok())
+            .is_some_and(|v| v > 5.0)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let value = |r: &Value| -> f64 {
+        r["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    assert_eq!(energy.len(), 1, "{energy:?}");
+    assert_eq!(energy[0]["metric"]["package"], "0");
+    assert!(value(&energy[0]) > 5.0, "{energy:?}");
+    let up = query(&prom, "up{job=\"wattprof\"}");
+    assert_eq!(up.first().map(value), Some(1.0), "{up:?}");
+    // The cgroup the burner runs in has energy, and the process series
+    // are bounded by the top N plus `other`.
+    let cg = query(
+        &prom,
+        "wattprof_cgroup_energy_joules_total{domain=\"package\"}",
+    );
+    assert!(cg.iter().any(|r| value(r) > 0.0), "{cg:?}");
+    let procs = query(&prom, "wattprof_process_power_watts");
+    assert!(!procs.is_empty() && procs.len() <= 11, "{procs:?}");
+    assert!(
+        procs.iter().any(|r| r["metric"]["pid"] == "other"),
+        "{procs:?}"
+    );
+    let busy = query(&prom, "wattprof_cpu_seconds_total{state=\"busy\"}");
+    assert!(busy.first().map(value).is_some_and(|v| v > 0.1), "{busy:?}");
+    let own = query(&prom, "wattprof_self_cpu_seconds_total");
+    assert_eq!(own.len(), 1, "{own:?}");
+    eprintln!(
+        "prometheus: package {:.2} J, {} process series, busy {:.2} s",
+        value(&energy[0]),
+        procs.len(),
+        busy.first().map(value).unwrap_or(0.0)
+    );
+    let _ = burner.0.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn series_stay_bounded_through_a_storm_and_bad_requests_do_not_stall_sampling() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let dir = tempfile_dir();
+    let stream = dir.join("s.jsonl");
+    let (_monitor, addr) = monitor(&[
+        &rapl.arg(),
+        "--duration",
+        "30s",
+        "--prometheus-top",
+        "5",
+        "--jsonl",
+        stream.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(http_get(&addr, "/nope").map(|(s, _)| s), Some(404));
+    // Slow clients that never finish their request, and one with huge
+    // headers: sampling must go on.
+    let slow: Vec<std::net::TcpStream> = (0..20)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .collect();
+    let huge = format!("/metrics?{}", "a".repeat(100_000));
+    let status = http_get(&addr, &huge).map(|(s, _)| s);
+    assert!(matches!(status, Some(431) | Some(503) | None), "{status:?}");
+    // 2,000 short-lived processes during the scrapes.
+    let mut storm = Reaped(
+        Command::new(testload_bin())
+            .args(["spawn", "2000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("storm"),
+    );
+    let started = Instant::now();
+    let mut max_series = 0;
+    let mut max_process_series = 0;
+    while storm.0.try_wait().expect("storm").is_none()
+        && started.elapsed() < Duration::from_secs(25)
+    {
+        // The slow clients hold up to 16 connection slots for 5 s: retry.
+        if let Some((200, body)) = http_get(&addr, "/metrics") {
+            let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
+            max_series = max_series.max(samples.len());
+            max_process_series = max_process_series.max(
+                samples
+                    .iter()
+                    .filter(|l| l.starts_with("wattprof_process_power_watts"))
+                    .count(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(slow);
+    eprintln!("storm: at most {max_series} series, {max_process_series} process series");
+    assert!(max_series > 0, "no scrape answered");
+    assert!(max_process_series <= 6, "{max_process_series}");
+    assert!(max_series < 60, "{max_series}");
+    // Sampling went on: an interval record at least every 250 ms or so.
+    let text = std::fs::read_to_string(&stream).expect("stream");
+    let intervals = text
+        .lines()
+        .filter(|l| l.contains("\"type\":\"interval\""))
+        .count();
+    let elapsed = started.elapsed().as_secs_f64();
+    eprintln!("{intervals} intervals in {elapsed:.1} s of monitoring");
+    assert!(
+        intervals as f64 >= elapsed / 0.25 * 0.8,
+        "{intervals} in {elapsed} s"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
