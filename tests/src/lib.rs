@@ -3,7 +3,7 @@
 
 pub mod schema;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -291,4 +291,57 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// The cgroup2 mount point, if any.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap_or("")))
+    })
+}
+
+/// A test's cgroups, removed (deepest first) when dropped.
+#[derive(Default)]
+pub struct Cgroups {
+    made: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    /// Creates `rel` (and its parents) under `root`.
+    pub fn make(&mut self, root: &Path, rel: &str) -> PathBuf {
+        let mut p = root.to_path_buf();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            p.push(part);
+            if !p.exists() {
+                std::fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+                self.made.push(p.clone());
+            }
+        }
+        p
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for p in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+/// Starts `wattprof-testload ARGS` (e.g. `cpu 0.2`) inside the cgroup `dir`.
+pub fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} {seconds}",
+        dir.display(),
+        testload_bin().display()
+    );
+    std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start a burner")
 }

@@ -3,64 +3,17 @@
 //! and `wattprof monitor` with a fixture RAPL tree. Needs root and a
 //! cgroup2 mount; run with `--test-threads=1`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use wattprof_tests::{FakeRapl, f, require_ebpf, tempfile_dir, testload_bin, wattprof_bin};
+use wattprof_tests::{
+    Cgroups, FakeRapl, burn_in, cgroup2_root, f, require_ebpf, tempfile_dir, testload_bin,
+    wattprof_bin,
+};
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 const POD: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
-
-fn cgroup2_root() -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap_or("")))
-    })
-}
-
-/// A test's cgroups, removed (deepest first) when dropped.
-struct Cgroups {
-    made: Vec<PathBuf>,
-}
-
-impl Cgroups {
-    fn make(&mut self, root: &Path, rel: &str) -> PathBuf {
-        let mut p = root.to_path_buf();
-        for part in rel.split('/').filter(|p| !p.is_empty()) {
-            p.push(part);
-            if !p.exists() {
-                std::fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
-                self.made.push(p.clone());
-            }
-        }
-        p
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for p in self.made.iter().rev() {
-            let _ = std::fs::remove_dir(p);
-        }
-    }
-}
-
-/// Starts `testload cpu SECONDS` inside the cgroup `dir`.
-fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {} cpu {seconds}",
-        dir.display(),
-        testload_bin().display()
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start a burner")
-}
 
 #[test]
 fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processes_exit() {
@@ -97,7 +50,7 @@ fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processe
             ),
         ),
     ];
-    let mut cgroups = Cgroups { made: Vec::new() };
+    let mut cgroups = Cgroups::default();
     let dirs: Vec<PathBuf> = layouts
         .iter()
         .map(|(_, rel)| cgroups.make(&root, rel))
@@ -121,7 +74,7 @@ fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processe
     std::thread::sleep(std::time::Duration::from_millis(500));
     // 0.2 s of CPU each, one after another: all exit well before the end.
     for d in &dirs {
-        let mut c = burn_in(d, "0.2");
+        let mut c = burn_in(d, "cpu 0.2");
         assert!(c.wait().expect("burner").success());
     }
     let status = monitor.wait().expect("monitor");
@@ -174,7 +127,7 @@ fn container_and_cgroup_filters_choose_the_reported_processes() {
         return;
     };
     let base = format!("wattprof-test-f{}", std::process::id());
-    let mut cgroups = Cgroups { made: Vec::new() };
+    let mut cgroups = Cgroups::default();
     let inside = cgroups.make(&root, &format!("{base}/system.slice/docker-{ID}.scope"));
     let dir = tempfile_dir();
     let stream = dir.join("s.jsonl");
@@ -199,7 +152,7 @@ fn container_and_cgroup_filters_choose_the_reported_processes() {
         .stdout(Stdio::null())
         .spawn()
         .expect("outside");
-    let mut c = burn_in(&inside, "0.4");
+    let mut c = burn_in(&inside, "cpu 0.4");
     let _ = outside.wait();
     let _ = c.wait();
     assert!(monitor.wait().expect("monitor").success());

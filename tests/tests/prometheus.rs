@@ -109,13 +109,21 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
             .expect("start prometheus"),
     );
     // Something to measure while it scrapes.
-    let mut burner = Reaped(
-        Command::new(testload_bin())
-            .args(["burn", "20", "0.5"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("burner"),
+    // In a cgroup named as Docker names them, so container series exist.
+    let Some(cg_root) = wattprof_tests::cgroup2_root() else {
+        eprintln!("skipping: no cgroup2 mount");
+        return;
+    };
+    let mut cgroups = wattprof_tests::Cgroups::default();
+    let scope = cgroups.make(
+        &cg_root,
+        &format!(
+            "wattprof-test-p{}/system.slice/docker-{}.scope",
+            std::process::id(),
+            "ab".repeat(32)
+        ),
     );
+    let mut burner = Reaped(wattprof_tests::burn_in(&scope, "burn 20 0.5"));
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut energy = Vec::new();
     while Instant::now() < deadline {
@@ -157,13 +165,72 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     assert!(busy.first().map(value).is_some_and(|v| v > 0.1), "{busy:?}");
     let own = query(&prom, "wattprof_self_cpu_seconds_total");
     assert_eq!(own.len(), 1, "{own:?}");
+    // The shipped dashboard's queries are valid PromQL over series this
+    // exporter serves, and the shipped scrape config passes promtool.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{root}/grafana-dashboard.json")).expect("dashboard"),
+    )
+    .expect("dashboard is JSON");
+    let scraped = http_get(&addr, "/metrics").expect("scrape").1;
+    let mut exprs = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            let q = expr
+                .replace("$__rate_interval", "5s")
+                .replace("$__range", "1m")
+                .replace("$instance", ".*");
+            let path = format!(
+                "/api/v1/query?query={}",
+                q.bytes()
+                    .map(|b| if b.is_ascii_alphanumeric() {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    })
+                    .collect::<String>()
+            );
+            let answer: Value = serde_json::from_str(&http_get(&prom, &path).expect("query").1)
+                .expect("JSON answer");
+            assert_eq!(answer["status"], "success", "{expr}: {answer}");
+            for name in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                // GPU series exist only on machines with GPUs.
+                if name.starts_with("wattprof_") && name != "wattprof_gpu_power_watts" {
+                    assert!(scraped.contains(name), "dashboard uses {name}, not served");
+                }
+            }
+            exprs += 1;
+        }
+    }
+    assert!(exprs >= 9);
+    if std::path::Path::new("/usr/bin/promtool").exists() {
+        let check = Command::new("/usr/bin/promtool")
+            .args(["check", "config", &format!("{root}/prometheus.yml")])
+            .output()
+            .expect("promtool");
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
     eprintln!(
         "prometheus: package {:.2} J, {} process series, busy {:.2} s",
         value(&energy[0]),
         procs.len(),
         busy.first().map(value).unwrap_or(0.0)
     );
+    let containers = query(&prom, "wattprof_container_cpu_seconds_total");
+    assert!(
+        containers
+            .iter()
+            .any(|r| r["metric"]["container_id"] == "ab".repeat(32).as_str()
+                && r["metric"]["runtime"] == "docker"),
+        "{containers:?}"
+    );
     let _ = burner.0.kill();
+    let _ = burner.0.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
