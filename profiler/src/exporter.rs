@@ -81,7 +81,7 @@ fn respond(stream: &mut TcpStream, status: u16, reason: &str, ctype: &str, body:
 }
 
 /// What one request gets (status, reason, content type, body).
-pub fn answer(request: &str, snapshot: &Snapshot) -> (u16, &'static str, &'static str, String) {
+pub fn answer(request: &str, snapshots: &[&Snapshot]) -> (u16, &'static str, &'static str, String) {
     let mut lines = request.lines();
     let first = lines.next().unwrap_or("");
     let mut parts = first.split_whitespace();
@@ -102,7 +102,7 @@ pub fn answer(request: &str, snapshot: &Snapshot) -> (u16, &'static str, &'stati
                 .find(|(k, _)| k.trim().eq_ignore_ascii_case("accept"))
                 .map(|(_, v)| v.to_ascii_lowercase())
                 .unwrap_or_default();
-            let om = openmetrics(snapshot);
+            let om = openmetrics(snapshots);
             if accept.contains("application/openmetrics-text") {
                 (
                     200,
@@ -134,7 +134,37 @@ pub fn answer(request: &str, snapshot: &Snapshot) -> (u16, &'static str, &'stati
     }
 }
 
-fn handle(mut stream: TcpStream, shared: &Shared, last_scrape_ns: &std::sync::atomic::AtomicU64) {
+/// What serving scrapes has cost so far.
+#[derive(Debug, Default)]
+pub struct ScrapeCost {
+    /// `/metrics` answers served.
+    pub scrapes: std::sync::atomic::AtomicU64,
+    /// CPU time their threads spent building and sending them (ns).
+    pub cpu_ns: std::sync::atomic::AtomicU64,
+}
+
+impl ScrapeCost {
+    /// The exporter's own cost, up to the previous scrape, as metrics.
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            counters: vec![
+                (
+                    "wattprof_exporter_scrapes",
+                    "Answers to /metrics served.",
+                    vec![(Vec::new(), self.scrapes.load(Ordering::Relaxed) as f64)],
+                ),
+                (
+                    "wattprof_exporter_cpu_seconds",
+                    "CPU time spent building and sending /metrics answers.",
+                    vec![(Vec::new(), self.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9)],
+                ),
+            ],
+            gauges: Vec::new(),
+        }
+    }
+}
+
+fn handle(mut stream: TcpStream, shared: &Shared, cost: &ScrapeCost) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let request = match read_head(&mut stream) {
@@ -149,10 +179,7 @@ fn handle(mut stream: TcpStream, shared: &Shared, last_scrape_ns: &std::sync::at
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let (status, reason, ctype, body) = answer(&request, &snapshot);
-    if status == 200 && request.contains("/metrics") {
-        last_scrape_ns.store(thread_cpu_ns() - cpu0, Ordering::Relaxed);
-    }
+    let (status, reason, ctype, body) = answer(&request, &[&snapshot, &cost.snapshot()]);
     respond(
         &mut stream,
         status,
@@ -161,6 +188,11 @@ fn handle(mut stream: TcpStream, shared: &Shared, last_scrape_ns: &std::sync::at
         &body,
         request.starts_with("HEAD"),
     );
+    if status == 200 && request.contains("/metrics") {
+        cost.scrapes.fetch_add(1, Ordering::Relaxed);
+        cost.cpu_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
+    }
 }
 
 /// A running exporter.
@@ -168,8 +200,8 @@ fn handle(mut stream: TcpStream, shared: &Shared, last_scrape_ns: &std::sync::at
 pub struct Exporter {
     /// Where it listens.
     pub addr: SocketAddr,
-    /// CPU time the last `/metrics` answer took to build (ns).
-    pub last_scrape_cpu_ns: Arc<std::sync::atomic::AtomicU64>,
+    /// What serving scrapes has cost.
+    pub cost: Arc<ScrapeCost>,
 }
 
 /// Binds `addr` and serves `shared` on background threads.
@@ -177,8 +209,8 @@ pub fn serve(addr: SocketAddr, shared: Shared) -> std::io::Result<Exporter> {
     let listener = TcpListener::bind(addr)?;
     let addr = listener.local_addr()?;
     let active = Arc::new(AtomicUsize::new(0));
-    let last = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let last_scrape_cpu_ns = last.clone();
+    let last = Arc::new(ScrapeCost::default());
+    let cost = last.clone();
     std::thread::Builder::new()
         .name("wattprof-http".into())
         .spawn(move || {
@@ -210,10 +242,7 @@ pub fn serve(addr: SocketAddr, shared: Shared) -> std::io::Result<Exporter> {
                 }
             }
         })?;
-    Ok(Exporter {
-        addr,
-        last_scrape_cpu_ns,
-    })
+    Ok(Exporter { addr, cost })
 }
 
 #[cfg(test)]

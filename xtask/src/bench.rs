@@ -431,6 +431,7 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
             .unwrap_or_default()
             .trim()
     );
+    scrape_cpu(&wattprof, &xtask, processes)?;
     for interval in ["1s", "100ms"] {
         let (idle, _) = monitor_cpu(&wattprof, interval, seconds)?;
         let mut load = Command::new(&xtask)
@@ -450,5 +451,73 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
             busy / idle.max(1.0)
         );
     }
+    Ok(())
+}
+
+/// CPU wattprof spends per `/metrics` scrape with `processes` processes
+/// alive and running, from the exporter's own counters (each answer's
+/// thread CPU clock around building and sending it), over 50 scrapes;
+/// beside it, the monitor's sampling CPU per second over the same time.
+fn scrape_cpu(wattprof: &Path, xtask: &Path, processes: usize) -> Result<()> {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut load = Command::new(xtask)
+        .args(["bench", "busy-procs", &processes.to_string(), "16"])
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut child = Command::new(wattprof)
+        .args([
+            "monitor",
+            "--cpu-tdp",
+            "100",
+            "--no-gpu",
+            "--duration",
+            "12s",
+        ])
+        .args(["--prometheus", &addr])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let scrape = || -> Result<String> {
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    let value = |body: &str, name: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let c0 = process_cpu_ns(child.id());
+    let t = Instant::now();
+    let mut bytes = 0;
+    for i in 0..50u32 {
+        bytes = scrape()?.len();
+        let next = std::time::Duration::from_millis(100) * (i + 1);
+        std::thread::sleep(next.saturating_sub(t.elapsed()));
+    }
+    let sampling = (process_cpu_ns(child.id()) - c0) as f64 / t.elapsed().as_secs_f64();
+    let last = scrape()?;
+    let (n, cpu_s) = (
+        value(&last, "wattprof_exporter_scrapes_total"),
+        value(&last, "wattprof_exporter_cpu_seconds_total"),
+    );
+    let _ = child.wait();
+    let _ = load.wait();
+    println!(
+        "/metrics scrape with {processes} processes running: {:.3} ms of wattprof CPU per scrape \
+         ({n} scrapes, {bytes} bytes each); sampling meanwhile {:.3} ms/s, so one scrape a second \
+         adds {:.1}% to wattprof's CPU",
+        cpu_s * 1e3 / n.max(1.0),
+        sampling / 1e6,
+        100.0 * cpu_s * 1e9 / n.max(1.0) / sampling.max(1.0)
+    );
     Ok(())
 }

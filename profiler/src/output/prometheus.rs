@@ -68,10 +68,12 @@ impl Collector for SnapshotCollector {
     }
 }
 
-/// The snapshot in the OpenMetrics text format (ends with `# EOF`).
-pub fn openmetrics(snapshot: &Snapshot) -> String {
+/// Snapshots in the OpenMetrics text format (ends with `# EOF`).
+pub fn openmetrics(snapshots: &[&Snapshot]) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
+    for s in snapshots {
+        registry.register_collector(Box::new(SnapshotCollector((*s).clone())));
+    }
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
@@ -147,7 +149,7 @@ mod tests {
             )],
         };
         assert_eq!(snap.series(), 3);
-        let om = openmetrics(&snap);
+        let om = openmetrics(&[&snap]);
         assert!(om.contains("# TYPE wattprof_energy_joules counter"), "{om}");
         assert!(
             om.contains("wattprof_energy_joules_total{domain=\"package\",package=\"0\"} 12.5"),
