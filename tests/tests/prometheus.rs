@@ -304,3 +304,42 @@ fn series_stay_bounded_through_a_storm_and_bad_requests_do_not_stall_sampling() 
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_finished_container_s_series_end_after_the_grace_period() {
+    require_ebpf!();
+    let Some(cg_root) = wattprof_tests::cgroup2_root() else {
+        eprintln!("skipping: no cgroup2 mount");
+        return;
+    };
+    let id = "cd".repeat(32);
+    let mut cgroups = wattprof_tests::Cgroups::default();
+    let scope = cgroups.make(
+        &cg_root,
+        &format!(
+            "wattprof-test-g{}/system.slice/docker-{id}.scope",
+            std::process::id()
+        ),
+    );
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let (_monitor, addr) = monitor(&[&rapl.arg(), "--duration", "20s", "--prometheus-grace", "1s"]);
+    let mut burner = wattprof_tests::burn_in(&scope, "cpu 0.3");
+    assert!(burner.wait().expect("burner").success());
+    let series = || {
+        http_get(&addr, "/metrics")
+            .map(|(_, body)| {
+                body.lines()
+                    .filter(|l| l.starts_with("wattprof_container_") && l.contains(&id))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    // Within the grace period (the next interval or two) the series exist.
+    std::thread::sleep(Duration::from_millis(400));
+    let during = series();
+    std::thread::sleep(Duration::from_millis(2000));
+    let after = series();
+    eprintln!("container series: {during} within the grace period, {after} after");
+    assert_eq!(during, 4, "energy per domain (3) and CPU seconds (1)");
+    assert_eq!(after, 0);
+}
