@@ -35,6 +35,12 @@ impl CgroupNames {
         }
     }
 
+    /// The cgroup v2 id of the root cgroup (every task is there on a
+    /// host that uses cgroup v1 for its controllers and units).
+    pub fn root_id(&self) -> u64 {
+        std::fs::metadata(&self.root).map_or(1, |m| m.ino())
+    }
+
     /// The cgroup2 mount of this machine (`/sys/fs/cgroup`, or
     /// `/sys/fs/cgroup/unified` on hybrid v1/v2 hosts), from mountinfo.
     pub fn real(refresh_ns: u64) -> Self {
@@ -91,6 +97,33 @@ impl CgroupNames {
     }
 }
 
+/// The cgroup v1 path of a process from its `/proc/PID/cgroup` text: the
+/// `name=systemd` hierarchy (systemd mirrors units and container scopes
+/// there), else the `cpu` controller's; `None` on pure cgroup v2.
+pub fn v1_path(proc_cgroup: &str) -> Option<String> {
+    let mut cpu = None;
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        if controllers == "name=systemd" {
+            return Some(path.to_string());
+        }
+        if controllers.split(',').any(|c| c == "cpu") {
+            cpu = Some(path.to_string());
+        }
+    }
+    cpu
+}
+
+/// A key for a cgroup v1 path that cannot collide with a cgroup v2 id
+/// (inode numbers stay far below 2^63).
+pub fn v1_key(path: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    h.finish() | (1 << 63)
+}
+
 /// The mount point of the cgroup2 file system in a mountinfo text.
 pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.lines().find_map(|l| {
@@ -103,6 +136,23 @@ pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v1_paths_prefer_systemd_s_hierarchy() {
+        let v1 =
+            "12:cpu,cpuacct:/docker/abc\n1:name=systemd:/system.slice/docker-abc.scope\n0::/\n";
+        assert_eq!(
+            v1_path(v1).as_deref(),
+            Some("/system.slice/docker-abc.scope")
+        );
+        assert_eq!(
+            v1_path("4:cpu,cpuacct:/docker/abc\n").as_deref(),
+            Some("/docker/abc")
+        );
+        assert_eq!(v1_path("0::/user.slice\n"), None);
+        assert!(v1_key("/docker/abc") >= 1 << 63);
+        assert_ne!(v1_key("/a"), v1_key("/b"));
+    }
 
     #[test]
     fn finds_the_cgroup2_mount_on_hybrid_hosts() {

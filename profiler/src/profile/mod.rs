@@ -241,6 +241,8 @@ pub struct Profile {
     groups: [EnergyBy; 3],
     cgroups: HashMap<u64, CgroupSum>,
     cgroup_names: CgroupNames,
+    cgroup_root: u64,
+    v1_cgroup: HashMap<ConsumerId, Option<u64>>,
     docker: DockerNames,
     windows: windows::Windows,
     intervals: Vec<Box<serde_json::value::RawValue>>,
@@ -278,6 +280,8 @@ impl Profile {
             groups: Default::default(),
             cgroups: HashMap::new(),
             cgroup_names: CgroupNames::real(1_000_000_000),
+            cgroup_root: CgroupNames::real(0).root_id(),
+            v1_cgroup: HashMap::new(),
             docker: DockerNames::new(&cfg.docker_socket),
             windows: windows::Windows::default(),
             intervals: Vec::new(),
@@ -327,10 +331,14 @@ impl Profile {
         }
     }
 
-    /// Processes of this interval that are reported one by one.
-    /// cgroup path of a process record, when known.
-    fn cgroup_path(&self, cgroup_id: u64) -> Option<&str> {
-        self.cgroups.get(&cgroup_id).and_then(|c| c.name.as_deref())
+    /// cgroup path of a process record, when known (its v1 path where its
+    /// v2 one is the root).
+    fn cgroup_path(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
+        let key = match self.v1_cgroup.get(&id) {
+            Some(Some(v1)) if cgroup_id == self.cgroup_root => *v1,
+            _ => cgroup_id,
+        };
+        self.cgroups.get(&key).and_then(|c| c.name.as_deref())
     }
 
     /// Whether a process passes `--pid`, `--cgroup` and `--container`.
@@ -345,7 +353,7 @@ impl Profile {
             && self
                 .cfg
                 .filter
-                .matches(self.cgroup_path(cgroup_id), &self.docker)
+                .matches(self.cgroup_path(id, cgroup_id), &self.docker)
     }
 
     /// Processes of this interval that are reported one by one.
@@ -452,6 +460,29 @@ impl Profile {
                     cgroup_id: p.cgroup_id,
                     on_cpu_ns: vec![0; self.package_ids.len().max(1)],
                 });
+            }
+        }
+        // Tasks in the cgroup v2 root on a host whose units and containers
+        // live in cgroup v1 hierarchies: their v1 path, read once per
+        // process while it is alive.
+        for u in &mut usage {
+            if u.cgroup_id != self.cgroup_root {
+                continue;
+            }
+            let cgroups = &mut self.cgroups;
+            let key = *self.v1_cgroup.entry(u.id).or_insert_with(|| {
+                let text =
+                    std::fs::read_to_string(format!("/proc/{}/cgroup", u.pid)).unwrap_or_default();
+                crate::process::cgroup::v1_path(&text)
+                    .filter(|p| p != "/")
+                    .map(|p| {
+                        let key = crate::process::cgroup::v1_key(&p);
+                        cgroups.entry(key).or_default().name = Some(p);
+                        key
+                    })
+            });
+            if let Some(key) = key {
+                u.cgroup_id = key;
             }
         }
         let meta: HashMap<ConsumerId, (Role, u64)> = usage
@@ -622,6 +653,7 @@ impl Profile {
         let table = &self.table;
         self.ledger.retain(|id| table.by_id(id).is_some());
         self.memory.retain(|id, _| table.by_id(*id).is_some());
+        self.v1_cgroup.retain(|id, _| table.by_id(*id).is_some());
         self.memory_read_ns
             .retain(|id, _| table.by_id(*id).is_some());
     }
@@ -963,7 +995,7 @@ impl Profile {
                 &self.cfg.carbon,
             ),
             memory: self.memory.get(&p.id).copied().unwrap_or_default(),
-            cgroup: self.cgroups.get(&p.cgroup_id).and_then(|c| c.name.clone()),
+            cgroup: self.cgroup_path(p.id, p.cgroup_id).map(str::to_string),
         }
     }
 
