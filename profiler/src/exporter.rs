@@ -3,10 +3,10 @@
 //! A small HTTP/1.x server on its own threads. Sampling only swaps in a
 //! new [`Snapshot`] after each interval (a pointer under a mutex held for
 //! nanoseconds); scrapes encode from their own copy. Each connection gets
-//! a thread, at most [`MAX_CONNECTIONS`] at once, with time limits on
-//! reading and writing and a cap on the request's size, so unknown paths,
-//! huge headers and slow clients cost a thread for a few seconds at most
-//! and never touch sampling.
+//! a thread, at most [`MAX_CONNECTIONS`] at once, with [`IO_TIMEOUT`] for
+//! the whole request head, a time limit on each write and a cap on the
+//! request's size, so unknown paths, huge headers and slow clients cost a
+//! thread for a few seconds at most and never touch sampling.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -48,12 +48,18 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Reads the request head (up to the blank line). `Err` carries the
-/// status to answer.
+/// Reads the request head (up to the blank line), all of it within
+/// [`IO_TIMEOUT`] (a client trickling a byte at a time is cut off too).
+/// `Err` carries the status to answer.
 fn read_head(stream: &mut TcpStream) -> Result<String, (u16, &'static str)> {
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
     loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return Err((408, "Request Timeout"));
+        }
         if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
             return Ok(String::from_utf8_lossy(&buf).into_owned());
         }
@@ -165,7 +171,6 @@ impl ScrapeCost {
 }
 
 fn handle(mut stream: TcpStream, shared: &Shared, cost: &ScrapeCost) {
-    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let request = match read_head(&mut stream) {
         Ok(r) => r,
@@ -188,7 +193,11 @@ fn handle(mut stream: TcpStream, shared: &Shared, cost: &ScrapeCost) {
         &body,
         request.starts_with("HEAD"),
     );
-    if status == 200 && request.contains("/metrics") {
+    let path = request
+        .split_whitespace()
+        .nth(1)
+        .and_then(|t| t.split('?').next());
+    if status == 200 && path == Some("/metrics") {
         cost.scrapes.fetch_add(1, Ordering::Relaxed);
         cost.cpu_ns
             .fetch_add(thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
@@ -215,7 +224,12 @@ pub fn serve(addr: SocketAddr, shared: Shared) -> std::io::Result<Exporter> {
         .name("wattprof-http".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
+                let Ok(mut stream) = stream else {
+                    // Out of file descriptors, say: the connection stays
+                    // queued, so wait instead of spinning.
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                };
                 if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
                     let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
                     respond(
@@ -233,8 +247,15 @@ pub fn serve(addr: SocketAddr, shared: Shared) -> std::io::Result<Exporter> {
                 let spawned = std::thread::Builder::new()
                     .name("wattprof-scrape".into())
                     .spawn(move || {
+                        // The slot is given back even if answering panics.
+                        struct Slot(Arc<AtomicUsize>);
+                        impl Drop for Slot {
+                            fn drop(&mut self) {
+                                self.0.fetch_sub(1, Ordering::Relaxed);
+                            }
+                        }
+                        let _slot = Slot(slot);
                         handle(stream, &shared, &last);
-                        slot.fetch_sub(1, Ordering::Relaxed);
                     });
                 if spawned.is_err() {
                     // No thread for it: the client is dropped, sampling goes on.

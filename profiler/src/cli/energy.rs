@@ -63,13 +63,9 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
 
-    /// The Docker Engine API socket, for container names.
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "/var/run/docker.sock",
-        hide = true
-    )]
+    /// The Docker Engine API socket, for container names (asked on a
+    /// background thread; without it, containers are named by id).
+    #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
 
     /// Read CPU energy counters from this copy of /sys (testing).

@@ -152,6 +152,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let grace_ns = args.prometheus_grace.as_nanos() as u64;
+    let mut last_snapshot_ns = 0;
     let live = std::io::stdout().is_terminal();
     let interval_ns = args.interval.as_nanos() as u64;
     let end_ns = args.duration.map(|d| start_ns + d.as_nanos() as u64);
@@ -164,7 +165,12 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         if now >= next_tick {
             let sample = tracker.sample()?;
             profile.step(&sample, false);
-            if let Some((_, shared)) = &exporter {
+            // At most once a second: scrapes are far apart, and the
+            // snapshot walks every container and cgroup.
+            if let Some((_, shared)) = &exporter
+                && now.saturating_sub(last_snapshot_ns) >= 1_000_000_000
+            {
+                last_snapshot_ns = now;
                 let snap = Arc::new(profile.snapshot(args.prometheus_top as usize, grace_ns));
                 *shared
                     .lock()

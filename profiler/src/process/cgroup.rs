@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 pub struct CgroupNames {
     root: PathBuf,
     names: HashMap<u64, String>,
+    mounted: bool,
     first_asked_ns: HashMap<u64, u64>,
     walked_at_ns: Option<u64>,
     refresh_ns: u64,
@@ -29,24 +30,34 @@ impl CgroupNames {
         Self {
             root: root.into(),
             names: HashMap::new(),
+            mounted: true,
             first_asked_ns: HashMap::new(),
             walked_at_ns: None,
             refresh_ns,
         }
     }
 
-    /// The cgroup v2 id of the root cgroup (every task is there on a
-    /// host that uses cgroup v1 for its controllers and units).
-    pub fn root_id(&self) -> u64 {
-        std::fs::metadata(&self.root).map_or(1, |m| m.ino())
+    /// The cgroup v2 id of the root cgroup (where every task is on a host
+    /// that keeps its units in cgroup v1 hierarchies); `None` without a
+    /// cgroup2 mount, where no v2 id says anything.
+    pub fn root_id(&self) -> Option<u64> {
+        if !self.mounted {
+            return None;
+        }
+        std::fs::metadata(&self.root).ok().map(|m| m.ino())
     }
 
     /// The cgroup2 mount of this machine (`/sys/fs/cgroup`, or
     /// `/sys/fs/cgroup/unified` on hybrid v1/v2 hosts), from mountinfo.
     pub fn real(refresh_ns: u64) -> Self {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let root = cgroup2_mount(&mountinfo).unwrap_or_else(|| "/sys/fs/cgroup".into());
-        Self::new(root, refresh_ns)
+        match cgroup2_mount(&mountinfo) {
+            Some(root) => Self::new(root, refresh_ns),
+            None => Self {
+                mounted: false,
+                ..Self::new("/sys/fs/cgroup", refresh_ns)
+            },
+        }
     }
 
     fn walk(&mut self, dir: &Path, rel: &str, depth: usize, dev: Option<u64>) {

@@ -72,7 +72,9 @@ pub fn from_cgroup_path(path: &str) -> Option<Container> {
     let mut in_kube = false;
     let mut found: Option<(Runtime, String)> = None;
     for (i, part) in parts.iter().enumerate() {
-        if part.starts_with("kubepods") {
+        // `kubepods.slice`, `kubepods`, and under a kubelet --cgroup-root
+        // (kind) `kubelet-kubepods-burstable.slice`.
+        if part.contains("kubepods") {
             in_kube = true;
             // systemd driver: kubepods-burstable.slice; cgroupfs: kubepods/burstable.
             for class in ["burstable", "besteffort"] {
@@ -96,10 +98,10 @@ pub fn from_cgroup_path(path: &str) -> Option<Container> {
                 continue;
             }
         }
-        // The container conmon process of CRI-O and Podman is not the
-        // container itself.
+        // The conmon monitor of CRI-O and Podman is not the container,
+        // nor a unit of its own.
         if part.contains("conmon") {
-            continue;
+            return None;
         }
         let hit = if let Some(id) = strip(part, "docker-") {
             Some((Runtime::Docker, id))
@@ -107,6 +109,11 @@ pub fn from_cgroup_path(path: &str) -> Option<Container> {
             Some((Runtime::Containerd, id))
         } else if let Some(id) = strip(part, "crio-") {
             Some((Runtime::Crio, id))
+        } else if let Some(id) = strip(part, "nerdctl-") {
+            Some((Runtime::Containerd, id))
+        } else if let Some(id) = strip(part, "libpod-payload-") {
+            // Quadlet / `podman generate systemd --new` (--cgroups=split).
+            Some((Runtime::Podman, id))
         } else if let Some(id) = strip(part, "libpod-") {
             Some((Runtime::Podman, id))
         } else if i > 0 && parts[i - 1] == "docker" && is_id(part) {
@@ -132,17 +139,21 @@ pub fn from_cgroup_path(path: &str) -> Option<Container> {
             qos,
         });
     }
-    // Otherwise the innermost systemd unit.
-    parts
+    if in_kube {
+        // A pod's own cgroup, or kubepods itself: no container.
+        return None;
+    }
+    // Otherwise the innermost systemd unit, named by its whole path (the
+    // host's nginx.service and a user's or a guest's are different units).
+    let unit = parts
         .iter()
-        .rev()
-        .find(|p| p.ends_with(".service") || p.ends_with(".scope"))
-        .map(|unit| Container {
-            runtime: Runtime::Systemd,
-            id: (*unit).to_string(),
-            pod_uid: None,
-            qos: None,
-        })
+        .rposition(|p| p.ends_with(".service") || p.ends_with(".scope"))?;
+    Some(Container {
+        runtime: Runtime::Systemd,
+        id: format!("/{}", parts[..=unit].join("/")),
+        pod_uid: None,
+        qos: None,
+    })
 }
 
 #[cfg(test)]
@@ -181,13 +192,27 @@ mod tests {
             )),
             d(Runtime::Podman)
         );
+        assert_eq!(c(&format!("/machine.slice/libpod-conmon-{ID}.scope")), None);
         assert_eq!(
-            c(&format!("/machine.slice/libpod-conmon-{ID}.scope")).map(|x| x.0),
-            Some(Runtime::Systemd)
+            c(&format!("/system.slice/web.service/libpod-payload-{ID}")),
+            d(Runtime::Podman)
+        );
+        assert_eq!(
+            c(&format!("/system.slice/nerdctl-{ID}.scope")),
+            d(Runtime::Containerd)
         );
         assert_eq!(
             c("/system.slice/nginx.service"),
-            Some((Runtime::Systemd, "nginx.service".into(), None, None))
+            Some((
+                Runtime::Systemd,
+                "/system.slice/nginx.service".into(),
+                None,
+                None
+            ))
+        );
+        assert_ne!(
+            c("/user.slice/user-1000.slice/user@1000.service/init.scope").map(|x| x.1),
+            c("/init.scope").map(|x| x.1)
         );
         assert_eq!(c("/"), None);
         assert_eq!(c("/user.slice"), None);
@@ -218,6 +243,21 @@ mod tests {
                 Some(uid.into()),
                 Some("guaranteed".into())
             ))
+        );
+        // kind: kubelet under a --cgroup-root inside the node's container.
+        assert_eq!(
+            c(&format!(
+                "/system.slice/docker-{}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{sd}.slice/cri-containerd-{ID}.scope",
+                "e".repeat(64)
+            ))
+            .map(|x| (x.2, x.3)),
+            Some((Some(uid.into()), Some("burstable".into())))
+        );
+        assert_eq!(
+            c(&format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{sd}.slice/crio-conmon-{ID}.scope"
+            )),
+            None
         );
         assert_eq!(
             c(&format!("/kubepods/besteffort/pod{uid}/{ID}")),

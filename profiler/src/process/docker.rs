@@ -2,7 +2,8 @@
 //!
 //! Lookups run on a background thread: asking for a name never blocks
 //! (the id stands in until the answer comes), each id is asked once, and a
-//! daemon that does not answer within the timeout is left alone.
+//! lookup that fails (no answer within the timeout, no such container) is
+//! tried again 30 s later.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -18,10 +19,27 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 /// Largest answer read (a container's JSON is a few KiB).
 const MAX_ANSWER: u64 = 4 << 20;
 
+/// A lookup's state.
+#[derive(Clone, Debug)]
+enum Lookup {
+    /// Asked, no answer yet.
+    Pending,
+    /// The daemon named it.
+    Named(String),
+    /// No answer (no such container, daemon busy): asked again after
+    /// [`RETRY`].
+    Failed(std::time::Instant),
+}
+
+/// Time before a failed lookup is tried again.
+const RETRY: Duration = Duration::from_secs(30);
+
+type Names = Arc<Mutex<HashMap<String, Lookup>>>;
+
 /// Cached Docker names.
 #[derive(Debug)]
 pub struct DockerNames {
-    names: Arc<Mutex<HashMap<String, Option<String>>>>,
+    names: Names,
     ask: Option<Sender<String>>,
 }
 
@@ -51,17 +69,16 @@ fn lookup(socket: &Path, id: &str) -> Option<String> {
     parse_name(&answer)
 }
 
-fn serve(
-    socket: PathBuf,
-    rx: Receiver<String>,
-    names: Arc<Mutex<HashMap<String, Option<String>>>>,
-) {
+fn serve(socket: PathBuf, rx: Receiver<String>, names: Names) {
     for id in rx {
-        let name = lookup(&socket, &id);
+        let answer = match lookup(&socket, &id) {
+            Some(name) => Lookup::Named(name),
+            None => Lookup::Failed(std::time::Instant::now()),
+        };
         names
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, name);
+            .insert(id, answer);
     }
 }
 
@@ -83,18 +100,17 @@ impl DockerNames {
 
     /// The name of container `id`, if known yet; asks for it otherwise.
     pub fn name(&self, id: &str) -> Option<String> {
+        let ask = self.ask.as_ref()?;
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         match names.get(id) {
-            Some(n) => n.clone(),
-            None => {
-                if let Some(ask) = &self.ask {
-                    // Asked once: an answer of no name is cached too.
-                    names.insert(id.to_string(), None);
-                    let _ = ask.send(id.to_string());
-                }
-                None
-            }
+            Some(Lookup::Named(n)) => return Some(n.clone()),
+            Some(Lookup::Pending) => return None,
+            Some(Lookup::Failed(at)) if at.elapsed() < RETRY => return None,
+            _ => {}
         }
+        names.insert(id.to_string(), Lookup::Pending);
+        let _ = ask.send(id.to_string());
+        None
     }
 }
 

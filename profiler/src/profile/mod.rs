@@ -241,7 +241,7 @@ pub struct Profile {
     groups: [EnergyBy; 3],
     cgroups: HashMap<u64, CgroupSum>,
     cgroup_names: CgroupNames,
-    cgroup_root: u64,
+    cgroup_root: Option<u64>,
     v1_cgroup: HashMap<ConsumerId, Option<u64>>,
     docker: DockerNames,
     windows: windows::Windows,
@@ -335,7 +335,7 @@ impl Profile {
     /// v2 one is the root).
     fn cgroup_path(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
         let key = match self.v1_cgroup.get(&id) {
-            Some(Some(v1)) if cgroup_id == self.cgroup_root => *v1,
+            Some(Some(v1)) if self.cgroup_root.is_none_or(|r| cgroup_id == r) => *v1,
             _ => cgroup_id,
         };
         self.cgroups.get(&key).and_then(|c| c.name.as_deref())
@@ -466,7 +466,7 @@ impl Profile {
         // live in cgroup v1 hierarchies: their v1 path, read once per
         // process while it is alive.
         for u in &mut usage {
-            if u.cgroup_id != self.cgroup_root {
+            if self.cgroup_root.is_some_and(|r| u.cgroup_id != r) {
                 continue;
             }
             let cgroups = &mut self.cgroups;
@@ -822,15 +822,26 @@ impl Profile {
             idle.push((labels.clone(), j(t.idle_uj)));
             unattributed.push((labels, j(t.unattributed_uj)));
         }
-        let (mut c_energy, mut c_cpu) = (Vec::new(), Vec::new());
+        let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
         for c in self.container_reports(Some(since)) {
+            // The name can arrive late or change (docker rename): it is on
+            // an info series, never on the counters.
             let base = l(&[
                 ("runtime", c.runtime.name().to_string()),
                 ("container_id", c.id.clone()),
-                ("container_name", c.name.clone().unwrap_or_default()),
                 ("pod_uid", c.pod_uid.clone().unwrap_or_default()),
                 ("qos", c.qos.clone().unwrap_or_default()),
             ]);
+            if let Some(name) = &c.name {
+                c_info.push((
+                    l(&[
+                        ("runtime", c.runtime.name().to_string()),
+                        ("container_id", c.id.clone()),
+                        ("container_name", name.clone()),
+                    ]),
+                    1.0,
+                ));
+            }
             c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
             for (domain, v) in kinds(&c.energy) {
                 let mut labels = base.clone();
@@ -839,16 +850,34 @@ impl Profile {
             }
         }
         let (mut g_energy, mut g_cpu) = (Vec::new(), Vec::new());
-        for c in self.cgroup_reports(Some(since)) {
-            g_cpu.push((l(&[("cgroup", c.path.clone())]), c.on_cpu_ns as f64 / 1e9));
-            for (domain, v) in kinds(&c.energy) {
+        // Per path: a restarted service or container gets a new cgroup
+        // (a new id) at the same path, and its series must go on rising,
+        // so every cgroup that ever had the path counts, for as long as
+        // one of them ran within the grace period.
+        let mut by_path: std::collections::BTreeMap<&str, (u64, EnergyBy, u64)> =
+            std::collections::BTreeMap::new();
+        for c in self.cgroups.values() {
+            let Some(path) = c.name.as_deref() else {
+                continue;
+            };
+            let e = by_path.entry(path).or_default();
+            e.0 += c.on_cpu_ns;
+            e.1.merge(&c.energy);
+            e.2 = e.2.max(c.last_ns);
+        }
+        for (path, (ns, energy, last)) in by_path {
+            if last < since {
+                continue;
+            }
+            g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
+            let e = EnergyJ::new(&energy, 0, &self.cfg.carbon);
+            for (domain, v) in kinds(&e) {
                 g_energy.push((
-                    l(&[("cgroup", c.path.clone()), ("domain", domain.into())]),
+                    l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
                     v,
                 ));
             }
         }
-        let groups = self.table.totals();
         let (busy, idle_ns, lost) = self.machine.totals();
         let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
             .into_iter()
@@ -884,10 +913,12 @@ impl Profile {
                 ));
             }
             // Everything attributed in the interval that is not in the top.
+            // Core energy is part of package energy: not added again.
             let attributed: f64 = iv["domains"]
                 .as_array()
                 .into_iter()
                 .flatten()
+                .filter(|d| matches!(d["domain"].as_str(), Some("package" | "dram" | "gpu")))
                 .map(|d| d["attributed_j"].as_f64().unwrap_or(0.0))
                 .sum::<f64>()
                 / dur_s;
@@ -955,7 +986,7 @@ impl Profile {
                 (
                     "wattprof_self_cpu_seconds",
                     "wattprof's own on-CPU time.",
-                    vec![(Vec::new(), groups.profiler_ns as f64 / 1e9)],
+                    vec![(Vec::new(), self.table.totals().profiler_ns as f64 / 1e9)],
                 ),
                 (
                     "wattprof_self_energy_joules",
@@ -973,6 +1004,11 @@ impl Profile {
                     "wattprof_gpu_power_watts",
                     "GPU power draw as NVML reports it.",
                     gpu_power,
+                ),
+                (
+                    "wattprof_container_info",
+                    "A container's name (Docker), 1 while its series are exported.",
+                    c_info,
                 ),
             ],
         }
