@@ -200,6 +200,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         .map(PendingOutput::create)
         .transpose()?;
     let (carbon, jsonl) = args.energy.validate()?;
+    // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
+    // signal that comes meanwhile is held and given to the command once it
+    // runs, never lost or fatal to wattprof.
+    let signal_target = Arc::new(child::SignalTarget::default());
+    child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
 
     let cfg = TrackerConfig {
         max_tasks: args.max_tasks,
@@ -257,8 +262,6 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         ))
     })?;
 
-    let signal_target = Arc::new(child::SignalTarget::default());
-    child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
     let mut proc = child::spawn(
         &resolved,
         rest,
