@@ -5,18 +5,19 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use profiler_common::DEFAULT_MAX_TASKS;
 
 use super::Fatal;
 use super::energy::EnergyArgs;
-use super::run::{PendingOutput, deliver, parse_duration, parse_interval, tracker_facts};
+use super::run::{
+    PendingOutput, deliver, parse_duration, parse_interval, start_profile, tracker_facts,
+};
 use crate::output::{By, render_monitor_frame};
-use crate::process::{ProcFs, ProcessTable};
-use crate::profile::{self, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope};
-use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
+use crate::profile::{Ending, KeepIntervals, Scope};
+use crate::tracker::{CpuSampler, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
 #[derive(clap::Args, Debug)]
@@ -93,47 +94,28 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
-    let mut readers = Readers::open(&args.energy.readers())
-        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
     let cfg = TrackerConfig {
         max_tasks: args.max_tasks,
         ..TrackerConfig::default()
     };
-    let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
-    readers.rebase();
-    let start_ns = tracker.start_ns();
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let table = ProcessTable::new(
-        ProcFs::real(),
-        tracker.topology().sockets(),
-        std::process::id(),
-    );
-    let host = profile::host_report(readers.gpus());
-    let mut profile = Profile::new(
-        table,
-        readers,
-        tracker.topology().package_ids.clone(),
-        start_ns,
-        ProfileConfig {
-            carbon,
-            filter: args.energy.filter(),
-            docker_socket: args.energy.docker_socket.clone(),
-            scope: Scope::Machine {
-                // The exporter's top processes come from the interval's rows.
-                top: args.top.max(args.prometheus_top) as usize,
-                pids: args.pid.clone(),
-            },
-            keep: if args.output.is_some() {
-                KeepIntervals::MachineOnly
-            } else {
-                KeepIntervals::Nothing
-            },
+    let keep = if args.output.is_some() {
+        KeepIntervals::MachineOnly
+    } else {
+        KeepIntervals::Nothing
+    };
+    let (mut tracker, mut profile, start_unix_ns) = start_profile(
+        &cfg,
+        &args.energy,
+        carbon,
+        Scope::Machine {
+            // The exporter's top processes come from the interval's rows.
+            top: args.top.max(args.prometheus_top) as usize,
+            pids: args.pid.clone(),
         },
+        keep,
         jsonl,
-        host,
-    );
+    )?;
+    let start_ns = tracker.start_ns();
     profile.write_header("monitor", None, start_unix_ns);
     let exporter = match args.prometheus {
         Some(addr) => {

@@ -212,42 +212,19 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         force_switch_timing: args.switch_timing,
         ..TrackerConfig::default()
     };
-    // Readers first (NVML takes a while to load), then the tracker; the
-    // readers' starting points are then set again at the tracker's start.
-    let mut readers = Readers::open(&args.energy.readers())
-        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
-    let mut tracker = EbpfTracker::start(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
-    readers.rebase();
-    let start_ns = tracker.start_ns();
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let table = ProcessTable::new(
-        ProcFs::real(),
-        tracker.topology().sockets(),
-        std::process::id(),
-    );
     let argv: Vec<String> = args
         .command
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let host = profile::host_report(readers.gpus());
-    let mut profile = Profile::new(
-        table,
-        readers,
-        tracker.topology().package_ids.clone(),
-        start_ns,
-        ProfileConfig {
-            carbon,
-            filter: args.energy.filter(),
-            docker_socket: args.energy.docker_socket.clone(),
-            scope: Scope::Tree,
-            keep: KeepIntervals::All,
-        },
+    let (mut tracker, mut profile, start_unix_ns) = start_profile(
+        &cfg,
+        &args.energy,
+        carbon,
+        Scope::Tree,
+        KeepIntervals::All,
         jsonl,
-        host,
-    );
+    )?;
     profile.write_header("run", Some(&argv), start_unix_ns);
 
     let socket = WindowSocket::bind(
@@ -391,6 +368,48 @@ fn window_boundary(
         profile.window_messages(messages, sample.at_ns);
     }
     Ok(())
+}
+
+/// Opens the energy readers and starts the tracker, then builds the
+/// profile: readers first (NVML takes a while to load), their starting
+/// points set again once the tracker counts. Returns the wall-clock start.
+pub(super) fn start_profile(
+    tracker_cfg: &TrackerConfig,
+    energy: &EnergyArgs,
+    carbon: crate::carbon::CarbonIntensity,
+    scope: Scope,
+    keep: KeepIntervals,
+    jsonl: Option<profile::Jsonl>,
+) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
+    let mut readers = Readers::open(&energy.readers())
+        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
+    let tracker = EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    readers.rebase();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let table = ProcessTable::new(
+        ProcFs::real(),
+        tracker.topology().sockets(),
+        std::process::id(),
+    );
+    let host = profile::host_report(readers.gpus());
+    let profile = Profile::new(
+        table,
+        readers,
+        tracker.topology().package_ids.clone(),
+        tracker.start_ns(),
+        ProfileConfig {
+            carbon,
+            filter: energy.filter(),
+            docker_socket: energy.docker_socket.clone(),
+            scope,
+            keep,
+        },
+        jsonl,
+        host,
+    );
+    Ok((tracker, profile, start_unix_ns))
 }
 
 /// The tracker's part of a report (the profile fills in the counts).

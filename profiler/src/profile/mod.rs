@@ -172,6 +172,11 @@ fn watts(uj: u64, ns: u64) -> f64 {
     }
 }
 
+/// Report order: most energy first, then most on-CPU time.
+fn most_energy_first(a: (&EnergyJ, u64), b: (&EnergyJ, u64)) -> std::cmp::Ordering {
+    b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
+}
+
 /// Host facts for the report header.
 pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
     let read = |p: &str| {
@@ -732,12 +737,8 @@ impl Profile {
                 energy: EnergyJ::new(&c.energy, span, &self.cfg.carbon),
             })
             .collect();
-        cgroups.sort_by(|a, b| {
-            b.energy
-                .total_j
-                .total_cmp(&a.energy.total_j)
-                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
-        });
+        cgroups
+            .sort_by(|a, b| most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns)));
         cgroups
     }
 
@@ -782,10 +783,7 @@ impl Profile {
             })
             .collect();
         v.sort_by(|a, b| {
-            b.energy
-                .total_j
-                .total_cmp(&a.energy.total_j)
-                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+            most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
                 .then(a.id.cmp(&b.id))
         });
         v
@@ -1068,10 +1066,7 @@ impl Profile {
                     .map(|p| self.process_report(p, end_ns))
                     .collect();
                 v.sort_by(|a, b| {
-                    b.energy
-                        .total_j
-                        .total_cmp(&a.energy.total_j)
-                        .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+                    most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
                 });
                 v.truncate((*top).max(100));
                 v
