@@ -1,5 +1,10 @@
 //! wattprof's kernel side: exact on-CPU nanoseconds per thread, per package.
 //!
+//! Two trackers share this object. The iterator tracker (`iter`, the
+//! default) reads the scheduler's counters at each read and at rare events;
+//! the switch tracker below (`--tracker switch`, the fallback without BTF)
+//! charges every context switch.
+//!
 //! At every context switch the task leaving the CPU (`current`) is charged
 //! for the slice it ran: the growth of its own `se.sum_exec_runtime` (the
 //! scheduler's counter, read at an offset userspace finds in the running
@@ -15,6 +20,8 @@
 //! possible CPU. What does not fit is counted in `CpuState`.
 #![no_std]
 #![no_main]
+
+mod iter;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -58,6 +65,10 @@ static ACTIVE: RingBuf = RingBuf::with_byte_size(ACTIVE_RING_BYTES, 0);
 /// from the tracefs `format` file and sets it at load time.
 #[unsafe(no_mangle)]
 static FORK_CHILD_PID_OFFSET: u32 = 20;
+
+/// Non-zero when the iterator tracker runs (no `TASKS` entries to keep).
+#[unsafe(no_mangle)]
+static ITER_MODE: u32 = 0;
 
 /// `offsetof(struct task_struct, se.sum_exec_runtime)` in the running kernel,
 /// from its BTF; 0 when unknown (time context switches instead).
@@ -347,6 +358,11 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         return 0;
     }
     let child = child as u32;
+    // SAFETY: reading a global that userspace sets before load.
+    if unsafe { core::ptr::read_volatile(&ITER_MODE) } != 0 {
+        emit_current(EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
+        return 0;
+    }
     if let Some(stale) = TASKS.get_ptr(child) {
         // SAFETY: the stale task is gone; nothing else writes this entry.
         let stale = unsafe { &*stale };

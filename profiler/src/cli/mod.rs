@@ -35,6 +35,38 @@ impl Fatal {
     }
 }
 
+/// How on-CPU time is measured: options shared by `run` and `monitor`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrackerArgs {
+    /// How on-CPU time is measured. `iter` reads the scheduler's own
+    /// counters with a task iterator at each interval and at rare events
+    /// (exit, migration between packages, cgroup move): nothing runs at
+    /// context switches (Linux 5.8+ with BTF). `switch` charges every
+    /// context switch (kernels without BTF; it costs every program on the
+    /// machine ~0.3 us per switch). `auto` takes `iter` where it loads and
+    /// says why not otherwise.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tracker: crate::tracker::TrackerChoice,
+
+    /// Threads the kernel keeps per-thread state for. With `iter`, threads
+    /// beyond it are read at every interval (more work, nothing lost; ~64
+    /// bytes of kernel memory each); with `switch`, their time is counted
+    /// as lost, never silently dropped (~190 bytes each).
+    #[arg(long, default_value_t = profiler_common::DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
+    pub max_tasks: u32,
+}
+
+impl TrackerArgs {
+    /// The tracker's settings.
+    pub fn config(&self) -> crate::tracker::TrackerConfig {
+        crate::tracker::TrackerConfig {
+            tracker: self.tracker,
+            max_tasks: self.max_tasks,
+            ..crate::tracker::TrackerConfig::default()
+        }
+    }
+}
+
 /// wattprof: how much CPU time (and energy) each process really used.
 #[derive(Parser, Debug)]
 #[command(

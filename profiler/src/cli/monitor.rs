@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use profiler_common::DEFAULT_MAX_TASKS;
 
 use super::Fatal;
 use super::energy::EnergyArgs;
@@ -17,7 +16,7 @@ use super::run::{
 };
 use crate::output::{By, render_monitor_frame};
 use crate::profile::{Ending, KeepIntervals, Scope};
-use crate::tracker::{CpuSampler, TrackerConfig, monotonic_ns};
+use crate::tracker::{CpuSampler, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
 #[derive(clap::Args, Debug)]
@@ -70,9 +69,8 @@ pub struct MonitorArgs {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub prometheus_grace: Duration,
 
-    /// Threads the kernel tracks at once (time beyond is counted as lost).
-    #[arg(long, default_value_t = DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
-    pub max_tasks: u32,
+    #[command(flatten)]
+    pub tracker: super::TrackerArgs,
 
     #[command(flatten)]
     pub energy: EnergyArgs,
@@ -94,10 +92,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
-    let cfg = TrackerConfig {
-        max_tasks: args.max_tasks,
-        ..TrackerConfig::default()
-    };
+    let cfg = args.tracker.config();
     let keep = if args.output.is_some() {
         KeepIntervals::MachineOnly
     } else {
@@ -198,7 +193,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         mode: "monitor",
         command: None,
         start_unix_ns,
-        profiler: tracker_facts(&tracker, args.max_tasks, interval_ns),
+        profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&report, pending_output)?;
     Ok(0)

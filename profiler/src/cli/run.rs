@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use profiler_common::DEFAULT_MAX_TASKS;
 
 use super::{Fatal, child, energy::EnergyArgs};
 use crate::output::{self, ProfilerReport};
@@ -51,18 +50,17 @@ pub struct RunArgs {
     #[arg(long)]
     pub as_root: bool,
 
-    /// Threads the kernel tracks at once. Time of threads beyond this is
-    /// counted as lost, never silently dropped. ~150 bytes of kernel memory each.
-    #[arg(long, default_value_t = DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
-    pub max_tasks: u32,
+    #[command(flatten)]
+    pub tracker: super::TrackerArgs,
 
-    /// Detect exits with the sched_process_exit tracepoint, as on kernels
-    /// older than 5.18, even where the final context switch is available.
+    /// Switch tracker: detect exits with the sched_process_exit tracepoint,
+    /// as on kernels older than 5.18, even where the final context switch
+    /// is available.
     #[arg(long, hide = true)]
     pub legacy_exit_tracking: bool,
 
-    /// Time slices between context switches, as on kernels without BTF,
-    /// instead of reading the scheduler's own counter.
+    /// Switch tracker: time slices between context switches, as on kernels
+    /// without BTF, instead of reading the scheduler's own counter.
     #[arg(long, hide = true)]
     pub switch_timing: bool,
 
@@ -207,10 +205,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
 
     let cfg = TrackerConfig {
-        max_tasks: args.max_tasks,
         force_exit_tracepoint: args.legacy_exit_tracking,
         force_switch_timing: args.switch_timing,
-        ..TrackerConfig::default()
+        ..args.tracker.config()
     };
     let argv: Vec<String> = args
         .command
@@ -325,9 +322,12 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     signal_target.ended();
 
     // The command was reaped, but its threads may still be finishing their
-    // last context switch: wait (briefly) until they have all reported.
+    // last context switch, and their final run time comes when they are
+    // freed (an RCU grace period later): wait (briefly) for all of them.
     let settle_until = monotonic_ns() + 250_000_000;
-    while (!tracker.has_exited(pid) || tracker.live_threads_of(pid) > 0)
+    while (!tracker.has_exited(pid)
+        || tracker.live_threads_of(pid) > 0
+        || tracker.awaiting_final_of(pid) > 0)
         && monotonic_ns() < settle_until
     {
         std::thread::sleep(Duration::from_millis(1));
@@ -347,7 +347,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
             signal: std::os::unix::process::ExitStatusExt::signal(&status),
         }),
         start_unix_ns,
-        profiler: tracker_facts(&tracker, args.max_tasks, interval_ns),
+        profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&report, pending_output)?;
     Ok(child::exit_code(status))
@@ -418,7 +418,13 @@ pub(super) fn tracker_facts(
     max_tasks: u32,
     interval_ns: u64,
 ) -> ProfilerReport {
+    let (settled_from_exit, vanished_threads) = tracker.exits_without_free();
     ProfilerReport {
+        tracker: tracker.kind(),
+        tracker_fallback: tracker.fallback_reason().map(str::to_string),
+        filter_overflow: tracker.filter_overflow(),
+        settled_from_exit,
+        vanished_threads,
         on_cpu_ns: 0,
         kernel_memory_bytes: tracker.kernel_memory_bytes(),
         exit_tracking: tracker.exit_tracking(),

@@ -177,6 +177,20 @@ pub struct MachineReport {
 /// wattprof's own figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProfilerReport {
+    /// Which tracker measured on-CPU time.
+    pub tracker: crate::tracker::TrackerKind,
+    /// Why the switch tracker ran where `auto` wanted the iterator.
+    pub tracker_fallback: Option<String>,
+    /// Iterator tracker: threads its filter map could not hold (read at
+    /// every interval instead; nothing is lost).
+    pub filter_overflow: u64,
+    /// Iterator tracker: exited threads whose final run time (the free
+    /// event) never came, settled from their exit's reading (up to a tick
+    /// short).
+    pub settled_from_exit: u64,
+    /// Iterator tracker: threads gone with neither exit nor free seen (their
+    /// records were lost); time after their last reading is not known.
+    pub vanished_threads: u64,
     /// On-CPU ns of wattprof's threads, as the tracker measured them.
     pub on_cpu_ns: u64,
     /// Kernel memory of the eBPF maps (bytes, as the kernel accounts it).

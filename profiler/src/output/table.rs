@@ -342,6 +342,29 @@ pub fn render_run_table(r: &RunReport) -> String {
             secs(r.profiler.discarded_ns)
         );
     }
+    let p = &r.profiler;
+    if p.filter_overflow > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} threads did not fit the tracker's filter and were read at every \
+             interval (nothing lost; raise --max-tasks to read less)",
+            p.filter_overflow
+        );
+    }
+    if p.settled_from_exit > 0 || p.vanished_threads > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} exited threads settled from their exit's reading (up to a tick \
+             short), {} threads gone unseen (events lost); see README, \"Limits\"",
+            p.settled_from_exit, p.vanished_threads
+        );
+    }
+    if let Some(why) = &p.tracker_fallback {
+        let _ = writeln!(
+            s,
+            "  note: the switch tracker ran (it costs every context switch) because {why}"
+        );
+    }
     if !r.containers.is_empty() {
         render_sums(
             &mut s,

@@ -5,15 +5,18 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use aya::{
     Ebpf, EbpfLoader, RawTracePointRunOptions, TestRun,
     maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{Iter, RawTracePoint, TracePoint},
 };
 use profiler_common::{
     COMM_LEN, CPU_FLAG_SWITCH_OPENS, CpuState, DEFAULT_MAX_TASKS, EVENT_EXEC, EVENT_EXIT,
-    EVENT_FORK, EVENT_REAPED, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
+    EVENT_FORK, EVENT_REAPED, KernelOffsets, TASK_FLAG_DEAD, TaskEvent as RawEvent, TaskStats,
+    ThreadEvent,
 };
 
 use super::{
-    CpuSample, CpuSampler, CpuTimes, TaskEvent, TrackerError, comm_to_string, monotonic_ns,
+    CpuSample, CpuSampler, CpuTimes, TaskEvent, TrackerError, comm_to_string,
+    iter::IterState,
+    monotonic_ns,
     sys::{self, Batch},
     threads::{Observation, Seen, ThreadLedger},
     tracefs,
@@ -24,28 +27,77 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof.bpf.o");
 
 /// Kernel memory the maps take (bytes) for `possible_cpus` CPUs and a
 /// `max_tasks` thread map, by the kernel's own accounting (the `memlock`
-/// figures of `/proc/<pid>/fdinfo`):
+/// figures of `/proc/<pid>/fdinfo`).
 ///
+/// The switch tracker:
 /// - `TASKS`, a preallocated hash map: `max_tasks` elements of 184 bytes
 ///   (48-byte element header, 8-byte key slot, 128-byte [`TaskStats`]),
 ///   16 bytes per bucket (`max_tasks` rounded up to a power of two), and
 ///   one spare element and free-list per CPU (about 640 bytes);
 /// - `EVENTS` and `ACTIVE` ring buffers: their size plus their page tables;
 /// - `CPUS`: 80 bytes per CPU; `EPOCH`: one page-sized array.
-pub fn kernel_memory_estimate(possible_cpus: u64, max_tasks: u64) -> u64 {
-    const ELEM: u64 = 48 + 8 + std::mem::size_of::<TaskStats>() as u64;
-    let buckets = max_tasks.next_power_of_two() * 16;
-    let tasks = max_tasks * ELEM + buckets + possible_cpus * 640;
+///
+/// The iterator tracker keeps `TASKS` and `ACTIVE` at their minimum and
+/// instead has `LAST`, a preallocated hash map of `max_tasks` elements of
+/// 64 bytes (48-byte header, 8-byte key, 8-byte value) with the same
+/// buckets and per-CPU spares, plus two small arrays.
+pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_tasks: u64) -> u64 {
+    let hash = |entries: u64, value: u64| {
+        entries * (48 + 8 + value) + entries.next_power_of_two() * 16 + possible_cpus * 640
+    };
     let ring = |bytes: u64| bytes + bytes / 4096 * 8 + 4096 * 2 + 4096 * 5;
-    let rings = ring(u64::from(profiler_common::DEFAULT_RING_BYTES))
-        + ring(u64::from(profiler_common::ACTIVE_RING_BYTES));
-    tasks + rings + possible_cpus * 80 + 320 + 320
+    let common =
+        ring(u64::from(profiler_common::DEFAULT_RING_BYTES)) + possible_cpus * 80 + 320 + 320;
+    match tracker {
+        TrackerKind::Switch => {
+            hash(max_tasks, std::mem::size_of::<TaskStats>() as u64)
+                + ring(u64::from(profiler_common::ACTIVE_RING_BYTES))
+                + common
+        }
+        TrackerKind::Iter => {
+            hash(1, std::mem::size_of::<TaskStats>() as u64)
+                + ring(4096)
+                + hash(max_tasks, 8)
+                + common
+                + 2 * 320
+        }
+    }
+}
+
+/// Which tracker measures on-CPU time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TrackerKind {
+    /// A task iterator reads the scheduler's counters at each read, and
+    /// rare events (exit, free, migration between packages, cgroup move)
+    /// complete them: nothing runs at context switches (Linux 5.8+ with
+    /// BTF).
+    Iter,
+    /// A program on every context switch charges the leaving thread: the
+    /// fallback without BTF, at a cost to every switch on the machine.
+    Switch,
+}
+
+/// Which tracker to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TrackerChoice {
+    /// The iterator where it loads, else the switch tracker (with the reason
+    /// in the report).
+    #[default]
+    Auto,
+    /// The iterator tracker, or an error saying why not.
+    Iter,
+    /// The switch tracker.
+    Switch,
 }
 
 /// How exits are detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitTracking {
+    /// The iterator tracker: the final run time when the task is freed
+    /// (`sched_process_free`), the exit's reading when no free comes.
+    FreeEvent,
     /// Linux 5.18+: the final context switch (`prev_state == TASK_DEAD`)
     /// reports exact final totals and frees the entry in the kernel.
     FinalSwitch,
@@ -68,7 +120,10 @@ pub enum TaskClock {
 /// Settings of the tracker.
 #[derive(Clone, Debug)]
 pub struct TrackerConfig {
-    /// Capacity of the per-thread map.
+    /// Which tracker.
+    pub tracker: TrackerChoice,
+    /// Capacity of the per-thread map (the switch tracker's entries; the
+    /// iterator tracker's filter).
     pub max_tasks: u32,
     /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
     /// is available (tests of the older-kernel path).
@@ -83,6 +138,7 @@ pub struct TrackerConfig {
 impl Default for TrackerConfig {
     fn default() -> Self {
         Self {
+            tracker: TrackerChoice::Auto,
             max_tasks: DEFAULT_MAX_TASKS,
             force_exit_tracepoint: false,
             force_switch_timing: false,
@@ -122,6 +178,11 @@ pub struct EbpfTracker {
     /// from the next intervals' idle time so totals conserve exactly.
     idle_debt: Vec<u64>,
     closing: bool,
+    /// The iterator tracker's state; `None` for the switch tracker (whose
+    /// state is the fields above).
+    iter: Option<IterState>,
+    /// Why the switch tracker runs where the iterator was wanted.
+    fallback: Option<String>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
@@ -144,8 +205,9 @@ fn is_permission(e: &aya::EbpfError) -> bool {
 }
 
 impl EbpfTracker {
-    /// Loads and attaches the programs. Accounting starts on each CPU at its
-    /// first event; a flush right after attaching opens every online CPU.
+    /// Loads and attaches the programs of the tracker `cfg` asks for
+    /// (with `auto`, the iterator where it loads, else the switch tracker)
+    /// and takes the starting point of every thread.
     pub fn start(cfg: &TrackerConfig) -> Result<Self, TrackerError> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -156,71 +218,64 @@ impl EbpfTracker {
         let tracefs = tracefs::ensure_mounted()?;
         let child_pid_offset =
             tracefs::field_offset(&tracefs, "sched", "sched_process_fork", "child_pid")?;
-
-        let sum_exec_offset = if cfg.force_switch_timing {
-            0
+        // The switch path's test switches mean the switch tracker.
+        let choice = if cfg.force_exit_tracepoint || cfg.force_switch_timing {
+            TrackerChoice::Switch
         } else {
-            super::btf::sum_exec_runtime_offset().unwrap_or(0)
+            cfg.tracker
         };
-        let task_clock = if sum_exec_offset == 0 {
-            TaskClock::SwitchTiming
-        } else {
-            TaskClock::SumExecRuntime
-        };
-        let mut ebpf = EbpfLoader::new()
-            .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
-            .override_global("SUM_EXEC_OFFSET", &sum_exec_offset, true)
-            .map_max_entries("TASKS", cfg.max_tasks.max(1))
-            .load(OBJECT)
-            .map_err(|e| {
-                if is_permission(&e) {
-                    TrackerError::NotRoot
-                } else {
-                    TrackerError::Load(e.to_string())
-                }
-            })?;
-
-        let mut cpus = ebpf.take_map("CPUS").ok_or(TrackerError::Map {
-            map: "CPUS",
-            reason: "missing from the object".into(),
-        })?;
-        init_cpus(&mut cpus, &topology, 0)?;
-        let tasks = ebpf.take_map("TASKS").ok_or(TrackerError::Map {
-            map: "TASKS",
-            reason: "missing from the object".into(),
-        })?;
-        let events = ebpf.take_map("EVENTS").ok_or(TrackerError::Map {
-            map: "EVENTS",
-            reason: "missing from the object".into(),
-        })?;
-        let events = RingBuf::try_from(events).map_err(map_err("EVENTS"))?;
-        let mut epoch_map = ebpf.take_map("EPOCH").ok_or(TrackerError::Map {
-            map: "EPOCH",
-            reason: "missing from the object".into(),
-        })?;
-        write_epoch(&mut epoch_map, 1)?;
-        let active = ebpf.take_map("ACTIVE").ok_or(TrackerError::Map {
-            map: "ACTIVE",
-            reason: "missing from the object".into(),
-        })?;
-        let active = RingBuf::try_from(active).map_err(map_err("ACTIVE"))?;
-
-        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
-        for (prog, name) in [
-            ("wattprof_sched_process_fork", "sched_process_fork"),
-            ("wattprof_sched_process_exec", "sched_process_exec"),
-        ] {
-            attach_tracepoint(&mut ebpf, prog, name)?;
+        if choice == TrackerChoice::Switch {
+            return Self::start_switch(cfg, topology, child_pid_offset, None);
         }
-        let flush: &mut RawTracePoint = ebpf
-            .program_mut("wattprof_flush")
-            .ok_or_else(|| TrackerError::Load("wattprof_flush missing".into()))?
-            .try_into()
-            .map_err(attach_err("wattprof_flush"))?;
-        flush.load().map_err(attach_err("wattprof_flush"))?;
+        let why_not = match super::btf::running_kernel() {
+            None => "this kernel has no BTF (/sys/kernel/btf/vmlinux)".to_string(),
+            Some(btf) => match btf.kernel_offsets() {
+                Err(missing) => format!("this kernel's BTF has no {missing}"),
+                Ok(offsets) => {
+                    match Self::start_iter(cfg, topology.clone(), child_pid_offset, offsets) {
+                        Ok(tracker) => return Ok(tracker),
+                        Err(TrackerError::NotRoot) => return Err(TrackerError::NotRoot),
+                        Err(e) => e.to_string(),
+                    }
+                }
+            },
+        };
+        if choice == TrackerChoice::Iter {
+            return Err(TrackerError::Load(format!(
+                "the iterator tracker cannot run here: {why_not} (use --tracker switch)"
+            )));
+        }
+        Self::start_switch(cfg, topology, child_pid_offset, Some(why_not))
+    }
 
+    fn load(loader: &mut EbpfLoader<'_>) -> Result<Ebpf, TrackerError> {
+        loader.load(OBJECT).map_err(|e| {
+            if is_permission(&e) {
+                TrackerError::NotRoot
+            } else {
+                TrackerError::Load(e.to_string())
+            }
+        })
+    }
+
+    /// The fields both trackers fill alike.
+    fn assemble(
+        mut ebpf: Ebpf,
+        topology: Topology,
+        exit_tracking: ExitTracking,
+        task_clock: TaskClock,
+    ) -> Result<Self, TrackerError> {
+        let mut cpus = take_map(&mut ebpf, "CPUS")?;
+        init_cpus(&mut cpus, &topology, 0)?;
+        let tasks = take_map(&mut ebpf, "TASKS")?;
+        let events =
+            RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
+        let mut epoch_map = take_map(&mut ebpf, "EPOCH")?;
+        write_epoch(&mut epoch_map, 1)?;
+        let active =
+            RingBuf::try_from(take_map(&mut ebpf, "ACTIVE")?).map_err(map_err("ACTIVE"))?;
         let sockets = topology.sockets();
-        let mut tracker = Self {
+        Ok(Self {
             ebpf,
             cpus,
             tasks,
@@ -244,7 +299,132 @@ impl EbpfTracker {
             start_ns: 0,
             idle_debt: Vec::new(),
             closing: false,
+            iter: None,
+            fallback: None,
+        })
+    }
+
+    /// The iterator tracker: no program on context switches.
+    fn start_iter(
+        cfg: &TrackerConfig,
+        topology: Topology,
+        child_pid_offset: u32,
+        offsets: KernelOffsets,
+    ) -> Result<Self, TrackerError> {
+        let possible = topology.possible_cpus().max(1) as u32;
+        let mut ebpf = Self::load(
+            EbpfLoader::new()
+                .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
+                .override_global("SUM_EXEC_OFFSET", &offsets.sum_exec, true)
+                .override_global("KERNEL_OFFSETS", &offsets, true)
+                .override_global("ITER_MODE", &1u32, true)
+                .map_max_entries("TASKS", 1)
+                .map_max_entries("ACTIVE", 4096)
+                .map_max_entries("LAST", cfg.max_tasks.max(1))
+                .map_max_entries("CPU_PACKAGE", possible),
+        )?;
+        let mut package = take_map(&mut ebpf, "CPU_PACKAGE")?;
+        {
+            let mut view = Array::<&mut MapData, u32>::try_from(&mut package)
+                .map_err(map_err("CPU_PACKAGE"))?;
+            for (cpu, socket) in topology.socket_of_cpu.iter().enumerate() {
+                view.set(cpu as u32, *socket, 0)
+                    .map_err(map_err("CPU_PACKAGE"))?;
+            }
+        }
+        let last = take_map(&mut ebpf, "LAST")?;
+        let stats = take_map(&mut ebpf, "ITER_STATS")?;
+
+        let btf = aya::Btf::from_sys_fs().map_err(|e| TrackerError::Load(e.to_string()))?;
+        let prog = "wattprof_iter_task";
+        let iter: &mut Iter = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
+            .try_into()
+            .map_err(attach_err(prog))?;
+        iter.load("task", &btf).map_err(attach_err(prog))?;
+        let prog_fd = iter.fd().map_err(attach_err(prog))?;
+        let link = sys::iter_link_create(prog_fd.as_fd()).map_err(|e| TrackerError::Attach {
+            program: prog.into(),
+            reason: e.to_string(),
+        })?;
+        attach_raw(&mut ebpf, "wattprof_thread_exit", "sched_process_exit")?;
+        attach_raw(&mut ebpf, "wattprof_thread_free", "sched_process_free")?;
+        // A move between packages is a checkpoint; on one package there
+        // is nothing to split.
+        if topology.sockets() > 1 {
+            attach_raw(&mut ebpf, "wattprof_thread_migrate", "sched_migrate_task")?;
+        }
+        attach_raw(&mut ebpf, "wattprof_cgroup_attach", "cgroup_attach_task")?;
+        for (prog, name) in [
+            ("wattprof_sched_process_fork", "sched_process_fork"),
+            ("wattprof_sched_process_exec", "sched_process_exec"),
+        ] {
+            attach_tracepoint(&mut ebpf, prog, name)?;
+        }
+
+        let mut tracker = Self::assemble(
+            ebpf,
+            topology,
+            ExitTracking::FreeEvent,
+            TaskClock::SumExecRuntime,
+        )?;
+        tracker.prev = tracker.read_cpus()?;
+        let start_ns = monotonic_ns();
+        let mut state = IterState::new(link, last, stats, package, &tracker.topology, start_ns);
+        // Every thread's starting point: a full read, applied but not
+        // closed, so time after it belongs to the first interval.
+        let began = state.read(true)?;
+        tracker.iter = Some(state);
+        tracker.drain_events();
+        if let Some(state) = tracker.iter.as_mut() {
+            state.apply(began, monotonic_ns());
+        }
+        tracker.start_ns = start_ns;
+        Ok(tracker)
+    }
+
+    /// The switch tracker. Accounting starts on each CPU at its first
+    /// event; a flush right after attaching opens every online CPU.
+    fn start_switch(
+        cfg: &TrackerConfig,
+        topology: Topology,
+        child_pid_offset: u32,
+        fallback: Option<String>,
+    ) -> Result<Self, TrackerError> {
+        let sum_exec_offset = if cfg.force_switch_timing {
+            0
+        } else {
+            super::btf::sum_exec_runtime_offset().unwrap_or(0)
         };
+        let task_clock = if sum_exec_offset == 0 {
+            TaskClock::SwitchTiming
+        } else {
+            TaskClock::SumExecRuntime
+        };
+        let mut ebpf = Self::load(
+            EbpfLoader::new()
+                .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
+                .override_global("SUM_EXEC_OFFSET", &sum_exec_offset, true)
+                .map_max_entries("TASKS", cfg.max_tasks.max(1))
+                .map_max_entries("LAST", 1),
+        )?;
+        let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
+        for (prog, name) in [
+            ("wattprof_sched_process_fork", "sched_process_fork"),
+            ("wattprof_sched_process_exec", "sched_process_exec"),
+        ] {
+            attach_tracepoint(&mut ebpf, prog, name)?;
+        }
+        let flush: &mut RawTracePoint = ebpf
+            .program_mut("wattprof_flush")
+            .ok_or_else(|| TrackerError::Load("wattprof_flush missing".into()))?
+            .try_into()
+            .map_err(attach_err("wattprof_flush"))?;
+        flush.load().map_err(attach_err("wattprof_flush"))?;
+
+        let mut tracker = Self::assemble(ebpf, topology, exit_tracking, task_clock)?;
+        tracker.fallback = fallback;
         tracker.flush_cpus();
         if !tracker.flush_supported {
             // Before Linux 5.10: nothing is open yet; let switches open.
@@ -273,6 +453,34 @@ impl EbpfTracker {
         Ok(tracker)
     }
 
+    /// Which tracker runs.
+    pub fn kind(&self) -> TrackerKind {
+        if self.iter.is_some() {
+            TrackerKind::Iter
+        } else {
+            TrackerKind::Switch
+        }
+    }
+
+    /// Why the switch tracker runs although `auto` asked for the iterator.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    /// Iterator tracker: threads its filter map could not hold at the
+    /// busiest read (read every time instead); 0 for the switch tracker.
+    pub fn filter_overflow(&self) -> u64 {
+        self.iter.as_ref().map_or(0, |i| i.filter_overflow)
+    }
+
+    /// Iterator tracker: threads settled from their exit reading because
+    /// their free never came, and threads gone with neither (events lost).
+    pub fn exits_without_free(&self) -> (u64, u64) {
+        self.iter.as_ref().map_or((0, 0), |i| {
+            (i.ledger().settled_from_exit(), i.ledger().vanished())
+        })
+    }
+
     /// The CPU topology in use.
     pub fn topology(&self) -> &Topology {
         &self.topology
@@ -294,9 +502,11 @@ impl EbpfTracker {
         self.flush_supported
     }
 
-    /// Syscalls spent reading the per-thread map so far.
+    /// Syscalls spent reading the per-thread map (or the iterator) so far.
     pub fn read_syscalls(&self) -> u64 {
-        self.read_syscalls
+        self.iter
+            .as_ref()
+            .map_or(self.read_syscalls, |i| i.read_syscalls)
     }
 
     /// Ring-buffer records consumed so far.
@@ -319,7 +529,14 @@ impl EbpfTracker {
             Some(self.events.as_fd()),
             Some(self.active.as_fd()),
         ];
+        let iter_fds = self
+            .iter
+            .as_ref()
+            .map(|i| i.maps().map(map_fd))
+            .into_iter()
+            .flatten();
         fds.into_iter()
+            .chain(iter_fds)
             .flatten()
             .filter_map(sys::map_memlock_bytes)
             .sum()
@@ -333,12 +550,27 @@ impl EbpfTracker {
 
     /// Threads of `tgid` seen alive that have not reported their exit.
     pub fn live_threads_of(&self, tgid: u32) -> usize {
-        self.ledger.live_threads_of(tgid)
+        match &self.iter {
+            Some(i) => i.ledger().live_threads_of(tgid),
+            None => self.ledger.live_threads_of(tgid),
+        }
+    }
+
+    /// Threads of `tgid` that exited and whose final run time has not come
+    /// yet (the iterator tracker's free events, an RCU grace period after
+    /// the exit).
+    pub fn awaiting_final_of(&self, tgid: u32) -> usize {
+        self.iter
+            .as_ref()
+            .map_or(0, |i| i.ledger().awaiting_free_of(tgid))
     }
 
     /// Whether thread `tid` has reported its exit.
     pub fn has_exited(&self, tid: u32) -> bool {
-        self.ledger.has_exited(tid)
+        match &self.iter {
+            Some(i) => i.ledger().has_exited(tid),
+            None => self.ledger.has_exited(tid),
+        }
     }
 
     /// Consumes waiting ring-buffer records. Call it whenever the events fd
@@ -361,6 +593,20 @@ impl EbpfTracker {
             }
         }
         while let Some(item) = self.events.next() {
+            let kind = item
+                .get(..4)
+                .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+            if kind >= profiler_common::EVENT_THREAD_EXIT {
+                if item.len() >= std::mem::size_of::<ThreadEvent>()
+                    && let Some(iter) = self.iter.as_mut()
+                {
+                    // SAFETY: a `ThreadEvent` written by our program.
+                    let ev: ThreadEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    self.ring_records += 1;
+                    iter.event(&ev);
+                }
+                continue;
+            }
             if item.len() < std::mem::size_of::<RawEvent>() {
                 continue;
             }
@@ -502,8 +748,45 @@ impl EbpfTracker {
     }
 }
 
+impl EbpfTracker {
+    /// A sample of the iterator tracker: read, drain the ring (exits,
+    /// frees and checkpoints up to now), apply the read, close.
+    fn sample_iter(&mut self) -> Result<CpuSample, TrackerError> {
+        let began = match self.iter.as_mut() {
+            Some(i) => i.read(false)?,
+            None => return Err(TrackerError::Load("no iterator".into())),
+        };
+        let at_ns = monotonic_ns();
+        self.drain_events();
+        let now = self.read_cpus()?;
+        let Some(state) = self.iter.as_mut() else {
+            return Err(TrackerError::Load("no iterator".into()));
+        };
+        state.apply(began, at_ns);
+        let (tasks, cpus) = state.close(at_ns, &self.topology, self.closing)?;
+        let events_lost = now
+            .iter()
+            .zip(&self.prev)
+            .map(|(n, p)| n.events_lost.saturating_sub(p.events_lost))
+            .sum();
+        self.prev = now;
+        self.samples += 1;
+        Ok(CpuSample {
+            at_ns,
+            cpus,
+            tasks,
+            events: std::mem::take(&mut self.pending),
+            events_lost,
+            discarded_ns: 0,
+        })
+    }
+}
+
 impl CpuSampler for EbpfTracker {
     fn sample(&mut self) -> Result<CpuSample, TrackerError> {
+        if self.iter.is_some() {
+            return self.sample_iter();
+        }
         // Threads charged from here on announce themselves for the next read.
         self.epoch += 1;
         write_epoch(&mut self.epoch_map, self.epoch)?;
@@ -609,7 +892,9 @@ impl CpuSampler for EbpfTracker {
 
 fn map_fd(map: &Map) -> Option<std::os::fd::BorrowedFd<'_>> {
     match map {
-        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) => Some(data.fd().as_fd()),
+        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) | Map::Array(data) => {
+            Some(data.fd().as_fd())
+        }
         _ => None,
     }
 }
@@ -663,6 +948,24 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
     p.attach("sched_switch").map_err(attach_err(prog))?;
     attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
     Ok(ExitTracking::ExitTracepoint)
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, TrackerError> {
+    ebpf.take_map(name).ok_or(TrackerError::Map {
+        map: name,
+        reason: "missing from the object".into(),
+    })
+}
+
+fn attach_raw(ebpf: &mut Ebpf, prog: &str, tracepoint: &str) -> Result<(), TrackerError> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
+        .try_into()
+        .map_err(attach_err(prog))?;
+    p.load().map_err(attach_err(prog))?;
+    p.attach(tracepoint).map_err(attach_err(prog))?;
+    Ok(())
 }
 
 fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), TrackerError> {

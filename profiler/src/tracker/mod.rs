@@ -7,12 +7,17 @@
 
 mod btf;
 mod ebpf;
+mod iter;
+pub mod runtime;
 mod sys;
 mod threads;
 pub mod tracefs;
 
 pub use btf::sum_exec_runtime_offset;
-pub use ebpf::{EbpfTracker, ExitTracking, TaskClock, TrackerConfig, kernel_memory_estimate};
+pub use ebpf::{
+    EbpfTracker, ExitTracking, TaskClock, TrackerChoice, TrackerConfig, TrackerKind,
+    kernel_memory_estimate,
+};
 pub use threads::ThreadLedger;
 
 /// What went wrong loading or reading the tracker. Each message ends with
@@ -199,8 +204,14 @@ mod tests {
     fn kernel_memory_on_a_256_cpu_machine_with_32768_threads_is_under_64_mib() {
         // The default map holds 65,536 threads: 32,768 live ones with room
         // for as many again.
-        let bytes = kernel_memory_estimate(256, u64::from(profiler_common::DEFAULT_MAX_TASKS));
+        let max = u64::from(profiler_common::DEFAULT_MAX_TASKS);
+        let bytes = kernel_memory_estimate(super::TrackerKind::Switch, 256, max);
         assert!(bytes < 64 << 20, "{bytes}");
         assert!(bytes > 16 << 20, "{bytes}: the formula lost a term");
+        let iter = kernel_memory_estimate(super::TrackerKind::Iter, 256, max);
+        assert!(
+            iter < bytes / 2,
+            "{iter}: the iterator keeps 8 bytes a thread"
+        );
     }
 }

@@ -105,3 +105,72 @@ pub fn map_memlock_bytes(fd: BorrowedFd<'_>) -> Option<u64> {
         .find_map(|l| l.strip_prefix("memlock:"))
         .and_then(|v| v.trim().parse().ok())
 }
+
+const BPF_ITER_CREATE: libc::c_long = 33;
+
+/// A new read of an attached iterator (`BPF_ITER_CREATE` on its link): a
+/// file whose reads run the iterator program from the start.
+pub fn iter_create(link: BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IterCreateAttr {
+        link_fd: u32,
+        flags: u32,
+    }
+    let mut attr = IterCreateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: the attr is the kernel's `iter_create` struct.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ITER_CREATE,
+            &mut attr as *mut IterCreateAttr,
+            std::mem::size_of::<IterCreateAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd, and nothing else owns it.
+    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_TRACE_ITER: u32 = 28;
+
+/// Attaches a loaded iterator program (`BPF_LINK_CREATE`): the link every
+/// read is created from. aya keeps an iterator link's fd to itself.
+pub fn iter_link_create(prog: BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    #[repr(C)]
+    struct LinkCreateAttr {
+        prog_fd: u32,
+        target_fd: u32,
+        attach_type: u32,
+        flags: u32,
+        /// `iter_info`, `iter_info_len` and the other variants: zero.
+        rest: [u64; 4],
+    }
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: 0,
+        attach_type: BPF_TRACE_ITER,
+        flags: 0,
+        rest: [0; 4],
+    };
+    // SAFETY: the attr is the kernel's `link_create` struct, zero beyond
+    // the fields an iterator uses.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_CREATE,
+            &mut attr as *mut LinkCreateAttr,
+            std::mem::size_of::<LinkCreateAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd, and nothing else owns it.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}

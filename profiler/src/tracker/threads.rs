@@ -62,7 +62,7 @@ struct Thread {
 /// thread is looked up on every read, and SipHash's DoS resistance buys
 /// nothing for keys the kernel hands out.
 #[derive(Default)]
-struct IntHasher(u64);
+pub(super) struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn write(&mut self, bytes: &[u8]) {

@@ -1,0 +1,334 @@
+//! The iterator tracker: nothing runs at context switches.
+//!
+//! The scheduler keeps each thread's exact run time in
+//! `task_struct.se.sum_exec_runtime`. A task iterator (`iter/task`), run by
+//! userspace at each read, writes one [`IterRecord`] per thread whose run
+//! time grew since the previous read (the `LAST` map remembers what was
+//! reported), or that is on a CPU. Rare events complete the picture through
+//! the `EVENTS` ring: a thread's exit (`sched_process_exit`, its run time up
+//! to a tick stale), its final run time when its `task_struct` is freed
+//! (`sched_process_free`), moves between packages (`sched_migrate_task`,
+//! attached only on multi-package machines) and between cgroups
+//! (`cgroup_attach_task`).
+//!
+//! Field offsets come from the running kernel's BTF (`KERNEL_OFFSETS`, set
+//! by userspace before load). The iterator's task pointer is BTF-typed, so
+//! it reads fields with plain loads; the raw tracepoints use
+//! `bpf_probe_read_kernel`.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_seq_write,
+    },
+    macros::{map, raw_tracepoint},
+    maps::{Array, HashMap},
+    programs::RawTracePointContext,
+};
+use profiler_common::{
+    COMM_LEN, DEFAULT_MAX_TASKS, EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE,
+    EVENT_THREAD_MIGRATE, ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, KernelOffsets,
+    ThreadEvent,
+};
+
+use crate::{CPUS, EVENTS};
+
+/// Run time last reported per thread (`task_struct` address): the filter
+/// that keeps idle threads out of a read. Entries are removed when the
+/// task is freed, or by userspace when it settles a thread whose free was
+/// not seen. When it is full, threads it cannot hold are reported at every
+/// read (more work, nothing lost) and counted in the trailer.
+#[map]
+static LAST: HashMap<u64, u64> = HashMap::with_max_entries(DEFAULT_MAX_TASKS, 0);
+
+/// Dense package index per CPU id, set by userspace (multi-package only).
+#[map]
+static CPU_PACKAGE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Per read: threads visited, threads the filter could not hold, records
+/// written (reset by the first call of a read, sent in its trailer); and
+/// slot 3, set by userspace: non-zero for a full read (every thread, the
+/// filter ignored), which tells userspace which threads are gone.
+#[map]
+static ITER_STATS: Array<u64> = Array::with_max_entries(4, 0);
+
+/// Offsets into this kernel's structures, from its BTF.
+#[unsafe(no_mangle)]
+static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
+    sum_exec: 0,
+    pid: 0,
+    tgid: 0,
+    start_time: 0,
+    comm: 0,
+    on_cpu: 0,
+    cpu: 0,
+    cgroups: 0,
+    dfl_cgrp: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    pad: 0,
+};
+
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: reading a global that userspace sets before load.
+        unsafe { core::ptr::read_volatile(&raw const KERNEL_OFFSETS.$field) } as usize
+    };
+}
+
+/// `struct bpf_iter_meta`.
+#[repr(C)]
+struct IterMeta {
+    seq: *mut c_void,
+    session_id: u64,
+    seq_num: u64,
+}
+
+/// A plain load from a BTF-typed kernel pointer (the verifier turns it
+/// into a fault-safe load).
+#[inline(always)]
+unsafe fn load<T: Copy>(base: *const u8, offset: usize) -> T {
+    // SAFETY: the caller passes a BTF-typed pointer and an offset from the
+    // same kernel's BTF; the verifier checks the access against the type.
+    unsafe { core::ptr::read_volatile(base.add(offset).cast::<T>()) }
+}
+
+fn bump(stat: u32) {
+    if let Some(n) = ITER_STATS.get_ptr_mut(stat) {
+        // SAFETY: one reader runs the iterator at a time (the seq_file
+        // lock), so nothing else updates this slot now.
+        unsafe { *n += 1 };
+    }
+}
+
+fn stat(stat: u32) -> u64 {
+    ITER_STATS.get(stat).copied().unwrap_or(0)
+}
+
+/// The task iterator: one record per thread whose run time grew since the
+/// last read, or that is on a CPU.
+///
+/// # Safety
+/// Called by the kernel with a `struct bpf_iter__task *`.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
+    let ctx = ctx.cast::<*const u8>();
+    // SAFETY: `bpf_iter__task` is { meta, task }.
+    let meta = unsafe { core::ptr::read_volatile(ctx) }.cast::<IterMeta>();
+    // SAFETY: as above.
+    let task = unsafe { core::ptr::read_volatile(ctx.add(1)) };
+    // SAFETY: meta is valid for the call.
+    let seq = unsafe { core::ptr::read_volatile(&raw const (*meta).seq) };
+    // SAFETY: as above.
+    let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
+    if seq_num == 0 {
+        for i in 0..3 {
+            let _ = ITER_STATS.set(i, &0, 0);
+        }
+    }
+    if task.is_null() {
+        // The final call: say how the read went.
+        let trailer = IterRecord {
+            task_ptr: stat(2),
+            sum_exec_ns: stat(0),
+            cgroup_id: stat(1),
+            flags: ITER_FLAG_TRAILER,
+            ..IterRecord::default()
+        };
+        // SAFETY: seq comes from the iterator's meta; the record is on the stack.
+        unsafe {
+            bpf_seq_write(
+                seq.cast(),
+                (&raw const trailer).cast(),
+                size_of::<IterRecord>() as u32,
+            )
+        };
+        return 0;
+    }
+    bump(0);
+    let (sum_off, on_cpu_off) = (offset!(sum_exec), offset!(on_cpu));
+    // SAFETY: task is the iterator's non-null task pointer.
+    let sum: u64 = unsafe { load(task, sum_off) };
+    // SAFETY: as above.
+    let on_cpu: u32 = unsafe { load(task, on_cpu_off) };
+    let key = task as u64;
+    // SAFETY: the value is copied out at once.
+    let known = unsafe { LAST.get(&key) }.copied();
+    if known == Some(sum) && on_cpu == 0 && stat(3) == 0 {
+        return 0;
+    }
+    let (cgroups_off, dfl_off, kn_off, id_off) = (
+        offset!(cgroups),
+        offset!(dfl_cgrp),
+        offset!(cgroup_kn),
+        offset!(kn_id),
+    );
+    let (start_off, pid_off, tgid_off, cpu_off, comm_off) = (
+        offset!(start_time),
+        offset!(pid),
+        offset!(tgid),
+        offset!(cpu),
+        offset!(comm),
+    );
+    // SAFETY: as above, for every field.
+    let rec = unsafe {
+        let cgroups: *const u8 = load(task, cgroups_off);
+        let dfl: *const u8 = load(cgroups, dfl_off);
+        let kn: *const u8 = load(dfl, kn_off);
+        IterRecord {
+            task_ptr: key,
+            start_ns: load(task, start_off),
+            sum_exec_ns: sum,
+            cgroup_id: load(kn, id_off),
+            tid: load(task, pid_off),
+            tgid: load(task, tgid_off),
+            cpu: load(task, cpu_off),
+            flags: if on_cpu != 0 { ITER_FLAG_RUNNING } else { 0 },
+            comm: bpf_probe_read_kernel(task.add(comm_off).cast::<[u8; COMM_LEN]>())
+                .unwrap_or([0; COMM_LEN]),
+        }
+    };
+    // SAFETY: seq comes from the iterator's meta; the record is on the stack.
+    let written = unsafe {
+        bpf_seq_write(
+            seq.cast(),
+            (&raw const rec).cast(),
+            size_of::<IterRecord>() as u32,
+        )
+    };
+    // Remember what was reported only once it is in the buffer: when the
+    // buffer is full the kernel shows this task again in the next chunk.
+    if written == 0 {
+        bump(2);
+        if known != Some(sum) && LAST.insert(&key, &sum, 0).is_err() {
+            bump(1);
+        }
+    }
+    0
+}
+
+/// A field of a task (or any kernel object) by address, through
+/// `bpf_probe_read_kernel`; 0 where it cannot be read.
+#[inline(always)]
+fn probe<T: Copy + Default>(base: u64, offset: usize) -> T {
+    // SAFETY: probe_read_kernel checks the address; the offset comes from
+    // this kernel's own BTF.
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+}
+
+/// The task's cgroup v2 id, by address.
+#[inline(always)]
+fn task_cgroup(task: u64) -> u64 {
+    let cgroups: u64 = probe(task, offset!(cgroups));
+    let dfl: u64 = probe(cgroups, offset!(dfl_cgrp));
+    let kn: u64 = probe(dfl, offset!(cgroup_kn));
+    probe(kn, offset!(kn_id))
+}
+
+/// Sends a thread event about the task at `task`; counts it as lost when
+/// the ring is full.
+#[inline(always)]
+fn emit_thread(kind: u32, task: u64, cpu: u32, cgroup_id: u64, arg: u32, comm: [u8; COMM_LEN]) {
+    let Some(mut slot) = EVENTS.reserve::<ThreadEvent>(0) else {
+        if let Some(state) = CPUS.get_ptr_mut(0) {
+            // SAFETY: a per-CPU slot; programs on one CPU do not interleave
+            // on it (see `charge`).
+            unsafe { (*state).events_lost += 1 };
+        }
+        return;
+    };
+    slot.write(ThreadEvent {
+        kind,
+        tid: probe(task, offset!(pid)),
+        tgid: probe(task, offset!(tgid)),
+        cpu,
+        // SAFETY: helper without preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        task_ptr: task,
+        start_ns: probe(task, offset!(start_time)),
+        sum_exec_ns: probe(task, offset!(sum_exec)),
+        cgroup_id,
+        arg,
+        pad: 0,
+        comm,
+    });
+    slot.submit(0);
+}
+
+/// `current` is exiting: its run time so far (up to a tick stale) and
+/// where it ran, in case its free is never seen.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn wattprof_thread_exit(_ctx: RawTracePointContext) -> i32 {
+    // SAFETY: helpers without preconditions.
+    let (task, cpu, cgroup) = unsafe {
+        (
+            bpf_get_current_task(),
+            bpf_get_smp_processor_id(),
+            bpf_get_current_cgroup_id(),
+        )
+    };
+    let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    emit_thread(EVENT_THREAD_EXIT, task, cpu, cgroup, 0, comm);
+    0
+}
+
+/// A task is freed (an RCU grace period after it was reaped): its final,
+/// exact run time. Its filter entry goes.
+#[raw_tracepoint(tracepoint = "sched_process_free")]
+pub fn wattprof_thread_free(ctx: RawTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(0);
+    if task == 0 {
+        return 0;
+    }
+    let cpu: u32 = probe(task, offset!(cpu));
+    let comm: [u8; COMM_LEN] = probe(task, offset!(comm));
+    emit_thread(EVENT_THREAD_FREE, task, cpu, 0, 0, comm);
+    let _ = LAST.remove(&task);
+    0
+}
+
+fn package_of(cpu: u32) -> u32 {
+    CPU_PACKAGE.get(cpu).copied().unwrap_or(0)
+}
+
+/// A task moves to another CPU (it is off CPU, so its run time is exact):
+/// a checkpoint when the move crosses packages.
+#[raw_tracepoint(tracepoint = "sched_migrate_task")]
+pub fn wattprof_thread_migrate(ctx: RawTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(0);
+    let dest: u64 = ctx.arg(1);
+    if task == 0 {
+        return 0;
+    }
+    let dest = dest as u32;
+    let src: u32 = probe(task, offset!(cpu));
+    if package_of(src) == package_of(dest) {
+        return 0;
+    }
+    emit_thread(EVENT_THREAD_MIGRATE, task, src, 0, dest, [0; COMM_LEN]);
+    0
+}
+
+/// A task (or its whole thread group) was moved to another cgroup: a
+/// checkpoint of the moved task, with its new cgroup v2 id.
+#[raw_tracepoint(tracepoint = "cgroup_attach_task")]
+pub fn wattprof_cgroup_attach(ctx: RawTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(2);
+    let group: u64 = ctx.arg(3);
+    if task == 0 {
+        return 0;
+    }
+    let cpu: u32 = probe(task, offset!(cpu));
+    emit_thread(
+        EVENT_THREAD_CGROUP,
+        task,
+        cpu,
+        task_cgroup(task),
+        (group & 1) as u32,
+        [0; COMM_LEN],
+    );
+    0
+}

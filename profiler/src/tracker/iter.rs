@@ -1,0 +1,415 @@
+//! Reading the iterator tracker: a task iterator run at each read, and the
+//! rare events of the ring (see `profiler-ebpf/src/iter.rs`).
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use profiler_common::{
+    EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
+    ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
+};
+
+use super::{
+    CpuTimes, TaskTime, TrackerError, monotonic_ns,
+    runtime::{Kind, Reading, RuntimeLedger},
+    sys,
+};
+use crate::topology::Topology;
+
+/// How often a read shows every thread (not only those that ran), so
+/// threads whose exit and free records were both lost are noticed.
+const FULL_READ_EVERY_NS: u64 = 60_000_000_000;
+
+/// The iterator tracker's state between reads.
+pub(super) struct IterState {
+    link: OwnedFd,
+    last: Map,
+    stats: Map,
+    /// `CPU_PACKAGE`, kept for its memory figure.
+    package: Map,
+    ledger: RuntimeLedger,
+    buf: Vec<u8>,
+    records: Vec<IterRecord>,
+    prev_at_ns: u64,
+    last_full_ns: u64,
+    full_now: bool,
+    /// Per CPU: task time handed out beyond an interval's window, taken
+    /// from the next intervals' idle time so totals conserve.
+    idle_debt: Vec<u64>,
+    /// Per CPU: the kernel's own idle time so far (`/proc/stat`), ns.
+    kernel_idle_ns: Vec<u64>,
+    pub(super) filter_overflow: u64,
+    pub(super) read_syscalls: u64,
+    pub(super) threads_visited: u64,
+    pub(super) records_read: u64,
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
+    move |e| TrackerError::Map {
+        map,
+        reason: e.to_string(),
+    }
+}
+
+impl IterState {
+    /// Takes over the attached iterator and its maps. The first read
+    /// (`baseline`) sets every thread's starting point.
+    pub(super) fn new(
+        link: OwnedFd,
+        last: Map,
+        stats: Map,
+        package: Map,
+        topology: &Topology,
+        start_ns: u64,
+    ) -> Self {
+        let cpus = topology.socket_of_cpu.len();
+        Self {
+            link,
+            last,
+            stats,
+            package,
+            ledger: RuntimeLedger::new(topology.socket_of_cpu.clone(), start_ns),
+            buf: Vec::new(),
+            records: Vec::new(),
+            prev_at_ns: start_ns,
+            last_full_ns: 0,
+            full_now: false,
+            idle_debt: vec![0; cpus],
+            kernel_idle_ns: read_kernel_idle(cpus),
+            filter_overflow: 0,
+            read_syscalls: 0,
+            threads_visited: 0,
+            records_read: 0,
+        }
+    }
+
+    /// The iterator's maps, for their memory.
+    pub(super) fn maps(&self) -> [&Map; 3] {
+        [&self.last, &self.stats, &self.package]
+    }
+
+    /// The ledger, for questions about exits.
+    pub(super) fn ledger(&self) -> &RuntimeLedger {
+        &self.ledger
+    }
+
+    /// Runs the iterator once: the records of threads that ran since the
+    /// last read (every thread, on a full read), running ones brought up
+    /// to date from the scheduler. Returns the monotonic time the read
+    /// began.
+    pub(super) fn read(&mut self, first: bool) -> Result<u64, TrackerError> {
+        let started = monotonic_ns();
+        let full = first || started.saturating_sub(self.last_full_ns) >= FULL_READ_EVERY_NS;
+        if full != self.full_now {
+            let mut view = Array::<&mut MapData, u64>::try_from(&mut self.stats)
+                .map_err(map_err("ITER_STATS"))?;
+            view.set(3, u64::from(full), 0)
+                .map_err(map_err("ITER_STATS"))?;
+            self.full_now = full;
+        }
+        let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
+            map: "iter/task",
+            reason: format!("cannot start a read: {e}"),
+        })?;
+        self.buf.clear();
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            self.read_syscalls += 1;
+            match file.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(TrackerError::Map {
+                        map: "iter/task",
+                        reason: format!("read failed: {e}"),
+                    });
+                }
+            }
+        }
+        let size = std::mem::size_of::<IterRecord>();
+        self.records.clear();
+        let mut trailer = None;
+        for raw in self.buf.chunks_exact(size) {
+            // SAFETY: `IterRecord` is plain integers; read_unaligned copes
+            // with the Vec's alignment.
+            let rec: IterRecord = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+            if rec.flags & ITER_FLAG_TRAILER != 0 {
+                trailer = Some(rec);
+            } else {
+                self.records.push(rec);
+            }
+        }
+        let Some(trailer) = trailer else {
+            return Err(TrackerError::Map {
+                map: "iter/task",
+                reason: "a read ended without its trailer".into(),
+            });
+        };
+        self.threads_visited += trailer.sum_exec_ns;
+        self.filter_overflow = self.filter_overflow.max(trailer.cgroup_id);
+        self.records_read += self.records.len() as u64;
+        // A running thread's counter is as old as its last tick: reading
+        // its schedstat makes the scheduler bring it up to date.
+        for rec in self
+            .records
+            .iter_mut()
+            .filter(|r| r.flags & ITER_FLAG_RUNNING != 0)
+        {
+            if let Some(exact) = schedstat_runtime_ns(rec.tgid, rec.tid)
+                && exact >= rec.sum_exec_ns
+            {
+                rec.sum_exec_ns = exact;
+            }
+        }
+        if full {
+            self.last_full_ns = started;
+        }
+        Ok(started)
+    }
+
+    /// Takes a thread event from the ring.
+    pub(super) fn event(&mut self, ev: &ThreadEvent) {
+        let kind = match ev.kind {
+            EVENT_THREAD_EXIT => Kind::Exit { ts_ns: ev.ts_ns },
+            EVENT_THREAD_FREE => Kind::Free { ts_ns: ev.ts_ns },
+            EVENT_THREAD_MIGRATE => Kind::Migrate,
+            EVENT_THREAD_CGROUP => Kind::CgroupMove,
+            _ => return,
+        };
+        let cgroup_id = match kind {
+            Kind::Exit { .. } | Kind::CgroupMove => Some(ev.cgroup_id),
+            _ => None,
+        };
+        self.ledger.observe(
+            Reading {
+                task_ptr: ev.task_ptr,
+                start_ns: ev.start_ns,
+                tid: ev.tid,
+                tgid: ev.tgid,
+                cgroup_id,
+                comm: Some(&ev.comm),
+                sum_exec_ns: ev.sum_exec_ns,
+                cpu: ev.cpu,
+            },
+            kind,
+            ev.ts_ns,
+        );
+    }
+
+    /// Applies the last read at `at_ns`: call it after the ring was
+    /// drained, so checkpoints and exits before the read are in.
+    pub(super) fn apply(&mut self, read_started: u64, at_ns: u64) {
+        for rec in &self.records {
+            self.ledger.observe(
+                Reading {
+                    task_ptr: rec.task_ptr,
+                    start_ns: rec.start_ns,
+                    tid: rec.tid,
+                    tgid: rec.tgid,
+                    cgroup_id: Some(rec.cgroup_id),
+                    comm: Some(&rec.comm),
+                    sum_exec_ns: rec.sum_exec_ns,
+                    cpu: rec.cpu,
+                },
+                Kind::Read,
+                at_ns,
+            );
+        }
+        if self.full_now {
+            self.ledger.full_read_done(read_started);
+        }
+    }
+
+    /// Closes the interval at `at_ns`: each thread's time since the last
+    /// close, and each CPU's.
+    pub(super) fn close(
+        &mut self,
+        at_ns: u64,
+        topology: &Topology,
+        closing: bool,
+    ) -> Result<(Vec<TaskTime>, Vec<CpuTimes>), TrackerError> {
+        let tasks = self.ledger.finish(at_ns, closing);
+        let forgotten = self.ledger.take_forgotten();
+        if !forgotten.is_empty() {
+            let mut view = BpfHashMap::<&mut MapData, u64, u64>::try_from(&mut self.last)
+                .map_err(map_err("LAST"))?;
+            for ptr in forgotten {
+                // Gone already is fine: the free removed it.
+                let _ = view.remove(&ptr);
+            }
+        }
+        let busy = self.ledger.take_cpu_busy();
+        let window_ns = at_ns.saturating_sub(self.prev_at_ns);
+        self.prev_at_ns = at_ns;
+        let idle_now = read_kernel_idle(busy.len());
+        let cpus = cpu_times(
+            &busy,
+            window_ns,
+            topology,
+            &mut self.idle_debt,
+            &idle_now,
+            &self.kernel_idle_ns,
+        );
+        self.kernel_idle_ns = idle_now;
+        Ok((tasks, cpus))
+    }
+}
+
+/// Per-CPU times of an interval from the task time handed out per CPU.
+///
+/// A thread's delta goes to the CPU it was read on, though it may have run
+/// on several CPUs of its package since the last read: busy time above a
+/// CPU's window is moved to CPUs of the same package with room, so each
+/// CPU's busy + idle is its window while the package's busy stays exact.
+/// Busy time beyond the whole package's capacity (a running thread's
+/// up-to-date figure, read after the interval began) is taken from the
+/// next intervals' idle time.
+fn cpu_times(
+    busy: &[u64],
+    window_ns: u64,
+    topology: &Topology,
+    debt: &mut [u64],
+    kernel_idle_now: &[u64],
+    kernel_idle_prev: &[u64],
+) -> Vec<CpuTimes> {
+    let online = |cpu: usize| topology.online.contains(&(cpu as u32));
+    let mut busy = busy.to_vec();
+    let packages = topology.sockets().max(1);
+    for package in 0..packages as u32 {
+        let members: Vec<usize> = (0..busy.len())
+            .filter(|c| topology.socket_of_cpu.get(*c) == Some(&package) && online(*c))
+            .collect();
+        let mut spill: u64 = members
+            .iter()
+            .map(|c| {
+                let over = busy[*c].saturating_sub(window_ns);
+                busy[*c] -= over;
+                over
+            })
+            .sum();
+        for c in &members {
+            let room = window_ns - busy[*c];
+            let take = room.min(spill);
+            busy[*c] += take;
+            spill -= take;
+        }
+        // Beyond the package's capacity: keep it on the first CPU (the
+        // debt below takes it from later idle time).
+        if let Some(first) = members.first() {
+            busy[*first] += spill;
+        }
+    }
+    busy.iter()
+        .enumerate()
+        .map(|(cpu, busy_ns)| {
+            let window = if online(cpu) { window_ns } else { 0 };
+            let owed = busy_ns + debt[cpu];
+            let idle_ns = window.saturating_sub(owed);
+            debt[cpu] = owed.saturating_sub(window);
+            CpuTimes {
+                cpu: cpu as u32,
+                socket: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
+                busy_ns: *busy_ns,
+                idle_ns,
+                idle_task_ns: kernel_idle_now
+                    .get(cpu)
+                    .zip(kernel_idle_prev.get(cpu))
+                    .map_or(0, |(n, p)| n.saturating_sub(*p)),
+                lost_ns: 0,
+                switches: 0,
+                window_ns: window,
+            }
+        })
+        .collect()
+}
+
+/// The scheduler's run time of a thread, brought up to date
+/// (`/proc/PID/task/TID/schedstat`'s first field).
+fn schedstat_runtime_ns(tgid: u32, tid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/schedstat")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Each CPU's idle + iowait time so far by the kernel's own count
+/// (`/proc/stat`, in clock ticks), in ns; 0 for CPUs it does not list.
+fn read_kernel_idle(cpus: usize) -> Vec<u64> {
+    let mut out = vec![0; cpus];
+    let Ok(text) = std::fs::read_to_string("/proc/stat") else {
+        return out;
+    };
+    parse_proc_stat_idle(&text, &mut out, clock_tick_ns());
+    out
+}
+
+fn clock_tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / u64::try_from(hz).ok().filter(|h| *h > 0).unwrap_or(100)
+}
+
+fn parse_proc_stat_idle(text: &str, out: &mut [u64], tick_ns: u64) {
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(cpu) = words
+            .next()
+            .and_then(|w| w.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let fields: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
+        // user nice system idle iowait ...
+        if let (Some(idle), Some(slot)) = (fields.get(3), out.get_mut(cpu)) {
+            *slot = (idle + fields.get(4).copied().unwrap_or(0)) * tick_ns;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_packages() -> Topology {
+        Topology {
+            socket_of_cpu: vec![0, 0, 1, 1],
+            package_ids: vec![0, 1],
+            online: vec![0, 1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn busy_above_a_cpus_window_moves_to_a_cpu_of_its_package() {
+        let mut debt = vec![0; 4];
+        let cpus = cpu_times(&[150, 10, 0, 0], 100, &two_packages(), &mut debt, &[], &[]);
+        let busy: Vec<u64> = cpus.iter().map(|c| c.busy_ns).collect();
+        assert_eq!(busy, vec![100, 60, 0, 0]);
+        for c in &cpus {
+            assert_eq!(c.busy_ns + c.idle_ns, c.window_ns);
+        }
+        assert_eq!(debt, vec![0; 4]);
+    }
+
+    #[test]
+    fn busy_beyond_the_package_is_kept_and_taken_from_later_idle() {
+        let mut debt = vec![0; 4];
+        let topo = two_packages();
+        let cpus = cpu_times(&[150, 90, 0, 0], 100, &topo, &mut debt, &[], &[]);
+        assert_eq!(cpus[0].busy_ns + cpus[1].busy_ns, 240, "package busy exact");
+        assert_eq!(cpus[0].idle_ns + cpus[1].idle_ns, 0);
+        assert_eq!(debt[0], 40);
+        let cpus = cpu_times(&[0, 0, 0, 0], 100, &topo, &mut debt, &[], &[]);
+        assert_eq!(cpus[0].idle_ns, 60);
+        assert_eq!(debt[0], 0);
+    }
+
+    #[test]
+    fn proc_stat_idle_and_iowait_per_cpu() {
+        let text = "cpu  10 0 5 900 4 0 0 0 0 0\ncpu0 5 0 2 450 2 0 0 0 0 0\n\
+                    cpu1 5 0 3 450 2 0 0 0 0 0\nintr 1 2 3\n";
+        let mut out = vec![0; 3];
+        parse_proc_stat_idle(text, &mut out, 10_000_000);
+        assert_eq!(out, vec![4_520_000_000, 4_520_000_000, 0]);
+    }
+}

@@ -1,0 +1,545 @@
+//! The iterator tracker's bookkeeping: the scheduler's cumulative run time
+//! per thread (`se.sum_exec_runtime`), read at each read and at rare
+//! events, turned into per-interval deltas per package and cgroup.
+//!
+//! A thread is its `task_struct`: the address and `start_time` the kernel
+//! reports (a tid can move to another task at an exec from a non-leader
+//! thread, and an address is reused once its task is freed). The exec case
+//! is recognised because the exec'ing thread takes the leader's older
+//! `start_time`: a known address reporting an *earlier* start is the same
+//! thread, a *later* one a new task.
+//!
+//! Readings are cumulative, so seeing the same time twice (a read racing an
+//! exit) never counts it twice. Checkpoints (a move between packages or
+//! cgroups, at a known run time) split a delta where it happened.
+
+use std::collections::HashMap;
+
+use profiler_common::{COMM_LEN, MAX_SOCKETS};
+
+use super::{TaskTime, comm_to_string, threads::IntHasher};
+
+/// How long after an exit its free may take before the thread is settled
+/// from the exit's reading (the free comes an RCU grace period after the
+/// thread is reaped: 15–40 ms measured here; a zombie nobody reaps never
+/// frees).
+pub const FREE_GRACE_NS: u64 = 1_000_000_000;
+
+/// One reading of a thread's run time.
+#[derive(Clone, Copy, Debug)]
+pub struct Reading<'a> {
+    /// `task_struct` address.
+    pub task_ptr: u64,
+    /// `task_struct.start_time` (monotonic ns).
+    pub start_ns: u64,
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// cgroup v2 id, where the reading knows it.
+    pub cgroup_id: Option<u64>,
+    /// Name, where the reading has it.
+    pub comm: Option<&'a [u8; COMM_LEN]>,
+    /// `se.sum_exec_runtime`.
+    pub sum_exec_ns: u64,
+    /// CPU it is on or last ran on.
+    pub cpu: u32,
+}
+
+/// What a reading is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A read of the task iterator (or the exact figure of a running one).
+    Read,
+    /// The thread called `do_exit` at this monotonic time.
+    Exit {
+        /// When.
+        ts_ns: u64,
+    },
+    /// The thread's `task_struct` was freed: its final run time.
+    Free {
+        /// When.
+        ts_ns: u64,
+    },
+    /// The thread moved from `cpu` to a CPU of another package.
+    Migrate,
+    /// The thread was moved to the cgroup of the reading.
+    CgroupMove,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Checkpoint {
+    /// Time up to here ran on this CPU (the source of a migration).
+    Package { cpu: u32 },
+    /// Time up to here belongs to the old cgroup; after it, to this one.
+    Cgroup { to: u64, cpu: u32 },
+}
+
+#[derive(Debug)]
+struct Thread {
+    start_ns: u64,
+    tid: u32,
+    tgid: u32,
+    cgroup_id: u64,
+    comm: [u8; COMM_LEN],
+    /// Run time up to which deltas were handed out.
+    counted_ns: u64,
+    /// This interval's time per (cgroup, package).
+    pending: Vec<(u64, [u64; MAX_SOCKETS])>,
+    /// Checkpoints beyond `counted_ns`, in run-time order.
+    checkpoints: Vec<(u64, Checkpoint)>,
+    exit_ns: Option<u64>,
+    exit_reported: bool,
+    freed: bool,
+    /// Monotonic time of the last reading: threads a full read no longer
+    /// shows, read before it, are gone.
+    last_seen_ns: u64,
+}
+
+/// Cumulative-to-delta bookkeeping for every thread the iterator tracker
+/// has seen.
+#[derive(Debug)]
+pub struct RuntimeLedger {
+    package_of_cpu: Vec<u32>,
+    packages: usize,
+    /// Threads born at or after this (monotonic ns) count from zero; older
+    /// ones from their first reading.
+    start_ns: u64,
+    threads: HashMap<u64, Vec<Thread>, std::hash::BuildHasherDefault<IntHasher>>,
+    cpu_busy_ns: Vec<u64>,
+    settled_from_exit: u64,
+    vanished: u64,
+    forget: Vec<u64>,
+}
+
+impl RuntimeLedger {
+    /// A ledger for CPUs on these packages (dense index per CPU id);
+    /// threads born from `start_ns` on count from zero.
+    pub fn new(package_of_cpu: Vec<u32>, start_ns: u64) -> Self {
+        let packages = package_of_cpu
+            .iter()
+            .map(|p| *p as usize + 1)
+            .max()
+            .unwrap_or(1)
+            .clamp(1, MAX_SOCKETS);
+        Self {
+            cpu_busy_ns: vec![0; package_of_cpu.len().max(1)],
+            package_of_cpu,
+            packages,
+            start_ns,
+            threads: HashMap::default(),
+            settled_from_exit: 0,
+            vanished: 0,
+            forget: Vec::new(),
+        }
+    }
+
+    /// Threads tracked.
+    pub fn len(&self) -> usize {
+        self.threads.values().map(Vec::len).sum()
+    }
+
+    /// Whether no thread is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Threads settled from their exit reading because no free came.
+    pub fn settled_from_exit(&self) -> u64 {
+        self.settled_from_exit
+    }
+
+    /// Threads that disappeared with neither exit nor free seen (their
+    /// events were lost): their time after the last reading is not known.
+    pub fn vanished(&self) -> u64 {
+        self.vanished
+    }
+
+    /// Addresses of threads settled without a free: their filter entries
+    /// in the kernel should go.
+    pub fn take_forgotten(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.forget)
+    }
+
+    /// Threads of `tgid` that have not exited.
+    pub fn live_threads_of(&self, tgid: u32) -> usize {
+        self.all()
+            .filter(|t| t.tgid == tgid && t.exit_ns.is_none())
+            .count()
+    }
+
+    /// Threads of `tgid` that exited and whose final run time (the free)
+    /// has not come yet.
+    pub fn awaiting_free_of(&self, tgid: u32) -> usize {
+        self.all()
+            .filter(|t| t.tgid == tgid && t.exit_ns.is_some() && !t.freed)
+            .count()
+    }
+
+    /// Whether thread `tid` has exited.
+    pub fn has_exited(&self, tid: u32) -> bool {
+        self.all().any(|t| t.tid == tid && t.exit_ns.is_some())
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Thread> {
+        self.threads.values().flatten()
+    }
+
+    /// Takes one reading (a record, an exit, a free, a checkpoint) at
+    /// monotonic time `now_ns`.
+    pub fn observe(&mut self, r: Reading<'_>, kind: Kind, now_ns: u64) {
+        let born_before = r.start_ns < self.start_ns;
+        let list = self.threads.entry(r.task_ptr).or_default();
+        let idx = match list.iter().position(|t| t.start_ns == r.start_ns) {
+            Some(i) => i,
+            // The exec'ing thread of a non-leader exec takes the leader's
+            // (earlier) start time: the same task.
+            None => match list
+                .iter()
+                .position(|t| t.start_ns > r.start_ns && !t.freed)
+            {
+                Some(i) => {
+                    list[i].start_ns = r.start_ns;
+                    i
+                }
+                None => {
+                    list.push(Thread {
+                        start_ns: r.start_ns,
+                        tid: r.tid,
+                        tgid: r.tgid,
+                        cgroup_id: r.cgroup_id.unwrap_or(0),
+                        comm: [0; COMM_LEN],
+                        // Threads older than tracking count from here.
+                        counted_ns: if born_before { r.sum_exec_ns } else { 0 },
+                        pending: Vec::new(),
+                        checkpoints: Vec::new(),
+                        exit_ns: None,
+                        exit_reported: false,
+                        freed: false,
+                        last_seen_ns: now_ns,
+                    });
+                    list.len() - 1
+                }
+            },
+        };
+        let t = &mut list[idx];
+        t.tid = r.tid;
+        t.tgid = r.tgid;
+        t.last_seen_ns = now_ns;
+        if let Some(comm) = r.comm.filter(|c| c[0] != 0) {
+            t.comm = *comm;
+        }
+        let map = &self.package_of_cpu;
+        let busy = &mut self.cpu_busy_ns;
+        match kind {
+            Kind::Migrate => {
+                add_checkpoint(t, r.sum_exec_ns, Checkpoint::Package { cpu: r.cpu });
+            }
+            Kind::CgroupMove => {
+                if let Some(to) = r.cgroup_id {
+                    add_checkpoint(t, r.sum_exec_ns, Checkpoint::Cgroup { to, cpu: r.cpu });
+                }
+            }
+            Kind::Read | Kind::Exit { .. } | Kind::Free { .. } => {
+                advance(t, r.sum_exec_ns, r.cpu, r.cgroup_id, map, busy);
+                match kind {
+                    Kind::Exit { ts_ns } => {
+                        t.exit_ns.get_or_insert(ts_ns);
+                    }
+                    Kind::Free { ts_ns } => {
+                        t.exit_ns.get_or_insert(ts_ns);
+                        t.freed = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// After a read that showed every live thread: threads read before
+    /// `read_start_ns` that it did not show, and that reported no exit,
+    /// are gone without a trace (their events were lost).
+    pub fn full_read_done(&mut self, read_start_ns: u64) {
+        for t in self.threads.values_mut().flatten() {
+            if t.exit_ns.is_none() && t.last_seen_ns < read_start_ns {
+                t.exit_ns = Some(t.last_seen_ns);
+                t.freed = true;
+                self.vanished += 1;
+            }
+        }
+    }
+
+    /// Closes the interval at monotonic time `now_ns`: each thread's time
+    /// since the last call, per cgroup it ran in, and its exit if it
+    /// happened now. Threads freed, or exited longer than
+    /// [`FREE_GRACE_NS`] ago without a free, are forgotten.
+    pub fn finish(&mut self, now_ns: u64, final_read: bool) -> Vec<TaskTime> {
+        let packages = self.packages;
+        let mut out = Vec::new();
+        let forget = &mut self.forget;
+        let settled = &mut self.settled_from_exit;
+        self.threads.retain(|ptr, list| {
+            list.retain_mut(|t| {
+                let newly_exited = t.exit_ns.is_some() && !t.exit_reported;
+                let mut exit_ns = if newly_exited { t.exit_ns } else { None };
+                for (cgroup_id, ns) in t.pending.drain(..) {
+                    out.push(TaskTime {
+                        tid: t.tid,
+                        tgid: t.tgid,
+                        cgroup_id,
+                        comm: comm_to_string(&t.comm),
+                        on_cpu_ns: ns[..packages].to_vec(),
+                        exit_ns: exit_ns.take(),
+                    });
+                }
+                if let Some(exit) = exit_ns {
+                    out.push(TaskTime {
+                        tid: t.tid,
+                        tgid: t.tgid,
+                        cgroup_id: t.cgroup_id,
+                        comm: comm_to_string(&t.comm),
+                        on_cpu_ns: vec![0; packages],
+                        exit_ns: Some(exit),
+                    });
+                }
+                t.exit_reported |= newly_exited;
+                if t.freed {
+                    return false;
+                }
+                let overdue = t
+                    .exit_ns
+                    .is_some_and(|e| now_ns.saturating_sub(e) >= FREE_GRACE_NS);
+                if overdue || (final_read && t.exit_ns.is_some()) {
+                    *settled += 1;
+                    forget.push(*ptr);
+                    return false;
+                }
+                true
+            });
+            !list.is_empty()
+        });
+        out
+    }
+
+    /// Each CPU's share of the time handed out since the last call (a
+    /// thread's delta goes to the CPU it was read on, or a migration's
+    /// source CPU), and resets it.
+    pub fn take_cpu_busy(&mut self) -> Vec<u64> {
+        let n = self.cpu_busy_ns.len();
+        std::mem::replace(&mut self.cpu_busy_ns, vec![0; n])
+    }
+}
+
+fn add_checkpoint(t: &mut Thread, sum_ns: u64, cp: Checkpoint) {
+    if sum_ns <= t.counted_ns {
+        // Already counted past it (read after the move): nothing to split.
+        if let Checkpoint::Cgroup { to, .. } = cp {
+            t.cgroup_id = to;
+        }
+        return;
+    }
+    let at = t.checkpoints.partition_point(|(s, _)| *s <= sum_ns);
+    t.checkpoints.insert(at, (sum_ns, cp));
+}
+
+/// Hands out the thread's growth up to `sum_ns`: checkpoints first, in
+/// order, each segment to its CPU's package and the cgroup of the time;
+/// the rest to `cpu` and the reading's cgroup.
+fn advance(
+    t: &mut Thread,
+    sum_ns: u64,
+    cpu: u32,
+    cgroup_id: Option<u64>,
+    package_of_cpu: &[u32],
+    cpu_busy_ns: &mut [u64],
+) {
+    let mut charge = |t: &mut Thread, upto: u64, cpu: u32| {
+        if upto <= t.counted_ns {
+            return;
+        }
+        let ns = upto - t.counted_ns;
+        t.counted_ns = upto;
+        let package = package_of_cpu.get(cpu as usize).copied().unwrap_or(0) as usize;
+        if let Some(busy) = cpu_busy_ns.get_mut(cpu as usize) {
+            *busy += ns;
+        }
+        let cgroup = t.cgroup_id;
+        let slot = match t.pending.iter().position(|(c, _)| *c == cgroup) {
+            Some(i) => i,
+            None => {
+                t.pending.push((cgroup, [0; MAX_SOCKETS]));
+                t.pending.len() - 1
+            }
+        };
+        t.pending[slot].1[package.min(MAX_SOCKETS - 1)] += ns;
+    };
+    while let Some(&(at, cp)) = t.checkpoints.first() {
+        if at > sum_ns {
+            break;
+        }
+        t.checkpoints.remove(0);
+        match cp {
+            Checkpoint::Package { cpu } => charge(t, at, cpu),
+            Checkpoint::Cgroup { to, cpu } => {
+                charge(t, at, cpu);
+                t.cgroup_id = to;
+            }
+        }
+    }
+    if let Some(cg) = cgroup_id {
+        t.cgroup_id = cg;
+    }
+    charge(t, sum_ns, cpu);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTR: u64 = 0xffff_8880_0000_1000;
+
+    fn reading(start: u64, sum: u64, cpu: u32, cgroup: u64) -> Reading<'static> {
+        Reading {
+            task_ptr: PTR,
+            start_ns: start,
+            tid: 42,
+            tgid: 42,
+            cgroup_id: Some(cgroup),
+            comm: Some(b"worker\0\0\0\0\0\0\0\0\0\0"),
+            sum_exec_ns: sum,
+            cpu,
+        }
+    }
+
+    fn ledger() -> RuntimeLedger {
+        // CPUs 0, 1 on package 0; 2, 3 on package 1; tracking from t=1000.
+        RuntimeLedger::new(vec![0, 0, 1, 1], 1000)
+    }
+
+    #[test]
+    fn thread_older_than_tracking_counts_from_its_first_reading() {
+        let mut l = ledger();
+        l.observe(reading(10, 5_000, 0, 7), Kind::Read, 1100);
+        assert!(l.finish(1100, false).is_empty(), "baseline only");
+        l.observe(reading(10, 5_600, 1, 7), Kind::Read, 2000);
+        let out = l.finish(2000, false);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].on_cpu_ns, vec![600, 0]);
+        assert_eq!(out[0].comm, "worker");
+        assert_eq!(l.take_cpu_busy(), vec![0, 600, 0, 0]);
+    }
+
+    #[test]
+    fn thread_born_after_start_counts_from_zero_and_a_reread_is_not_recounted() {
+        let mut l = ledger();
+        l.observe(reading(1500, 300, 2, 7), Kind::Read, 2000);
+        l.observe(reading(1500, 300, 2, 7), Kind::Read, 2001);
+        let out = l.finish(2001, false);
+        assert_eq!(out[0].on_cpu_ns, vec![0, 300]);
+    }
+
+    #[test]
+    fn migration_checkpoints_split_time_between_packages() {
+        let mut l = ledger();
+        l.observe(reading(1500, 100, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        // Moved from CPU 0 (package 0) to package 1 at 250, then back at
+        // 400 from CPU 3; read at 500 on CPU 1.
+        l.observe(reading(1500, 250, 0, 7), Kind::Migrate, 2100);
+        l.observe(reading(1500, 400, 3, 7), Kind::Migrate, 2200);
+        // A checkpoint beyond the read waits for a later read.
+        l.observe(reading(1500, 700, 1, 7), Kind::Migrate, 2300);
+        l.observe(reading(1500, 500, 1, 7), Kind::Read, 2300);
+        let out = l.finish(2300, false);
+        assert_eq!(out[0].on_cpu_ns, vec![150 + 100, 150]);
+        l.observe(reading(1500, 900, 2, 7), Kind::Read, 3000);
+        let out = l.finish(3000, false);
+        assert_eq!(out[0].on_cpu_ns, vec![200, 200]);
+    }
+
+    #[test]
+    fn cgroup_move_splits_the_delta_at_the_move() {
+        let mut l = ledger();
+        l.observe(reading(1500, 100, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        l.observe(reading(1500, 160, 0, 9), Kind::CgroupMove, 2100);
+        l.observe(reading(1500, 200, 0, 9), Kind::Read, 2200);
+        let mut out = l.finish(2200, false);
+        out.sort_by_key(|t| t.cgroup_id);
+        assert_eq!((out[0].cgroup_id, out[0].total_ns()), (7, 160));
+        assert_eq!((out[1].cgroup_id, out[1].total_ns()), (9, 40));
+        assert_eq!(out.iter().filter(|t| t.exit_ns.is_some()).count(), 0);
+    }
+
+    #[test]
+    fn exit_then_free_counts_the_final_slice_once() {
+        let mut l = ledger();
+        l.observe(reading(1500, 100, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        l.observe(reading(1500, 180, 0, 7), Kind::Exit { ts_ns: 2500 }, 2500);
+        let out = l.finish(2600, false);
+        assert_eq!((out[0].total_ns(), out[0].exit_ns), (80, Some(2500)));
+        assert_eq!(l.awaiting_free_of(42), 1);
+        // A racing read and the free with the exact final figure.
+        l.observe(reading(1500, 180, 0, 7), Kind::Read, 2700);
+        l.observe(reading(1500, 195, 0, 7), Kind::Free { ts_ns: 2800 }, 2800);
+        let out = l.finish(2800, false);
+        assert_eq!((out[0].total_ns(), out[0].exit_ns), (15, None));
+        assert!(l.is_empty());
+        assert_eq!(l.settled_from_exit(), 0);
+    }
+
+    #[test]
+    fn a_missed_free_settles_from_the_exit_reading_once() {
+        let mut l = ledger();
+        l.observe(reading(1500, 180, 0, 7), Kind::Exit { ts_ns: 2500 }, 2500);
+        assert_eq!(l.finish(2500, false)[0].total_ns(), 180);
+        assert!(l.finish(2500 + FREE_GRACE_NS - 1, false).is_empty());
+        assert_eq!(l.len(), 1);
+        assert!(l.finish(2500 + FREE_GRACE_NS, false).is_empty());
+        assert!(l.is_empty());
+        assert_eq!(l.settled_from_exit(), 1);
+        assert_eq!(l.take_forgotten(), vec![PTR]);
+    }
+
+    #[test]
+    fn exec_from_a_thread_keeps_its_count_under_the_leaders_start() {
+        let mut l = ledger();
+        // The thread (start 1600) had 500 ns; after its exec it reports
+        // the leader's start time (1500) and more time.
+        l.observe(reading(1600, 500, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        l.observe(reading(1500, 520, 0, 7), Kind::Read, 2100);
+        assert_eq!(l.finish(2100, false)[0].total_ns(), 20);
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn a_reused_address_is_a_new_thread() {
+        let mut l = ledger();
+        l.observe(reading(1500, 500, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        // The old task's free is still in the ring when its address is
+        // reused by a task born later.
+        l.observe(reading(3000, 30, 0, 7), Kind::Read, 3100);
+        l.observe(reading(1500, 510, 0, 7), Kind::Free { ts_ns: 2900 }, 3100);
+        let mut out = l.finish(3100, false);
+        out.sort_by_key(|t| t.total_ns());
+        assert_eq!(out[0].total_ns(), 10);
+        assert_eq!(out[1].total_ns(), 30);
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn threads_missing_from_a_full_read_are_gone() {
+        let mut l = ledger();
+        l.observe(reading(1500, 500, 0, 7), Kind::Read, 2000);
+        l.finish(2000, false);
+        l.full_read_done(1900);
+        assert_eq!(l.vanished(), 0, "read after the full read began");
+        l.full_read_done(2500);
+        assert_eq!(l.vanished(), 1);
+        assert_eq!(l.finish(2600, false)[0].exit_ns, Some(2000));
+        assert!(l.is_empty());
+    }
+}
