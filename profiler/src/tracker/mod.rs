@@ -209,9 +209,8 @@ mod tests {
         assert!(bytes < 64 << 20, "{bytes}");
         assert!(bytes > 16 << 20, "{bytes}: the formula lost a term");
         let iter = kernel_memory_estimate(super::TrackerKind::Iter, 256, max);
-        assert!(
-            iter < bytes / 2,
-            "{iter}: the iterator keeps 8 bytes a thread"
-        );
+        // 64 instead of 184 bytes a thread (7.5 MiB at 65,536), and no
+        // 1 MiB announcement ring.
+        assert!(iter + (8 << 20) < bytes, "{iter} vs {bytes}");
     }
 }

@@ -466,7 +466,7 @@ mod tests {
         l.observe(reading(1500, 200, 0, 9), Kind::Read, 2200);
         let mut out = l.finish(2200, false);
         out.sort_by_key(|t| t.cgroup_id);
-        assert_eq!((out[0].cgroup_id, out[0].total_ns()), (7, 160));
+        assert_eq!((out[0].cgroup_id, out[0].total_ns()), (7, 60));
         assert_eq!((out[1].cgroup_id, out[1].total_ns()), (9, 40));
         assert_eq!(out.iter().filter(|t| t.exit_ns.is_some()).count(), 0);
     }
