@@ -224,17 +224,19 @@ pub struct ThreadEvent {
     pub comm: [u8; COMM_LEN],
 }
 
-/// `IterRecord::flags`: the thread was on a CPU when read, so its counter
-/// may be up to a tick stale (userspace asks the scheduler for the exact
-/// figure).
-pub const ITER_FLAG_RUNNING: u32 = 1;
 /// `IterRecord::flags`: the last record of a read (the iterator's final
 /// call); `sum_exec_ns` is the number of threads visited, `cgroup_id` the
 /// number the filter map could not hold, `task_ptr` the records written.
 pub const ITER_FLAG_TRAILER: u32 = 2;
 
+/// `IterRecord::flags`: the thread was on a CPU at the read; its
+/// `sum_exec_ns` is the run time at its switch-in plus the time since
+/// (`sched_info.last_arrival`), not its counter, which is as old as its
+/// last tick.
+pub const ITER_FLAG_RUNNING: u32 = 1;
+
 /// One record of the task iterator: a thread whose run time grew since the
-/// previous read, or that is on a CPU.
+/// previous read (every thread, on a full read), or that is on a CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IterRecord {
@@ -273,8 +275,6 @@ pub struct KernelOffsets {
     pub start_time: u32,
     /// `task_struct.comm`.
     pub comm: u32,
-    /// `task_struct.on_cpu`.
-    pub on_cpu: u32,
     /// The CPU of a task: `task_struct.cpu` or `task_struct.thread_info.cpu`.
     pub cpu: u32,
     /// `task_struct.cgroups`.
@@ -285,6 +285,14 @@ pub struct KernelOffsets {
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kn_id: u32,
+    /// `task_struct.on_cpu`.
+    pub on_cpu: u32,
+    /// `task_struct.se.prev_sum_exec_runtime` (the run time at switch-in).
+    pub prev_sum_exec: u32,
+    /// `task_struct.sched_info.last_arrival` (`rq_clock` at switch-in); 0
+    /// without `CONFIG_SCHED_INFO`: running threads then report their
+    /// counter.
+    pub last_arrival: u32,
     /// Padding.
     pub pad: u32,
 }

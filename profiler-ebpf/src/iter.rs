@@ -4,7 +4,7 @@
 //! `task_struct.se.sum_exec_runtime`. A task iterator (`iter/task`), run by
 //! userspace at each read, writes one [`IterRecord`] per thread whose run
 //! time grew since the previous read (the `LAST` map remembers what was
-//! reported), or that is on a CPU. Rare events complete the picture through
+//! reported). Rare events complete the picture through
 //! the `EVENTS` ring: a thread's exit (`sched_process_exit`, its run time up
 //! to a tick stale), its final run time when its `task_struct` is freed
 //! (`sched_process_free`), moves between packages (`sched_migrate_task`,
@@ -47,12 +47,31 @@ static LAST: HashMap<u64, u64> = HashMap::with_max_entries(DEFAULT_MAX_TASKS, 0)
 #[map]
 static CPU_PACKAGE: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Per read: threads visited, threads the filter could not hold, records
-/// written (reset by the first call of a read, sent in its trailer); and
-/// slot 3, set by userspace: non-zero for a full read (every thread, the
-/// filter ignored), which tells userspace which threads are gone.
+/// Set by userspace before a read: non-zero for a full read (every thread,
+/// the filter ignored), which tells userspace which threads are gone.
 #[map]
-static ITER_STATS: Array<u64> = Array::with_max_entries(4, 0);
+static ITER_CONTROL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The read in progress: threads visited, threads the filter could not
+/// hold, records written (sent in its trailer), and whether it is full
+/// (copied from `ITER_CONTROL` by its first call). One reader runs the
+/// iterator at a time (the seq_file lock). The verifier inlines lookups in
+/// an array, so a slot costs a load.
+#[map]
+static ITER_READ: Array<u64> = Array::with_max_entries(5, 0);
+
+const VISITED: u32 = 0;
+const OVERFLOW: u32 = 1;
+const WRITTEN: u32 = 2;
+const FULL: u32 = 3;
+/// `bpf_ktime_get_ns()` minus the scheduler clock (`rq_clock`), measured at
+/// the start of the read (0: unknown).
+const CLOCK_OFFSET: u32 = 4;
+
+/// A running thread's estimate is at most this far past its counter (the
+/// counter is updated at every tick: 10 ms at HZ=100); beyond, the
+/// estimate is not trusted.
+const MAX_ESTIMATE_AHEAD_NS: u64 = 20_000_000;
 
 /// Offsets into this kernel's structures, from its BTF.
 #[unsafe(no_mangle)]
@@ -62,12 +81,14 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     tgid: 0,
     start_time: 0,
     comm: 0,
-    on_cpu: 0,
     cpu: 0,
     cgroups: 0,
     dfl_cgrp: 0,
     cgroup_kn: 0,
     kn_id: 0,
+    on_cpu: 0,
+    prev_sum_exec: 0,
+    last_arrival: 0,
     pad: 0,
 };
 
@@ -95,20 +116,22 @@ unsafe fn load<T: Copy>(base: *const u8, offset: usize) -> T {
     unsafe { core::ptr::read_volatile(base.add(offset).cast::<T>()) }
 }
 
-fn bump(stat: u32) {
-    if let Some(n) = ITER_STATS.get_ptr_mut(stat) {
+#[inline(always)]
+fn bump(slot: u32) {
+    if let Some(n) = ITER_READ.get_ptr_mut(slot) {
         // SAFETY: one reader runs the iterator at a time (the seq_file
-        // lock), so nothing else updates this slot now.
+        // lock), and only the iterator program touches this map.
         unsafe { *n += 1 };
     }
 }
 
-fn stat(stat: u32) -> u64 {
-    ITER_STATS.get(stat).copied().unwrap_or(0)
+#[inline(always)]
+fn slot(slot: u32) -> u64 {
+    ITER_READ.get(slot).copied().unwrap_or(0)
 }
 
 /// The task iterator: one record per thread whose run time grew since the
-/// last read, or that is on a CPU.
+/// last read (every thread on a full read).
 ///
 /// # Safety
 /// Called by the kernel with a `struct bpf_iter__task *`.
@@ -125,16 +148,31 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     // SAFETY: as above.
     let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
     if seq_num == 0 {
-        for i in 0..3 {
-            let _ = ITER_STATS.set(i, &0, 0);
+        for i in [VISITED, OVERFLOW, WRITTEN] {
+            let _ = ITER_READ.set(i, &0, 0);
         }
+        let _ = ITER_READ.set(FULL, &ITER_CONTROL.get(0).copied().unwrap_or(0), 0);
+        // The reader (`current`) slept just before this read, so it was
+        // switched in a few microseconds ago: its `last_arrival` is the
+        // scheduler clock of about now.
+        let arrival_off = offset!(last_arrival);
+        let mut calibration = 0;
+        if arrival_off != 0 {
+            // SAFETY: helpers without preconditions.
+            let (me, now) = unsafe { (bpf_get_current_task(), bpf_ktime_get_ns()) };
+            let arrival: u64 = probe(me, arrival_off);
+            if arrival != 0 && now > arrival {
+                calibration = now - arrival;
+            }
+        }
+        let _ = ITER_READ.set(CLOCK_OFFSET, &calibration, 0);
     }
     if task.is_null() {
         // The final call: say how the read went.
         let trailer = IterRecord {
-            task_ptr: stat(2),
-            sum_exec_ns: stat(0),
-            cgroup_id: stat(1),
+            task_ptr: slot(WRITTEN),
+            sum_exec_ns: slot(VISITED),
+            cgroup_id: slot(OVERFLOW),
             flags: ITER_FLAG_TRAILER,
             ..IterRecord::default()
         };
@@ -148,7 +186,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
         };
         return 0;
     }
-    bump(0);
+    bump(VISITED);
     let (sum_off, on_cpu_off) = (offset!(sum_exec), offset!(on_cpu));
     // SAFETY: task is the iterator's non-null task pointer.
     let sum: u64 = unsafe { load(task, sum_off) };
@@ -157,8 +195,28 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     let key = task as u64;
     // SAFETY: the value is copied out at once.
     let known = unsafe { LAST.get(&key) }.copied();
-    if known == Some(sum) && on_cpu == 0 && stat(3) == 0 {
+    if known == Some(sum) && on_cpu == 0 && slot(FULL) == 0 {
         return 0;
+    }
+    // On a CPU: its counter is as old as its last tick. Its run time at
+    // switch-in plus the scheduler-clock time since is about now.
+    let mut reported = sum;
+    let mut flags = 0;
+    let (arrival_off, prev_off) = (offset!(last_arrival), offset!(prev_sum_exec));
+    let clock_offset = slot(CLOCK_OFFSET);
+    if on_cpu != 0 && arrival_off != 0 && clock_offset != 0 {
+        // SAFETY: as above.
+        let (arrival, prev): (u64, u64) =
+            unsafe { (load(task, arrival_off), load(task, prev_off)) };
+        // SAFETY: helper without preconditions.
+        let now_sched = unsafe { bpf_ktime_get_ns() }.wrapping_sub(clock_offset);
+        if arrival != 0 && now_sched > arrival {
+            let estimate = prev.wrapping_add(now_sched - arrival);
+            if estimate > sum && estimate - sum <= MAX_ESTIMATE_AHEAD_NS {
+                reported = estimate;
+                flags = ITER_FLAG_RUNNING;
+            }
+        }
     }
     let (cgroups_off, dfl_off, kn_off, id_off) = (
         offset!(cgroups),
@@ -181,12 +239,12 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
         IterRecord {
             task_ptr: key,
             start_ns: load(task, start_off),
-            sum_exec_ns: sum,
+            sum_exec_ns: reported,
             cgroup_id: load(kn, id_off),
             tid: load(task, pid_off),
             tgid: load(task, tgid_off),
             cpu: load(task, cpu_off),
-            flags: if on_cpu != 0 { ITER_FLAG_RUNNING } else { 0 },
+            flags,
             comm: bpf_probe_read_kernel(task.add(comm_off).cast::<[u8; COMM_LEN]>())
                 .unwrap_or([0; COMM_LEN]),
         }
@@ -202,9 +260,9 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     // Remember what was reported only once it is in the buffer: when the
     // buffer is full the kernel shows this task again in the next chunk.
     if written == 0 {
-        bump(2);
+        bump(WRITTEN);
         if known != Some(sum) && LAST.insert(&key, &sum, 0).is_err() {
-            bump(1);
+            bump(OVERFLOW);
         }
     }
     0
@@ -285,7 +343,7 @@ pub fn wattprof_thread_free(ctx: RawTracePointContext) -> i32 {
     }
     let cpu: u32 = probe(task, offset!(cpu));
     let comm: [u8; COMM_LEN] = probe(task, offset!(comm));
-    emit_thread(EVENT_THREAD_FREE, task, cpu, 0, 0, comm);
+    emit_thread(EVENT_THREAD_FREE, task, cpu, task_cgroup(task), 0, comm);
     let _ = LAST.remove(&task);
     0
 }
@@ -308,7 +366,14 @@ pub fn wattprof_thread_migrate(ctx: RawTracePointContext) -> i32 {
     if package_of(src) == package_of(dest) {
         return 0;
     }
-    emit_thread(EVENT_THREAD_MIGRATE, task, src, 0, dest, [0; COMM_LEN]);
+    emit_thread(
+        EVENT_THREAD_MIGRATE,
+        task,
+        src,
+        task_cgroup(task),
+        dest,
+        [0; COMM_LEN],
+    );
     0
 }
 

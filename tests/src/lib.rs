@@ -345,3 +345,18 @@ pub fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
         .spawn()
         .expect("start a burner")
 }
+
+/// Waits (up to 20 s) until the `--jsonl` stream at `path` has its first
+/// line: the header, written once the tracker counts. Starting a workload
+/// before then would leave part of it uncounted.
+pub fn wait_for_stream_header(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(path).is_ok_and(|t| t.contains('\n')) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no stream header in {} after 20 s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

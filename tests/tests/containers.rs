@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 use wattprof_tests::{
     Cgroups, FakeRapl, burn_in, cgroup2_root, f, require_ebpf, tempfile_dir, testload_bin,
-    wattprof_bin,
+    wait_for_stream_header, wattprof_bin,
 };
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -57,21 +57,25 @@ fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processe
         .collect();
     let rapl = FakeRapl::start(30.0, 3.0);
     let out = tempfile_dir().join("m.json");
+    let stream = out.with_extension("jsonl");
     let mut monitor = Command::new(wattprof_bin())
         .args([
             "monitor",
             &rapl.arg(),
             "--duration",
-            "2500ms",
+            "3s",
             "--interval",
             "250ms",
         ])
         .arg("--output")
         .arg(&out)
+        .arg("--jsonl")
+        .arg(&stream)
         .stderr(Stdio::piped())
         .spawn()
         .expect("monitor");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Burners started before the tracker counts would be partly missed.
+    wait_for_stream_header(&stream);
     // 0.2 s of CPU each, one after another: all exit well before the end.
     for d in &dirs {
         let mut c = burn_in(d, "cpu 0.2");
@@ -146,7 +150,7 @@ fn container_and_cgroup_filters_choose_the_reported_processes() {
         .stderr(Stdio::null())
         .spawn()
         .expect("monitor");
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    wait_for_stream_header(&stream);
     let mut outside = Command::new(testload_bin())
         .args(["cpu", "0.4"])
         .stdout(Stdio::null())
@@ -173,4 +177,86 @@ fn container_and_cgroup_filters_choose_the_reported_processes() {
         .expect("monitor");
     assert_eq!(out.status.code(), Some(125));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A process moved to another cgroup in the middle of a long interval: its
+/// time (and energy) before the move stays with the cgroup it left, the
+/// rest goes to the new one (`cgroup_attach_task` checkpoints the move in
+/// the iterator tracker).
+#[test]
+fn a_process_moved_between_cgroups_mid_interval_is_split_at_the_move() {
+    require_ebpf!();
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skipping: no cgroup2 mount");
+        return;
+    };
+    let base = format!("wattprof-test-move-{}", std::process::id());
+    let mut cgroups = Cgroups::default();
+    let from = cgroups.make(&root, &format!("{base}/from"));
+    let to = cgroups.make(&root, &format!("{base}/to"));
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let out = tempfile_dir().join("m.json");
+    let mut monitor = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            &rapl.arg(),
+            "--tracker",
+            "iter",
+            "--duration",
+            "4s",
+            "--interval",
+            "3s",
+        ])
+        .arg("--output")
+        .arg(&out)
+        .arg("--jsonl")
+        .arg(out.with_extension("jsonl"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("monitor");
+    wait_for_stream_header(&out.with_extension("jsonl"));
+    let mut burner = burn_in(&from, "cpu 1.2");
+    let schedstat = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let pid = burner.id();
+    let before = schedstat(pid);
+    std::fs::write(to.join("cgroup.procs"), pid.to_string()).expect("move the burner");
+    let after = schedstat(pid);
+    assert!(burner.wait().expect("burner").success());
+    assert!(monitor.wait().expect("monitor").success());
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("recording")).expect("JSON");
+    let cgroup_ns = |dir: &std::path::Path| -> u64 {
+        let rel = format!(
+            "/{}",
+            dir.strip_prefix(&root).expect("under root").display()
+        );
+        report["cgroups"]
+            .as_array()
+            .expect("cgroups")
+            .iter()
+            .find(|c| c["path"] == rel.as_str())
+            .and_then(|c| c["on_cpu_ns"].as_u64())
+            .unwrap_or(0)
+    };
+    let (old, new) = (cgroup_ns(&from), cgroup_ns(&to));
+    eprintln!(
+        "moved at {before}-{after} ns of its CPU time: {old} ns in the cgroup it left, \
+         {new} ns in the new one"
+    );
+    // Before the move: the burner's own time (read just around the move)
+    // plus its shell's few ms; after it: the rest of its 1.2 s.
+    assert!(
+        old >= before && old < after + 20_000_000,
+        "old cgroup {old}"
+    );
+    assert!(
+        new > 1_100_000_000u64.saturating_sub(after) && new < 1_250_000_000 - before,
+        "new cgroup {new}"
+    );
 }

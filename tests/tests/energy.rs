@@ -225,12 +225,7 @@ fn a_killed_wattprof_leaves_a_jsonl_stream_that_parses_to_its_last_line() {
         .expect("start wattprof");
     // Loading the eBPF object takes a while in a debug build: count from
     // the stream's first line.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(&stream).is_ok_and(|t| t.contains('\n'))
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wattprof_tests::wait_for_stream_header(&stream);
     std::thread::sleep(std::time::Duration::from_millis(1000));
     child.kill().expect("SIGKILL wattprof");
     let _ = child.wait();

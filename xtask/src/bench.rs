@@ -12,14 +12,17 @@ use crate::{run_cmd, workspace_root};
 /// Which benchmark.
 #[derive(clap::Subcommand)]
 pub enum Which {
-    /// Slowdown of a context-switch-heavy workload with the tracker
-    /// attached, and the tracker's own CPU time with many live threads.
+    /// Slowdown of context-switch-heavy workloads with no tracker, the
+    /// switch tracker and the iterator tracker, in paired rounds (the three
+    /// in rotating order each round), and wattprof's own CPU time with
+    /// many live threads for each tracker.
     Overhead {
-        /// Baseline/tracked pairs per workload.
-        #[arg(long, default_value_t = 5)]
-        pairs: usize,
-        /// Round trips of the ping-pong workload.
-        #[arg(long, default_value_t = 200_000)]
+        /// Paired rounds per workload (each round runs all three); 0 skips
+        /// them (wattprof's own CPU only).
+        #[arg(long, default_value_t = 120)]
+        rounds: usize,
+        /// Round trips of the ping-pong workloads.
+        #[arg(long, default_value_t = 50_000)]
         round_trips: u64,
         /// Seconds each thread-count measurement lasts.
         #[arg(long, default_value_t = 10)]
@@ -44,6 +47,15 @@ pub enum Which {
         /// Seconds they live.
         seconds: u64,
     },
+    /// (helper) N threads of one process that each wake every 50 ms and
+    /// spin ~20 us.
+    #[command(hide = true)]
+    BusyThreads {
+        /// Threads.
+        n: usize,
+        /// Seconds they live.
+        seconds: u64,
+    },
     /// (helper) Two processes passing a byte back and forth over pipes.
     #[command(hide = true)]
     Pingpong {
@@ -63,12 +75,34 @@ pub enum Which {
 pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Overhead {
-            pairs,
+            rounds,
             round_trips,
             seconds,
-        } => overhead(pairs, round_trips, seconds),
+        } => overhead(rounds, round_trips, seconds),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
         Which::BusyProcs { n, seconds } => busy_procs(n, seconds),
+        Which::BusyThreads { n, seconds } => {
+            let end = Instant::now() + std::time::Duration::from_secs(seconds);
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    std::thread::Builder::new()
+                        .stack_size(64 * 1024)
+                        .spawn(move || {
+                            while Instant::now() < end {
+                                std::thread::sleep(std::time::Duration::from_millis(50));
+                                let t = Instant::now();
+                                while t.elapsed() < std::time::Duration::from_micros(20) {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                        })
+                })
+                .collect::<std::io::Result<_>>()?;
+            for h in handles {
+                let _ = h.join();
+            }
+            Ok(())
+        }
         Which::Pingpong { round_trips } => {
             let secs = pingpong(round_trips)?;
             println!("{secs}");
@@ -140,11 +174,6 @@ fn pingpong(round_trips: u64) -> Result<f64> {
     Ok(secs)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn wattprof_release() -> Result<PathBuf> {
     let root = workspace_root();
     run_cmd(Command::new("cargo").current_dir(&root).args([
@@ -159,14 +188,19 @@ fn wattprof_release() -> Result<PathBuf> {
     Ok(root.join("target/release/wattprof"))
 }
 
-/// Runs `cmd`, alone or under `wattprof run`, and returns the number the
-/// workload itself printed (its own timing, so wattprof's start-up is not
-/// in it).
-fn timed(wattprof: Option<&Path>, cmd: &[String], parse: fn(&str) -> Option<f64>) -> Result<f64> {
-    let mut c = match wattprof {
-        Some(w) => {
-            let mut c = Command::new(w);
-            c.args(["run", "--as-root", "--"]).args(cmd);
+/// Runs `cmd`, alone or under `wattprof run --tracker T`, and returns the
+/// number the workload itself printed (its own timing, so wattprof's
+/// start-up is not in it).
+fn timed(
+    wattprof: &Path,
+    tracker: Option<&str>,
+    cmd: &[String],
+    parse: fn(&str) -> Option<f64>,
+) -> Result<f64> {
+    let mut c = match tracker {
+        Some(t) => {
+            let mut c = Command::new(wattprof);
+            c.args(["run", "--as-root", "--tracker", t, "--"]).args(cmd);
             c
         }
         None => {
@@ -183,32 +217,57 @@ fn timed(wattprof: Option<&Path>, cmd: &[String], parse: fn(&str) -> Option<f64>
     parse(&text).with_context(|| format!("no timing in output of {cmd:?}: {text}"))
 }
 
-/// Prints the slowdown of `cmd` under the tracker, and the added cost per
-/// context switch given how many switches the workload makes.
-fn slowdown(
+/// The value at quantile `q` of sorted `v`.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Runs `cmd` with no tracker, the switch tracker and the iterator tracker
+/// in each of `rounds` rounds (the order rotating, so drift and warm-up
+/// fall on all three alike), and prints each tracker's median paired ratio
+/// to the untracked run of its round, with the interquartile range, and
+/// the cost per context switch it implies.
+fn paired(
     name: &str,
     wattprof: &Path,
     cmd: &[String],
-    pairs: usize,
+    rounds: usize,
     switches: f64,
     parse: fn(&str) -> Option<f64>,
 ) -> Result<()> {
-    let (mut base, mut traced) = (Vec::new(), Vec::new());
-    for _ in 0..pairs {
-        base.push(timed(None, cmd, parse)?);
-        traced.push(timed(Some(wattprof), cmd, parse)?);
+    if rounds == 0 {
+        return Ok(());
     }
-    let (b, t) = (median(&mut base), median(&mut traced));
+    const VARIANTS: [Option<&str>; 3] = [None, Some("switch"), Some("iter")];
+    let mut times: Vec<Vec<f64>> = (0..3).map(|_| Vec::with_capacity(rounds)).collect();
+    for round in 0..rounds {
+        for k in 0..3 {
+            let v = (round + k) % 3;
+            times[v].push(timed(wattprof, VARIANTS[v], cmd, parse)?);
+        }
+    }
+    let mut base = times[0].clone();
+    base.sort_by(f64::total_cmp);
+    let base_median = quantile(&base, 0.5);
     println!(
-        "{name}: baseline median {b:.4} s, with tracker median {t:.4} s, slowdown {:+.2}% \
-         (ratio {:.4}, {:+.0} ns per context switch; {pairs} pairs; baseline spread \
-         {:.4}-{:.4} s)",
-        (t / b - 1.0) * 100.0,
-        t / b,
-        (t - b) * 1e9 / switches,
-        base[0],
-        base[base.len() - 1]
+        "{name}: {rounds} rounds; untracked median {base_median:.4} s (IQR {:.4}-{:.4} s)",
+        quantile(&base, 0.25),
+        quantile(&base, 0.75)
     );
+    for v in 1..3 {
+        let mut ratios: Vec<f64> = times[v].iter().zip(&times[0]).map(|(t, b)| t / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        let m = quantile(&ratios, 0.5);
+        println!(
+            "  --tracker {:<6}  median paired ratio {m:.4} ({:+.2}%), IQR {:.4}-{:.4}, \
+             {:+.0} ns per context switch",
+            VARIANTS[v].unwrap_or(""),
+            (m - 1.0) * 100.0,
+            quantile(&ratios, 0.25),
+            quantile(&ratios, 0.75),
+            (m - 1.0) * base_median * 1e9 / switches,
+        );
+    }
     Ok(())
 }
 
@@ -223,20 +282,29 @@ fn process_cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
-/// wattprof's own CPU while `threads` live idle threads exist: steady
-/// state (after they were all created and seen), and over the whole run
-/// as wattprof measured itself.
-fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> Result<()> {
+/// wattprof's own CPU while a workload of `threads` live threads runs
+/// (`idle-threads`: they sleep; `busy-procs`: each wakes every 50 ms):
+/// steady state (after they were all created and seen), and over the
+/// whole run as wattprof measured itself.
+fn tracker_cpu(
+    wattprof: &Path,
+    xtask: &Path,
+    tracker: &str,
+    workload: &str,
+    threads: usize,
+    seconds: u64,
+) -> Result<()> {
     const SETTLE_S: u64 = 3;
-    let out = std::env::temp_dir().join(format!("wattprof-bench-{threads}.json"));
+    let out = std::env::temp_dir().join(format!("wattprof-bench-{tracker}-{threads}.json"));
     let mut child = Command::new(wattprof)
-        .args(["run", "--as-root", "--interval", "1s", "--output"])
+        .args(["run", "--as-root", "--interval", "1s", "--tracker", tracker])
+        .arg("--output")
         .arg(&out)
         .arg("--")
         .arg(xtask)
         .args([
             "bench",
-            "idle-threads",
+            workload,
             &threads.to_string(),
             &(SETTLE_S + seconds + 1).to_string(),
         ])
@@ -261,10 +329,15 @@ fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> R
     };
     let (cpu_ns, wall_ns) = (num("/profiler/on_cpu_ns"), num("/wall_ns"));
     let samples = num("/profiler/samples").max(1);
+    let what = match workload {
+        "idle-threads" => "live idle threads",
+        "busy-threads" => "threads waking every 50 ms",
+        _ => "processes waking every 50 ms",
+    };
     println!(
-        "tracker CPU with {threads} live idle threads, 1 s interval: steady state {:.3} ms/s = \
-         {:.3}% of one core; whole run incl. creating them {:.3}% ({:.1} map-read syscalls per \
-         sample, {samples} samples, kernel memory {:.1} MiB)",
+        "--tracker {tracker}: wattprof CPU with {threads} {what}, 1 s interval: steady state \
+         {:.3} ms/s = {:.3}% of one core; whole run incl. creating them {:.3}% ({:.1} read \
+         syscalls per sample, {samples} samples, kernel memory {:.1} MiB)",
         steady / 1e6,
         steady / 1e7,
         100.0 * cpu_ns as f64 / wall_ns.max(1) as f64,
@@ -274,7 +347,7 @@ fn tracker_cpu(wattprof: &Path, xtask: &Path, threads: usize, seconds: u64) -> R
     Ok(())
 }
 
-fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
+fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the overhead benchmark loads eBPF: run it as root");
@@ -295,17 +368,20 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         kernel.trim()
     );
+    if rounds == 0 {
+        println!("paired workloads skipped (--rounds 0)");
+    }
     let pp = vec![
         xtask.to_string_lossy().into_owned(),
         "bench".into(),
         "pingpong".into(),
         round_trips.to_string(),
     ];
-    slowdown(
+    paired(
         &format!("pipe ping-pong pinned to CPU 0, {round_trips} round trips"),
         &wattprof,
         &pp,
-        pairs,
+        rounds,
         2.0 * round_trips as f64,
         |t| t.trim().parse().ok(),
     )?;
@@ -331,11 +407,11 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
             } else {
                 "perf bench sched pipe (default, tasks on any CPU)"
             };
-            slowdown(
+            paired(
                 name,
                 &wattprof,
                 &cmd,
-                pairs,
+                rounds,
                 2.0 * round_trips as f64,
                 parse_perf,
             )?;
@@ -343,8 +419,15 @@ fn overhead(pairs: usize, round_trips: u64, seconds: u64) -> Result<()> {
     } else {
         println!("perf bench sched pipe: skipped (perf not installed: apt-get install linux-perf)");
     }
-    for threads in [1_000, 10_000] {
-        tracker_cpu(&wattprof, &xtask, threads, seconds)?;
+    for tracker in ["iter", "switch"] {
+        for (workload, threads) in [
+            ("idle-threads", 1_000),
+            ("idle-threads", 10_000),
+            ("busy-threads", 1_000),
+            ("busy-procs", 1_000),
+        ] {
+            tracker_cpu(&wattprof, &xtask, tracker, workload, threads, seconds)?;
+        }
     }
     Ok(())
 }

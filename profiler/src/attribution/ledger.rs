@@ -33,6 +33,31 @@ impl EnergyBy {
         }
     }
 
+    /// `part / whole` of each domain (rounded down; all of it when
+    /// `whole` is 0 or `part` is all of it).
+    pub fn share(&self, part: u64, whole: u64) -> EnergyBy {
+        if whole == 0 || part >= whole {
+            return *self;
+        }
+        let f = |uj: u64| (u128::from(uj) * u128::from(part) / u128::from(whole)) as u64;
+        EnergyBy {
+            package_uj: f(self.package_uj),
+            core_uj: f(self.core_uj),
+            dram_uj: f(self.dram_uj),
+            gpu_uj: f(self.gpu_uj),
+        }
+    }
+
+    /// This sum less `o` (never below zero).
+    pub fn less(&self, o: &EnergyBy) -> EnergyBy {
+        EnergyBy {
+            package_uj: self.package_uj.saturating_sub(o.package_uj),
+            core_uj: self.core_uj.saturating_sub(o.core_uj),
+            dram_uj: self.dram_uj.saturating_sub(o.dram_uj),
+            gpu_uj: self.gpu_uj.saturating_sub(o.gpu_uj),
+        }
+    }
+
     /// Adds another sum.
     pub fn merge(&mut self, o: &EnergyBy) {
         self.package_uj += o.package_uj;

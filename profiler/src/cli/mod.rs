@@ -54,6 +54,15 @@ pub struct TrackerArgs {
     /// as lost, never silently dropped (~190 bytes each).
     #[arg(long, default_value_t = profiler_common::DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tasks: u32,
+
+    /// Read the CPU topology from this copy of /sys (testing).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub topology_sysfs: Option<std::path::PathBuf>,
+
+    /// Iterator tracker: do not attach the program of this event, as if
+    /// its records were all lost (testing).
+    #[arg(long, value_enum, hide = true)]
+    pub skip_event: Option<crate::tracker::SkipEvent>,
 }
 
 impl TrackerArgs {
@@ -62,6 +71,11 @@ impl TrackerArgs {
         crate::tracker::TrackerConfig {
             tracker: self.tracker,
             max_tasks: self.max_tasks,
+            skip_event: self.skip_event,
+            sys: self
+                .topology_sysfs
+                .clone()
+                .map_or_else(crate::topology::SysRoot::real, crate::topology::SysRoot::at),
             ..crate::tracker::TrackerConfig::default()
         }
     }

@@ -111,7 +111,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         jsonl,
     )?;
     let start_ns = tracker.start_ns();
-    profile.write_header("monitor", None, start_unix_ns);
+    profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let exporter = match args.prometheus {
         Some(addr) => {
             let shared: crate::exporter::Shared = Arc::new(std::sync::Mutex::new(Arc::new(

@@ -222,7 +222,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         KeepIntervals::All,
         jsonl,
     )?;
-    profile.write_header("run", Some(&argv), start_unix_ns);
+    profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
 
     let socket = WindowSocket::bind(
         &std::env::temp_dir(),
@@ -323,11 +323,13 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
 
     // The command was reaped, but its threads may still be finishing their
     // last context switch, and their final run time comes when they are
-    // freed (an RCU grace period later): wait (briefly) for all of them.
-    let settle_until = monotonic_ns() + 250_000_000;
+    // freed (an RCU grace period later): wait (briefly) for all of them,
+    // and for threads of its descendants that ended in its last second.
+    let ended_ns = monotonic_ns();
+    let settle_until = ended_ns + 250_000_000;
     while (!tracker.has_exited(pid)
         || tracker.live_threads_of(pid) > 0
-        || tracker.awaiting_final_of(pid) > 0)
+        || tracker.awaiting_final_since(ended_ns.saturating_sub(1_000_000_000)) > 0)
         && monotonic_ns() < settle_until
     {
         std::thread::sleep(Duration::from_millis(1));

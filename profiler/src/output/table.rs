@@ -191,10 +191,14 @@ pub fn render_run_table(r: &RunReport) -> String {
     };
     let _ = writeln!(
         s,
-        "\nwattprof: `{argv}` {outcome} after {:.3} s; {} CPUs, {} package(s)",
+        "\nwattprof: `{argv}` {outcome} after {:.3} s; {} CPUs, {} package(s); {} tracker",
         secs(r.wall_ns),
         r.machine.cpus,
-        r.machine.package_ids.len()
+        r.machine.package_ids.len(),
+        match r.profiler.tracker {
+            crate::tracker::TrackerKind::Iter => "iterator",
+            crate::tracker::TrackerKind::Switch => "switch",
+        }
     );
     let _ = writeln!(
         s,

@@ -165,6 +165,9 @@ pub struct ProcessTable<M: ProcMeta> {
     totals: GroupTotals,
     unmatched_forks: u64,
     interval: HashMap<u64, Vec<u64>>,
+    /// This interval's time per process and cgroup, where a process had
+    /// time in more than one.
+    interval_cgroups: HashMap<u64, Vec<(u64, u64)>>,
     samples: u64,
     exited_at: HashMap<u64, u64>,
 }
@@ -185,6 +188,10 @@ pub struct IntervalUsage {
     pub cgroup_id: u64,
     /// Nanoseconds per dense package index.
     pub on_cpu_ns: Vec<u64>,
+    /// Time of this interval spent in other cgroups than `cgroup_id`
+    /// (cgroup v2 id, ns): cgroups the process was moved out of during the
+    /// interval, or of threads in other cgroups. Usually empty.
+    pub other_cgroups_ns: Vec<(u64, u64)>,
 }
 
 /// Forks whose task never showed up are dropped after this long.
@@ -205,6 +212,7 @@ impl<M: ProcMeta> ProcessTable<M> {
             totals: GroupTotals::default(),
             unmatched_forks: 0,
             interval: HashMap::new(),
+            interval_cgroups: HashMap::new(),
             samples: 0,
             exited_at: HashMap::new(),
         }
@@ -297,15 +305,24 @@ impl<M: ProcMeta> ProcessTable<M> {
             .drain()
             .filter_map(|(id, on_cpu_ns)| {
                 let p = self.records.get(&id)?;
+                let other_cgroups_ns = self
+                    .interval_cgroups
+                    .remove(&id)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(cgroup, ns)| *cgroup != p.cgroup_id && *ns > 0)
+                    .collect();
                 Some(IntervalUsage {
                     id,
                     pid: p.pid,
                     role: p.role,
                     cgroup_id: p.cgroup_id,
                     on_cpu_ns,
+                    other_cgroups_ns,
                 })
             })
             .collect();
+        self.interval_cgroups.clear();
         usage.sort_unstable_by_key(|u| u.id);
         // Exited processes outside the tree carry nothing more to report,
         // once their threads' last slices are in: a thread can report after
@@ -415,6 +432,13 @@ impl<M: ProcMeta> ProcessTable<M> {
             *acc += ns;
         }
         let total = t.total_ns();
+        // A second cgroup in one interval (a move, or threads in different
+        // cgroups): keep the time per cgroup.
+        let split = self.interval_cgroups.entry(id).or_default();
+        match split.iter_mut().find(|(c, _)| *c == t.cgroup_id) {
+            Some(entry) => entry.1 += total,
+            None => split.push((t.cgroup_id, total)),
+        }
         match rec.role {
             Role::Tree => self.totals.tree_ns += total,
             Role::Profiler => self.totals.profiler_ns += total,
@@ -696,5 +720,24 @@ mod tests {
         assert_eq!(t.unmatched_forks(), 0);
         t.apply(&sample(PENDING_FORK_TTL_NS + 10, vec![], vec![]));
         assert_eq!(t.unmatched_forks(), 1);
+    }
+
+    #[test]
+    fn time_in_two_cgroups_in_one_interval_is_kept_per_cgroup() {
+        let mut t = ProcessTable::new(NoProc, 2, 99);
+        let moved = |cgroup, ns| TaskTime {
+            cgroup_id: cgroup,
+            ..task(400, 400, ns, None, "svc")
+        };
+        // The tracker splits a thread's time at a cgroup move: 30 ns in
+        // cgroup 7 before it, 12 in cgroup 9 after.
+        let usage = t.apply(&sample(10, vec![], vec![moved(7, 30), moved(9, 12)]));
+        let u = usage.iter().find(|u| u.pid == 400).expect("usage");
+        assert_eq!(u.cgroup_id, 9);
+        assert_eq!(u.on_cpu_ns, vec![42, 0]);
+        assert_eq!(u.other_cgroups_ns, vec![(7, 30)]);
+        // The next interval, in one cgroup: nothing else.
+        let usage = t.apply(&sample(20, vec![], vec![moved(9, 5)]));
+        assert!(usage[0].other_cgroups_ns.is_empty());
     }
 }

@@ -305,12 +305,19 @@ impl Profile {
     }
 
     /// Writes the stream's header record.
-    pub fn write_header(&mut self, mode: &str, argv: Option<&[String]>, start_unix_ns: u64) {
+    pub fn write_header(
+        &mut self,
+        mode: &str,
+        tracker: crate::tracker::TrackerKind,
+        argv: Option<&[String]>,
+        start_unix_ns: u64,
+    ) {
         let header = json!({
             "type": "header",
             "schema_version": RUN_SCHEMA_VERSION,
             "wattprof_version": env!("CARGO_PKG_VERSION"),
             "mode": mode,
+            "tracker": tracker,
             "start_unix_ns": start_unix_ns,
             "host": self.host,
             "package_ids": self.package_ids,
@@ -464,6 +471,7 @@ impl Profile {
                     role: p.role,
                     cgroup_id: p.cgroup_id,
                     on_cpu_ns: vec![0; self.package_ids.len().max(1)],
+                    other_cgroups_ns: Vec::new(),
                 });
             }
         }
@@ -490,22 +498,39 @@ impl Profile {
                 u.cgroup_id = key;
             }
         }
-        let meta: HashMap<ConsumerId, (Role, u64)> = usage
-            .iter()
-            .map(|u| (u.id, (u.role, u.cgroup_id)))
-            .collect();
+        let meta: HashMap<ConsumerId, &IntervalUsage> = usage.iter().map(|u| (u.id, u)).collect();
         let mut interval_groups: [EnergyBy; 3] = Default::default();
         for (id, e) in &energy {
             // A consumer the table no longer knows was an exited process
             // outside the tree.
-            let (role, cgroup) = meta.get(id).copied().unwrap_or((Role::Other, 0));
+            let u = meta.get(id);
+            let role = u.map_or(Role::Other, |u| u.role);
             self.groups[role as usize].merge(e);
             interval_groups[role as usize].merge(e);
-            self.cgroups.entry(cgroup).or_default().energy.merge(e);
+            // A process that was in several cgroups in this interval: each
+            // gets the energy of its share of the process's time.
+            let mut rest = *e;
+            if let Some(u) = u.filter(|u| !u.other_cgroups_ns.is_empty()) {
+                let total: u64 = u.on_cpu_ns.iter().sum();
+                for (cgroup, ns) in &u.other_cgroups_ns {
+                    let part = e.share(*ns, total);
+                    rest = rest.less(&part);
+                    self.cgroups.entry(*cgroup).or_default().energy.merge(&part);
+                }
+            }
+            let cgroup = u.map_or(0, |u| u.cgroup_id);
+            self.cgroups.entry(cgroup).or_default().energy.merge(&rest);
         }
         for u in &usage {
+            let mut rest: u64 = u.on_cpu_ns.iter().sum();
+            for (cgroup, ns) in &u.other_cgroups_ns {
+                rest = rest.saturating_sub(*ns);
+                let c = self.cgroups.entry(*cgroup).or_default();
+                c.on_cpu_ns += ns;
+                c.last_ns = sample.at_ns;
+            }
             let c = self.cgroups.entry(u.cgroup_id).or_default();
-            c.on_cpu_ns += u.on_cpu_ns.iter().sum::<u64>();
+            c.on_cpu_ns += rest;
             c.last_ns = sample.at_ns;
         }
         // Name new cgroups while they still exist.

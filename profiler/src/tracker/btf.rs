@@ -6,39 +6,35 @@
 //! so one object works on every kernel that has BTF; kernels without BTF
 //! fall back to timing context switches.
 
-use std::collections::HashMap;
-
 use profiler_common::KernelOffsets;
 
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 
-/// One BTF type, as much of it as offsets need.
-#[derive(Clone, Debug, Default)]
-struct Type {
-    kind: u32,
-    name: String,
-    /// Struct/union members: (name, type id, bit offset).
-    members: Vec<(String, u32, u32)>,
-    /// Modifiers and typedefs: the type they refer to.
-    refers: u32,
-}
-
-/// The structs and unions of a BTF blob, by type id and by name.
+/// The types of a BTF blob, indexed by type id and read on demand (a
+/// kernel's BTF holds ~100,000 types; wattprof needs a dozen members).
 pub struct BtfStructs {
-    types: Vec<Type>,
-    by_name: HashMap<String, u32>,
+    types: Vec<u8>,
+    strings: Vec<u8>,
+    /// Byte position of each type's record in `types`; index 0 is void.
+    at: Vec<usize>,
 }
 
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-fn str_at(strings: &[u8], off: u32) -> String {
-    let s = strings.get(off as usize..).unwrap_or_default();
-    let end = s.iter().position(|c| *c == 0).unwrap_or(s.len());
-    String::from_utf8_lossy(&s[..end]).into_owned()
+/// A type record: kind, name offset, vlen, kind_flag, size-or-type, and
+/// where its members start.
+#[derive(Clone, Copy)]
+struct Record {
+    kind: u32,
+    name_off: u32,
+    vlen: usize,
+    kind_flag: bool,
+    size_or_type: u32,
+    extra_at: usize,
 }
 
 impl BtfStructs {
@@ -52,129 +48,131 @@ impl BtfStructs {
         let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
         let types = b.get(hdr_len + type_off..hdr_len + type_off + type_len)?;
         let strings = b.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
-        // Type ids start at 1; 0 is void.
-        let mut all = vec![Type::default()];
-        let mut by_name = HashMap::new();
+        let mut at = vec![0];
         let mut pos = 0;
         while pos + 12 <= types.len() {
-            let name_off = u32_at(types, pos)?;
             let info = u32_at(types, pos + 4)?;
-            let size_or_type = u32_at(types, pos + 8)?;
             let vlen = (info & 0xffff) as usize;
             let kind = (info >> 24) & 0x1f;
-            let kind_flag = info >> 31 != 0;
-            pos += 12;
-            let extra = match kind {
-                1 | 14 | 17 => 4,             // int, var, decl_tag
-                3 => 12,                      // array
-                4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
-                6 | 13 => 8 * vlen,           // enum, func_proto
-                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
-                _ => return None,          // a kind this reader does not know
-            };
-            let mut ty = Type {
-                kind,
-                name: str_at(strings, name_off),
-                ..Type::default()
-            };
-            if kind == KIND_STRUCT || kind == KIND_UNION {
-                for m in 0..vlen {
-                    let at = pos + 12 * m;
-                    let mname = str_at(strings, u32_at(types, at)?);
-                    let mtype = u32_at(types, at + 4)?;
-                    let raw = u32_at(types, at + 8)?;
-                    let bits = if kind_flag { raw & 0x00ff_ffff } else { raw };
-                    ty.members.push((mname, mtype, bits));
-                }
-                if !ty.name.is_empty() {
-                    by_name.entry(ty.name.clone()).or_insert(all.len() as u32);
-                }
-            } else if matches!(kind, 8 | 9 | 10 | 11 | 18) {
-                // typedef, volatile, const, restrict, type_tag
-                ty.refers = size_or_type;
-            }
-            all.push(ty);
-            pos += extra;
+            at.push(pos);
+            pos += 12
+                + match kind {
+                    1 | 14 | 17 => 4,             // int, var, decl_tag
+                    3 => 12,                      // array
+                    4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+                    6 | 13 => 8 * vlen,           // enum, func_proto
+                    2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
+                    _ => return None,          // a kind this reader does not know
+                };
         }
         Some(Self {
-            types: all,
-            by_name,
+            types: types.to_vec(),
+            strings: strings.to_vec(),
+            at,
+        })
+    }
+
+    fn record(&self, id: u32) -> Option<Record> {
+        let pos = *self.at.get(id as usize).filter(|_| id != 0)?;
+        let info = u32_at(&self.types, pos + 4)?;
+        Some(Record {
+            kind: (info >> 24) & 0x1f,
+            name_off: u32_at(&self.types, pos)?,
+            vlen: (info & 0xffff) as usize,
+            kind_flag: info >> 31 != 0,
+            size_or_type: u32_at(&self.types, pos + 8)?,
+            extra_at: pos + 12,
+        })
+    }
+
+    fn name(&self, off: u32) -> &[u8] {
+        let s = self.strings.get(off as usize..).unwrap_or_default();
+        let end = s.iter().position(|c| *c == 0).unwrap_or(s.len());
+        &s[..end]
+    }
+
+    /// Members of a struct or union: (name offset, type id, bit offset).
+    fn members(&self, r: Record) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        (0..r.vlen).filter_map(move |m| {
+            let at = r.extra_at + 12 * m;
+            let raw = u32_at(&self.types, at + 8)?;
+            let bits = if r.kind_flag { raw & 0x00ff_ffff } else { raw };
+            Some((u32_at(&self.types, at)?, u32_at(&self.types, at + 4)?, bits))
+        })
+    }
+
+    /// The struct or union named `name`.
+    fn find(&self, name: &str) -> Option<Record> {
+        (1..self.at.len() as u32).find_map(|id| {
+            let r = self.record(id)?;
+            ((r.kind == KIND_STRUCT || r.kind == KIND_UNION)
+                && self.name(r.name_off) == name.as_bytes())
+            .then_some(r)
         })
     }
 
     /// The struct or union a type id names, through typedefs and qualifiers.
-    fn resolve(&self, mut id: u32) -> Option<&Type> {
+    fn resolve(&self, mut id: u32) -> Option<Record> {
         for _ in 0..16 {
-            let ty = self.types.get(id as usize)?;
-            if ty.kind == KIND_STRUCT || ty.kind == KIND_UNION {
-                return Some(ty);
+            let r = self.record(id)?;
+            match r.kind {
+                KIND_STRUCT | KIND_UNION => return Some(r),
+                // typedef, volatile, const, restrict, type_tag
+                8..=11 | 18 => id = r.size_or_type,
+                _ => return None,
             }
-            if ty.refers == 0 {
-                return None;
-            }
-            id = ty.refers;
         }
         None
     }
 
-    /// Bit offset of `member` in `ty`, looking inside anonymous structs and
-    /// unions (as C does).
-    fn member_bits(&self, ty: &Type, member: &str, depth: u32) -> Option<u32> {
-        if let Some((_, _, bits)) = ty.members.iter().find(|(m, ..)| m == member) {
-            return Some(*bits);
+    /// Bit offset and type of `member` in `r`, looking inside anonymous
+    /// structs and unions (as C does).
+    fn member(&self, r: Record, member: &str, depth: u32) -> Option<(u32, u32)> {
+        if let Some((_, ty, bits)) = self
+            .members(r)
+            .find(|(name, ..)| self.name(*name) == member.as_bytes())
+        {
+            return Some((bits, ty));
         }
         if depth > 8 {
             return None;
         }
-        ty.members
-            .iter()
-            .filter(|(m, ..)| m.is_empty())
+        self.members(r)
+            .filter(|(name, ..)| *name == 0 || self.name(*name).is_empty())
             .find_map(|(_, inner, bits)| {
-                let inner = self.resolve(*inner)?;
-                Some(bits + self.member_bits(inner, member, depth + 1)?)
+                let (b, ty) = self.member(self.resolve(inner)?, member, depth + 1)?;
+                Some((bits + b, ty))
             })
     }
 
     /// Byte offset of `member` in `struct name`, if it is byte aligned.
     pub fn member_offset(&self, name: &str, member: &str) -> Option<u32> {
-        let ty = self.types.get(*self.by_name.get(name)? as usize)?;
-        let bits = self.member_bits(ty, member, 0)?;
-        (bits % 8 == 0).then_some(bits / 8)
+        self.path_offset(name, &[member])
     }
 
     /// Byte offset of a member path (`["se", "sum_exec_runtime"]`) in
     /// `struct name`, following nested structs by type.
     pub fn path_offset(&self, name: &str, path: &[&str]) -> Option<u32> {
-        let mut ty = self.types.get(*self.by_name.get(name)? as usize)?;
+        self.path_offset_in(self.find(name)?, path)
+    }
+
+    fn path_offset_in(&self, mut r: Record, path: &[&str]) -> Option<u32> {
         let mut bits = 0;
         for (i, member) in path.iter().enumerate() {
-            let at = self.member_bits(ty, member, 0)?;
+            let (at, ty) = self.member(r, member, 0)?;
             bits += at;
             if i + 1 < path.len() {
-                let id = self.member_type(ty, member, 0)?;
-                ty = self.resolve(id)?;
+                r = self.resolve(ty)?;
             }
         }
         (bits % 8 == 0).then_some(bits / 8)
     }
 
-    fn member_type(&self, ty: &Type, member: &str, depth: u32) -> Option<u32> {
-        if let Some((_, id, _)) = ty.members.iter().find(|(m, ..)| m == member) {
-            return Some(*id);
-        }
-        if depth > 8 {
-            return None;
-        }
-        ty.members
-            .iter()
-            .filter(|(m, ..)| m.is_empty())
-            .find_map(|(_, inner, _)| self.member_type(self.resolve(*inner)?, member, depth + 1))
-    }
-
     /// The offsets the iterator tracker needs, or `None` (with the first
     /// one missing) when this kernel lacks one.
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, &'static str> {
-        let task = |path: &[&str]| self.path_offset("task_struct", path);
+        let task_struct = self.find("task_struct").ok_or("task_struct")?;
+        let task = |path: &[&str]| self.path_offset_in(task_struct, path);
         let cpu = task(&["cpu"]).or_else(|| task(&["thread_info", "cpu"]));
         Ok(KernelOffsets {
             sum_exec: task(&["se", "sum_exec_runtime"]).ok_or("task_struct.se.sum_exec_runtime")?,
@@ -182,7 +180,6 @@ impl BtfStructs {
             tgid: task(&["tgid"]).ok_or("task_struct.tgid")?,
             start_time: task(&["start_time"]).ok_or("task_struct.start_time")?,
             comm: task(&["comm"]).ok_or("task_struct.comm")?,
-            on_cpu: task(&["on_cpu"]).ok_or("task_struct.on_cpu")?,
             cpu: cpu.ok_or("task_struct.cpu")?,
             cgroups: task(&["cgroups"]).ok_or("task_struct.cgroups")?,
             dfl_cgrp: self
@@ -192,6 +189,10 @@ impl BtfStructs {
             kn_id: self
                 .member_offset("kernfs_node", "id")
                 .ok_or("kernfs_node.id")?,
+            on_cpu: task(&["on_cpu"]).ok_or("task_struct.on_cpu")?,
+            prev_sum_exec: task(&["se", "prev_sum_exec_runtime"])
+                .ok_or("task_struct.se.prev_sum_exec_runtime")?,
+            last_arrival: task(&["sched_info", "last_arrival"]).unwrap_or(0),
             pad: 0,
         })
     }

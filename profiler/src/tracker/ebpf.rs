@@ -40,7 +40,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof.bpf.o");
 /// The iterator tracker keeps `TASKS` and `ACTIVE` at their minimum and
 /// instead has `LAST`, a preallocated hash map of `max_tasks` elements of
 /// 64 bytes (48-byte header, 8-byte key, 8-byte value) with the same
-/// buckets and per-CPU spares, plus two small arrays.
+/// buckets and per-CPU spares, plus three small arrays.
 pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_tasks: u64) -> u64 {
     let hash = |entries: u64, value: u64| {
         entries * (48 + 8 + value) + entries.next_power_of_two() * 16 + possible_cpus * 640
@@ -59,7 +59,7 @@ pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_task
                 + ring(4096)
                 + hash(max_tasks, 8)
                 + common
-                + 2 * 320
+                + 3 * 320
         }
     }
 }
@@ -76,6 +76,16 @@ pub enum TrackerKind {
     /// A program on every context switch charges the leaving thread: the
     /// fallback without BTF, at a cost to every switch on the machine.
     Switch,
+}
+
+/// An iterator-tracker event whose program is left out (tests of what
+/// happens when its records are lost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SkipEvent {
+    /// `sched_process_exit`: final run times come from the free alone.
+    Exit,
+    /// `sched_process_free`: threads are settled from their exit reading.
+    Free,
 }
 
 /// Which tracker to use.
@@ -125,6 +135,8 @@ pub struct TrackerConfig {
     /// Capacity of the per-thread map (the switch tracker's entries; the
     /// iterator tracker's filter).
     pub max_tasks: u32,
+    /// Iterator tracker: an event program not to attach (tests).
+    pub skip_event: Option<SkipEvent>,
     /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
     /// is available (tests of the older-kernel path).
     pub force_exit_tracepoint: bool,
@@ -140,6 +152,7 @@ impl Default for TrackerConfig {
         Self {
             tracker: TrackerChoice::Auto,
             max_tasks: DEFAULT_MAX_TASKS,
+            skip_event: None,
             force_exit_tracepoint: false,
             force_switch_timing: false,
             sys: SysRoot::real(),
@@ -333,7 +346,8 @@ impl EbpfTracker {
             }
         }
         let last = take_map(&mut ebpf, "LAST")?;
-        let stats = take_map(&mut ebpf, "ITER_STATS")?;
+        let control = take_map(&mut ebpf, "ITER_CONTROL")?;
+        let read_state = take_map(&mut ebpf, "ITER_READ")?;
 
         let btf = aya::Btf::from_sys_fs().map_err(|e| TrackerError::Load(e.to_string()))?;
         let prog = "wattprof_iter_task";
@@ -348,8 +362,12 @@ impl EbpfTracker {
             program: prog.into(),
             reason: e.to_string(),
         })?;
-        attach_raw(&mut ebpf, "wattprof_thread_exit", "sched_process_exit")?;
-        attach_raw(&mut ebpf, "wattprof_thread_free", "sched_process_free")?;
+        if cfg.skip_event != Some(SkipEvent::Exit) {
+            attach_raw(&mut ebpf, "wattprof_thread_exit", "sched_process_exit")?;
+        }
+        if cfg.skip_event != Some(SkipEvent::Free) {
+            attach_raw(&mut ebpf, "wattprof_thread_free", "sched_process_free")?;
+        }
         // A move between packages is a checkpoint; on one package there
         // is nothing to split.
         if topology.sockets() > 1 {
@@ -371,16 +389,28 @@ impl EbpfTracker {
         )?;
         tracker.prev = tracker.read_cpus()?;
         let start_ns = monotonic_ns();
-        let mut state = IterState::new(link, last, stats, package, &tracker.topology, start_ns);
+        let mut state = IterState::new(
+            link,
+            last,
+            control,
+            package,
+            read_state,
+            &tracker.topology,
+            start_ns,
+        );
         // Every thread's starting point: a full read, applied but not
         // closed, so time after it belongs to the first interval.
         let began = state.read(true)?;
         tracker.iter = Some(state);
         tracker.drain_events();
+        // Counting starts once every thread has its starting point (the
+        // energy readers take theirs right after).
+        let counting_ns = monotonic_ns();
         if let Some(state) = tracker.iter.as_mut() {
-            state.apply(began, monotonic_ns());
+            state.apply(began, counting_ns);
+            state.start_window(counting_ns);
         }
-        tracker.start_ns = start_ns;
+        tracker.start_ns = counting_ns;
         Ok(tracker)
     }
 
@@ -556,13 +586,13 @@ impl EbpfTracker {
         }
     }
 
-    /// Threads of `tgid` that exited and whose final run time has not come
-    /// yet (the iterator tracker's free events, an RCU grace period after
-    /// the exit).
-    pub fn awaiting_final_of(&self, tgid: u32) -> usize {
+    /// Threads that exited at or after `since_ns` (monotonic) and whose
+    /// final run time has not come yet (the iterator tracker's free events,
+    /// an RCU grace period after the thread is reaped).
+    pub fn awaiting_final_since(&self, since_ns: u64) -> usize {
         self.iter
             .as_ref()
-            .map_or(0, |i| i.ledger().awaiting_free_of(tgid))
+            .map_or(0, |i| i.ledger().awaiting_free_since(since_ns))
     }
 
     /// Whether thread `tid` has reported its exit.
@@ -753,7 +783,7 @@ impl EbpfTracker {
     /// frees and checkpoints up to now), apply the read, close.
     fn sample_iter(&mut self) -> Result<CpuSample, TrackerError> {
         let began = match self.iter.as_mut() {
-            Some(i) => i.read(false)?,
+            Some(i) => i.read(self.closing)?,
             None => return Err(TrackerError::Load("no iterator".into())),
         };
         let at_ns = monotonic_ns();

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
 use profiler_common::{
     EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
-    ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
+    ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
 };
 
 use super::{
@@ -25,9 +25,10 @@ const FULL_READ_EVERY_NS: u64 = 60_000_000_000;
 pub(super) struct IterState {
     link: OwnedFd,
     last: Map,
-    stats: Map,
-    /// `CPU_PACKAGE`, kept for its memory figure.
+    control: Map,
+    /// `CPU_PACKAGE` and `ITER_READ`, kept for their memory figure.
     package: Map,
+    read_state: Map,
     ledger: RuntimeLedger,
     buf: Vec<u8>,
     records: Vec<IterRecord>,
@@ -58,8 +59,9 @@ impl IterState {
     pub(super) fn new(
         link: OwnedFd,
         last: Map,
-        stats: Map,
+        control: Map,
         package: Map,
+        read_state: Map,
         topology: &Topology,
         start_ns: u64,
     ) -> Self {
@@ -67,8 +69,9 @@ impl IterState {
         Self {
             link,
             last,
-            stats,
+            control,
             package,
+            read_state,
             ledger: RuntimeLedger::new(topology.socket_of_cpu.clone(), start_ns),
             buf: Vec::new(),
             records: Vec::new(),
@@ -84,9 +87,17 @@ impl IterState {
         }
     }
 
+    /// Starts the first interval's window at `at_ns` (after the baseline
+    /// read).
+    pub(super) fn start_window(&mut self, at_ns: u64) {
+        self.prev_at_ns = at_ns;
+        // The kernel's own idle time counts from here too.
+        self.kernel_idle_ns = read_kernel_idle(self.kernel_idle_ns.len());
+    }
+
     /// The iterator's maps, for their memory.
-    pub(super) fn maps(&self) -> [&Map; 3] {
-        [&self.last, &self.stats, &self.package]
+    pub(super) fn maps(&self) -> [&Map; 4] {
+        [&self.last, &self.control, &self.package, &self.read_state]
     }
 
     /// The ledger, for questions about exits.
@@ -95,19 +106,25 @@ impl IterState {
     }
 
     /// Runs the iterator once: the records of threads that ran since the
-    /// last read (every thread, on a full read), running ones brought up
-    /// to date from the scheduler. Returns the monotonic time the read
+    /// last read (every thread on a full read: the first, the last, and one
+    /// a minute), and of threads on a CPU, whose counter is as old as their
+    /// last tick: for those the kernel side reports their run time at
+    /// switch-in plus the time since. Returns the monotonic time the read
     /// began.
-    pub(super) fn read(&mut self, first: bool) -> Result<u64, TrackerError> {
+    pub(super) fn read(&mut self, first_or_last: bool) -> Result<u64, TrackerError> {
         let started = monotonic_ns();
-        let full = first || started.saturating_sub(self.last_full_ns) >= FULL_READ_EVERY_NS;
+        let full = first_or_last || started.saturating_sub(self.last_full_ns) >= FULL_READ_EVERY_NS;
         if full != self.full_now {
-            let mut view = Array::<&mut MapData, u64>::try_from(&mut self.stats)
-                .map_err(map_err("ITER_STATS"))?;
-            view.set(3, u64::from(full), 0)
-                .map_err(map_err("ITER_STATS"))?;
+            let mut view = Array::<&mut MapData, u64>::try_from(&mut self.control)
+                .map_err(map_err("ITER_CONTROL"))?;
+            view.set(0, u64::from(full), 0)
+                .map_err(map_err("ITER_CONTROL"))?;
             self.full_now = full;
         }
+        // Sleep a moment, so this thread is switched in just before the
+        // iterator starts: its switch-in time calibrates the scheduler
+        // clock against the monotonic one for running threads' estimates.
+        std::thread::sleep(std::time::Duration::from_micros(100));
         let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
             map: "iter/task",
             reason: format!("cannot start a read: {e}"),
@@ -150,19 +167,6 @@ impl IterState {
         self.threads_visited += trailer.sum_exec_ns;
         self.filter_overflow = self.filter_overflow.max(trailer.cgroup_id);
         self.records_read += self.records.len() as u64;
-        // A running thread's counter is as old as its last tick: reading
-        // its schedstat makes the scheduler bring it up to date.
-        for rec in self
-            .records
-            .iter_mut()
-            .filter(|r| r.flags & ITER_FLAG_RUNNING != 0)
-        {
-            if let Some(exact) = schedstat_runtime_ns(rec.tgid, rec.tid)
-                && exact >= rec.sum_exec_ns
-            {
-                rec.sum_exec_ns = exact;
-            }
-        }
         if full {
             self.last_full_ns = started;
         }
@@ -232,11 +236,12 @@ impl IterState {
     ) -> Result<(Vec<TaskTime>, Vec<CpuTimes>), TrackerError> {
         let tasks = self.ledger.finish(at_ns, closing);
         let forgotten = self.ledger.take_forgotten();
-        if !forgotten.is_empty() {
-            let mut view = BpfHashMap::<&mut MapData, u64, u64>::try_from(&mut self.last)
-                .map_err(map_err("LAST"))?;
+        // Gone already is fine (the free removed it); a failure leaves an
+        // entry that only costs filter room.
+        if !forgotten.is_empty()
+            && let Ok(mut view) = BpfHashMap::<&mut MapData, u64, u64>::try_from(&mut self.last)
+        {
             for ptr in forgotten {
-                // Gone already is fine: the free removed it.
                 let _ = view.remove(&ptr);
             }
         }
@@ -323,13 +328,6 @@ fn cpu_times(
             }
         })
         .collect()
-}
-
-/// The scheduler's run time of a thread, brought up to date
-/// (`/proc/PID/task/TID/schedstat`'s first field).
-fn schedstat_runtime_ns(tgid: u32, tid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().next()?.parse().ok()
 }
 
 /// Each CPU's idle + iowait time so far by the kernel's own count

@@ -15,7 +15,7 @@ pub mod tracefs;
 
 pub use btf::sum_exec_runtime_offset;
 pub use ebpf::{
-    EbpfTracker, ExitTracking, TaskClock, TrackerChoice, TrackerConfig, TrackerKind,
+    EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig, TrackerKind,
     kernel_memory_estimate,
 };
 pub use threads::ThreadLedger;

@@ -19,11 +19,18 @@ use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
 use super::{TaskTime, comm_to_string, threads::IntHasher};
 
-/// How long after an exit its free may take before the thread is settled
-/// from the exit's reading (the free comes an RCU grace period after the
-/// thread is reaped: 15–40 ms measured here; a zombie nobody reaps never
-/// frees).
-pub const FREE_GRACE_NS: u64 = 1_000_000_000;
+/// How long after an exit its free may take before the thread is counted
+/// as settled from the exit's reading (the free comes an RCU grace period
+/// after the thread is reaped: 15–40 ms measured here; a zombie nobody
+/// reaps frees only when it is reaped, and a lost record never). A settled
+/// thread is kept until its free comes (which counts the rest) or until
+/// two full reads no longer show it.
+pub const FREE_GRACE_NS: u64 = 10_000_000_000;
+
+/// Threads born this long before the start of the last full read that are
+/// not known count from zero: a thread being created while the read
+/// passed its pid may have been missed by it.
+const BASELINE_MARGIN_NS: u64 = 1_000_000_000;
 
 /// One reading of a thread's run time.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +98,11 @@ struct Thread {
     exit_ns: Option<u64>,
     exit_reported: bool,
     freed: bool,
+    /// Exited and counted as settled from the exit's reading (no free in
+    /// time); still waiting for a late free.
+    settled: bool,
+    /// Full reads in a row that did not show it.
+    missing_full_reads: u8,
     /// Monotonic time of the last reading: threads a full read no longer
     /// shows, read before it, are gone.
     last_seen_ns: u64,
@@ -102,10 +114,18 @@ struct Thread {
 pub struct RuntimeLedger {
     package_of_cpu: Vec<u32>,
     packages: usize,
-    /// Threads born at or after this (monotonic ns) count from zero; older
-    /// ones from their first reading.
-    start_ns: u64,
+    /// Threads first seen that were born before this (monotonic ns) count
+    /// from their first reading; later ones from zero. It is the start of
+    /// the last read that showed every thread (at first, of tracking): a
+    /// thread alive then was seen then, so an unknown older one is one
+    /// already settled, whose time must not count again.
+    baseline_before_ns: u64,
     threads: HashMap<u64, Vec<Thread>, std::hash::BuildHasherDefault<IntHasher>>,
+    /// Addresses read since the last `finish`, and those with a thread
+    /// that exited and awaits its free: `finish` looks at these only, not
+    /// at every thread on the machine.
+    touched: Vec<u64>,
+    awaiting: std::collections::HashSet<u64, std::hash::BuildHasherDefault<IntHasher>>,
     cpu_busy_ns: Vec<u64>,
     settled_from_exit: u64,
     vanished: u64,
@@ -126,8 +146,10 @@ impl RuntimeLedger {
             cpu_busy_ns: vec![0; package_of_cpu.len().max(1)],
             package_of_cpu,
             packages,
-            start_ns,
+            baseline_before_ns: start_ns,
             threads: HashMap::default(),
+            touched: Vec::new(),
+            awaiting: Default::default(),
             settled_from_exit: 0,
             vanished: 0,
             forget: Vec::new(),
@@ -155,8 +177,8 @@ impl RuntimeLedger {
         self.vanished
     }
 
-    /// Addresses of threads settled without a free: their filter entries
-    /// in the kernel should go.
+    /// Addresses of threads gone without a free (two full reads did not
+    /// show them): their filter entries in the kernel should go.
     pub fn take_forgotten(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.forget)
     }
@@ -168,11 +190,11 @@ impl RuntimeLedger {
             .count()
     }
 
-    /// Threads of `tgid` that exited and whose final run time (the free)
-    /// has not come yet.
-    pub fn awaiting_free_of(&self, tgid: u32) -> usize {
+    /// Threads that exited at or after `since_ns` (monotonic) and whose
+    /// final run time (the free) has not come yet.
+    pub fn awaiting_free_since(&self, since_ns: u64) -> usize {
         self.all()
-            .filter(|t| t.tgid == tgid && t.exit_ns.is_some() && !t.freed)
+            .filter(|t| t.exit_ns.is_some_and(|e| e >= since_ns) && !t.freed && !t.settled)
             .count()
     }
 
@@ -188,7 +210,13 @@ impl RuntimeLedger {
     /// Takes one reading (a record, an exit, a free, a checkpoint) at
     /// monotonic time `now_ns`.
     pub fn observe(&mut self, r: Reading<'_>, kind: Kind, now_ns: u64) {
-        let born_before = r.start_ns < self.start_ns;
+        // Threads older than the last full read count from here.
+        let counted_ns = if r.start_ns < self.baseline_before_ns {
+            r.sum_exec_ns
+        } else {
+            0
+        };
+        self.touched.push(r.task_ptr);
         let list = self.threads.entry(r.task_ptr).or_default();
         let idx = match list.iter().position(|t| t.start_ns == r.start_ns) {
             Some(i) => i,
@@ -209,13 +237,14 @@ impl RuntimeLedger {
                         tgid: r.tgid,
                         cgroup_id: r.cgroup_id.unwrap_or(0),
                         comm: [0; COMM_LEN],
-                        // Threads older than tracking count from here.
-                        counted_ns: if born_before { r.sum_exec_ns } else { 0 },
+                        counted_ns,
                         pending: Vec::new(),
                         checkpoints: Vec::new(),
                         exit_ns: None,
                         exit_reported: false,
                         freed: false,
+                        settled: false,
+                        missing_full_reads: 0,
                         last_seen_ns: now_ns,
                     });
                     list.len() - 1
@@ -226,6 +255,7 @@ impl RuntimeLedger {
         t.tid = r.tid;
         t.tgid = r.tgid;
         t.last_seen_ns = now_ns;
+        t.missing_full_reads = 0;
         if let Some(comm) = r.comm.filter(|c| c[0] != 0) {
             t.comm = *comm;
         }
@@ -256,17 +286,36 @@ impl RuntimeLedger {
         }
     }
 
-    /// After a read that showed every live thread: threads read before
-    /// `read_start_ns` that it did not show, and that reported no exit,
-    /// are gone without a trace (their events were lost).
+    /// After a read that showed every thread (zombies too): threads read
+    /// before `read_start_ns` that two such reads in a row did not show are
+    /// gone (one miss can be a thread whose tid moved behind the scan at an
+    /// exec). Exited ones are settled; those that reported no exit are gone
+    /// without a trace (their events were lost).
     pub fn full_read_done(&mut self, read_start_ns: u64) {
-        for t in self.threads.values_mut().flatten() {
-            if t.exit_ns.is_none() && t.last_seen_ns < read_start_ns {
-                t.exit_ns = Some(t.last_seen_ns);
+        for (ptr, list) in &mut self.threads {
+            for t in list.iter_mut().filter(|t| !t.freed) {
+                if t.last_seen_ns >= read_start_ns {
+                    continue;
+                }
+                t.missing_full_reads = t.missing_full_reads.saturating_add(1);
+                if t.missing_full_reads < 2 {
+                    continue;
+                }
+                if t.exit_ns.is_none() {
+                    t.exit_ns = Some(t.last_seen_ns);
+                    self.vanished += 1;
+                } else if !t.settled {
+                    self.settled_from_exit += 1;
+                }
+                t.settled = true;
                 t.freed = true;
-                self.vanished += 1;
+                self.forget.push(*ptr);
+                self.touched.push(*ptr);
             }
         }
+        self.baseline_before_ns = self
+            .baseline_before_ns
+            .max(read_start_ns.saturating_sub(BASELINE_MARGIN_NS));
     }
 
     /// Closes the interval at monotonic time `now_ns`: each thread's time
@@ -276,9 +325,20 @@ impl RuntimeLedger {
     pub fn finish(&mut self, now_ns: u64, final_read: bool) -> Vec<TaskTime> {
         let packages = self.packages;
         let mut out = Vec::new();
-        let forget = &mut self.forget;
-        let settled = &mut self.settled_from_exit;
-        self.threads.retain(|ptr, list| {
+        let mut candidates = std::mem::take(&mut self.touched);
+        if final_read {
+            // Every exited thread is settled now.
+            candidates.extend(self.threads.keys().copied());
+        } else {
+            candidates.extend(self.awaiting.iter().copied());
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        for ptr in candidates {
+            let Some(list) = self.threads.get_mut(&ptr) else {
+                self.awaiting.remove(&ptr);
+                continue;
+            };
             list.retain_mut(|t| {
                 let newly_exited = t.exit_ns.is_some() && !t.exit_reported;
                 let mut exit_ns = if newly_exited { t.exit_ns } else { None };
@@ -309,15 +369,23 @@ impl RuntimeLedger {
                 let overdue = t
                     .exit_ns
                     .is_some_and(|e| now_ns.saturating_sub(e) >= FREE_GRACE_NS);
-                if overdue || (final_read && t.exit_ns.is_some()) {
-                    *settled += 1;
-                    forget.push(*ptr);
-                    return false;
+                if !t.settled && (overdue || (final_read && t.exit_ns.is_some())) {
+                    // Kept: a late free counts the rest; two full reads
+                    // without it forget it.
+                    t.settled = true;
+                    self.settled_from_exit += 1;
                 }
-                true
+                !final_read || !t.settled
             });
-            !list.is_empty()
-        });
+            if list.iter().any(|t| t.exit_ns.is_some() && !t.settled) {
+                self.awaiting.insert(ptr);
+            } else {
+                self.awaiting.remove(&ptr);
+            }
+            if list.is_empty() {
+                self.threads.remove(&ptr);
+            }
+        }
         out
     }
 
@@ -373,11 +441,9 @@ fn advance(
         };
         t.pending[slot].1[package.min(MAX_SOCKETS - 1)] += ns;
     };
-    while let Some(&(at, cp)) = t.checkpoints.first() {
-        if at > sum_ns {
-            break;
-        }
-        t.checkpoints.remove(0);
+    let due = t.checkpoints.partition_point(|(at, _)| *at <= sum_ns);
+    let due: Vec<(u64, Checkpoint)> = t.checkpoints.drain(..due).collect();
+    for (at, cp) in due {
         match cp {
             Checkpoint::Package { cpu } => charge(t, at, cpu),
             Checkpoint::Cgroup { to, cpu } => {
@@ -479,7 +545,8 @@ mod tests {
         l.observe(reading(1500, 180, 0, 7), Kind::Exit { ts_ns: 2500 }, 2500);
         let out = l.finish(2600, false);
         assert_eq!((out[0].total_ns(), out[0].exit_ns), (80, Some(2500)));
-        assert_eq!(l.awaiting_free_of(42), 1);
+        assert_eq!(l.awaiting_free_since(2500), 1);
+        assert_eq!(l.awaiting_free_since(2501), 0);
         // A racing read and the free with the exact final figure.
         l.observe(reading(1500, 180, 0, 7), Kind::Read, 2700);
         l.observe(reading(1500, 195, 0, 7), Kind::Free { ts_ns: 2800 }, 2800);
@@ -493,13 +560,49 @@ mod tests {
     fn a_missed_free_settles_from_the_exit_reading_once() {
         let mut l = ledger();
         l.observe(reading(1500, 180, 0, 7), Kind::Exit { ts_ns: 2500 }, 2500);
-        assert_eq!(l.finish(2500, false)[0].total_ns(), 180);
+        let out = l.finish(2500, false);
+        assert_eq!((out[0].total_ns(), out[0].exit_ns), (180, Some(2500)));
         assert!(l.finish(2500 + FREE_GRACE_NS - 1, false).is_empty());
-        assert_eq!(l.len(), 1);
+        assert_eq!(l.settled_from_exit(), 0);
         assert!(l.finish(2500 + FREE_GRACE_NS, false).is_empty());
-        assert!(l.is_empty());
         assert_eq!(l.settled_from_exit(), 1);
+        assert_eq!(l.awaiting_free_since(0), 0, "settled: nothing to wait for");
+        // A zombie reaped late: the iterator still shows it, then its free
+        // comes; only the rest counts, and its exit is not reported again.
+        let late = 2600 + FREE_GRACE_NS;
+        l.observe(reading(1500, 185, 0, 7), Kind::Read, late);
+        l.observe(reading(1500, 190, 0, 7), Kind::Free { ts_ns: late }, late);
+        let out = l.finish(late, false);
+        assert_eq!((out[0].total_ns(), out[0].exit_ns), (10, None));
+        assert_eq!(l.settled_from_exit(), 1);
+        assert!(l.is_empty());
+        assert!(
+            l.take_forgotten().is_empty(),
+            "its free removed the filter entry"
+        );
+    }
+
+    #[test]
+    fn a_settled_thread_two_full_reads_do_not_show_is_forgotten() {
+        let mut l = ledger();
+        l.observe(reading(1500, 180, 0, 7), Kind::Exit { ts_ns: 2500 }, 2500);
+        l.finish(2500, false);
+        l.finish(2500 + FREE_GRACE_NS, false);
+        let t = 3000 + FREE_GRACE_NS;
+        l.full_read_done(t);
+        assert_eq!(l.len(), 1, "one miss is not enough");
+        l.full_read_done(t + 1);
+        assert!(l.finish(t + 2, false).is_empty(), "no second exit");
+        assert!(l.is_empty());
         assert_eq!(l.take_forgotten(), vec![PTR]);
+        assert_eq!((l.settled_from_exit(), l.vanished()), (1, 0));
+        // Its free, much later: a thread older than the full reads counts
+        // nothing.
+        let later = t + 2 * BASELINE_MARGIN_NS;
+        l.full_read_done(later);
+        l.observe(reading(1500, 190, 0, 7), Kind::Free { ts_ns: later }, later);
+        let out = l.finish(later, false);
+        assert_eq!(out.iter().map(TaskTime::total_ns).sum::<u64>(), 0);
     }
 
     #[test]
@@ -531,15 +634,17 @@ mod tests {
     }
 
     #[test]
-    fn threads_missing_from_a_full_read_are_gone() {
+    fn threads_missing_from_two_full_reads_are_gone() {
         let mut l = ledger();
         l.observe(reading(1500, 500, 0, 7), Kind::Read, 2000);
         l.finish(2000, false);
         l.full_read_done(1900);
         assert_eq!(l.vanished(), 0, "read after the full read began");
         l.full_read_done(2500);
+        assert_eq!(l.vanished(), 0, "one miss");
+        l.full_read_done(2600);
         assert_eq!(l.vanished(), 1);
-        assert_eq!(l.finish(2600, false)[0].exit_ns, Some(2000));
+        assert_eq!(l.finish(2700, false)[0].exit_ns, Some(2000));
         assert!(l.is_empty());
     }
 }

@@ -18,6 +18,10 @@
 //!                                          burns SECONDS of CPU, sends `end NAME`;
 //!                                          prints {"pid", "begin_ns", "end_ns"}
 //!                                          (CLOCK_MONOTONIC around the two sends)
+//! wattprof-testload migrate ROUNDS MS      pins itself to CPU 0 and CPU 1 in turn,
+//!                                          burning MS ms of its own CPU time on each,
+//!                                          ROUNDS times; prints {"pid", "cpu_ns":
+//!                                          [on CPU 0, on CPU 1]} by its own clock
 //! wattprof-testload exec-from-thread       the leader burns 300 ms, then a second
 //!                                          thread burns 100 ms and execs `burn 0.5 1.0`
 //!                                          (the kernel swaps the two threads' tids)
@@ -202,6 +206,42 @@ fn main() {
                 panic!("exec failed: {err}");
             });
             let _ = t.join();
+        }
+        Some("migrate") => {
+            set_name("wp-migrate");
+            let rounds = num(2, 5.0) as usize;
+            let ms = num(3, 100.0);
+            let mut cpu_ns = [0u64; 2];
+            for _ in 0..rounds {
+                for (cpu, spent) in cpu_ns.iter_mut().enumerate() {
+                    // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu, &mut set);
+                        assert_eq!(
+                            libc::sched_setaffinity(
+                                0,
+                                std::mem::size_of::<libc::cpu_set_t>(),
+                                &set
+                            ),
+                            0,
+                            "sched_setaffinity"
+                        );
+                    }
+                    // The move happens before the call returns.
+                    // SAFETY: no preconditions.
+                    assert_eq!(unsafe { libc::sched_getcpu() }, cpu as i32);
+                    let t0 = thread_cpu_ns();
+                    spin_for(Duration::from_secs_f64(ms / 1000.0));
+                    *spent += thread_cpu_ns() - t0;
+                }
+            }
+            println!(
+                "{{\"pid\":{},\"cpu_ns\":[{},{}]}}",
+                std::process::id(),
+                cpu_ns[0],
+                cpu_ns[1]
+            );
         }
         Some("threads") => {
             let n = num(2, 1000.0) as usize;
