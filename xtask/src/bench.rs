@@ -217,6 +217,29 @@ fn timed(
     parse(&text).with_context(|| format!("no timing in output of {cmd:?}: {text}"))
 }
 
+/// A 95% confidence interval of the median of `v`, by bootstrap (2,000
+/// resamples, a fixed seed so a run's figures can be reproduced from its
+/// timings).
+fn median_ci(v: &[f64]) -> (f64, f64) {
+    const RESAMPLES: usize = 2000;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut sample = vec![0.0; v.len()];
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            for x in sample.iter_mut() {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                *x = v[(seed >> 33) as usize % v.len()];
+            }
+            sample.sort_by(f64::total_cmp);
+            quantile(&sample, 0.5)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (quantile(&medians, 0.025), quantile(&medians, 0.975))
+}
+
 /// The value at quantile `q` of sorted `v`.
 fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
@@ -258,11 +281,14 @@ fn paired(
         let mut ratios: Vec<f64> = times[v].iter().zip(&times[0]).map(|(t, b)| t / b).collect();
         ratios.sort_by(f64::total_cmp);
         let m = quantile(&ratios, 0.5);
+        let (lo, hi) = median_ci(&ratios);
         println!(
-            "  --tracker {:<6}  median paired ratio {m:.4} ({:+.2}%), IQR {:.4}-{:.4}, \
-             {:+.0} ns per context switch",
+            "  --tracker {:<6}  median paired ratio {m:.4} ({:+.2}%, 95% CI {:+.2}% to \
+             {:+.2}%), IQR {:.4}-{:.4}, {:+.0} ns per context switch",
             VARIANTS[v].unwrap_or(""),
             (m - 1.0) * 100.0,
+            (lo - 1.0) * 100.0,
+            (hi - 1.0) * 100.0,
             quantile(&ratios, 0.25),
             quantile(&ratios, 0.75),
             (m - 1.0) * base_median * 1e9 / switches,

@@ -229,6 +229,11 @@ mod tests {
         push(&[9, 1, 64]); // b at bit 64
         push(&[11, (1 << 31) | (KIND_STRUCT << 24) | 1, 8]); // [3] struct bf, kind_flag
         push(&[14, 1, (3 << 24) | 32]); // c: 3-bit field at bit 32
+        btf_blob(&types, strings)
+    }
+
+    /// A BTF blob of these type records and strings.
+    fn btf_blob(types: &[u8], strings: &[u8]) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&BTF_MAGIC.to_le_bytes());
         b.extend_from_slice(&[1, 0]);
@@ -241,7 +246,7 @@ mod tests {
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
-        b.extend_from_slice(&types);
+        b.extend_from_slice(types);
         b.extend_from_slice(strings);
         b
     }
@@ -275,21 +280,7 @@ mod tests {
         push(&[11, (KIND_STRUCT << 24) | 2, 16]); // [4] struct outer
         push(&[17, 1, 0]); // x
         push(&[0, 3, 32]); // the union at byte 4
-        let mut b = Vec::new();
-        b.extend_from_slice(&BTF_MAGIC.to_le_bytes());
-        b.extend_from_slice(&[1, 0]);
-        for v in [
-            24u32,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-            strings.len() as u32,
-        ] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&types);
-        b.extend_from_slice(strings);
-        let btf = BtfStructs::parse(&b).expect("parse");
+        let btf = BtfStructs::parse(&btf_blob(&types, strings)).expect("parse");
         assert_eq!(btf.member_offset("outer", "y"), Some(4));
         assert_eq!(btf.path_offset("outer", &["z", "b"]), Some(12));
         assert_eq!(btf.path_offset("outer", &["z", "nope"]), None);

@@ -351,11 +351,7 @@ impl EbpfTracker {
 
         let btf = aya::Btf::from_sys_fs().map_err(|e| TrackerError::Load(e.to_string()))?;
         let prog = "wattprof_iter_task";
-        let iter: &mut Iter = ebpf
-            .program_mut(prog)
-            .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
-            .try_into()
-            .map_err(attach_err(prog))?;
+        let iter: &mut Iter = program(&mut ebpf, prog)?;
         iter.load("task", &btf).map_err(attach_err(prog))?;
         let prog_fd = iter.fd().map_err(attach_err(prog))?;
         let link = sys::iter_link_create(prog_fd.as_fd()).map_err(|e| TrackerError::Attach {
@@ -446,11 +442,7 @@ impl EbpfTracker {
         ] {
             attach_tracepoint(&mut ebpf, prog, name)?;
         }
-        let flush: &mut RawTracePoint = ebpf
-            .program_mut("wattprof_flush")
-            .ok_or_else(|| TrackerError::Load("wattprof_flush missing".into()))?
-            .try_into()
-            .map_err(attach_err("wattprof_flush"))?;
+        let flush: &mut RawTracePoint = program(&mut ebpf, "wattprof_flush")?;
         flush.load().map_err(attach_err("wattprof_flush"))?;
 
         let mut tracker = Self::assemble(ebpf, topology, exit_tracking, task_clock)?;
@@ -956,11 +948,7 @@ fn init_cpus(cpus: &mut Map, topology: &Topology, flags: u32) -> Result<(), Trac
 fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, TrackerError> {
     if !force_legacy {
         let prog = "wattprof_sched_switch";
-        let p: &mut RawTracePoint = ebpf
-            .program_mut(prog)
-            .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
-            .try_into()
-            .map_err(attach_err(prog))?;
+        let p: &mut RawTracePoint = program(ebpf, prog)?;
         p.load().map_err(attach_err(prog))?;
         // Before 5.18 sched_switch has three arguments and the kernel
         // refuses a program reading the fourth: fall back.
@@ -968,14 +956,7 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
             return Ok(ExitTracking::FinalSwitch);
         }
     }
-    let prog = "wattprof_sched_switch_legacy";
-    let p: &mut RawTracePoint = ebpf
-        .program_mut(prog)
-        .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
-        .try_into()
-        .map_err(attach_err(prog))?;
-    p.load().map_err(attach_err(prog))?;
-    p.attach("sched_switch").map_err(attach_err(prog))?;
+    attach_raw(ebpf, "wattprof_sched_switch_legacy", "sched_switch")?;
     attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
     Ok(ExitTracking::ExitTracepoint)
 }
@@ -987,23 +968,26 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, TrackerError> {
     })
 }
 
-fn attach_raw(ebpf: &mut Ebpf, prog: &str, tracepoint: &str) -> Result<(), TrackerError> {
-    let p: &mut RawTracePoint = ebpf
-        .program_mut(prog)
+/// Program `prog` of the object, as its type.
+fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut P, TrackerError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(prog)
         .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
         .try_into()
-        .map_err(attach_err(prog))?;
+        .map_err(attach_err(prog))
+}
+
+fn attach_raw(ebpf: &mut Ebpf, prog: &str, tracepoint: &str) -> Result<(), TrackerError> {
+    let p: &mut RawTracePoint = program(ebpf, prog)?;
     p.load().map_err(attach_err(prog))?;
     p.attach(tracepoint).map_err(attach_err(prog))?;
     Ok(())
 }
 
 fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), TrackerError> {
-    let p: &mut TracePoint = ebpf
-        .program_mut(prog)
-        .ok_or_else(|| TrackerError::Load(format!("{prog} missing")))?
-        .try_into()
-        .map_err(attach_err(prog))?;
+    let p: &mut TracePoint = program(ebpf, prog)?;
     p.load().map_err(attach_err(prog))?;
     p.attach("sched", name).map_err(attach_err(prog))?;
     Ok(())
