@@ -230,9 +230,9 @@ pub struct ThreadEvent {
 pub const ITER_FLAG_TRAILER: u32 = 2;
 
 /// `IterRecord::flags`: the thread was on a CPU at the read; its
-/// `sum_exec_ns` is the run time at its switch-in plus the time since
-/// (`sched_info.last_arrival`), not its counter, which is as old as its
-/// last tick.
+/// `sum_exec_ns` is its counter plus the time since the counter was last
+/// updated (`se.exec_start`, on its runqueue's task clock), not the counter
+/// alone, which is as old as its last tick.
 pub const ITER_FLAG_RUNNING: u32 = 1;
 
 /// One record of the task iterator: a thread whose run time grew since the
@@ -287,14 +287,22 @@ pub struct KernelOffsets {
     pub kn_id: u32,
     /// `task_struct.on_cpu`.
     pub on_cpu: u32,
-    /// `task_struct.se.prev_sum_exec_runtime` (the run time at switch-in).
-    pub prev_sum_exec: u32,
-    /// `task_struct.sched_info.last_arrival` (`rq_clock` at switch-in); 0
-    /// without `CONFIG_SCHED_INFO`: running threads then report their
+    /// `task_struct.se.exec_start` (the task clock at the counter's last
+    /// update).
+    pub exec_start: u32,
+    /// `task_struct.se.cfs_rq`.
+    pub se_cfs_rq: u32,
+    /// `cfs_rq.rq`.
+    pub cfs_rq_rq: u32,
+    /// `rq.clock`.
+    pub rq_clock: u32,
+    /// `rq.clock_task`.
+    pub rq_clock_task: u32,
+    /// `task_struct.sched_info.last_arrival` (`rq_clock` at switch-in): the
+    /// reader's calibrates the scheduler clock. 0 when any of the running
+    /// thread fields is missing: running threads then report their
     /// counter.
     pub last_arrival: u32,
-    /// Padding.
-    pub pad: u32,
 }
 
 #[cfg(feature = "user")]

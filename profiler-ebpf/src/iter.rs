@@ -87,9 +87,12 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     cgroup_kn: 0,
     kn_id: 0,
     on_cpu: 0,
-    prev_sum_exec: 0,
+    exec_start: 0,
+    se_cfs_rq: 0,
+    cfs_rq_rq: 0,
+    rq_clock: 0,
+    rq_clock_task: 0,
     last_arrival: 0,
-    pad: 0,
 };
 
 macro_rules! offset {
@@ -198,22 +201,37 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     if known == Some(sum) && on_cpu == 0 && slot(FULL) == 0 {
         return 0;
     }
-    // On a CPU: its counter is as old as its last tick. Its run time at
-    // switch-in plus the scheduler-clock time since is about now.
+    // On a CPU: its counter is as old as its last update (a tick at
+    // most). Add the time since, on its runqueue's task clock: the
+    // scheduler clock now (calibrated at the start of the read) less what
+    // the runqueue keeps out of task time (interrupt and steal time, as of
+    // its last clock update), less `exec_start`.
     let mut reported = sum;
     let mut flags = 0;
-    let (arrival_off, prev_off) = (offset!(last_arrival), offset!(prev_sum_exec));
     let clock_offset = slot(CLOCK_OFFSET);
-    if on_cpu != 0 && arrival_off != 0 && clock_offset != 0 {
-        // SAFETY: as above.
-        let (arrival, prev): (u64, u64) =
-            unsafe { (load(task, arrival_off), load(task, prev_off)) };
+    if on_cpu != 0 && clock_offset != 0 {
+        let task_addr = task as u64;
+        let exec_start: u64 = probe(task_addr, offset!(exec_start));
+        let cfs_rq: u64 = probe(task_addr, offset!(se_cfs_rq));
+        let rq: u64 = probe(cfs_rq, offset!(cfs_rq_rq));
+        let clock: u64 = probe(rq, offset!(rq_clock));
+        let clock_task: u64 = probe(rq, offset!(rq_clock_task));
         // SAFETY: helper without preconditions.
         let now_sched = unsafe { bpf_ktime_get_ns() }.wrapping_sub(clock_offset);
-        if arrival != 0 && now_sched > arrival {
-            let estimate = prev.wrapping_add(now_sched - arrival);
-            if estimate > sum && estimate - sum <= MAX_ESTIMATE_AHEAD_NS {
-                reported = estimate;
+        // The runqueue's task clock now: as of its last update, plus the
+        // scheduler-clock time since. The calibration errs a few tens of
+        // microseconds late, and CPUs' clocks may differ by as much: a
+        // clock that seems ahead of now was just updated.
+        let since_update = if now_sched > clock {
+            now_sched - clock
+        } else {
+            0
+        };
+        let now_task = clock_task.wrapping_add(since_update);
+        if exec_start != 0 && clock >= clock_task && now_task >= exec_start {
+            let ahead = now_task - exec_start;
+            if ahead <= MAX_ESTIMATE_AHEAD_NS {
+                reported = sum + ahead;
                 flags = ITER_FLAG_RUNNING;
             }
         }

@@ -174,6 +174,18 @@ impl BtfStructs {
         let task_struct = self.find("task_struct").ok_or("task_struct")?;
         let task = |path: &[&str]| self.path_offset_in(task_struct, path);
         let cpu = task(&["cpu"]).or_else(|| task(&["thread_info", "cpu"]));
+        // For running threads' estimate; all or none (CONFIG_SCHED_INFO,
+        // CONFIG_FAIR_GROUP_SCHED).
+        let running = (|| {
+            Some([
+                task(&["se", "exec_start"])?,
+                task(&["se", "cfs_rq"])?,
+                self.member_offset("cfs_rq", "rq")?,
+                self.member_offset("rq", "clock")?,
+                self.member_offset("rq", "clock_task")?,
+                task(&["sched_info", "last_arrival"])?,
+            ])
+        })();
         Ok(KernelOffsets {
             sum_exec: task(&["se", "sum_exec_runtime"]).ok_or("task_struct.se.sum_exec_runtime")?,
             pid: task(&["pid"]).ok_or("task_struct.pid")?,
@@ -190,10 +202,12 @@ impl BtfStructs {
                 .member_offset("kernfs_node", "id")
                 .ok_or("kernfs_node.id")?,
             on_cpu: task(&["on_cpu"]).ok_or("task_struct.on_cpu")?,
-            prev_sum_exec: task(&["se", "prev_sum_exec_runtime"])
-                .ok_or("task_struct.se.prev_sum_exec_runtime")?,
-            last_arrival: task(&["sched_info", "last_arrival"]).unwrap_or(0),
-            pad: 0,
+            exec_start: running.map_or(0, |r| r[0]),
+            se_cfs_rq: running.map_or(0, |r| r[1]),
+            cfs_rq_rq: running.map_or(0, |r| r[2]),
+            rq_clock: running.map_or(0, |r| r[3]),
+            rq_clock_task: running.map_or(0, |r| r[4]),
+            last_arrival: running.map_or(0, |r| r[5]),
         })
     }
 }
@@ -308,6 +322,7 @@ mod tests {
             .kernel_offsets()
             .expect("every offset the iterator tracker needs");
         assert_eq!(all.sum_exec, off);
+        assert!(all.last_arrival > 0 && all.rq_clock_task > 0, "{all:?}");
         assert!(all.pid > 0 && all.tgid == all.pid + 4, "{all:?}");
     }
 }

@@ -108,9 +108,8 @@ impl IterState {
     /// Runs the iterator once: the records of threads that ran since the
     /// last read (every thread on a full read: the first, the last, and one
     /// a minute), and of threads on a CPU, whose counter is as old as their
-    /// last tick: for those the kernel side reports their run time at
-    /// switch-in plus the time since. Returns the monotonic time the read
-    /// began.
+    /// last tick: for those the kernel side adds the time since the
+    /// counter's last update. Returns the monotonic time the read began.
     pub(super) fn read(&mut self, first_or_last: bool) -> Result<u64, TrackerError> {
         let started = monotonic_ns();
         let full = first_or_last || started.saturating_sub(self.last_full_ns) >= FULL_READ_EVERY_NS;
