@@ -58,15 +58,17 @@ static ITER_CONTROL: Array<u64> = Array::with_max_entries(1, 0);
 /// iterator at a time (the seq_file lock). The verifier inlines lookups in
 /// an array, so a slot costs a load.
 #[map]
-static ITER_READ: Array<u64> = Array::with_max_entries(5, 0);
+static ITER_READ: Array<u64> = Array::with_max_entries(6, 0);
 
 const VISITED: u32 = 0;
 const OVERFLOW: u32 = 1;
 const WRITTEN: u32 = 2;
 const FULL: u32 = 3;
 /// `bpf_ktime_get_ns()` minus the scheduler clock (`rq_clock`), measured at
-/// the start of the read (0: unknown).
+/// the start of the read (wrapping: either clock may be ahead).
 const CLOCK_OFFSET: u32 = 4;
+/// Non-zero when `CLOCK_OFFSET` was measured in this read.
+const CLOCK_KNOWN: u32 = 5;
 
 /// A running thread's estimate is at most this far past its counter (the
 /// counter is updated at every tick: 10 ms at HZ=100); beyond, the
@@ -159,16 +161,18 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
         // switched in a few microseconds ago: its `last_arrival` is the
         // scheduler clock of about now.
         let arrival_off = offset!(last_arrival);
-        let mut calibration = 0;
+        let (mut calibration, mut known) = (0u64, 0u64);
         if arrival_off != 0 {
             // SAFETY: helpers without preconditions.
             let (me, now) = unsafe { (bpf_get_current_task(), bpf_ktime_get_ns()) };
             let arrival: u64 = probe(me, arrival_off);
-            if arrival != 0 && now > arrival {
-                calibration = now - arrival;
+            if arrival != 0 {
+                calibration = now.wrapping_sub(arrival);
+                known = 1;
             }
         }
         let _ = ITER_READ.set(CLOCK_OFFSET, &calibration, 0);
+        let _ = ITER_READ.set(CLOCK_KNOWN, &known, 0);
     }
     if task.is_null() {
         // The final call: say how the read went.
@@ -209,13 +213,15 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     let mut reported = sum;
     let mut flags = 0;
     let clock_offset = slot(CLOCK_OFFSET);
-    if on_cpu != 0 && clock_offset != 0 {
+    if on_cpu != 0 && slot(CLOCK_KNOWN) != 0 {
         let task_addr = task as u64;
         let exec_start: u64 = probe(task_addr, offset!(exec_start));
         let cfs_rq: u64 = probe(task_addr, offset!(se_cfs_rq));
         let rq: u64 = probe(cfs_rq, offset!(cfs_rq_rq));
-        let clock: u64 = probe(rq, offset!(rq_clock));
+        // `clock_task` first: an update landing between the two loads then
+        // makes the estimate low, never high.
         let clock_task: u64 = probe(rq, offset!(rq_clock_task));
+        let clock: u64 = probe(rq, offset!(rq_clock));
         // SAFETY: helper without preconditions.
         let now_sched = unsafe { bpf_ktime_get_ns() }.wrapping_sub(clock_offset);
         // The runqueue's task clock now: as of its last update, plus the

@@ -329,7 +329,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let settle_until = ended_ns + 250_000_000;
     while (!tracker.has_exited(pid)
         || tracker.live_threads_of(pid) > 0
-        || tracker.awaiting_final_since(ended_ns.saturating_sub(1_000_000_000)) > 0)
+        || tracker.awaiting_final_since(ended_ns.saturating_sub(1_000_000_000), ended_ns) > 0)
         && monotonic_ns() < settle_until
     {
         std::thread::sleep(Duration::from_millis(1));

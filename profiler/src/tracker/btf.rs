@@ -322,7 +322,15 @@ mod tests {
             .kernel_offsets()
             .expect("every offset the iterator tracker needs");
         assert_eq!(all.sum_exec, off);
-        assert!(all.last_arrival > 0 && all.rq_clock_task > 0, "{all:?}");
+        // Running threads' estimate (CONFIG_SCHED_INFO,
+        // CONFIG_FAIR_GROUP_SCHED): all of its offsets or none.
+        let running = [
+            all.exec_start,
+            all.se_cfs_rq,
+            all.rq_clock,
+            all.last_arrival,
+        ];
+        assert!(running.iter().all(|o| *o > 0) || running.iter().all(|o| *o == 0));
         assert!(all.pid > 0 && all.tgid == all.pid + 4, "{all:?}");
     }
 }

@@ -241,6 +241,11 @@ impl EbpfTracker {
             return Self::start_switch(cfg, topology, child_pid_offset, None);
         }
         let why_not = match super::btf::running_kernel() {
+            _ if in_child_pid_namespace() => {
+                "wattprof runs in a child PID namespace, where the task \
+                 iterator sees only that namespace's threads (run it in the host's: hostPID)"
+                    .to_string()
+            }
             None => "this kernel has no BTF (/sys/kernel/btf/vmlinux)".to_string(),
             Some(btf) => match btf.kernel_offsets() {
                 Err(missing) => format!("this kernel's BTF has no {missing}"),
@@ -578,13 +583,13 @@ impl EbpfTracker {
         }
     }
 
-    /// Threads that exited at or after `since_ns` (monotonic) and whose
-    /// final run time has not come yet (the iterator tracker's free events,
+    /// Threads that exited between `since_ns` and `until_ns` (monotonic)
+    /// and whose final run time has not come yet (the iterator tracker's free events,
     /// an RCU grace period after the thread is reaped).
-    pub fn awaiting_final_since(&self, since_ns: u64) -> usize {
+    pub fn awaiting_final_since(&self, since_ns: u64, until_ns: u64) -> usize {
         self.iter
             .as_ref()
-            .map_or(0, |i| i.ledger().awaiting_free_since(since_ns))
+            .map_or(0, |i| i.ledger().awaiting_free_since(since_ns, until_ns))
     }
 
     /// Whether thread `tid` has reported its exit.
@@ -991,6 +996,17 @@ fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<(), Trac
     p.load().map_err(attach_err(prog))?;
     p.attach("sched", name).map_err(attach_err(prog))?;
     Ok(())
+}
+
+/// Whether this process is in a PID namespace below the host's (its
+/// `NSpid` lists more than one pid): the task iterator walks only the
+/// reader's namespace, while the tracepoints see every thread.
+fn in_child_pid_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .is_some_and(|v| v.split_whitespace().count() > 1)
+    })
 }
 
 /// Kernels before 5.11 charge eBPF maps to RLIMIT_MEMLOCK.

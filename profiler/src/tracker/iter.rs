@@ -181,10 +181,7 @@ impl IterState {
             EVENT_THREAD_CGROUP => Kind::CgroupMove,
             _ => return,
         };
-        let cgroup_id = match kind {
-            Kind::Exit { .. } | Kind::CgroupMove => Some(ev.cgroup_id),
-            _ => None,
-        };
+        let cgroup_id = (ev.cgroup_id != 0).then_some(ev.cgroup_id);
         self.ledger.observe(
             Reading {
                 task_ptr: ev.task_ptr,
