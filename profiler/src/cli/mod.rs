@@ -88,8 +88,9 @@ impl TrackerArgs {
     version,
     about = "Exact, eBPF-based energy profiler for Linux",
     long_about = "Exact, eBPF-based energy profiler for Linux.\n\n\
-        An eBPF program on the scheduler counts the nanoseconds every thread spends \
-        on every CPU, including processes that live a millisecond. Needs root."
+        eBPF programs read the scheduler's own count of the nanoseconds every thread \
+        spends on every CPU package, including processes that live a millisecond, \
+        without running anything at context switches. Needs root."
 )]
 pub struct Cli {
     /// What to do.
