@@ -42,8 +42,6 @@ pub(super) struct IterState {
     kernel_idle_ns: Vec<u64>,
     pub(super) filter_overflow: u64,
     pub(super) read_syscalls: u64,
-    pub(super) threads_visited: u64,
-    pub(super) records_read: u64,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
@@ -82,8 +80,6 @@ impl IterState {
             kernel_idle_ns: read_kernel_idle(cpus),
             filter_overflow: 0,
             read_syscalls: 0,
-            threads_visited: 0,
-            records_read: 0,
         }
     }
 
@@ -163,9 +159,7 @@ impl IterState {
                 reason: "a read ended without its trailer".into(),
             });
         };
-        self.threads_visited += trailer.sum_exec_ns;
         self.filter_overflow = self.filter_overflow.max(trailer.cgroup_id);
-        self.records_read += self.records.len() as u64;
         if full {
             self.last_full_ns = started;
         }
