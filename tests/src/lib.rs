@@ -350,11 +350,22 @@ pub fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
 /// line: the header, written once the tracker counts. Starting a workload
 /// before then would leave part of it uncounted.
 pub fn wait_for_stream_header(path: &Path) {
+    wait_for_stream_lines(path, "header", 1);
+}
+
+/// Waits (up to 20 s) until the JSONL stream at `path` holds `count`
+/// complete records of `kind` (`"header"`, `"interval"`).
+pub fn wait_for_stream_lines(path: &Path, kind: &str, count: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(path).is_ok_and(|t| t.contains('\n')) {
+    let needle = format!("\"type\":\"{kind}\"");
+    let complete = |t: &str| {
+        let done = t.rfind('\n').map_or("", |i| &t[..i]);
+        done.lines().filter(|l| l.contains(&needle)).count()
+    };
+    while !std::fs::read_to_string(path).is_ok_and(|t| complete(&t) >= count) {
         assert!(
             std::time::Instant::now() < deadline,
-            "no stream header in {} after 20 s",
+            "fewer than {count} {kind} records in {} after 20 s",
             path.display()
         );
         std::thread::sleep(std::time::Duration::from_millis(10));

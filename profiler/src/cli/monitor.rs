@@ -16,7 +16,7 @@ use super::run::{
 };
 use crate::output::{By, render_monitor_frame};
 use crate::profile::{Ending, KeepIntervals, Scope};
-use crate::tracker::{CpuSampler, monotonic_ns};
+use crate::tracker::monotonic_ns;
 
 /// Arguments of `wattprof monitor`.
 #[derive(clap::Args, Debug)]
@@ -140,8 +140,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             break;
         }
         if now >= next_tick {
-            let sample = tracker.sample()?;
-            profile.step(&sample, false);
+            profile.tick(&mut tracker, false)?;
             // At most once a second: scrapes are far apart, and the
             // snapshot walks every container and cgroup.
             if let Some((_, shared)) = &exporter
@@ -187,8 +186,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
         tracker.drain_events();
     }
-    let last = tracker.finish()?;
-    profile.step(&last, true);
+    profile.tick(&mut tracker, true)?;
     let report = profile.finish(Ending {
         mode: "monitor",
         command: None,

@@ -16,7 +16,7 @@ use crate::profile::windows::WindowSocket;
 use crate::profile::{
     self, CommandEnd, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope,
 };
-use crate::tracker::{CpuSampler, EbpfTracker, TrackerConfig, monotonic_ns};
+use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Shortest time between two drains of the event ring while records flow.
 const DRAIN_BATCH: Duration = Duration::from_millis(10);
@@ -252,8 +252,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let status = loop {
         let now = monotonic_ns();
         if now >= next_tick {
-            let sample = tracker.sample()?;
-            profile.step(&sample, false);
+            profile.tick(&mut tracker, false)?;
             next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
             continue;
         }
@@ -337,8 +336,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     }
     // Window messages sent just before the command exited.
     window_boundary(&socket, &mut tracker, &mut profile)?;
-    let last = tracker.finish()?;
-    profile.step(&last, true);
+    profile.tick(&mut tracker, true)?;
 
     let report = profile.finish(Ending {
         mode: "run",
@@ -365,16 +363,16 @@ fn window_boundary(
 ) -> anyhow::Result<()> {
     let messages = socket.receive();
     if !messages.is_empty() {
-        let sample = tracker.sample()?;
-        profile.step(&sample, false);
-        profile.window_messages(messages, sample.at_ns);
+        let at_ns = profile.tick(tracker, false)?;
+        profile.window_messages(messages, at_ns);
     }
     Ok(())
 }
 
 /// Opens the energy readers and starts the tracker, then builds the
-/// profile: readers first (NVML takes a while to load), their starting
-/// points set again once the tracker counts. Returns the wall-clock start.
+/// profile: readers first (NVML takes a while to load); the counters' and
+/// the tracker's starting points are taken last, together. Returns the
+/// wall-clock start.
 pub(super) fn start_profile(
     tracker_cfg: &TrackerConfig,
     energy: &EnergyArgs,
@@ -383,24 +381,20 @@ pub(super) fn start_profile(
     keep: KeepIntervals,
     jsonl: Option<profile::Jsonl>,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
-    let mut readers = Readers::open(&energy.readers())
+    let readers = Readers::open(&energy.readers())
         .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
-    let tracker = EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
-    readers.rebase();
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let mut tracker =
+        EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let table = ProcessTable::new(
         ProcFs::real(),
         tracker.topology().sockets(),
         std::process::id(),
     );
     let host = profile::host_report(readers.gpus());
-    let profile = Profile::new(
+    let mut profile = Profile::new(
         table,
         readers,
         tracker.topology().package_ids.clone(),
-        tracker.start_ns(),
         ProfileConfig {
             carbon,
             filter: energy.filter(),
@@ -411,6 +405,13 @@ pub(super) fn start_profile(
         jsonl,
         host,
     );
+    // Last, so nothing runs between the two starting points.
+    profile
+        .begin(&mut tracker)
+        .map_err(|e| Fatal::profiler(e.to_string()))?;
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     Ok((tracker, profile, start_unix_ns))
 }
 

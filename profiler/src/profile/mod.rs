@@ -28,7 +28,8 @@ use crate::output::{
 use crate::process::cgroup::CgroupNames;
 use crate::process::docker::DockerNames;
 use crate::process::{IntervalUsage, ProcFs, Process, ProcessTable, Role};
-use crate::tracker::CpuSample;
+use crate::tracker::{CpuSample, CpuSampler, TrackerError};
+use readers::IntervalEnergy;
 
 /// Which processes a profile reports one by one.
 #[derive(Clone, Debug)]
@@ -265,13 +266,12 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// A profile starting at monotonic `start_ns` (the tracker's start) on
-    /// a machine with these package ids.
+    /// A profile on a machine with these package ids; it counts from
+    /// [`Profile::begin`].
     pub fn new(
         table: ProcessTable<ProcFs>,
         readers: Readers,
         package_ids: Vec<u32>,
-        start_ns: u64,
         cfg: ProfileConfig,
         jsonl: Option<Jsonl>,
         host: HostReport,
@@ -293,8 +293,8 @@ impl Profile {
             last: None,
             memory: HashMap::new(),
             memory_read_ns: HashMap::new(),
-            start_ns,
-            last_ns: start_ns,
+            start_ns: 0,
+            last_ns: 0,
             package_ids,
             cfg,
             jsonl,
@@ -398,10 +398,30 @@ impl Profile {
         }
     }
 
-    /// Folds in one interval: the tracker's sample, read at the same
-    /// instant as the energy counters (read here). `last` is the final
-    /// read (the wattmeter program is stopped).
-    pub fn step(&mut self, sample: &CpuSample, last: bool) {
+    /// Starts counting: the energy counters' starting point, then at once
+    /// the tracker's. Returns the monotonic time counting starts.
+    pub fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
+        self.readers.rebase();
+        let start_ns = sampler.begin()?;
+        self.start_ns = start_ns;
+        self.last_ns = start_ns;
+        Ok(start_ns)
+    }
+
+    /// Closes one interval: the energy counters, then at once the tracker
+    /// (as at [`Profile::begin`], so both measure the same span), then the
+    /// attribution. `last` closes the final one (the wattmeter program is
+    /// stopped). Returns the interval's end (monotonic ns).
+    pub fn tick(&mut self, sampler: &mut impl CpuSampler, last: bool) -> Result<u64, TrackerError> {
+        let energy = self.readers.read_counters(last);
+        let sample = sampler.sample(last)?;
+        self.step(&sample, energy);
+        Ok(sample.at_ns)
+    }
+
+    /// Folds in one interval: the tracker's sample and the energy read
+    /// just before it.
+    fn step(&mut self, sample: &CpuSample, mut read: IntervalEnergy) {
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
         let mut sockets = vec![SocketTime::default(); self.package_ids.len().max(1)];
@@ -414,8 +434,8 @@ impl Profile {
             }
             online += usize::from(c.window_ns > 0);
         }
-        // Energy first, as close as possible to the tracker's read.
-        let read = self.readers.read(sample.busy_ns(), online.max(1), last);
+        self.readers
+            .add_estimate(&mut read, sample.busy_ns(), online.max(1));
         let mut usage = self.table.apply(sample);
         self.machine.add(sample);
         for p in self.readers.take_problems() {

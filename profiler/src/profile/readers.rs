@@ -232,9 +232,9 @@ impl Readers {
     }
 
     /// Sets every counter's starting point to now (energy since the last
-    /// read is dropped): call when counting starts.
+    /// read is dropped): call right before the tracker takes its own.
     pub fn rebase(&mut self) {
-        let _ = self.read(0, 1, false);
+        let _ = self.read_counters(false);
         self.problems.clear();
     }
 
@@ -258,24 +258,19 @@ impl Readers {
         std::mem::take(&mut self.problems)
     }
 
-    /// Reads every reader. `busy_ns` and `cpus` feed the TDP estimate
-    /// (the tracker's exact busy time over the interval). The `last` read
-    /// also stops the wattmeter program and counts its final frames.
-    pub fn read(&mut self, busy_ns: u64, cpus: usize, last: bool) -> IntervalEnergy {
+    /// Reads every counter: call right before the tracker's read, so both
+    /// close the interval at the same instant. The `last` read also stops
+    /// the wattmeter program and counts its final frames. The TDP
+    /// estimate, which needs the tracker's busy time, comes from
+    /// [`Readers::add_estimate`].
+    pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
-        match &mut self.cpu {
-            Cpu::Counter(s) => match s.read() {
+        if let Cpu::Counter(s) = &mut self.cpu {
+            match s.read() {
                 Ok(e) => out.energy.extend(e),
                 // A failed read advances no counter: the next one catches up.
                 Err(e) => self.problems.push(format!("{}: {e}", s.name())),
-            },
-            Cpu::Estimate(model) => out.energy.push(DomainEnergy {
-                domain: Domain::Package,
-                package: None,
-                energy_uj: model.energy_uj(busy_ns, cpus),
-                estimated: true,
-            }),
-            Cpu::None => {}
+            }
         }
         if let Some(g) = &mut self.gpu {
             out.gpus = g.read_gpus();
@@ -306,5 +301,19 @@ impl Readers {
             out.energy.extend(wall);
         }
         out
+    }
+
+    /// Adds the TDP estimate of an interval with `busy_ns` of the
+    /// tracker's exact busy time on `cpus` online CPUs, where the CPU's
+    /// energy is estimated.
+    pub fn add_estimate(&self, energy: &mut IntervalEnergy, busy_ns: u64, cpus: usize) {
+        if let Cpu::Estimate(model) = &self.cpu {
+            energy.energy.push(DomainEnergy {
+                domain: Domain::Package,
+                package: None,
+                energy_uj: model.energy_uj(busy_ns, cpus),
+                estimated: true,
+            });
+        }
     }
 }

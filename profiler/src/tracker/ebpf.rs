@@ -389,30 +389,36 @@ impl EbpfTracker {
             TaskClock::SumExecRuntime,
         )?;
         tracker.prev = tracker.read_cpus()?;
-        let start_ns = monotonic_ns();
-        let mut state = IterState::new(
+        let state = IterState::new(
             link,
             last,
             control,
             package,
             read_state,
             &tracker.topology,
-            start_ns,
+            monotonic_ns(),
         );
-        // Every thread's starting point: a full read, applied but not
-        // closed, so time after it belongs to the first interval.
-        let began = state.read(true)?;
         tracker.iter = Some(state);
-        tracker.drain_events();
-        // Counting starts once every thread has its starting point (the
-        // energy readers take theirs right after).
-        let counting_ns = monotonic_ns();
-        if let Some(state) = tracker.iter.as_mut() {
-            state.apply(began, counting_ns);
-            state.start_window(counting_ns);
-        }
-        tracker.start_ns = counting_ns;
         Ok(tracker)
+    }
+
+    /// The iterator tracker's starting point: a full read, applied but not
+    /// closed, so time after it belongs to the first interval.
+    fn begin_iter(&mut self) -> Result<u64, TrackerError> {
+        let Some(state) = self.iter.as_mut() else {
+            return Err(TrackerError::Load("no iterator".into()));
+        };
+        // Threads born from here on count from zero.
+        state.set_baseline(monotonic_ns());
+        let began = state.read(true)?;
+        // As in every sample: the read's end is the interval boundary.
+        let at_ns = monotonic_ns();
+        self.drain_events();
+        if let Some(state) = self.iter.as_mut() {
+            state.apply(began, at_ns);
+            state.start_window(at_ns);
+        }
+        Ok(at_ns)
     }
 
     /// The switch tracker. Accounting starts on each CPU at its first
@@ -452,14 +458,20 @@ impl EbpfTracker {
 
         let mut tracker = Self::assemble(ebpf, topology, exit_tracking, task_clock)?;
         tracker.fallback = fallback;
-        tracker.flush_cpus();
-        if !tracker.flush_supported {
+        Ok(tracker)
+    }
+
+    /// The switch tracker's starting point: a flush opens every online
+    /// CPU's window.
+    fn begin_switch(&mut self) -> Result<u64, TrackerError> {
+        self.flush_cpus();
+        if !self.flush_supported {
             // Before Linux 5.10: nothing is open yet; let switches open.
-            init_cpus(&mut tracker.cpus, &tracker.topology, CPU_FLAG_SWITCH_OPENS)?;
+            init_cpus(&mut self.cpus, &self.topology, CPU_FLAG_SWITCH_OPENS)?;
         }
         // Every counter starts at zero when its window opens, so the first
         // sample counts from the opening flush for CPUs and tasks alike.
-        tracker.prev = tracker
+        self.prev = self
             .read_cpus()?
             .into_iter()
             .map(|c| CpuState {
@@ -470,14 +482,13 @@ impl EbpfTracker {
                 ..CpuState::default()
             })
             .collect();
-        tracker.start_ns = tracker
+        Ok(self
             .prev
             .iter()
             .map(|c| c.first_ns)
             .filter(|t| *t > 0)
             .min()
-            .unwrap_or_else(monotonic_ns);
-        Ok(tracker)
+            .unwrap_or_else(monotonic_ns))
     }
 
     /// Which tracker runs.
@@ -673,15 +684,6 @@ impl EbpfTracker {
         }
     }
 
-    /// Stops accounting and takes the last sample. The final flush closes
-    /// each CPU's window in the kernel at the moment it charges the slice
-    /// in progress, so nothing changes while the CPUs and tasks are read:
-    /// the final totals are one consistent snapshot.
-    pub fn finish(&mut self) -> Result<CpuSample, TrackerError> {
-        self.closing = true;
-        self.sample()
-    }
-
     /// Closes the slice in progress on every online CPU by running the
     /// flush program there.
     fn flush_cpus(&mut self) {
@@ -810,7 +812,18 @@ impl EbpfTracker {
 }
 
 impl CpuSampler for EbpfTracker {
-    fn sample(&mut self) -> Result<CpuSample, TrackerError> {
+    fn begin(&mut self) -> Result<u64, TrackerError> {
+        self.start_ns = if self.iter.is_some() {
+            self.begin_iter()?
+        } else {
+            self.begin_switch()?
+        };
+        Ok(self.start_ns)
+    }
+
+    fn sample(&mut self, last: bool) -> Result<CpuSample, TrackerError> {
+        // The final read: every thread, and windows closed for good.
+        self.closing |= last;
         if self.iter.is_some() {
             return self.sample_iter();
         }

@@ -83,6 +83,11 @@ impl IterState {
         }
     }
 
+    /// Threads born from `start_ns` on count from zero.
+    pub(super) fn set_baseline(&mut self, start_ns: u64) {
+        self.ledger.set_baseline(start_ns);
+    }
+
     /// Starts the first interval's window at `at_ns` (after the baseline
     /// read).
     pub(super) fn start_window(&mut self, at_ns: u64) {

@@ -175,8 +175,12 @@ impl CpuSample {
 
 /// A source of [`CpuSample`]s: the eBPF tracker, or a synthetic one in tests.
 pub trait CpuSampler {
-    /// Closes the current interval and returns what happened in it.
-    fn sample(&mut self) -> Result<CpuSample, TrackerError>;
+    /// Takes every thread's starting point (once, right after the energy
+    /// counters take theirs): returns the monotonic time counting starts.
+    fn begin(&mut self) -> Result<u64, TrackerError>;
+    /// Closes the current interval and returns what happened in it;
+    /// `last` closes the final one.
+    fn sample(&mut self, last: bool) -> Result<CpuSample, TrackerError>;
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.

@@ -156,6 +156,12 @@ impl RuntimeLedger {
         }
     }
 
+    /// Threads born from `start_ns` on count from zero (the baseline read
+    /// is about to start).
+    pub fn set_baseline(&mut self, start_ns: u64) {
+        self.baseline_before_ns = start_ns;
+    }
+
     /// Threads tracked.
     pub fn len(&self) -> usize {
         self.threads.values().map(Vec::len).sum()
