@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::output::prometheus::{Snapshot, classic_text, openmetrics};
+use crate::output::prometheus::{self, Snapshot, classic_text, openmetrics};
 
 /// Connections served at once; more are answered 503 and closed.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -153,19 +153,16 @@ impl ScrapeCost {
     /// The exporter's own cost, up to the previous scrape, as metrics.
     fn snapshot(&self) -> Snapshot {
         Snapshot {
-            counters: vec![
+            families: vec![
                 (
-                    "wattprof_exporter_scrapes",
-                    "Answers to /metrics served.",
+                    &prometheus::EXPORTER_SCRAPES,
                     vec![(Vec::new(), self.scrapes.load(Ordering::Relaxed) as f64)],
                 ),
                 (
-                    "wattprof_exporter_cpu_seconds",
-                    "CPU time spent building and sending /metrics answers.",
+                    &prometheus::EXPORTER_CPU,
                     vec![(Vec::new(), self.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9)],
                 ),
             ],
-            gauges: Vec::new(),
         }
     }
 }
@@ -283,12 +280,10 @@ mod tests {
     #[test]
     fn paths_formats_and_bad_clients() {
         let snap = Snapshot {
-            counters: vec![(
-                "wattprof_energy_joules",
-                "Energy.",
+            families: vec![(
+                &crate::output::prometheus::ENERGY,
                 vec![(vec![("domain".into(), "package".into())], 2.0)],
             )],
-            gauges: Vec::new(),
         };
         let shared: Shared = Arc::new(Mutex::new(Arc::new(snap)));
         let ex = serve("127.0.0.1:0".parse().expect("addr"), shared.clone()).expect("serve");

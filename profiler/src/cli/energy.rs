@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use super::Fatal;
 use crate::carbon::CarbonIntensity;
-use crate::profile::{Jsonl, ReaderConfig};
+use crate::output::jsonl::Jsonl;
+use crate::profile::ReaderConfig;
 
 /// Energy and output options of `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -15,8 +15,9 @@ use super::run::{
     PendingOutput, deliver, parse_duration, parse_interval, start_profile, tracker_facts,
 };
 use crate::output::{By, render_monitor_frame};
-use crate::profile::{Ending, KeepIntervals, Scope};
-use crate::tracker::monotonic_ns;
+use crate::profile::sampling::{Hooks, Ticker, sample_until};
+use crate::profile::{Ending, KeepIntervals, Profile, Scope};
+use crate::tracker::{EbpfTracker, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
 #[derive(clap::Args, Debug)]
@@ -128,64 +129,25 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         }
         None => None,
     };
-    let grace_ns = args.prometheus_grace.as_nanos() as u64;
-    let mut last_snapshot_ns = 0;
-    let live = std::io::stdout().is_terminal();
     let interval_ns = args.interval.as_nanos() as u64;
-    let end_ns = args.duration.map(|d| start_ns + d.as_nanos() as u64);
-    let mut next_tick = start_ns + interval_ns;
-    while !stop.load(Ordering::Relaxed) {
-        let now = monotonic_ns();
-        if end_ns.is_some_and(|e| now >= e) {
-            break;
-        }
-        if now >= next_tick {
-            profile.tick(&mut tracker, false)?;
-            // At most once a second: scrapes are far apart, and the
-            // snapshot walks every container and cgroup.
-            if let Some((_, shared)) = &exporter
-                && now.saturating_sub(last_snapshot_ns) >= 1_000_000_000
-            {
-                last_snapshot_ns = now;
-                let snap = Arc::new(profile.snapshot(args.prometheus_top as usize, grace_ns));
-                *shared
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = snap;
-            }
-            next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
-            if live {
-                let (containers, cgroups) = match args.by {
-                    By::Process => (Vec::new(), Vec::new()),
-                    By::Container => (profile.container_reports(None), Vec::new()),
-                    By::Cgroup => (Vec::new(), profile.cgroup_reports(None)),
-                };
-                let frame = render_monitor_frame(
-                    profile.last_interval(),
-                    &containers,
-                    &cgroups,
-                    now.saturating_sub(start_ns),
-                    args.top as usize,
-                    args.by,
-                );
-                let mut out = std::io::stdout().lock();
-                // Home, clear, draw: one write so the screen never flickers
-                // half-drawn.
-                let _ = out.write_all(format!("\x1b[H\x1b[2J{frame}").as_bytes());
-                let _ = out.flush();
-            }
-            continue;
-        }
-        let wake = end_ns.map_or(next_tick, |e| e.min(next_tick));
-        let timeout_ms = (wake.saturating_sub(now) / 1_000_000).clamp(1, 200) as i32;
-        let mut fds = [libc::pollfd {
-            fd: tracker.events_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: one valid pollfd. EINTR (a signal) just ends the wait.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
-        tracker.drain_events();
-    }
+    let mut hooks = MonitorLoop {
+        stop: &stop,
+        end_ns: args.duration.map(|d| start_ns + d.as_nanos() as u64),
+        start_ns,
+        exporter: exporter.as_ref().map(|(_, shared)| shared),
+        prometheus_top: args.prometheus_top as usize,
+        grace_ns: args.prometheus_grace.as_nanos() as u64,
+        last_snapshot_ns: 0,
+        live: std::io::stdout().is_terminal(),
+        top: args.top as usize,
+        by: args.by,
+    };
+    sample_until(
+        &mut profile,
+        &mut tracker,
+        &mut Ticker::new(start_ns, interval_ns),
+        &mut hooks,
+    )?;
     profile.tick(&mut tracker, true)?;
     let report = profile.finish(Ending {
         mode: "monitor",
@@ -195,4 +157,71 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     });
     deliver(&report, pending_output)?;
     Ok(0)
+}
+
+/// The `monitor` loop's part: the exporter's snapshot, the live screen,
+/// and the end (a signal, or `--duration`).
+struct MonitorLoop<'a> {
+    stop: &'a AtomicBool,
+    end_ns: Option<u64>,
+    start_ns: u64,
+    exporter: Option<&'a crate::exporter::Shared>,
+    prometheus_top: usize,
+    grace_ns: u64,
+    last_snapshot_ns: u64,
+    live: bool,
+    top: usize,
+    by: By,
+}
+
+impl Hooks<EbpfTracker> for MonitorLoop<'_> {
+    fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
+
+    fn max_sleep_ms(&self, now_ns: u64) -> i32 {
+        let to_end = self
+            .end_ns
+            .map_or(u64::MAX, |e| e.saturating_sub(now_ns) / 1_000_000);
+        to_end.min(200) as i32
+    }
+
+    fn after_interval(&mut self, profile: &mut Profile, now: u64) -> anyhow::Result<()> {
+        // At most once a second: scrapes are far apart, and the snapshot
+        // walks every container and cgroup.
+        if let Some(shared) = self.exporter
+            && now.saturating_sub(self.last_snapshot_ns) >= 1_000_000_000
+        {
+            self.last_snapshot_ns = now;
+            let snap = Arc::new(profile.snapshot(self.prometheus_top, self.grace_ns));
+            *shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = snap;
+        }
+        if self.live {
+            let (containers, cgroups) = match self.by {
+                By::Process => (Vec::new(), Vec::new()),
+                By::Container => (profile.container_reports(None), Vec::new()),
+                By::Cgroup => (Vec::new(), profile.cgroup_reports(None)),
+            };
+            let frame = render_monitor_frame(
+                profile.last_interval(),
+                &containers,
+                &cgroups,
+                now.saturating_sub(self.start_ns),
+                self.top,
+                self.by,
+            );
+            let mut out = std::io::stdout().lock();
+            // Home, clear, draw: one write so the screen never flickers
+            // half-drawn.
+            let _ = out.write_all(format!("\x1b[H\x1b[2J{frame}").as_bytes());
+            let _ = out.flush();
+        }
+        Ok(())
+    }
+
+    fn woke(&mut self, _: &[bool], _: &mut Profile, _: &mut EbpfTracker) -> anyhow::Result<bool> {
+        Ok(self.stop.load(Ordering::Relaxed) || self.end_ns.is_some_and(|e| monotonic_ns() >= e))
+    }
 }

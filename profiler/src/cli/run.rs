@@ -12,14 +12,12 @@ use anyhow::Context;
 use super::{Fatal, child, energy::EnergyArgs};
 use crate::output::{self, ProfilerReport};
 use crate::process::{ProcFs, ProcessTable};
+use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::windows::WindowSocket;
 use crate::profile::{
     self, CommandEnd, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope,
 };
 use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
-
-/// Shortest time between two drains of the event ring while records flow.
-const DRAIN_BATCH: Duration = Duration::from_millis(10);
 
 /// Arguments of `wattprof run`.
 #[derive(clap::Args, Debug)]
@@ -248,75 +246,16 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let pidfd = child::pidfd(pid);
 
     let interval_ns = args.interval.as_nanos() as u64;
-    let mut next_tick = monotonic_ns() + interval_ns;
-    let status = loop {
-        let now = monotonic_ns();
-        if now >= next_tick {
-            profile.tick(&mut tracker, false)?;
-            next_tick += interval_ns.max((now - next_tick) / interval_ns * interval_ns);
-            continue;
-        }
-        let timeout_ms = ((next_tick - now) / 1_000_000).clamp(1, 1000) as i32;
-        let mut fds = vec![
-            libc::pollfd {
-                fd: tracker.events_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: socket.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        if let Some(fd) = &pidfd {
-            fds.push(libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
-        // With no pidfd (pre-5.3 kernels), poll the child at most every 50 ms.
-        let timeout_ms = if pidfd.is_some() {
-            timeout_ms
-        } else {
-            timeout_ms.min(50)
-        };
-        // SAFETY: fds is a valid array of pollfd.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-        if ready > 0 && fds[1].revents != 0 {
-            window_boundary(&socket, &mut tracker, &mut profile)?;
-        }
-        tracker.drain_events();
-        if ready > 0 && fds[0].revents != 0 {
-            // Records come one wake-up each: take them in batches (the ring
-            // holds ~30,000 records, far more than 10 ms of forks), still
-            // waking at once if the command exits.
-            let wait = DRAIN_BATCH.min(Duration::from_nanos(
-                next_tick.saturating_sub(monotonic_ns()),
-            ));
-            if let Some(fd) = &pidfd {
-                let mut exit_fd = [
-                    libc::pollfd {
-                        fd: fd.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
-                    libc::pollfd {
-                        fd: socket.fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
-                ];
-                // SAFETY: two valid pollfds.
-                unsafe { libc::poll(exit_fd.as_mut_ptr(), 2, wait.as_millis() as i32) };
-            } else {
-                std::thread::sleep(wait);
-            }
-        }
-        if let Some(status) = proc.try_wait().context("waiting for the command")? {
-            break status;
-        }
+    let mut ticker = Ticker::new(monotonic_ns(), interval_ns);
+    let mut hooks = RunLoop {
+        socket: &socket,
+        proc: &mut proc,
+        pidfd: pidfd.as_ref().map(AsRawFd::as_raw_fd),
+        status: None,
+    };
+    sample_until(&mut profile, &mut tracker, &mut ticker, &mut hooks)?;
+    let Some(status) = hooks.status else {
+        return Err(Fatal::profiler("the sampling loop ended before the command").into());
     };
     signal_target.ended();
 
@@ -353,6 +292,45 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     Ok(child::exit_code(status))
 }
 
+/// The `run` loop's part: the window socket, and the command's end.
+struct RunLoop<'a> {
+    socket: &'a WindowSocket,
+    proc: &'a mut std::process::Child,
+    /// The command's pidfd (Linux 5.3+): readable when it exits.
+    pidfd: Option<std::os::fd::RawFd>,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Hooks<EbpfTracker> for RunLoop<'_> {
+    fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        std::iter::once(self.socket.fd())
+            .chain(self.pidfd)
+            .collect()
+    }
+
+    fn max_sleep_ms(&self, _now_ns: u64) -> i32 {
+        // With no pidfd (pre-5.3 kernels), look at the child every 50 ms.
+        if self.pidfd.is_some() { 1000 } else { 50 }
+    }
+
+    fn after_interval(&mut self, _: &mut Profile, _: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn woke(
+        &mut self,
+        ready: &[bool],
+        profile: &mut Profile,
+        tracker: &mut EbpfTracker,
+    ) -> anyhow::Result<bool> {
+        if ready.first() == Some(&true) {
+            window_boundary(self.socket, tracker, profile)?;
+        }
+        self.status = self.proc.try_wait().context("waiting for the command")?;
+        Ok(self.status.is_some())
+    }
+}
+
 /// Handles waiting window messages: a window boundary reads the counters
 /// and the tracker at once, so a window is exact to the counters'
 /// resolution, not rounded to the interval.
@@ -379,7 +357,7 @@ pub(super) fn start_profile(
     carbon: crate::carbon::CarbonIntensity,
     scope: Scope,
     keep: KeepIntervals,
-    jsonl: Option<profile::Jsonl>,
+    jsonl: Option<crate::output::jsonl::Jsonl>,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
     let readers = Readers::open(&energy.readers())
         .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;

@@ -2,9 +2,8 @@
 
 use serde::Serialize;
 
-use crate::sources::{
-    Domain, Source, SourceError, SourceInfo, estimate, msr, nvml, perf, powercap, wattmeter,
-};
+use crate::sources::registry::{CpuMachine, cpu_counters};
+use crate::sources::{Domain, Source, SourceError, SourceInfo, estimate, msr, nvml, wattmeter};
 use crate::topology::SysRoot;
 
 /// Arguments of `wattprof sources`.
@@ -150,20 +149,16 @@ fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> Reader
             reason: None,
             fix: None,
         },
-        Err(SourceError::NotSupported { reason, fix }) => ReaderStatus {
-            name,
-            status: "missing",
-            info: None,
-            reason: Some(reason),
-            fix: Some(fix),
-        },
-        Err(other) => ReaderStatus {
-            name,
-            status: "missing",
-            info: None,
-            reason: Some(other.to_string()),
-            fix: None,
-        },
+        Err(e) => {
+            let (reason, fix) = e.reason_and_fix();
+            ReaderStatus {
+                name,
+                status: "missing",
+                info: None,
+                reason: Some(reason),
+                fix,
+            }
+        }
     }
 }
 
@@ -176,17 +171,15 @@ pub fn probe(
     cpuinfo: &str,
     cpu_tdp: Option<f64>,
 ) -> SourcesReport {
-    let mut readers = vec![
-        status(
-            "powercap",
-            powercap::Powercap::open(sys, cpuinfo).map(|p| p.info()),
-        ),
-        status("perf", perf::PerfPower::open(sys).map(|p| p.info())),
-        status(
-            "msr",
-            msr::Msr::open(sys, msr_root, cpuinfo).map(|m| m.info()),
-        ),
-    ];
+    let machine = CpuMachine {
+        sys,
+        msr_root,
+        cpuinfo,
+    };
+    let mut readers: Vec<ReaderStatus> = cpu_counters(machine)
+        .into_iter()
+        .map(|(name, opened)| status(name, opened.map(|s| s.info())))
+        .collect();
     let measured = readers.iter().any(|r| r.status == "available");
     let model = cpuinfo
         .lines()
@@ -244,16 +237,15 @@ pub fn check_readers(
     cpuinfo: &str,
     over: std::time::Duration,
 ) -> (Vec<&'static str>, Vec<crate::sources::Disagreement>) {
-    let mut readers: Vec<Box<dyn Source>> = Vec::new();
-    if let Ok(p) = powercap::Powercap::open(sys, cpuinfo) {
-        readers.push(Box::new(p));
-    }
-    if let Ok(p) = perf::PerfPower::open(sys) {
-        readers.push(Box::new(p));
-    }
-    if let Ok(m) = msr::Msr::open(sys, msr_root, cpuinfo) {
-        readers.push(Box::new(m));
-    }
+    let machine = CpuMachine {
+        sys,
+        msr_root,
+        cpuinfo,
+    };
+    let mut readers: Vec<Box<dyn Source>> = cpu_counters(machine)
+        .into_iter()
+        .filter_map(|(_, opened)| opened.ok())
+        .collect();
     for r in &mut readers {
         let _ = r.read();
     }

@@ -1,6 +1,8 @@
 //! What a run reports: the JSON document and the table printed at the end.
 
+pub mod jsonl;
 pub mod prometheus;
+pub mod record;
 mod table;
 
 pub use table::{By, container_label, render_monitor_frame, render_run_table};
@@ -255,7 +257,7 @@ pub struct GroupEnergy {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct EnergyReport {
     /// The readers in use, and the kinds of energy not measured and why.
-    pub readers: Vec<crate::profile::ReaderUse>,
+    pub readers: Vec<crate::sources::registry::ReaderUse>,
     /// Per domain, over the whole profile.
     pub domains: Vec<DomainReport>,
     /// Per group.

@@ -10,32 +10,206 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit as PromUnit};
 
 /// Labels of one series.
 pub type Labels = Vec<(String, String)>;
 
-/// A metric family: name (without `_total` for counters), help, series.
-pub type Family = (&'static str, &'static str, Vec<(Labels, f64)>);
+/// Counter or gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only rises (exposed with `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+/// The unit a metric's name ends in (`# UNIT` in OpenMetrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// J.
+    Joules,
+    /// s.
+    Seconds,
+    /// W.
+    Watts,
+}
+
+/// One metric: its name, kind, unit and help, declared together.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Metric {
+    /// Name without its unit and without `_total`.
+    pub name: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Unit, if it has one.
+    pub unit: Option<Unit>,
+    /// One line for people.
+    pub help: &'static str,
+}
+
+impl Metric {
+    /// The name series carry (without a counter's `_total`).
+    pub fn full_name(&self) -> String {
+        match self.unit {
+            Some(u) => format!("{}_{}", self.name, unit_name(u)),
+            None => self.name.to_string(),
+        }
+    }
+}
+
+fn unit_name(u: Unit) -> &'static str {
+    match u {
+        Unit::Joules => "joules",
+        Unit::Seconds => "seconds",
+        Unit::Watts => "watts",
+    }
+}
+
+const fn counter(name: &'static str, unit: Unit, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Counter,
+        unit: Some(unit),
+        help,
+    }
+}
+
+const fn gauge(name: &'static str, unit: Option<Unit>, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        unit,
+        help,
+    }
+}
+
+/// Energy measured, per domain and package.
+pub const ENERGY: Metric = counter(
+    "wattprof_energy",
+    Unit::Joules,
+    "Energy measured, per domain and package (or GPU index).",
+);
+/// Idle share of the measured energy.
+pub const IDLE_ENERGY: Metric = counter(
+    "wattprof_idle_energy",
+    Unit::Joules,
+    "Share of the measured energy that went to idle CPU time (or a GPU nobody held).",
+);
+/// Neither attributed nor idle.
+pub const UNATTRIBUTED_ENERGY: Metric = counter(
+    "wattprof_unattributed_energy",
+    Unit::Joules,
+    "Measured energy neither attributed nor idle (lost time, unknown processes, machine-level domains).",
+);
+/// Per container.
+pub const CONTAINER_ENERGY: Metric = counter(
+    "wattprof_container_energy",
+    Unit::Joules,
+    "Energy attributed to a container's (or systemd unit's) processes.",
+);
+/// Per container.
+pub const CONTAINER_CPU: Metric = counter(
+    "wattprof_container_cpu",
+    Unit::Seconds,
+    "On-CPU time of a container's (or systemd unit's) processes.",
+);
+/// Per cgroup.
+pub const CGROUP_ENERGY: Metric = counter(
+    "wattprof_cgroup_energy",
+    Unit::Joules,
+    "Energy attributed to a cgroup's processes.",
+);
+/// Per cgroup.
+pub const CGROUP_CPU: Metric = counter(
+    "wattprof_cgroup_cpu",
+    Unit::Seconds,
+    "On-CPU time of a cgroup's processes.",
+);
+/// Per CPU state.
+pub const CPU: Metric = counter(
+    "wattprof_cpu",
+    Unit::Seconds,
+    "CPU time of all CPUs: busy (tasks), idle, lost (not recorded per task).",
+);
+/// wattprof's own time.
+pub const SELF_CPU: Metric = counter(
+    "wattprof_self_cpu",
+    Unit::Seconds,
+    "wattprof's own on-CPU time.",
+);
+/// wattprof's own energy.
+pub const SELF_ENERGY: Metric = counter(
+    "wattprof_self_energy",
+    Unit::Joules,
+    "Energy attributed to wattprof itself.",
+);
+/// The exporter's answers.
+pub const EXPORTER_SCRAPES: Metric = Metric {
+    name: "wattprof_exporter_scrapes",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Answers to /metrics served.",
+};
+/// The exporter's own CPU.
+pub const EXPORTER_CPU: Metric = counter(
+    "wattprof_exporter_cpu",
+    Unit::Seconds,
+    "CPU time spent building and sending /metrics answers.",
+);
+/// Top processes' power.
+pub const PROCESS_POWER: Metric = gauge(
+    "wattprof_process_power",
+    Some(Unit::Watts),
+    "Power of the top processes over the last interval (package + DRAM + GPU), and of all others as pid=\"other\".",
+);
+/// GPU power.
+pub const GPU_POWER: Metric = gauge(
+    "wattprof_gpu_power",
+    Some(Unit::Watts),
+    "GPU power draw as NVML reports it.",
+);
+/// Container names.
+pub const CONTAINER_INFO: Metric = gauge(
+    "wattprof_container_info",
+    None,
+    "A container's name (Docker), 1 while its series are exported.",
+);
+
+/// Every metric wattprof exports, in exposition order.
+pub const ALL: [&Metric; 15] = [
+    &ENERGY,
+    &IDLE_ENERGY,
+    &UNATTRIBUTED_ENERGY,
+    &CONTAINER_ENERGY,
+    &CONTAINER_CPU,
+    &CGROUP_ENERGY,
+    &CGROUP_CPU,
+    &CPU,
+    &SELF_CPU,
+    &SELF_ENERGY,
+    &EXPORTER_SCRAPES,
+    &EXPORTER_CPU,
+    &PROCESS_POWER,
+    &GPU_POWER,
+    &CONTAINER_INFO,
+];
+
+/// A metric and its series.
+pub type Family = (&'static Metric, Vec<(Labels, f64)>);
 
 /// Everything one scrape shows, built by the sampling loop after each
 /// interval (so a scrape never waits for, or slows, sampling).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Counters: (name without `_total`, help, series).
-    pub counters: Vec<Family>,
-    /// Gauges: (name, help, series).
-    pub gauges: Vec<Family>,
+    /// Families, in exposition order.
+    pub families: Vec<Family>,
 }
 
 impl Snapshot {
     /// Number of series.
     pub fn series(&self) -> usize {
-        self.counters
-            .iter()
-            .chain(&self.gauges)
-            .map(|(_, _, s)| s.len())
-            .sum()
+        self.families.iter().map(|(_, s)| s.len()).sum()
     }
 }
 
@@ -44,24 +218,27 @@ struct SnapshotCollector(Snapshot);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, series) in &self.0.counters {
+        for (metric, series) in &self.0.families {
             if series.is_empty() {
                 continue;
             }
-            let proto = ConstCounter::new(0.0f64);
-            let mut family = encoder.encode_descriptor(name, help, None, proto.metric_type())?;
+            let unit = metric.unit.map(|u| match u {
+                Unit::Joules => PromUnit::Joules,
+                Unit::Seconds => PromUnit::Seconds,
+                Unit::Watts => PromUnit::Other(unit_name(u).to_string()),
+            });
+            let kind = match metric.kind {
+                Kind::Counter => ConstCounter::new(0.0f64).metric_type(),
+                Kind::Gauge => ConstGauge::new(0.0f64).metric_type(),
+            };
+            let mut family =
+                encoder.encode_descriptor(metric.name, metric.help, unit.as_ref(), kind)?;
             for (labels, v) in series {
-                ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
-            }
-        }
-        for (name, help, series) in &self.0.gauges {
-            if series.is_empty() {
-                continue;
-            }
-            let proto = ConstGauge::new(0.0f64);
-            let mut family = encoder.encode_descriptor(name, help, None, proto.metric_type())?;
-            for (labels, v) in series {
-                ConstGauge::new(*v).encode(family.encode_family(labels)?)?;
+                let out = family.encode_family(labels)?;
+                match metric.kind {
+                    Kind::Counter => ConstCounter::new(*v).encode(out)?,
+                    Kind::Gauge => ConstGauge::new(*v).encode(out)?,
+                }
             }
         }
         Ok(())
@@ -134,19 +311,19 @@ mod tests {
     #[test]
     fn both_text_formats() {
         let snap = Snapshot {
-            counters: vec![(
-                "wattprof_energy_joules",
-                "Measured energy.",
-                vec![
-                    (l(&[("domain", "package"), ("package", "0")]), 12.5),
-                    (l(&[("domain", "dram"), ("package", "0")]), 1.25),
-                ],
-            )],
-            gauges: vec![(
-                "wattprof_process_power_watts",
-                "Power.",
-                vec![(l(&[("pid", "7"), ("comm", "a \"b\"")]), 3.0)],
-            )],
+            families: vec![
+                (
+                    &ENERGY,
+                    vec![
+                        (l(&[("domain", "package"), ("package", "0")]), 12.5),
+                        (l(&[("domain", "dram"), ("package", "0")]), 1.25),
+                    ],
+                ),
+                (
+                    &PROCESS_POWER,
+                    vec![(l(&[("pid", "7"), ("comm", "a \"b\"")]), 3.0)],
+                ),
+            ],
         };
         assert_eq!(snap.series(), 3);
         let om = openmetrics(&[&snap]);
@@ -163,7 +340,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("# HELP wattprof_energy_joules_total Measured energy."),
+            text.contains("# HELP wattprof_energy_joules_total Energy measured"),
             "{text}"
         );
         assert!(
@@ -171,5 +348,23 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("# EOF"));
+        assert!(!text.contains("# UNIT"));
+        assert!(
+            om.contains("# UNIT wattprof_process_power_watts watts"),
+            "{om}"
+        );
+    }
+
+    #[test]
+    fn every_metric_name_is_unique_and_ends_in_its_unit() {
+        let names: std::collections::HashSet<String> = ALL.iter().map(|m| m.full_name()).collect();
+        assert_eq!(names.len(), ALL.len());
+        for m in ALL {
+            assert!(m.full_name().starts_with("wattprof_"), "{m:?}");
+            if let Some(u) = m.unit {
+                assert!(m.full_name().ends_with(unit_name(u)), "{m:?}");
+            }
+            assert!(!m.help.is_empty(), "{m:?}");
+        }
     }
 }

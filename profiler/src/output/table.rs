@@ -463,7 +463,7 @@ pub fn container_label(c: &super::ContainerReport) -> String {
 /// One screen of `wattprof monitor`: the last interval's top processes by
 /// power, or the containers or cgroups with the most energy so far.
 pub fn render_monitor_frame(
-    interval: Option<&serde_json::Value>,
+    interval: Option<&super::record::IntervalRecord>,
     containers: &[super::ContainerReport],
     cgroups: &[super::CgroupReport],
     elapsed_ns: u64,
@@ -474,15 +474,14 @@ pub fn render_monitor_frame(
     let Some(iv) = interval else {
         return s;
     };
-    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
-    let dur_s = (iv["duration_ns"].as_u64().unwrap_or(0) as f64 / 1e9).max(1e-9);
+    let dur_s = iv.duration_s();
     let mut power = String::new();
-    for d in iv["domains"].as_array().into_iter().flatten() {
-        let name = match d["package"].as_u64() {
-            Some(p) => format!("{} {p}", d["domain"].as_str().unwrap_or("?")),
-            None => d["domain"].as_str().unwrap_or("?").to_string(),
+    for d in &iv.domains {
+        let name = match d.package {
+            Some(p) => format!("{} {p}", d.domain.name()),
+            None => d.domain.name().to_string(),
         };
-        let _ = write!(power, "  {name}: {:.1} W", num(d, "power_w"));
+        let _ = write!(power, "  {name}: {:.1} W", d.power_w);
     }
     if power.is_empty() {
         power = "  (no energy reader: see `wattprof sources`)".into();
@@ -495,17 +494,17 @@ pub fn render_monitor_frame(
                 "\n{:>8}  {:<16} {:>7} {:>9} {:>9} {:>9} {:>10}",
                 "PID", "COMMAND", "CPU%", "CPU W", "DRAM W", "GPU W", "PSS MiB"
             );
-            for p in iv["processes"].as_array().into_iter().flatten().take(top) {
+            for p in iv.process_rows().iter().take(top) {
                 let _ = writeln!(
                     s,
                     "{:>8}  {:<16} {:>6.1}% {:>9.2} {:>9.2} {:>9.2} {:>10}",
-                    p["pid"].as_u64().unwrap_or(0),
-                    p["comm"].as_str().unwrap_or(""),
-                    100.0 * p["on_cpu_ns"].as_u64().unwrap_or(0) as f64 / 1e9 / dur_s,
-                    num(p, "package_j") / dur_s,
-                    num(p, "dram_j") / dur_s,
-                    num(p, "gpu_j") / dur_s,
-                    p["pss_bytes"].as_u64().map_or_else(
+                    p.pid,
+                    p.comm,
+                    100.0 * p.on_cpu_ns as f64 / 1e9 / dur_s,
+                    p.package_j / dur_s,
+                    p.dram_j / dur_s,
+                    p.gpu_j / dur_s,
+                    p.pss_bytes.map_or_else(
                         || "-".to_string(),
                         |b| format!("{:.1}", b as f64 / 1048576.0)
                     ),

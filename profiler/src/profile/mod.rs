@@ -6,20 +6,22 @@
 //! This is the only place the pieces meet: `tracker` measures time,
 //! `sources` measure energy, `attribution` divides, `output` renders.
 
-mod readers;
+pub mod sampling;
 pub mod windows;
 
-pub use readers::{ReaderConfig, ReaderUse, Readers};
+pub use crate::sources::registry::{ReaderConfig, ReaderUse, Readers};
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::Path;
 
 use serde_json::{Value, json};
 
 use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
 use crate::carbon::CarbonIntensity;
+use crate::output::jsonl::{Jsonl, Typed};
 use crate::output::prometheus::{Labels, Snapshot};
+use crate::output::record::{
+    DomainRow, GpuRow, GroupRow, GroupRows, IntervalRecord, ProcessRow, joules, watts,
+};
 use crate::output::{
     CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
     HostReport, MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION,
@@ -28,8 +30,9 @@ use crate::output::{
 use crate::process::cgroup::CgroupNames;
 use crate::process::docker::DockerNames;
 use crate::process::{IntervalUsage, ProcFs, Process, ProcessTable, Role};
+use crate::sources::Domain;
+use crate::sources::registry::IntervalEnergy;
 use crate::tracker::{CpuSample, CpuSampler, TrackerError};
-use readers::IntervalEnergy;
 
 /// Which processes a profile reports one by one.
 #[derive(Clone, Debug)]
@@ -124,55 +127,6 @@ const MEMORY_EVERY_NS: u64 = 1_000_000_000;
 /// Problems kept for the report.
 const MAX_PROBLEMS: usize = 20;
 
-/// A JSON-lines stream, one complete line per write.
-#[derive(Debug)]
-pub struct Jsonl {
-    file: std::fs::File,
-    path: std::path::PathBuf,
-    failed: bool,
-}
-
-impl Jsonl {
-    /// Creates (truncates) `path`.
-    pub fn create(path: &Path) -> std::io::Result<Self> {
-        Ok(Self {
-            file: std::fs::File::create(path)?,
-            path: path.to_path_buf(),
-            failed: false,
-        })
-    }
-
-    /// Writes one record as a single `write` of a whole line, so a killed
-    /// wattprof leaves complete lines only (but for, at worst, the last).
-    pub fn write(&mut self, v: &Value) {
-        if self.failed {
-            return;
-        }
-        let mut line = serde_json::to_vec(v).unwrap_or_default();
-        line.push(b'\n');
-        if let Err(e) = self.file.write_all(&line) {
-            self.failed = true;
-            eprintln!(
-                "wattprof: writing --jsonl {}: {e}; the stream stops here, the final report is \
-                 still written",
-                self.path.display()
-            );
-        }
-    }
-}
-
-fn j(uj: u64) -> f64 {
-    uj as f64 / 1e6
-}
-
-fn watts(uj: u64, ns: u64) -> f64 {
-    if ns == 0 {
-        0.0
-    } else {
-        uj as f64 / 1e6 / (ns as f64 / 1e9)
-    }
-}
-
 /// Report order: most energy first, then most on-CPU time.
 fn most_energy_first(a: (&EnergyJ, u64), b: (&EnergyJ, u64)) -> std::cmp::Ordering {
     b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
@@ -236,6 +190,15 @@ struct CgroupSum {
     last_ns: u64,
 }
 
+/// Per-interval maps, kept to be reused.
+#[derive(Default)]
+struct Scratch {
+    /// Energy per consumer.
+    energy: HashMap<ConsumerId, EnergyBy>,
+    /// Where each consumer is in the interval's usage.
+    index: HashMap<ConsumerId, usize>,
+}
+
 /// One profile in progress.
 pub struct Profile {
     /// Processes seen.
@@ -252,7 +215,8 @@ pub struct Profile {
     docker: DockerNames,
     windows: windows::Windows,
     intervals: Vec<Box<serde_json::value::RawValue>>,
-    last: Option<Value>,
+    last: Option<IntervalRecord>,
+    scratch: Scratch,
     memory: HashMap<ConsumerId, MemoryReport>,
     memory_read_ns: HashMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
     start_ns: u64,
@@ -291,6 +255,7 @@ impl Profile {
             windows: windows::Windows::default(),
             intervals: Vec::new(),
             last: None,
+            scratch: Scratch::default(),
             memory: HashMap::new(),
             memory_read_ns: HashMap::new(),
             start_ns: 0,
@@ -368,32 +333,37 @@ impl Profile {
                 .matches(self.cgroup_path(id, cgroup_id), &self.docker)
     }
 
-    /// Processes of this interval that are reported one by one.
-    fn selected<'a>(
+    /// Indices in `usage` of the processes reported one by one this
+    /// interval.
+    fn selected(
         &self,
-        usage: &'a [IntervalUsage],
+        usage: &[IntervalUsage],
         energy: &HashMap<ConsumerId, EnergyBy>,
-    ) -> Vec<&'a IntervalUsage> {
+    ) -> Vec<usize> {
+        let all = 0..usage.len();
         match &self.cfg.scope {
-            Scope::Tree => usage
-                .iter()
-                .filter(|u| matches!(u.role, Role::Tree | Role::Profiler))
-                .filter(|u| u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id))
+            Scope::Tree => all
+                .filter(|i| matches!(usage[*i].role, Role::Tree | Role::Profiler))
+                .filter(|i| {
+                    let u = &usage[*i];
+                    u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id)
+                })
                 .collect(),
             Scope::Machine { top, .. } => {
-                let mut v: Vec<&IntervalUsage> = usage
-                    .iter()
-                    .filter(|u| self.wanted(u.id, u.cgroup_id))
-                    .collect();
                 let key = |u: &IntervalUsage| {
                     (
                         energy.get(&u.id).map_or(0, EnergyBy::total_uj),
                         u.on_cpu_ns.iter().sum::<u64>(),
                     )
                 };
-                v.sort_by_key(|u| std::cmp::Reverse(key(u)));
-                v.truncate(*top);
-                v
+                // The top ones by energy first (cheap), then the filters
+                // on those only, in order, until `top` pass.
+                let mut v: Vec<usize> = all.collect();
+                v.sort_by_key(|i| std::cmp::Reverse(key(&usage[*i])));
+                v.into_iter()
+                    .filter(|i| self.wanted(usage[*i].id, usage[*i].cgroup_id))
+                    .take(*top)
+                    .collect()
             }
         }
     }
@@ -471,8 +441,10 @@ impl Profile {
         });
         self.ledger.add(&shares);
 
-        // This interval's energy per consumer, and the groups it goes to.
-        let mut energy: HashMap<ConsumerId, EnergyBy> = HashMap::new();
+        // This interval's energy per consumer, and the groups it goes to
+        // (maps reused from interval to interval).
+        let mut energy = std::mem::take(&mut self.scratch.energy);
+        energy.clear();
         for s in &shares {
             for (id, uj) in &s.attributed {
                 energy.entry(*id).or_default().add(s.domain, *uj);
@@ -480,11 +452,15 @@ impl Profile {
         }
         // Processes with energy but no CPU time this interval (a GPU job
         // asleep on its CPU) are reported like the others.
+        let mut index = std::mem::take(&mut self.scratch.index);
+        index.clear();
+        index.extend(usage.iter().enumerate().map(|(i, u)| (u.id, i)));
         for id in energy.keys() {
-            if usage.iter().any(|u| u.id == *id) {
+            if index.contains_key(id) {
                 continue;
             }
             if let Some(p) = self.table.by_id(*id) {
+                index.insert(*id, usage.len());
                 usage.push(IntervalUsage {
                     id: *id,
                     pid: p.pid,
@@ -495,35 +471,12 @@ impl Profile {
                 });
             }
         }
-        // Tasks in the cgroup v2 root on a host whose units and containers
-        // live in cgroup v1 hierarchies: their v1 path, read once per
-        // process while it is alive.
-        for u in &mut usage {
-            if self.cgroup_root.is_some_and(|r| u.cgroup_id != r) {
-                continue;
-            }
-            let cgroups = &mut self.cgroups;
-            let key = *self.v1_cgroup.entry(u.id).or_insert_with(|| {
-                let text =
-                    std::fs::read_to_string(format!("/proc/{}/cgroup", u.pid)).unwrap_or_default();
-                crate::process::cgroup::v1_path(&text)
-                    .filter(|p| p != "/")
-                    .map(|p| {
-                        let key = crate::process::cgroup::v1_key(&p);
-                        cgroups.entry(key).or_default().name = Some(p);
-                        key
-                    })
-            });
-            if let Some(key) = key {
-                u.cgroup_id = key;
-            }
-        }
-        let meta: HashMap<ConsumerId, &IntervalUsage> = usage.iter().map(|u| (u.id, u)).collect();
+        self.v1_cgroups(&mut usage);
         let mut interval_groups: [EnergyBy; 3] = Default::default();
         for (id, e) in &energy {
             // A consumer the table no longer knows was an exited process
             // outside the tree.
-            let u = meta.get(id);
+            let u = index.get(id).map(|i| &usage[*i]);
             let role = u.map_or(Role::Other, |u| u.role);
             self.groups[role as usize].merge(e);
             interval_groups[role as usize].merge(e);
@@ -563,116 +516,59 @@ impl Profile {
             }
         }
 
-        let consumers: Vec<(ConsumerId, u64)> = usage
-            .iter()
-            .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
-            .collect();
         if self.windows.any_open() {
+            let consumers: Vec<(ConsumerId, u64)> = usage
+                .iter()
+                .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
+                .collect();
             let table = &self.table;
             self.windows
                 .add_interval(&shares, &consumers, |id, pid| table.descends_from(id, pid));
         }
 
-        // Memory of the reported processes that ran (one that did not run
-        // cannot have changed its own memory).
-        let selected = self.selected(&usage, &energy);
-        let mut gpu_mem: HashMap<ConsumerId, u64> = HashMap::new();
-        for g in &read.gpus {
-            for p in &g.processes {
-                if let Some(id) = self.table.id_of(p.pid) {
-                    *gpu_mem.entry(id).or_default() += p.memory_bytes;
-                }
-            }
-        }
-        let mut rows = Vec::with_capacity(selected.len());
-        for u in &selected {
-            let exited = self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some());
-            // smaps_rollup walks the page tables: at most once a second
-            // per process, however short the interval.
-            let mem = match self.memory_read_ns.get(&u.id) {
-                _ if exited => None,
-                Some((t, m)) if sample.at_ns.saturating_sub(*t) < MEMORY_EVERY_NS => *m,
-                _ => {
-                    let m = self.procfs.memory(u.pid);
-                    self.memory_read_ns.insert(u.id, (sample.at_ns, m));
-                    m
-                }
-            };
-            let gpu_bytes = gpu_mem.get(&u.id).copied().unwrap_or(0);
-            let peak = self.memory.entry(u.id).or_default();
-            if let Some(m) = mem {
-                peak.peak_pss_bytes = peak.peak_pss_bytes.max(m.pss_bytes);
-                peak.peak_uss_bytes = peak.peak_uss_bytes.max(m.uss_bytes);
-            }
-            peak.peak_gpu_bytes = peak.peak_gpu_bytes.max(gpu_bytes);
-            let e = energy.get(&u.id).copied().unwrap_or_default();
-            rows.push(json!({
-                "pid": u.pid,
-                "comm": self.table.by_id(u.id).map_or("", |p| p.comm.as_str()),
-                "on_cpu_ns": u.on_cpu_ns.iter().sum::<u64>(),
-                "package_j": j(e.package_uj),
-                "core_j": j(e.core_uj),
-                "dram_j": j(e.dram_uj),
-                "gpu_j": j(e.gpu_uj),
-                "pss_bytes": mem.map(|m| m.pss_bytes),
-                "uss_bytes": mem.map(|m| m.uss_bytes),
-                "gpu_memory_bytes": gpu_bytes,
-            }));
-        }
-
-        let domains: Vec<Value> = shares
-            .iter()
-            .map(|s| {
-                json!({
-                    "domain": s.domain,
-                    "package": s.package,
-                    "estimated": s.estimated,
-                    "basis": s.basis,
-                    "measured_j": j(s.measured_uj),
-                    "attributed_j": j(s.attributed_uj()),
-                    "idle_j": j(s.idle_uj),
-                    "unattributed_j": j(s.unattributed_uj),
-                    "power_w": watts(s.measured_uj, duration_ns),
-                })
-            })
-            .collect();
-        let gpu_rows: Vec<Value> = read
-            .gpus
-            .iter()
-            .map(|g| {
-                json!({
-                    "index": g.index,
-                    "energy_j": j(g.energy_uj),
-                    "power_w": g.power_w,
-                    "util_pct": g.util_pct,
-                    "memory_used_bytes": g.memory_used_bytes,
-                    "processes": g.processes,
-                })
-            })
-            .collect();
-        let group = |r: Role| {
-            let e = usage
+        // The record, in the previous record's buffers.
+        let mut record = self.last.take().unwrap_or_default();
+        let mut rows = record.processes.take().unwrap_or_default();
+        rows.clear();
+        self.process_rows(&usage, &energy, &read, sample.at_ns, &mut rows);
+        record.domains.clear();
+        record.domains.extend(shares.iter().map(|s| DomainRow {
+            domain: s.domain,
+            package: s.package,
+            estimated: s.estimated,
+            basis: s.basis,
+            measured_j: joules(s.measured_uj),
+            attributed_j: joules(s.attributed_uj()),
+            idle_j: joules(s.idle_uj),
+            unattributed_j: joules(s.unattributed_uj),
+            power_w: watts(s.measured_uj, duration_ns),
+        }));
+        record.gpus.clear();
+        record.gpus.extend(read.gpus.iter().map(|g| GpuRow {
+            index: g.index,
+            energy_j: joules(g.energy_uj),
+            power_w: g.power_w,
+            util_pct: g.util_pct,
+            memory_used_bytes: g.memory_used_bytes,
+            processes: Some(g.processes.clone()),
+        }));
+        let group = |r: Role| GroupRow {
+            on_cpu_ns: usage
                 .iter()
                 .filter(|u| u.role == r)
                 .map(|u| u.on_cpu_ns.iter().sum::<u64>())
-                .sum::<u64>();
-            let en = interval_groups[r as usize];
-            json!({ "on_cpu_ns": e, "energy_j": j(en.total_uj()) })
+                .sum(),
+            energy_j: joules(interval_groups[r as usize].total_uj()),
         };
-        let record = json!({
-            "type": "interval",
-            "t_ns": sample.at_ns.saturating_sub(self.start_ns),
-            "duration_ns": duration_ns,
-            "busy_ns": sample.busy_ns(),
-            "domains": domains,
-            "gpus": gpu_rows,
-            "groups": {
-                "tree": group(Role::Tree),
-                "profiler": group(Role::Profiler),
-                "other": group(Role::Other),
-            },
-            "processes": rows,
-        });
+        record.groups = GroupRows {
+            tree: group(Role::Tree),
+            profiler: group(Role::Profiler),
+            other: group(Role::Other),
+        };
+        record.t_ns = sample.at_ns.saturating_sub(self.start_ns);
+        record.duration_ns = duration_ns;
+        record.busy_ns = sample.busy_ns();
+        record.processes = Some(rows);
         if let Some(s) = &mut self.jsonl {
             s.write(&record);
         }
@@ -681,23 +577,14 @@ impl Profile {
         let kept = match self.cfg.keep {
             KeepIntervals::All => serde_json::value::to_raw_value(&record).ok(),
             KeepIntervals::MachineOnly => {
-                let mut machine_only = record.clone();
-                if let Some(obj) = machine_only.as_object_mut() {
-                    obj.remove("processes");
-                    if let Some(Value::Array(gpus)) = obj.get_mut("gpus") {
-                        for g in gpus {
-                            if let Some(g) = g.as_object_mut() {
-                                g.remove("processes");
-                            }
-                        }
-                    }
-                }
-                serde_json::value::to_raw_value(&machine_only).ok()
+                serde_json::value::to_raw_value(&record.machine_only()).ok()
             }
             KeepIntervals::Nothing => None,
         };
         self.intervals.extend(kept);
         self.last = Some(record);
+        self.scratch.energy = energy;
+        self.scratch.index = index;
 
         // Energy of forgotten processes is in the group and cgroup sums.
         let table = &self.table;
@@ -706,6 +593,96 @@ impl Profile {
         self.v1_cgroup.retain(|id, _| table.by_id(*id).is_some());
         self.memory_read_ns
             .retain(|id, _| table.by_id(*id).is_some());
+    }
+
+    /// Tasks in the cgroup v2 root on a host whose units and containers
+    /// live in cgroup v1 hierarchies: their v1 path, read once per process
+    /// while it is alive.
+    fn v1_cgroups(&mut self, usage: &mut [IntervalUsage]) {
+        for u in usage {
+            if self.cgroup_root.is_some_and(|r| u.cgroup_id != r) {
+                continue;
+            }
+            let cgroups = &mut self.cgroups;
+            let key = *self.v1_cgroup.entry(u.id).or_insert_with(|| {
+                let text =
+                    std::fs::read_to_string(format!("/proc/{}/cgroup", u.pid)).unwrap_or_default();
+                crate::process::cgroup::v1_path(&text)
+                    .filter(|p| p != "/")
+                    .map(|p| {
+                        let key = crate::process::cgroup::v1_key(&p);
+                        cgroups.entry(key).or_default().name = Some(p);
+                        key
+                    })
+            });
+            if let Some(key) = key {
+                u.cgroup_id = key;
+            }
+        }
+    }
+
+    /// The rows of the processes reported one by one, with the memory of
+    /// those that ran (one that did not run cannot have changed its own
+    /// memory).
+    fn process_rows(
+        &mut self,
+        usage: &[IntervalUsage],
+        energy: &HashMap<ConsumerId, EnergyBy>,
+        read: &IntervalEnergy,
+        at_ns: u64,
+        rows: &mut Vec<ProcessRow>,
+    ) {
+        let selected: Vec<usize> = self.selected(usage, energy);
+        let gpu_bytes_of = |id: ConsumerId| -> u64 {
+            read.gpus
+                .iter()
+                .flat_map(|g| &g.processes)
+                .filter(|p| self.table.id_of(p.pid) == Some(id))
+                .map(|p| p.memory_bytes)
+                .sum()
+        };
+        for i in selected {
+            let u = &usage[i];
+            let gpu_bytes = if read.gpus.is_empty() {
+                0
+            } else {
+                gpu_bytes_of(u.id)
+            };
+            let exited = self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some());
+            // smaps_rollup walks the page tables: at most once a second
+            // per process, however short the interval.
+            let mem = match self.memory_read_ns.get(&u.id) {
+                _ if exited => None,
+                Some((t, m)) if at_ns.saturating_sub(*t) < MEMORY_EVERY_NS => *m,
+                _ => {
+                    let m = self.procfs.memory(u.pid);
+                    self.memory_read_ns.insert(u.id, (at_ns, m));
+                    m
+                }
+            };
+            let peak = self.memory.entry(u.id).or_default();
+            if let Some(m) = mem {
+                peak.peak_pss_bytes = peak.peak_pss_bytes.max(m.pss_bytes);
+                peak.peak_uss_bytes = peak.peak_uss_bytes.max(m.uss_bytes);
+            }
+            peak.peak_gpu_bytes = peak.peak_gpu_bytes.max(gpu_bytes);
+            let e = energy.get(&u.id).copied().unwrap_or_default();
+            rows.push(ProcessRow {
+                pid: u.pid,
+                comm: self
+                    .table
+                    .by_id(u.id)
+                    .map_or_else(String::new, |p| p.comm.clone()),
+                on_cpu_ns: u.on_cpu_ns.iter().sum(),
+                package_j: joules(e.package_uj),
+                core_j: joules(e.core_uj),
+                dram_j: joules(e.dram_uj),
+                gpu_j: joules(e.gpu_uj),
+                pss_bytes: mem.map(|m| m.pss_bytes),
+                uss_bytes: mem.map(|m| m.uss_bytes),
+                gpu_memory_bytes: gpu_bytes,
+            });
+        }
     }
 
     /// Handles window datagrams. The caller has just taken a sample (so
@@ -717,11 +694,10 @@ impl Profile {
                     if let Some(w) = self.windows.apply(cmd, at_ns) {
                         let report = self.window_report(&w);
                         if let Some(s) = &mut self.jsonl {
-                            let mut v = serde_json::to_value(&report).unwrap_or(Value::Null);
-                            if let Some(o) = v.as_object_mut() {
-                                o.insert("type".into(), "window".into());
-                            }
-                            s.write(&v);
+                            s.write(&Typed {
+                                kind: "window",
+                                record: &report,
+                            });
                         }
                     }
                 }
@@ -749,7 +725,7 @@ impl Profile {
                 .map(|m| WindowDomainReport {
                     domain: m.domain,
                     package: m.package,
-                    measured_j: j(m.measured_uj),
+                    measured_j: joules(m.measured_uj),
                     avg_power_w: watts(m.measured_uj, span),
                     estimated: m.estimated,
                 })
@@ -763,7 +739,7 @@ impl Profile {
     }
 
     /// The last interval's record (as streamed).
-    pub fn last_interval(&self) -> Option<&Value> {
+    pub fn last_interval(&self) -> Option<&IntervalRecord> {
         self.last.as_ref()
     }
 
@@ -861,9 +837,9 @@ impl Profile {
                 ("domain", t.domain.name().to_string()),
                 ("package", pkg(t.package)),
             ]);
-            measured.push((labels.clone(), j(t.measured_uj)));
-            idle.push((labels.clone(), j(t.idle_uj)));
-            unattributed.push((labels, j(t.unattributed_uj)));
+            measured.push((labels.clone(), joules(t.measured_uj)));
+            idle.push((labels.clone(), joules(t.idle_uj)));
+            unattributed.push((labels, joules(t.unattributed_uj)));
         }
         let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
         for c in self.container_reports(Some(since)) {
@@ -934,35 +910,28 @@ impl Profile {
         // Power of the last interval's processes: the top ones by name, the
         // rest as one `other` series.
         let mut power = Vec::new();
+        let mut gpu_power = Vec::new();
         if let Some(iv) = &self.last {
-            let dur_s = (iv["duration_ns"].as_u64().unwrap_or(0) as f64 / 1e9).max(1e-9);
-            let rows = iv["processes"].as_array().cloned().unwrap_or_default();
-            let watts = |p: &Value| {
-                ["package_j", "dram_j", "gpu_j"]
-                    .iter()
-                    .map(|k| p[*k].as_f64().unwrap_or(0.0))
-                    .sum::<f64>()
-                    / dur_s
-            };
-            let mut rows: Vec<(f64, &Value)> = rows.iter().map(|p| (watts(p), p)).collect();
+            let dur_s = iv.duration_s();
+            let mut rows: Vec<(f64, &ProcessRow)> = iv
+                .process_rows()
+                .iter()
+                .map(|p| (p.total_j() / dur_s, p))
+                .collect();
             rows.sort_by(|a, b| b.0.total_cmp(&a.0));
             for (w, p) in rows.iter().take(top) {
                 power.push((
-                    l(&[
-                        ("pid", p["pid"].as_u64().unwrap_or(0).to_string()),
-                        ("comm", p["comm"].as_str().unwrap_or("").to_string()),
-                    ]),
+                    l(&[("pid", p.pid.to_string()), ("comm", p.comm.clone())]),
                     *w,
                 ));
             }
             // Everything attributed in the interval that is not in the top.
             // Core energy is part of package energy: not added again.
-            let attributed: f64 = iv["domains"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|d| matches!(d["domain"].as_str(), Some("package" | "dram" | "gpu")))
-                .map(|d| d["attributed_j"].as_f64().unwrap_or(0.0))
+            let attributed: f64 = iv
+                .domains
+                .iter()
+                .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram | Domain::Gpu))
+                .map(|d| d.attributed_j)
                 .sum::<f64>()
                 / dur_s;
             let shown: f64 = power.iter().map(|(_, w)| w).sum();
@@ -970,89 +939,31 @@ impl Profile {
                 l(&[("pid", "other".into()), ("comm", "other".into())]),
                 (attributed - shown).max(0.0),
             ));
+            gpu_power = iv
+                .gpus
+                .iter()
+                .map(|g| (l(&[("gpu", g.index.to_string())]), g.power_w))
+                .collect();
         }
-        let gpu_power = self
-            .last
-            .as_ref()
-            .and_then(|iv| iv["gpus"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .map(|g| {
-                (
-                    l(&[("gpu", g["index"].as_u64().unwrap_or(0).to_string())]),
-                    g["power_w"].as_f64().unwrap_or(0.0),
-                )
-            })
-            .collect();
+        use crate::output::prometheus as m;
         Snapshot {
-            counters: vec![
+            families: vec![
+                (&m::ENERGY, measured),
+                (&m::IDLE_ENERGY, idle),
+                (&m::UNATTRIBUTED_ENERGY, unattributed),
+                (&m::CONTAINER_ENERGY, c_energy),
+                (&m::CONTAINER_CPU, c_cpu),
+                (&m::CGROUP_ENERGY, g_energy),
+                (&m::CGROUP_CPU, g_cpu),
+                (&m::CPU, cpu),
                 (
-                    "wattprof_energy_joules",
-                    "Energy measured, per domain and package (or GPU index).",
-                    measured,
-                ),
-                (
-                    "wattprof_idle_energy_joules",
-                    "Share of the measured energy that went to idle CPU time (or a GPU nobody held).",
-                    idle,
-                ),
-                (
-                    "wattprof_unattributed_energy_joules",
-                    "Measured energy neither attributed nor idle (lost time, unknown processes, machine-level domains).",
-                    unattributed,
-                ),
-                (
-                    "wattprof_container_energy_joules",
-                    "Energy attributed to a container's (or systemd unit's) processes.",
-                    c_energy,
-                ),
-                (
-                    "wattprof_container_cpu_seconds",
-                    "On-CPU time of a container's (or systemd unit's) processes.",
-                    c_cpu,
-                ),
-                (
-                    "wattprof_cgroup_energy_joules",
-                    "Energy attributed to a cgroup's processes.",
-                    g_energy,
-                ),
-                (
-                    "wattprof_cgroup_cpu_seconds",
-                    "On-CPU time of a cgroup's processes.",
-                    g_cpu,
-                ),
-                (
-                    "wattprof_cpu_seconds",
-                    "CPU time of all CPUs: busy (tasks), idle, lost (not recorded per task).",
-                    cpu,
-                ),
-                (
-                    "wattprof_self_cpu_seconds",
-                    "wattprof's own on-CPU time.",
+                    &m::SELF_CPU,
                     vec![(Vec::new(), self.table.totals().profiler_ns as f64 / 1e9)],
                 ),
-                (
-                    "wattprof_self_energy_joules",
-                    "Energy attributed to wattprof itself.",
-                    self_energy,
-                ),
-            ],
-            gauges: vec![
-                (
-                    "wattprof_process_power_watts",
-                    "Power of the top processes over the last interval (package + DRAM + GPU), and of all others as pid=\"other\".",
-                    power,
-                ),
-                (
-                    "wattprof_gpu_power_watts",
-                    "GPU power draw as NVML reports it.",
-                    gpu_power,
-                ),
-                (
-                    "wattprof_container_info",
-                    "A container's name (Docker), 1 while its series are exported.",
-                    c_info,
-                ),
+                (&m::SELF_ENERGY, self_energy),
+                (&m::PROCESS_POWER, power),
+                (&m::GPU_POWER, gpu_power),
+                (&m::CONTAINER_INFO, c_info),
             ],
         }
     }
@@ -1087,11 +998,10 @@ impl Profile {
         let windows: Vec<WindowReport> = windows.iter().map(|w| self.window_report(w)).collect();
         if let Some(s) = &mut self.jsonl {
             for w in windows.iter().filter(|w| w.unterminated) {
-                let mut v = serde_json::to_value(w).unwrap_or(Value::Null);
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("type".into(), "window".into());
-                }
-                s.write(&v);
+                s.write(&Typed {
+                    kind: "window",
+                    record: w,
+                });
             }
         }
         let carbon = &self.cfg.carbon;
@@ -1135,10 +1045,10 @@ impl Profile {
                 package: t.package,
                 estimated: t.estimated,
                 basis: t.basis,
-                measured_j: j(t.measured_uj),
-                attributed_j: j(t.attributed_uj),
-                idle_j: j(t.idle_uj),
-                unattributed_j: j(t.unattributed_uj),
+                measured_j: joules(t.measured_uj),
+                attributed_j: joules(t.attributed_uj),
+                idle_j: joules(t.idle_uj),
+                unattributed_j: joules(t.unattributed_uj),
                 avg_power_w: watts(t.measured_uj, span),
             })
             .collect();

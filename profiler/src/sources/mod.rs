@@ -10,6 +10,7 @@ pub mod msr;
 pub mod nvml;
 pub mod perf;
 pub mod powercap;
+pub mod registry;
 pub mod wattmeter;
 
 use serde::Serialize;
@@ -91,6 +92,15 @@ impl SourceError {
         Self::NotSupported {
             reason: reason.into(),
             fix: fix.into(),
+        }
+    }
+
+    /// Why a reader is not used, and what would make it work (only a
+    /// [`SourceError::NotSupported`] knows a fix).
+    pub fn reason_and_fix(self) -> (String, Option<String>) {
+        match self {
+            Self::NotSupported { reason, fix } => (reason, (!fix.is_empty()).then_some(fix)),
+            other => (other.to_string(), None),
         }
     }
 }

@@ -598,9 +598,15 @@ impl EbpfTracker {
     /// and whose final run time has not come yet (the iterator tracker's free events,
     /// an RCU grace period after the thread is reaped).
     pub fn awaiting_final_since(&self, since_ns: u64, until_ns: u64) -> usize {
-        self.iter
-            .as_ref()
-            .map_or(0, |i| i.ledger().awaiting_free_since(since_ns, until_ns))
+        self.iter.as_ref().map_or(0, |i| {
+            // A thread whose exit event was lost is waited for too, once
+            // /proc no longer has it.
+            let gone = |tgid: u32, tid: u32| {
+                !std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+            };
+            i.ledger().awaiting_free_since(since_ns, until_ns)
+                + i.ledger().gone_unreported_since(since_ns, gone)
+        })
     }
 
     /// Whether thread `tid` has reported its exit.
@@ -808,6 +814,16 @@ impl EbpfTracker {
             events_lost,
             discarded_ns: 0,
         })
+    }
+}
+
+impl crate::profile::sampling::EventRing for EbpfTracker {
+    fn ring_fd(&self) -> Option<RawFd> {
+        Some(self.events_fd())
+    }
+
+    fn drain(&mut self) {
+        self.drain_events();
     }
 }
 

@@ -213,6 +213,17 @@ impl RuntimeLedger {
             .count()
     }
 
+    /// Threads read since `since_ns` that reported neither exit nor free
+    /// and that `gone(tgid, tid)` says are gone: their exit event was lost
+    /// and their free (with the final run time) is on its way.
+    pub fn gone_unreported_since(&self, since_ns: u64, gone: impl Fn(u32, u32) -> bool) -> usize {
+        self.all()
+            .filter(|t| {
+                t.exit_ns.is_none() && !t.freed && t.last_seen_ns >= since_ns && gone(t.tgid, t.tid)
+            })
+            .count()
+    }
+
     /// Whether thread `tid` has exited.
     pub fn has_exited(&self, tid: u32) -> bool {
         self.all().any(|t| t.tid == tid && t.exit_ns.is_some())

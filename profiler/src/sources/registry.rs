@@ -1,19 +1,61 @@
-//! The energy readers a profile uses: the first CPU reader that works
-//! (powercap, perf, msr; or the TDP estimate), NVML when there are GPUs,
-//! and a wattmeter when one is given.
+//! The registry of energy readers: the CPU counters in the order they are
+//! tried ([`CPU_COUNTERS`]), and the readers a profile uses: the first CPU
+//! counter that works (or the TDP estimate), NVML when there are GPUs, and
+//! a wattmeter when one is given. `run`, `monitor` and `sources` all open
+//! readers through here.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::sources::estimate::TdpModel;
-use crate::sources::nvml::{GpuEnergyMethod, GpuReading, NvmlGpus};
-use crate::sources::wattmeter::Wattmeter;
-use crate::sources::{
+use super::estimate::TdpModel;
+use super::nvml::{GpuEnergyMethod, GpuReading, NvmlGpus};
+use super::wattmeter::Wattmeter;
+use super::{
     Domain, DomainEnergy, Source, SourceError, msr::MsrRoot, perf::PerfPower, powercap::Powercap,
 };
 use crate::topology::SysRoot;
+
+/// The CPU energy counters, in the order they are tried: powercap (the
+/// kernel's RAPL driver), perf's `power` PMU, then the MSRs themselves.
+pub const CPU_COUNTERS: [&str; 3] = ["powercap", "perf", "msr"];
+
+/// Where the CPU counters are looked for.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuMachine<'a> {
+    /// sysfs.
+    pub sys: &'a SysRoot,
+    /// `/dev/cpu`, for the MSRs.
+    pub msr_root: &'a MsrRoot,
+    /// `/proc/cpuinfo`'s text.
+    pub cpuinfo: &'a str,
+}
+
+/// Opens the CPU counter `name` (one of [`CPU_COUNTERS`]).
+pub fn open_cpu_counter(name: &str, m: CpuMachine<'_>) -> Opened {
+    match name {
+        "powercap" => Powercap::open(m.sys, m.cpuinfo).map(|p| Box::new(p) as Box<dyn Source>),
+        "perf" => PerfPower::open(m.sys).map(|p| Box::new(p) as Box<dyn Source>),
+        "msr" => super::msr::Msr::open(m.sys, m.msr_root, m.cpuinfo)
+            .map(|p| Box::new(p) as Box<dyn Source>),
+        other => Err(SourceError::unsupported(
+            format!("no CPU energy reader named {other}"),
+            format!("one of {}", CPU_COUNTERS.join(", ")),
+        )),
+    }
+}
+
+/// A CPU counter opened, or why it does not open.
+pub type Opened = Result<Box<dyn Source>, SourceError>;
+
+/// Every CPU counter in order, opened or with why it does not open.
+pub fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
+    CPU_COUNTERS
+        .iter()
+        .map(|name| (*name, open_cpu_counter(name, m)))
+        .collect()
+}
 
 /// Which readers to try, from the command line.
 #[derive(Clone, Debug, Default)]
@@ -48,9 +90,6 @@ pub struct ReaderUse {
     /// What would make it work (when `name` is `none`).
     pub fix: Option<String>,
 }
-
-/// Opens one CPU reader.
-type Opener<'a> = &'a dyn Fn() -> Result<Box<dyn Source>, SourceError>;
 
 enum Cpu {
     Counter(Box<dyn Source>),
@@ -104,28 +143,19 @@ impl Readers {
         let mut used = Vec::new();
         let mut reasons: Vec<String> = Vec::new();
         let mut cpu = Cpu::None;
-        let openers: [(&str, Opener<'_>); 3] = [
-            ("powercap", &|| {
-                Powercap::open(&sys, &cpuinfo).map(|p| Box::new(p) as Box<dyn Source>)
-            }),
-            ("perf", &|| {
-                PerfPower::open(&sys).map(|p| Box::new(p) as Box<dyn Source>)
-            }),
-            ("msr", &|| {
-                // A fixture sysfs has no MSR devices: only the real machine
-                // is probed for them.
-                if cfg.sys.is_some() {
-                    return Err(SourceError::unsupported(
-                        "not probed with a sysfs fixture",
-                        "",
-                    ));
-                }
-                crate::sources::msr::Msr::open(&sys, &MsrRoot::real(), &cpuinfo)
-                    .map(|m| Box::new(m) as Box<dyn Source>)
-            }),
-        ];
-        for (name, open) in openers {
-            match open() {
+        // A fixture sysfs has no MSR devices: only the real machine is
+        // probed for them.
+        let msr_root = match &cfg.sys {
+            Some(fixture) => MsrRoot::at(fixture.join("no-msr-devices")),
+            None => MsrRoot::real(),
+        };
+        let machine = CpuMachine {
+            sys: &sys,
+            msr_root: &msr_root,
+            cpuinfo: &cpuinfo,
+        };
+        for name in CPU_COUNTERS {
+            match open_cpu_counter(name, machine) {
                 Ok(mut source) => {
                     let info = source.info();
                     // The first read sets the counters' starting points.
@@ -147,7 +177,7 @@ impl Readers {
             match cfg.cpu_tdp_w {
                 Some(tdp) => {
                     // Validates the figure.
-                    let est = crate::sources::estimate::TdpEstimate::new(tdp, "/proc/stat")?;
+                    let est = super::estimate::TdpEstimate::new(tdp, "/proc/stat")?;
                     used.push(ReaderUse {
                         kind: "cpu",
                         name: "estimate",
@@ -195,12 +225,9 @@ impl Readers {
                     }
                     Some(g)
                 }
-                Err(SourceError::NotSupported { reason, .. }) => {
-                    used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
-                    None
-                }
                 Err(e) => {
-                    used.push(missing("gpu", format!("no GPU energy: {e}"), None));
+                    let (reason, _) = e.reason_and_fix();
+                    used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
                     None
                 }
             }

@@ -1,0 +1,93 @@
+//! The `--jsonl` stream: one complete JSON record per line, written as it
+//! happens, so a killed wattprof leaves a stream that parses to its last
+//! line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// A JSON-lines stream, one complete line per write.
+#[derive(Debug)]
+pub struct Jsonl {
+    file: std::fs::File,
+    path: PathBuf,
+    line: Vec<u8>,
+    failed: bool,
+}
+
+impl Jsonl {
+    /// Creates (truncates) `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            file: std::fs::File::create(path)?,
+            path: path.to_path_buf(),
+            line: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// Writes one record as a single `write` of a whole line, so a killed
+    /// wattprof leaves complete lines only (but for, at worst, the last).
+    /// A failed write stops the stream (said once); the final report is
+    /// still written.
+    pub fn write(&mut self, record: &impl Serialize) {
+        if self.failed {
+            return;
+        }
+        self.line.clear();
+        if let Err(e) = serde_json::to_writer(&mut self.line, record) {
+            eprintln!("wattprof: a --jsonl record could not be written: {e}");
+            return;
+        }
+        self.line.push(b'\n');
+        if let Err(e) = self.file.write_all(&self.line) {
+            self.failed = true;
+            eprintln!(
+                "wattprof: writing --jsonl {}: {e}; the stream stops here, the final report is \
+                 still written",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// A record with its `type` added: `{"type": kind, ...record}`.
+#[derive(Serialize)]
+pub struct Typed<'a, T: Serialize> {
+    /// `header`, `window`, `summary`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The record's own fields.
+    #[serde(flatten)]
+    pub record: &'a T,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_record_is_one_line_with_its_type() {
+        let dir = std::env::temp_dir().join(format!("wattprof-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("s.jsonl");
+        let mut s = Jsonl::create(&path).expect("create");
+        #[derive(Serialize)]
+        struct W {
+            name: &'static str,
+        }
+        s.write(&Typed {
+            kind: "window",
+            record: &W { name: "a\nb" },
+        });
+        s.write(&serde_json::json!({"type": "header"}));
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).expect("parses");
+        assert_eq!(v["type"], "window");
+        assert_eq!(v["name"], "a\nb");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

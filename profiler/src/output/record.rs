@@ -1,0 +1,210 @@
+//! The records of the `--jsonl` stream (and of the recording's
+//! `intervals`), typed: the stream, the live screen and the exporter read
+//! fields, so a renamed field is a compile error, not a silent 0.
+
+use serde::Serialize;
+
+use crate::attribution::Basis;
+use crate::sources::Domain;
+use crate::sources::nvml::GpuProcess;
+
+/// Microjoules as joules.
+pub fn joules(uj: u64) -> f64 {
+    uj as f64 / 1e6
+}
+
+/// Average power of `uj` over `ns` (W); 0 over no time.
+pub fn watts(uj: u64, ns: u64) -> f64 {
+    if ns == 0 {
+        0.0
+    } else {
+        joules(uj) / (ns as f64 / 1e9)
+    }
+}
+
+/// One interval: what was measured and how it was divided.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(tag = "type", rename = "interval")]
+pub struct IntervalRecord {
+    /// End of the interval, ns since the profile started.
+    pub t_ns: u64,
+    /// Its length (ns).
+    pub duration_ns: u64,
+    /// Busy CPU time over all CPUs (ns).
+    pub busy_ns: u64,
+    /// Per energy domain (and package or GPU).
+    pub domains: Vec<DomainRow>,
+    /// Per GPU.
+    pub gpus: Vec<GpuRow>,
+    /// The three groups every process belongs to.
+    pub groups: GroupRows,
+    /// The reported processes (`run`: the tree and wattprof; `monitor`:
+    /// the top ones), omitted from a machine-only recording.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<ProcessRow>>,
+}
+
+impl IntervalRecord {
+    /// The reported processes (none in a machine-only record).
+    pub fn process_rows(&self) -> &[ProcessRow] {
+        self.processes.as_deref().unwrap_or_default()
+    }
+
+    /// Length in seconds, never 0 (for rates).
+    pub fn duration_s(&self) -> f64 {
+        (self.duration_ns as f64 / 1e9).max(1e-9)
+    }
+
+    /// The same record with machine-level figures only: no processes, and
+    /// no processes per GPU.
+    pub fn machine_only(&self) -> Self {
+        Self {
+            domains: self.domains.clone(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| GpuRow {
+                    processes: None,
+                    ..g.clone()
+                })
+                .collect(),
+            processes: None,
+            ..*self
+        }
+    }
+}
+
+/// One energy domain over an interval.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DomainRow {
+    /// Which domain.
+    pub domain: Domain,
+    /// Kernel package id, GPU index, or none (machine level).
+    pub package: Option<u32>,
+    /// Modelled rather than measured.
+    pub estimated: bool,
+    /// How it was divided.
+    pub basis: Basis,
+    /// Measured (J).
+    pub measured_j: f64,
+    /// Attributed to processes (J).
+    pub attributed_j: f64,
+    /// Idle share (J).
+    pub idle_j: f64,
+    /// Neither (J).
+    pub unattributed_j: f64,
+    /// Measured over the interval (W).
+    pub power_w: f64,
+}
+
+/// One GPU over an interval.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuRow {
+    /// NVML index.
+    pub index: u32,
+    /// Energy (J).
+    pub energy_j: f64,
+    /// Power draw at the read (W).
+    pub power_w: f64,
+    /// Utilization (%).
+    pub util_pct: u32,
+    /// Memory in use (bytes).
+    pub memory_used_bytes: u64,
+    /// Processes using it (omitted from a machine-only recording).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<GpuProcess>>,
+}
+
+/// The three groups of an interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct GroupRows {
+    /// The command's process tree (`run`).
+    pub tree: GroupRow,
+    /// wattprof itself.
+    pub profiler: GroupRow,
+    /// Everything else.
+    pub other: GroupRow,
+}
+
+/// One group over an interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct GroupRow {
+    /// On-CPU time (ns).
+    pub on_cpu_ns: u64,
+    /// Energy, all domains (J).
+    pub energy_j: f64,
+}
+
+/// One process over an interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessRow {
+    /// Process id.
+    pub pid: u32,
+    /// Name.
+    pub comm: String,
+    /// On-CPU time (ns).
+    pub on_cpu_ns: u64,
+    /// Package energy (J).
+    pub package_j: f64,
+    /// Core energy (J, part of package).
+    pub core_j: f64,
+    /// DRAM energy (J).
+    pub dram_j: f64,
+    /// GPU energy (J).
+    pub gpu_j: f64,
+    /// Proportional set size at the last read (bytes).
+    pub pss_bytes: Option<u64>,
+    /// Unique set size at the last read (bytes).
+    pub uss_bytes: Option<u64>,
+    /// GPU memory (bytes).
+    pub gpu_memory_bytes: u64,
+}
+
+impl ProcessRow {
+    /// package + DRAM + GPU energy (J): core is part of package.
+    pub fn total_j(&self) -> f64 {
+        self.package_j + self.dram_j + self.gpu_j
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_serialises_with_its_type_and_a_machine_only_one_without_processes() {
+        let rec = IntervalRecord {
+            t_ns: 2,
+            duration_ns: 1,
+            processes: Some(vec![ProcessRow {
+                pid: 7,
+                ..ProcessRow::default()
+            }]),
+            gpus: vec![GpuRow {
+                index: 0,
+                energy_j: 1.0,
+                power_w: 2.0,
+                util_pct: 3,
+                memory_used_bytes: 4,
+                processes: Some(Vec::new()),
+            }],
+            ..IntervalRecord::default()
+        };
+        let v = serde_json::to_value(&rec).expect("serialises");
+        assert_eq!(v["type"], "interval");
+        assert_eq!(v["processes"][0]["pid"], 7);
+        assert!(v["processes"][0]["pss_bytes"].is_null());
+        assert!(v["gpus"][0]["processes"].is_array());
+        let m = serde_json::to_value(rec.machine_only()).expect("serialises");
+        assert!(m.get("processes").is_none());
+        assert!(m["gpus"][0].get("processes").is_none());
+        assert_eq!(m["t_ns"], 2);
+    }
+
+    #[test]
+    fn power_over_no_time_is_zero() {
+        assert_eq!(watts(5_000_000, 0), 0.0);
+        assert_eq!(watts(5_000_000, 500_000_000), 10.0);
+        assert_eq!(joules(1_500_000), 1.5);
+    }
+}

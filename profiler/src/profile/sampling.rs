@@ -1,0 +1,167 @@
+//! The sampling loop of `run` and `monitor`: close an interval on every
+//! tick, and between ticks sleep until the tracker's ring, or a file the
+//! caller watches (the command's pidfd, the window socket), has something.
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use super::Profile;
+use crate::tracker::{CpuSampler, monotonic_ns};
+
+/// After the ring wakes the loop, how long it waits before the next drain
+/// (still waking at once for the caller's files): records come one wake-up
+/// each, so they are taken in batches. The ring holds ~30,000 records, far
+/// more than 10 ms of forks.
+const DRAIN_BATCH: Duration = Duration::from_millis(10);
+
+/// The longest sleep: what the caller checks between wake-ups (a signal
+/// flag, a child without a pidfd) is looked at at least this often.
+const MAX_SLEEP_MS: i32 = 200;
+
+/// When intervals close: every `interval_ns` from the start, skipping the
+/// ticks a slow interval missed (the next interval is then longer, never
+/// shorter than one period).
+#[derive(Clone, Copy, Debug)]
+pub struct Ticker {
+    interval_ns: u64,
+    next_ns: u64,
+}
+
+impl Ticker {
+    /// Ticks every `interval_ns` (at least 1 ns) after `start_ns`.
+    pub fn new(start_ns: u64, interval_ns: u64) -> Self {
+        let interval_ns = interval_ns.max(1);
+        Self {
+            interval_ns,
+            next_ns: start_ns + interval_ns,
+        }
+    }
+
+    /// Whether an interval closes at `now_ns`; if so, the next tick is
+    /// set, past any ticks already missed.
+    pub fn due(&mut self, now_ns: u64) -> bool {
+        if now_ns < self.next_ns {
+            return false;
+        }
+        let missed = (now_ns - self.next_ns) / self.interval_ns;
+        self.next_ns += self.interval_ns * (missed + 1);
+        true
+    }
+
+    /// Time left until the next tick.
+    pub fn until(&self, now_ns: u64) -> Duration {
+        Duration::from_nanos(self.next_ns.saturating_sub(now_ns))
+    }
+}
+
+/// A source of samples whose in-between records come through a ring the
+/// loop sleeps on (the eBPF tracker), or none (a synthetic sampler).
+pub trait EventRing {
+    /// The ring's file descriptor, readable when records wait.
+    fn ring_fd(&self) -> Option<RawFd>;
+    /// Takes the records waiting in the ring.
+    fn drain(&mut self);
+}
+
+/// What the caller does in the loop.
+pub trait Hooks<S> {
+    /// Files to wake on besides the ring (each `POLLIN`).
+    fn fds(&self) -> Vec<RawFd>;
+    /// The longest sleep from `now_ns` (a deadline, a flag to look at).
+    fn max_sleep_ms(&self, _now_ns: u64) -> i32 {
+        MAX_SLEEP_MS
+    }
+    /// After each interval closed on a tick.
+    fn after_interval(&mut self, profile: &mut Profile, now_ns: u64) -> anyhow::Result<()>;
+    /// After a wake-up; `ready[i]` says whether `fds()[i]` was readable.
+    /// May close an extra interval itself (a window boundary). Returns
+    /// whether to stop.
+    fn woke(
+        &mut self,
+        ready: &[bool],
+        profile: &mut Profile,
+        sampler: &mut S,
+    ) -> anyhow::Result<bool>;
+}
+
+/// Runs the loop from the profile's start until `hooks` says stop.
+pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
+    profile: &mut Profile,
+    sampler: &mut S,
+    ticker: &mut Ticker,
+    hooks: &mut H,
+) -> anyhow::Result<()> {
+    loop {
+        let now = monotonic_ns();
+        if ticker.due(now) {
+            profile.tick(sampler, false)?;
+            hooks.after_interval(profile, now)?;
+            continue;
+        }
+        let timeout_ms = (ticker.until(now).as_millis() as i32)
+            .min(hooks.max_sleep_ms(now))
+            .max(1);
+        let extra = hooks.fds();
+        let ring = sampler.ring_fd();
+        let mut fds: Vec<libc::pollfd> = ring
+            .iter()
+            .chain(&extra)
+            .map(|fd| libc::pollfd {
+                fd: *fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfd. EINTR (a signal) just
+        // ends the wait.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        let offset = usize::from(ring.is_some());
+        let ready: Vec<bool> = fds[offset..]
+            .iter()
+            .map(|p| n > 0 && p.revents != 0)
+            .collect();
+        if hooks.woke(&ready, profile, sampler)? {
+            return Ok(());
+        }
+        sampler.drain();
+        if n > 0 && ring.is_some() && fds[0].revents != 0 {
+            let wait = DRAIN_BATCH.min(ticker.until(monotonic_ns()));
+            let mut watch: Vec<libc::pollfd> = extra
+                .iter()
+                .map(|fd| libc::pollfd {
+                    fd: *fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: a valid (possibly empty) array of pollfd: with none,
+            // this sleeps.
+            unsafe {
+                libc::poll(
+                    watch.as_mut_ptr(),
+                    watch.len() as libc::nfds_t,
+                    wait.as_millis() as i32,
+                )
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ticker;
+
+    #[test]
+    fn a_tick_comes_each_period_and_missed_ones_are_skipped() {
+        let mut t = Ticker::new(1_000, 100);
+        assert!(!t.due(1_099));
+        assert!(t.due(1_100));
+        assert!(!t.due(1_150));
+        assert_eq!(t.until(1_150).as_nanos(), 50);
+        // A slow interval: ticks at 1,200..1,400 missed; the next is 1,500.
+        assert!(t.due(1_420));
+        assert_eq!(t.until(1_420).as_nanos(), 80);
+        assert!(!t.due(1_499));
+        assert!(t.due(1_500));
+    }
+}
