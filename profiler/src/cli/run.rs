@@ -377,6 +377,7 @@ pub(super) fn start_profile(
             carbon,
             filter: energy.filter(),
             docker_socket: energy.docker_socket.clone(),
+            cgroupfs: None,
             scope,
             keep,
         },

@@ -119,6 +119,9 @@ pub struct ProfileConfig {
     pub filter: Filter,
     /// The Docker Engine API socket, for container names.
     pub docker_socket: std::path::PathBuf,
+    /// The cgroup2 file system cgroup ids are named from (`None`: this
+    /// machine's mount).
+    pub cgroupfs: Option<std::path::PathBuf>,
 }
 
 /// Shortest time between two memory reads of one process.
@@ -248,8 +251,15 @@ impl Profile {
             ledger: Ledger::default(),
             groups: Default::default(),
             cgroups: HashMap::new(),
-            cgroup_names: CgroupNames::real(1_000_000_000),
-            cgroup_root: CgroupNames::real(0).root_id(),
+            cgroup_names: cfg.cgroupfs.as_ref().map_or_else(
+                || CgroupNames::real(1_000_000_000),
+                |root| CgroupNames::new(root, 1_000_000_000),
+            ),
+            cgroup_root: cfg
+                .cgroupfs
+                .as_ref()
+                .map_or_else(|| CgroupNames::real(0), |root| CgroupNames::new(root, 0))
+                .root_id(),
             v1_cgroup: HashMap::new(),
             docker: DockerNames::new(&cfg.docker_socket),
             windows: windows::Windows::default(),
@@ -1120,3 +1130,6 @@ impl Profile {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,443 @@
+//! The profile hub without root: a scripted [`CpuSampler`], a powercap
+//! fixture whose counter the test advances, and a cgroup fixture whose
+//! directories name the cgroup ids.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::sampling::EventRing;
+use super::*;
+use crate::tracker::{CpuTimes, TaskTime};
+
+const WINDOW_NS: u64 = 1_000_000_000;
+const START_NS: u64 = 5_000_000_000;
+const DOCKER_ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// Samples given in advance.
+struct Script {
+    samples: VecDeque<CpuSample>,
+}
+
+impl CpuSampler for Script {
+    fn begin(&mut self) -> Result<u64, TrackerError> {
+        Ok(START_NS)
+    }
+
+    fn sample(&mut self, _last: bool) -> Result<CpuSample, TrackerError> {
+        self.samples
+            .pop_front()
+            .ok_or_else(|| TrackerError::Load("the script has no more samples".into()))
+    }
+}
+
+impl EventRing for Script {
+    fn ring_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    fn drain(&mut self) {}
+}
+
+/// A profile on fixtures: one package of two CPUs.
+struct Rig {
+    dir: PathBuf,
+    energy_uj: u64,
+    at_ns: u64,
+    script: Script,
+    profile: Profile,
+    /// cgroup ids by path.
+    cgroups: HashMap<&'static str, u64>,
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("wattprof-profile-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("fixture file");
+}
+
+impl Rig {
+    fn new(tag: &str, scope: Scope, keep: KeepIntervals, filter: Filter) -> Self {
+        let dir = temp_dir(tag);
+        let zone = dir.join("sys/class/powercap/intel-rapl:0");
+        std::fs::create_dir_all(&zone).expect("zone");
+        write(&zone.join("name"), "package-0\n");
+        write(&zone.join("enabled"), "1\n");
+        write(&zone.join("max_energy_range_uj"), "262143328850\n");
+        write(&zone.join("energy_uj"), "1000\n");
+        let mut cgroups = HashMap::new();
+        for path in ["system.slice", "system.slice/cron.service", "user.slice"]
+            .into_iter()
+            .chain(std::iter::once(
+                format!("system.slice/docker-{DOCKER_ID}.scope").leak() as &str,
+            ))
+        {
+            let d = dir.join("cgroup").join(path);
+            std::fs::create_dir_all(&d).expect("cgroup dir");
+            cgroups.insert(path, std::fs::metadata(&d).expect("cgroup").ino());
+        }
+        let readers = Readers::open(&ReaderConfig {
+            sys: Some(dir.join("sys")),
+            no_gpu: true,
+            ..ReaderConfig::default()
+        })
+        .expect("fixture readers");
+        assert_eq!(readers.used()[0].name, "powercap", "{:?}", readers.used());
+        let table = ProcessTable::new(ProcFs::real(), 1, 4_000_000);
+        let mut profile = Profile::new(
+            table,
+            readers,
+            vec![0],
+            ProfileConfig {
+                carbon: CarbonIntensity {
+                    g_per_kwh: 100.0,
+                    source: "test".into(),
+                },
+                scope,
+                keep,
+                filter,
+                docker_socket: dir.join("no-docker.sock"),
+                cgroupfs: Some(dir.join("cgroup")),
+            },
+            Some(Jsonl::create(&dir.join("stream.jsonl")).expect("stream")),
+            HostReport::default(),
+        );
+        let mut script = Script {
+            samples: VecDeque::new(),
+        };
+        assert_eq!(profile.begin(&mut script).expect("begin"), START_NS);
+        Self {
+            dir,
+            energy_uj: 1000,
+            at_ns: START_NS,
+            script,
+            profile,
+            cgroups,
+        }
+    }
+
+    fn cgroup(&self, path: &str) -> u64 {
+        self.cgroups[path]
+    }
+
+    /// One second in which the package used `joules` and `tasks` ran
+    /// (pid, cgroup id, ns); the busy time fills CPU 0, then CPU 1.
+    fn interval(&mut self, joules: f64, tasks: &[(u32, u64, u64)], last: bool) {
+        self.energy_uj += (joules * 1e6) as u64;
+        write(
+            &self.dir.join("sys/class/powercap/intel-rapl:0/energy_uj"),
+            &format!("{}\n", self.energy_uj),
+        );
+        self.at_ns += WINDOW_NS;
+        let busy: u64 = tasks.iter().map(|t| t.2).sum();
+        assert!(busy <= 2 * WINDOW_NS);
+        let cpu = |cpu: u32, busy_ns: u64| CpuTimes {
+            cpu,
+            socket: 0,
+            busy_ns,
+            idle_ns: WINDOW_NS - busy_ns,
+            idle_task_ns: WINDOW_NS - busy_ns,
+            lost_ns: 0,
+            switches: 0,
+            window_ns: WINDOW_NS,
+        };
+        self.script.samples.push_back(CpuSample {
+            at_ns: self.at_ns,
+            cpus: vec![
+                cpu(0, busy.min(WINDOW_NS)),
+                cpu(1, busy.saturating_sub(WINDOW_NS)),
+            ],
+            tasks: tasks
+                .iter()
+                .map(|(pid, cgroup_id, ns)| TaskTime {
+                    tid: *pid,
+                    tgid: *pid,
+                    cgroup_id: *cgroup_id,
+                    comm: format!("p{pid}"),
+                    on_cpu_ns: vec![*ns],
+                    exit_ns: None,
+                })
+                .collect(),
+            ..CpuSample::default()
+        });
+        let at = self
+            .profile
+            .tick(&mut self.script, last)
+            .expect("scripted sample");
+        assert_eq!(at, self.at_ns);
+    }
+
+    fn finish(self) -> (RunReport, Vec<Value>) {
+        let report = self.profile.finish(Ending {
+            mode: "run",
+            command: None,
+            start_unix_ns: 0,
+            profiler: ProfilerReport {
+                tracker: crate::tracker::TrackerKind::Iter,
+                tracker_fallback: None,
+                filter_overflow: 0,
+                settled_from_exit: 0,
+                vanished_threads: 0,
+                on_cpu_ns: 0,
+                kernel_memory_bytes: 0,
+                exit_tracking: crate::tracker::ExitTracking::FreeEvent,
+                task_clock: crate::tracker::TaskClock::SumExecRuntime,
+                flush_supported: true,
+                max_tasks: 0,
+                interval_ns: WINDOW_NS,
+                samples: 0,
+                map_read_syscalls: 0,
+                events_lost: 0,
+                discarded_ns: 0,
+                unmatched_forks: 0,
+            },
+        });
+        let text = std::fs::read_to_string(self.dir.join("stream.jsonl")).expect("stream");
+        let stream = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every stream line parses"))
+            .collect();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        (report, stream)
+    }
+}
+
+fn process<'a>(report: &'a RunReport, pid: u32) -> &'a ProcessReport {
+    report
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not reported"))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-5
+}
+
+#[test]
+fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
+    let mut rig = Rig::new(
+        "conserve",
+        Scope::Tree,
+        KeepIntervals::All,
+        Filter::default(),
+    );
+    rig.profile.table.set_root(1001);
+    let user = rig.cgroup("user.slice");
+    // 1001 (the tree) ran 600 ms, 2002 (another program) 300 ms, of 2 s.
+    rig.interval(
+        40.0,
+        &[(1001, user, 600_000_000), (2002, user, 300_000_000)],
+        false,
+    );
+    // 1001 alone, 1.5 s of 2 s.
+    rig.interval(20.0, &[(1001, user, 1_500_000_000)], true);
+    let (report, stream) = rig.finish();
+
+    let pkg = &report.energy.domains[0];
+    assert!(close(pkg.measured_j, 60.0), "{pkg:?}");
+    assert!(
+        close(
+            pkg.attributed_j + pkg.idle_j + pkg.unattributed_j,
+            pkg.measured_j
+        ),
+        "{pkg:?}"
+    );
+    // Each interval divides its energy by CPU time: 40 J x 0.6/2 + 20 J x
+    // 1.5/2 for 1001; idle is the idle time's share.
+    assert!(close(process(&report, 1001).energy.package_j, 12.0 + 15.0));
+    assert!(close(report.energy.groups.other.package_j, 6.0));
+    assert!(
+        close(pkg.idle_j, 40.0 * 1.1 / 2.0 + 20.0 * 0.5 / 2.0),
+        "{pkg:?}"
+    );
+    // 2002 is not in the tree: in `other`, not among the processes.
+    assert!(report.processes.iter().all(|p| p.pid != 2002));
+
+    // The stream: two intervals, then the summary; each interval's
+    // figures add up too.
+    let kinds: Vec<&str> = stream.iter().filter_map(|r| r["type"].as_str()).collect();
+    assert_eq!(kinds, ["interval", "interval", "summary"]);
+    let iv = &stream[0];
+    assert_eq!(iv["duration_ns"], WINDOW_NS);
+    assert_eq!(iv["busy_ns"], 900_000_000);
+    assert!(close(
+        iv["domains"][0]["power_w"].as_f64().unwrap_or(0.0),
+        40.0
+    ));
+    assert!(close(
+        iv["groups"]["tree"]["energy_j"].as_f64().unwrap_or(0.0),
+        12.0
+    ));
+    assert_eq!(iv["processes"][0]["pid"], 1001);
+    // The recording keeps every interval as streamed.
+    assert_eq!(report.intervals.len(), 2);
+    let kept: Value = serde_json::from_str(report.intervals[0].get()).expect("kept interval");
+    assert_eq!(&kept, iv);
+}
+
+#[test]
+fn a_window_gets_the_energy_of_the_intervals_between_its_messages() {
+    let mut rig = Rig::new("window", Scope::Tree, KeepIntervals::All, Filter::default());
+    rig.profile.table.set_root(1001);
+    let user = rig.cgroup("user.slice");
+    rig.interval(40.0, &[(1001, user, 1_000_000_000)], false);
+    rig.profile
+        .window_messages(vec![("begin step pid=1001".into(), 1001)], rig.at_ns);
+    rig.interval(30.0, &[(1001, user, 500_000_000)], false);
+    rig.profile
+        .window_messages(vec![("end step pid=1001".into(), 1001)], rig.at_ns);
+    rig.profile
+        .window_messages(vec![("bogus".into(), 1001)], rig.at_ns);
+    rig.interval(10.0, &[(1001, user, 500_000_000)], true);
+    let (report, stream) = rig.finish();
+
+    assert_eq!(report.windows.len(), 1);
+    let w = &report.windows[0];
+    assert_eq!(w.name, "step");
+    assert_eq!((w.begin_ns, w.end_ns), (WINDOW_NS, 2 * WINDOW_NS));
+    assert_eq!(w.on_cpu_ns, 500_000_000);
+    assert!(close(w.energy.package_j, 30.0 * 0.5 / 2.0), "{w:?}");
+    assert!(close(w.machine[0].measured_j, 30.0), "{w:?}");
+    assert_eq!(report.window_errors.len(), 1, "{:?}", report.window_errors);
+    assert!(
+        stream
+            .iter()
+            .any(|r| r["type"] == "window" && r["name"] == "step")
+    );
+}
+
+#[test]
+fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
+    let filter = Filter {
+        cgroup: Some("/system.slice".into()),
+        container: None,
+    };
+    let scope = Scope::Machine {
+        top: 10,
+        pids: Vec::new(),
+    };
+    let mut rig = Rig::new("filter", scope, KeepIntervals::All, filter);
+    let cron = rig.cgroup("system.slice/cron.service");
+    let user = rig.cgroup("user.slice");
+    rig.interval(
+        40.0,
+        &[(3003, cron, 500_000_000), (4004, user, 1_000_000_000)],
+        true,
+    );
+    let (report, stream) = rig.finish();
+
+    let pids: Vec<u32> = report.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, [3003]);
+    // 40 J x 0.5 s / 2 CPU-seconds.
+    assert!(close(process(&report, 3003).energy.package_j, 10.0));
+    // 4004's share is attributed (to `other`, with 3003's) though it is
+    // not shown.
+    assert!(close(report.energy.groups.other.package_j, 10.0 + 20.0));
+    let rows = stream[0]["processes"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+}
+
+#[test]
+fn cgroup_and_container_sums_follow_their_processes() {
+    let scope = Scope::Machine {
+        top: 10,
+        pids: Vec::new(),
+    };
+    let mut rig = Rig::new("cgroups", scope, KeepIntervals::All, Filter::default());
+    let docker_path: &str = rig
+        .cgroups
+        .keys()
+        .find(|k| k.contains("docker-"))
+        .copied()
+        .expect("docker cgroup");
+    let docker = rig.cgroup(docker_path);
+    let cron = rig.cgroup("system.slice/cron.service");
+    rig.interval(
+        40.0,
+        &[
+            (5005, docker, 400_000_000),
+            (5006, docker, 200_000_000),
+            (3003, cron, 200_000_000),
+        ],
+        false,
+    );
+    rig.interval(20.0, &[(5005, docker, 1_000_000_000)], true);
+    let containers = rig.profile.container_reports(None);
+    let cgroups = rig.profile.cgroup_reports(None);
+    let snapshot = rig.profile.snapshot(10, u64::MAX);
+    let (report, _) = rig.finish();
+
+    let c = containers
+        .iter()
+        .find(|c| c.id == DOCKER_ID)
+        .unwrap_or_else(|| panic!("the docker container in {containers:?}"));
+    assert_eq!(c.on_cpu_ns, 1_600_000_000);
+    assert!(
+        close(c.energy.package_j, 40.0 * 0.6 / 2.0 + 20.0 * 0.5),
+        "{c:?}"
+    );
+    let cron_sum = cgroups
+        .iter()
+        .find(|g| g.path == "/system.slice/cron.service")
+        .unwrap_or_else(|| panic!("cron in {cgroups:?}"));
+    assert_eq!(cron_sum.on_cpu_ns, 200_000_000);
+    assert!(close(cron_sum.energy.package_j, 4.0));
+    assert_eq!(report.containers.len(), containers.len());
+    // The exporter's view has the same sums.
+    let (_, series) = snapshot
+        .families
+        .iter()
+        .find(|(m, _)| m.name == "wattprof_container_cpu")
+        .expect("container CPU family");
+    assert!(
+        series
+            .iter()
+            .any(|(l, v)| l.iter().any(|(_, x)| x == DOCKER_ID) && close(*v, 1.6)),
+        "{series:?}"
+    );
+}
+
+#[test]
+fn the_keep_policy_decides_what_the_recording_holds() {
+    let scope = || Scope::Machine {
+        top: 10,
+        pids: Vec::new(),
+    };
+    for (keep, want) in [
+        (KeepIntervals::All, Some(true)),
+        (KeepIntervals::MachineOnly, Some(false)),
+        (KeepIntervals::Nothing, None),
+    ] {
+        let mut rig = Rig::new("keep", scope(), keep, Filter::default());
+        let user = rig.cgroup("user.slice");
+        rig.interval(10.0, &[(6006, user, 100_000_000)], false);
+        rig.interval(10.0, &[(6006, user, 100_000_000)], true);
+        let (report, stream) = rig.finish();
+        // The stream always has everything.
+        assert!(stream[0]["processes"].is_array());
+        match want {
+            None => assert!(report.intervals.is_empty(), "{keep:?}"),
+            Some(with_processes) => {
+                assert_eq!(report.intervals.len(), 2, "{keep:?}");
+                let kept: Value =
+                    serde_json::from_str(report.intervals[1].get()).expect("kept interval");
+                assert_eq!(kept["type"], "interval");
+                assert_eq!(kept.get("processes").is_some(), with_processes, "{keep:?}");
+                assert!(close(
+                    kept["domains"][0]["measured_j"].as_f64().unwrap_or(0.0),
+                    10.0
+                ));
+            }
+        }
+    }
+}
