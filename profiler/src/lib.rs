@@ -9,6 +9,7 @@ pub mod attribution;
 pub mod carbon;
 pub mod cli;
 pub mod exporter;
+pub mod hash;
 pub mod output;
 pub mod process;
 pub mod profile;

@@ -1,7 +1,5 @@
 //! Sums of attributed energy over many intervals.
 
-use std::collections::HashMap;
-
 use serde::Serialize;
 
 use super::{Basis, ConsumerId, DomainShare};
@@ -97,7 +95,7 @@ pub struct DomainTotals {
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     domains: Vec<DomainTotals>,
-    consumers: HashMap<ConsumerId, EnergyBy>,
+    consumers: crate::hash::IntMap<ConsumerId, EnergyBy>,
 }
 
 impl Ledger {

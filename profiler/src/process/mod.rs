@@ -9,7 +9,7 @@ pub mod cgroup;
 pub mod container;
 pub mod docker;
 
-use std::collections::HashMap;
+use crate::hash::IntMap;
 use std::path::PathBuf;
 
 use crate::tracker::{CpuSample, TaskEvent, TaskTime};
@@ -159,17 +159,17 @@ pub struct ProcessTable<M: ProcMeta> {
     root: Option<u32>,
     profiler_pid: u32,
     next_id: u64,
-    records: HashMap<u64, Process>,
-    index: HashMap<u32, u64>,
-    pending: HashMap<u32, PendingFork>,
+    records: IntMap<u64, Process>,
+    index: IntMap<u32, u64>,
+    pending: IntMap<u32, PendingFork>,
     totals: GroupTotals,
     unmatched_forks: u64,
-    interval: HashMap<u64, Vec<u64>>,
+    interval: IntMap<u64, Vec<u64>>,
     /// This interval's time per process and cgroup, where a process had
     /// time in more than one.
-    interval_cgroups: HashMap<u64, Vec<(u64, u64)>>,
+    interval_cgroups: IntMap<u64, Vec<(u64, u64)>>,
     samples: u64,
-    exited_at: HashMap<u64, u64>,
+    exited_at: IntMap<u64, u64>,
 }
 
 /// Samples an exited process outside the tree is kept for after its exit.
@@ -206,15 +206,15 @@ impl<M: ProcMeta> ProcessTable<M> {
             root: None,
             profiler_pid,
             next_id: 0,
-            records: HashMap::new(),
-            index: HashMap::new(),
-            pending: HashMap::new(),
+            records: IntMap::default(),
+            index: IntMap::default(),
+            pending: IntMap::default(),
             totals: GroupTotals::default(),
             unmatched_forks: 0,
-            interval: HashMap::new(),
-            interval_cgroups: HashMap::new(),
+            interval: IntMap::default(),
+            interval_cgroups: IntMap::default(),
             samples: 0,
-            exited_at: HashMap::new(),
+            exited_at: IntMap::default(),
         }
     }
 

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
 use crate::carbon::CarbonIntensity;
+use crate::hash::IntMap;
 use crate::output::jsonl::{Jsonl, Typed};
 use crate::output::prometheus::{Labels, Snapshot};
 use crate::output::record::{
@@ -72,6 +73,11 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Whether it lets every process through.
+    pub fn is_empty(&self) -> bool {
+        self.cgroup.is_none() && self.container.is_none()
+    }
+
     fn matches(&self, path: Option<&str>, docker: &DockerNames) -> bool {
         if self.cgroup.is_none() && self.container.is_none() {
             return true;
@@ -197,9 +203,9 @@ struct CgroupSum {
 #[derive(Default)]
 struct Scratch {
     /// Energy per consumer.
-    energy: HashMap<ConsumerId, EnergyBy>,
+    energy: IntMap<ConsumerId, EnergyBy>,
     /// Where each consumer is in the interval's usage.
-    index: HashMap<ConsumerId, usize>,
+    index: IntMap<ConsumerId, usize>,
 }
 
 /// One profile in progress.
@@ -348,7 +354,7 @@ impl Profile {
     fn selected(
         &self,
         usage: &[IntervalUsage],
-        energy: &HashMap<ConsumerId, EnergyBy>,
+        energy: &IntMap<ConsumerId, EnergyBy>,
     ) -> Vec<usize> {
         let all = 0..usage.len();
         match &self.cfg.scope {
@@ -359,17 +365,27 @@ impl Profile {
                     u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id)
                 })
                 .collect(),
-            Scope::Machine { top, .. } => {
-                let key = |u: &IntervalUsage| {
+            Scope::Machine { top, pids } => {
+                // Most energy, then most CPU time, then first seen.
+                let key = |i: &usize| {
+                    let u = &usage[*i];
                     (
-                        energy.get(&u.id).map_or(0, EnergyBy::total_uj),
-                        u.on_cpu_ns.iter().sum::<u64>(),
+                        std::cmp::Reverse((
+                            energy.get(&u.id).map_or(0, EnergyBy::total_uj),
+                            u.on_cpu_ns.iter().sum::<u64>(),
+                        )),
+                        *i,
                     )
                 };
-                // The top ones by energy first (cheap), then the filters
-                // on those only, in order, until `top` pass.
                 let mut v: Vec<usize> = all.collect();
-                v.sort_by_key(|i| std::cmp::Reverse(key(&usage[*i])));
+                let filtered = !pids.is_empty() || !self.cfg.filter.is_empty();
+                if !filtered && v.len() > *top {
+                    // Only the top ones are ordered: O(n), not O(n log n),
+                    // with thousands of processes each interval.
+                    v.select_nth_unstable_by_key(*top, key);
+                    v.truncate(*top);
+                }
+                v.sort_unstable_by_key(key);
                 v.into_iter()
                     .filter(|i| self.wanted(usage[*i].id, usage[*i].cgroup_id))
                     .take(*top)
@@ -637,7 +653,7 @@ impl Profile {
     fn process_rows(
         &mut self,
         usage: &[IntervalUsage],
-        energy: &HashMap<ConsumerId, EnergyBy>,
+        energy: &IntMap<ConsumerId, EnergyBy>,
         read: &IntervalEnergy,
         at_ns: u64,
         rows: &mut Vec<ProcessRow>,

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
-use super::{TaskTime, comm_to_string, threads::IntHasher};
+use super::{TaskTime, comm_to_string};
+use crate::hash::{IntMap, IntSet};
 
 /// How long after an exit its free may take before the thread is counted
 /// as settled from the exit's reading (the free comes an RCU grace period
@@ -120,12 +121,12 @@ pub struct RuntimeLedger {
     /// thread alive then was seen then, so an unknown older one is one
     /// already settled, whose time must not count again.
     baseline_before_ns: u64,
-    threads: HashMap<u64, Vec<Thread>, std::hash::BuildHasherDefault<IntHasher>>,
+    threads: IntMap<u64, Vec<Thread>>,
     /// Addresses read since the last `finish`, and those with a thread
     /// that exited and awaits its free: `finish` looks at these only, not
     /// at every thread on the machine.
     touched: Vec<u64>,
-    awaiting: std::collections::HashSet<u64, std::hash::BuildHasherDefault<IntHasher>>,
+    awaiting: IntSet<u64>,
     cpu_busy_ns: Vec<u64>,
     settled_from_exit: u64,
     vanished: u64,

@@ -5,8 +5,8 @@
 //! come from map reads and from exit/reaped records; both are cumulative, so
 //! seeing the same time twice (a read racing an exit) never counts it twice.
 
+use crate::hash::IntMap;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
@@ -58,34 +58,11 @@ struct Thread {
     missing_rounds: u32,
 }
 
-/// A multiplicative hasher for the ledger's integer keys: every live
-/// thread is looked up on every read, and SipHash's DoS resistance buys
-/// nothing for keys the kernel hands out.
-#[derive(Default)]
-pub(super) struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(u64::from(*b));
-        }
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
 #[derive(Debug)]
 pub struct ThreadLedger {
     sockets: usize,
-    threads: HashMap<(u32, u64), Thread, BuildHasherDefault<IntHasher>>,
+    threads: IntMap<(u32, u64), Thread>,
 }
 
 impl ThreadLedger {
