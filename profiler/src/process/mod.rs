@@ -445,8 +445,8 @@ impl<M: ProcMeta> ProcessTable<M> {
             Role::Other => self.totals.other_ns += total,
         }
         if t.tid == t.tgid {
-            if !t.comm.is_empty() {
-                rec.comm = t.comm.clone();
+            if !t.comm.is_empty() && rec.comm != t.comm {
+                rec.comm.clone_from(&t.comm);
             }
             if let Some(exit) = t.exit_ns {
                 rec.exit_ns = Some(exit);
