@@ -154,9 +154,9 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
     if seq_num == 0 {
         for i in [VISITED, OVERFLOW, WRITTEN] {
-            let _ = ITER_READ.set(i, &0, 0);
+            let _ = ITER_READ.set(i, 0, 0);
         }
-        let _ = ITER_READ.set(FULL, &ITER_CONTROL.get(0).copied().unwrap_or(0), 0);
+        let _ = ITER_READ.set(FULL, ITER_CONTROL.get(0).copied().unwrap_or(0), 0);
         // The reader (`current`) slept just before this read, so it was
         // switched in a few microseconds ago: its `last_arrival` is the
         // scheduler clock of about now.
@@ -171,8 +171,8 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
                 known = 1;
             }
         }
-        let _ = ITER_READ.set(CLOCK_OFFSET, &calibration, 0);
-        let _ = ITER_READ.set(CLOCK_KNOWN, &known, 0);
+        let _ = ITER_READ.set(CLOCK_OFFSET, calibration, 0);
+        let _ = ITER_READ.set(CLOCK_KNOWN, known, 0);
     }
     if task.is_null() {
         // The final call: say how the read went.
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     let on_cpu: u32 = unsafe { load(task, on_cpu_off) };
     let key = task as u64;
     // SAFETY: the value is copied out at once.
-    let known = unsafe { LAST.get(&key) }.copied();
+    let known = unsafe { LAST.get(key) }.copied();
     if known == Some(sum) && on_cpu == 0 && slot(FULL) == 0 {
         return 0;
     }
@@ -228,11 +228,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
         // scheduler-clock time since. The calibration errs a few tens of
         // microseconds late, and CPUs' clocks may differ by as much: a
         // clock that seems ahead of now was just updated.
-        let since_update = if now_sched > clock {
-            now_sched - clock
-        } else {
-            0
-        };
+        let since_update = now_sched.saturating_sub(clock);
         let now_task = clock_task.wrapping_add(since_update);
         if exec_start != 0 && clock >= clock_task && now_task >= exec_start {
             let ahead = now_task - exec_start;
@@ -285,7 +281,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     // buffer is full the kernel shows this task again in the next chunk.
     if written == 0 {
         bump(WRITTEN);
-        if known != Some(sum) && LAST.insert(&key, &sum, 0).is_err() {
+        if known != Some(sum) && LAST.insert(key, sum, 0).is_err() {
             bump(OVERFLOW);
         }
     }
@@ -368,7 +364,7 @@ pub fn wattprof_thread_free(ctx: RawTracePointContext) -> i32 {
     let cpu: u32 = probe(task, offset!(cpu));
     let comm: [u8; COMM_LEN] = probe(task, offset!(comm));
     emit_thread(EVENT_THREAD_FREE, task, cpu, task_cgroup(task), 0, comm);
-    let _ = LAST.remove(&task);
+    let _ = LAST.remove(task);
     0
 }
 

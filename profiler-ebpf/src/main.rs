@@ -328,8 +328,10 @@ fn emit_current(kind: u32, tid: u32, tgid: u32, parent: u64, cpu: &mut CpuState)
         parent_tgid: (parent >> 32) as u32,
         // SAFETY: helpers without preconditions.
         cpu: unsafe { bpf_get_smp_processor_id() },
+        // SAFETY: as above.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         created_ns: 0,
+        // SAFETY: as above.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         on_cpu_ns: [0; MAX_SOCKETS],
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),

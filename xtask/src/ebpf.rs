@@ -158,6 +158,36 @@ pub fn build(out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Runs clippy (the workspace lints, warnings denied) on the eBPF crate,
+/// which the workspace's own clippy run leaves out: it only builds for
+/// the BPF target, on nightly.
+pub fn clippy() -> Result<()> {
+    ensure_toolchain()?;
+    let root = workspace_root();
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args([
+                "+nightly",
+                "clippy",
+                "--package",
+                "profiler-ebpf",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--locked",
+            ])
+            .arg("--target-dir")
+            .arg(root.join("target/ebpf-clippy"))
+            .env_remove("RUSTFLAGS")
+            .env_remove("RUSTC")
+            .env_remove("RUSTC_WRAPPER")
+            .args(["--", "-D", "warnings"]),
+    )
+}
+
 /// Rebuilds the object and fails when it differs from the committed one.
 pub fn check_fresh() -> Result<()> {
     let fresh = workspace_root().join("target/ebpf/fresh.bpf.o");

@@ -132,6 +132,14 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         &mut counts,
     )?;
     if check_ebpf {
+        match ebpf::clippy() {
+            Ok(()) => counts.passed += 1,
+            Err(e) => {
+                eprintln!("eBPF clippy: {e:#}");
+                counts.failed += 1;
+                ok = false;
+            }
+        }
         match ebpf::check_fresh() {
             Ok(()) => counts.passed += 1,
             Err(e) => {

@@ -305,12 +305,14 @@ pub fn read_wattmeter_cmd(
     while std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
         match wm.read() {
-            Ok(e) => energy_uj += e[0].energy_uj,
+            Ok(e) => energy_uj += e.iter().map(|d| d.energy_uj).sum::<u64>(),
             // The meter stopped early: report what it gave.
             Err(_) => break,
         }
     }
-    energy_uj += wm.read().map_or(0, |e| e[0].energy_uj);
+    energy_uj += wm
+        .read()
+        .map_or(0, |e| e.iter().map(|d| d.energy_uj).sum::<u64>());
     Ok(WattmeterReport {
         log: cmd.to_string(),
         socket,
@@ -325,7 +327,7 @@ pub fn read_wattmeter_log(
     socket: u32,
 ) -> Result<WattmeterReport, SourceError> {
     let mut wm = wattmeter::Wattmeter::open_file(path, socket)?;
-    let energy_uj = wm.read()?[0].energy_uj + wm.finish();
+    let energy_uj = wm.read()?.iter().map(|d| d.energy_uj).sum::<u64>() + wm.finish();
     Ok(WattmeterReport {
         log: path.display().to_string(),
         socket,

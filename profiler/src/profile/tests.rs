@@ -211,7 +211,7 @@ impl Rig {
     }
 }
 
-fn process<'a>(report: &'a RunReport, pid: u32) -> &'a ProcessReport {
+fn process(report: &RunReport, pid: u32) -> &ProcessReport {
     report
         .processes
         .iter()

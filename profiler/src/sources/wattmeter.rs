@@ -248,7 +248,7 @@ impl Wattmeter {
             SourceError::unsupported("empty wattmeter command", "give the wattmetre-read command")
         })?;
         use std::os::unix::process::CommandExt;
-        let child = Command::new(program)
+        let mut child = Command::new(program)
             .args(args)
             // Its own process group: a Ctrl-C in the terminal must not kill
             // it before wattprof has read its last frames.
@@ -263,11 +263,18 @@ impl Wattmeter {
                 )
             })?;
         if let Some(out) = &child.stdout {
+            let fd = out.as_raw_fd();
             // SAFETY: fcntl on a pipe fd we own.
-            unsafe {
-                let fd = out.as_raw_fd();
-                let flags = libc::fcntl(fd, libc::F_GETFL);
-                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            // SAFETY: as above.
+            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+            {
+                let e = std::io::Error::last_os_error();
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SourceError::Fatal(format!(
+                    "cannot read {program}'s output without blocking: {e}"
+                )));
             }
         }
         Ok(Self::with(

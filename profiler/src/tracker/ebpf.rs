@@ -212,9 +212,19 @@ fn attach_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> TrackerE
     }
 }
 
-fn is_permission(e: &aya::EbpfError) -> bool {
-    let text = format!("{e:?}");
-    text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("os error 1)")
+/// Whether an error comes from a syscall the kernel refused for want of
+/// privilege (EPERM, EACCES), anywhere down its chain of causes.
+fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EPERM | libc::EACCES))
+        {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 impl EbpfTracker {
@@ -271,7 +281,12 @@ impl EbpfTracker {
             if is_permission(&e) {
                 TrackerError::NotRoot
             } else {
-                TrackerError::Load(e.to_string())
+                let mut text = e.to_string();
+                // Before Linux 5.11 maps are charged to RLIMIT_MEMLOCK.
+                if let Some(why) = MEMLOCK_PROBLEM.get() {
+                    text.push_str(&format!(" (RLIMIT_MEMLOCK could not be raised: {why})"));
+                }
+                TrackerError::Load(text)
             }
         })
     }
@@ -1038,12 +1053,40 @@ fn in_child_pid_namespace() -> bool {
     })
 }
 
-/// Kernels before 5.11 charge eBPF maps to RLIMIT_MEMLOCK.
+/// Why RLIMIT_MEMLOCK could not be raised, for the load error it may
+/// cause.
+static MEMLOCK_PROBLEM: std::sync::OnceLock<std::io::Error> = std::sync::OnceLock::new();
+
+/// Kernels before 5.11 charge eBPF maps to RLIMIT_MEMLOCK. A failure is
+/// harmless on later kernels; on earlier ones the load error says it.
 fn raise_memlock_limit() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: valid pointer to an rlimit.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        let _ = MEMLOCK_PROBLEM.set(std::io::Error::last_os_error());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_permission;
+
+    #[test]
+    fn permission_errors_are_found_by_errno_down_the_chain_of_causes() {
+        let map = |errno: i32| {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+                name: "TASKS".into(),
+                io_error: std::io::Error::from_raw_os_error(errno),
+            })
+        };
+        assert!(is_permission(&map(libc::EPERM)));
+        assert!(is_permission(&map(libc::EACCES)));
+        assert!(!is_permission(&map(libc::ENOMEM)));
+        assert!(!is_permission(&std::io::Error::other(
+            "EPERM in the text only"
+        )));
+    }
 }
