@@ -39,13 +39,7 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
 
 /// CPU time of the calling thread (ns).
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::tracker::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Reads the request head (up to the blank line), all of it within

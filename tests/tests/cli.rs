@@ -268,13 +268,13 @@ fn sources_estimates_from_tdp_only_where_nothing_measures() {
 }
 
 #[test]
-fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
+fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_outlet() {
     let dir = tempfile_dir();
     let log = dir.join("wm.log");
     let mut text = String::from(
         "#timestamp,#frame_is_ok,#U1,#U2,#U3,#current1,#activepow1,#current2,#activepow2\n",
     );
-    // 2 s at 150 W on socket 2, 100 frames/s, with bad frames mixed in.
+    // 2 s at 150 W on outlet 2, 100 frames/s, with bad frames mixed in.
     for k in 0..=200 {
         let ts = 1_671_527_189.0 + f64::from(k) * 0.01;
         text.push_str(&format!("{ts:.6},true,231.0,0.0,0.0,0.2,40.0,0.7,150.0\n"));
@@ -314,7 +314,7 @@ fn sources_reads_a_wattmeter_log_and_rejects_a_wrong_socket() {
         "--wattmeter-socket",
         "3",
     ]);
-    assert_one_line_error(&out, 125, "no good frame for socket 3");
+    assert_one_line_error(&out, 125, "no good frame for outlet 3");
     // The same frames from a command wattprof starts, reads and stops.
     let script = dir.join("wattmetre-read");
     std::fs::write(&script, format!("#!/bin/sh\ncat '{path}'\nexec sleep 30\n")).expect("script");

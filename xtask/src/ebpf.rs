@@ -127,26 +127,8 @@ pub fn build(out: &Path) -> Result<()> {
     let bin = cargo_home().join("bin");
     path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))?;
     run_cmd(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args([
-                "+nightly",
-                "build",
-                "--package",
-                "profiler-ebpf",
-                "--release",
-                "--target",
-                "bpfel-unknown-none",
-                "-Z",
-                "build-std=core",
-                "--locked",
-            ])
-            .arg("--target-dir")
-            .arg(&target_dir)
+        nightly_bpf("build", &target_dir)
             .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
-            .env_remove("RUSTFLAGS")
-            .env_remove("RUSTC")
-            .env_remove("RUSTC_WRAPPER")
             .env("PATH", path),
     )?;
     let built = target_dir.join("bpfel-unknown-none/release/wattprof");
@@ -163,29 +145,35 @@ pub fn build(out: &Path) -> Result<()> {
 /// the BPF target, on nightly.
 pub fn clippy() -> Result<()> {
     ensure_toolchain()?;
-    let root = workspace_root();
     run_cmd(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args([
-                "+nightly",
-                "clippy",
-                "--package",
-                "profiler-ebpf",
-                "--release",
-                "--target",
-                "bpfel-unknown-none",
-                "-Z",
-                "build-std=core",
-                "--locked",
-            ])
-            .arg("--target-dir")
-            .arg(root.join("target/ebpf-clippy"))
-            .env_remove("RUSTFLAGS")
-            .env_remove("RUSTC")
-            .env_remove("RUSTC_WRAPPER")
+        nightly_bpf("clippy", &workspace_root().join("target/ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
     )
+}
+
+/// `cargo +nightly SUBCOMMAND` on the eBPF crate for the BPF target, with
+/// no flags or compiler from the environment.
+fn nightly_bpf(subcommand: &str, target_dir: &Path) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(workspace_root())
+        .args([
+            "+nightly",
+            subcommand,
+            "--package",
+            "profiler-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--locked",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER");
+    c
 }
 
 /// Rebuilds the object and fails when it differs from the committed one.

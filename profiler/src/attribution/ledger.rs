@@ -93,12 +93,12 @@ pub struct DomainTotals {
 
 /// Energy attributed so far: per domain, and per consumer.
 #[derive(Clone, Debug, Default)]
-pub struct Ledger {
+pub struct EnergyLedger {
     domains: Vec<DomainTotals>,
     consumers: crate::hash::IntMap<ConsumerId, EnergyBy>,
 }
 
-impl Ledger {
+impl EnergyLedger {
     /// Adds one interval's shares.
     pub fn add(&mut self, shares: &[DomainShare]) {
         for s in shares {
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn sums_domains_and_consumers_over_intervals() {
-        let mut l = Ledger::default();
+        let mut l = EnergyLedger::default();
         l.add(&[
             share(Domain::Package, Some(1), vec![(1, 100)]),
             share(Domain::Package, Some(0), vec![(1, 50), (2, 5)]),

@@ -3,13 +3,13 @@
 //!
 //! No I/O happens here. The rules, per interval:
 //!
-//! - **Package, core and DRAM energy of a socket** go to consumers by their
-//!   on-CPU time on that socket's CPUs, over all the time that existed on
+//! - **Package, core and DRAM energy of a package** go to consumers by their
+//!   on-CPU time on that package's CPUs, over all the time that existed on
 //!   those CPUs (busy + idle + lost). The share of idle time is *idle*
 //!   energy, never spread over processes; the share of lost time (threads
 //!   the kernel map could not hold) and of any consumer not named is
-//!   *unattributed*. A task that ran only on socket 1 gets nothing of
-//!   socket 0's energy.
+//!   *unattributed*. A task that ran only on package 1 gets nothing of
+//!   package 0's energy.
 //! - **Estimated CPU energy** (the TDP model, which has no idle term: its
 //!   energy exists only because tasks ran) goes to consumers by their
 //!   share of busy time.
@@ -27,7 +27,7 @@
 
 mod ledger;
 
-pub use ledger::{DomainTotals, EnergyBy, Ledger};
+pub use ledger::{DomainTotals, EnergyBy, EnergyLedger};
 
 use serde::Serialize;
 
@@ -36,9 +36,9 @@ use crate::sources::{Domain, DomainEnergy};
 /// Who energy is attributed to: an id the caller chooses (a process record).
 pub type ConsumerId = u64;
 
-/// One socket's CPU time over an interval (summed over its CPUs).
+/// One package's CPU time over an interval (summed over its CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SocketTime {
+pub struct PackageTime {
     /// Time charged to tasks.
     pub busy_ns: u64,
     /// Time charged to no task.
@@ -47,8 +47,8 @@ pub struct SocketTime {
     pub lost_ns: u64,
 }
 
-impl SocketTime {
-    /// All the CPU time that existed on the socket.
+impl PackageTime {
+    /// All the CPU time that existed on the package.
     pub fn window_ns(&self) -> u64 {
         self.busy_ns + self.idle_ns + self.lost_ns
     }
@@ -59,7 +59,7 @@ impl SocketTime {
 pub struct Usage {
     /// Who.
     pub id: ConsumerId,
-    /// Nanoseconds on CPU per dense socket index.
+    /// Nanoseconds on CPU per dense package index.
     pub on_cpu_ns: Vec<u64>,
 }
 
@@ -80,9 +80,9 @@ pub struct GpuInterval {
 /// Everything one interval measured.
 #[derive(Clone, Copy, Debug)]
 pub struct Interval<'a> {
-    /// CPU time per dense socket index.
-    pub sockets: &'a [SocketTime],
-    /// The kernel's package id of each dense socket index.
+    /// CPU time per dense package index.
+    pub packages: &'a [PackageTime],
+    /// The kernel's package id of each dense package index.
     pub package_ids: &'a [u32],
     /// Per-consumer on-CPU time.
     pub usage: &'a [Usage],
@@ -96,7 +96,7 @@ pub struct Interval<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
-    /// By on-CPU time over all CPU time of the socket(s); idle time's share
+    /// By on-CPU time over all CPU time of the package(s); idle time's share
     /// is idle energy.
     CpuTime,
     /// By share of busy time (estimated energy with no idle term).
@@ -173,24 +173,24 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
         unattributed_uj: d.energy_uj,
         attributed: Vec::new(),
     };
-    // The sockets this energy was spent on: one package, or all of them.
-    let sockets: Vec<usize> = match d.package {
+    // The packages this energy was spent on: one package, or all of them.
+    let packages: Vec<usize> = match d.package {
         Some(p) => match iv.package_ids.iter().position(|id| *id == p) {
             Some(s) => vec![s],
             // A package the tracker does not know: nothing to divide by.
             None => return base,
         },
-        None => (0..iv.sockets.len()).collect(),
+        None => (0..iv.packages.len()).collect(),
     };
     let on = |u: &Usage| -> u64 {
-        sockets
+        packages
             .iter()
             .map(|s| u.on_cpu_ns.get(*s).copied().unwrap_or(0))
             .sum()
     };
-    let times: Vec<SocketTime> = sockets
+    let times: Vec<PackageTime> = packages
         .iter()
-        .filter_map(|s| iv.sockets.get(*s).copied())
+        .filter_map(|s| iv.packages.get(*s).copied())
         .collect();
     let consumed: u64 = iv.usage.iter().map(on).sum();
     if d.estimated && d.domain == Domain::Package {
@@ -207,7 +207,7 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
     }
     let idle: u64 = times.iter().map(|t| t.idle_ns).sum();
     let lost: u64 = times.iter().map(|t| t.lost_ns).sum();
-    let window: u64 = times.iter().map(SocketTime::window_ns).sum();
+    let window: u64 = times.iter().map(PackageTime::window_ns).sum();
     // Consumers' time cannot exceed the busy time; if a caller passes more,
     // divide by the larger total so shares never exceed what was measured.
     let total = window.max(consumed + idle + lost);
@@ -308,16 +308,16 @@ mod tests {
             .map_or(0, |(_, e)| *e)
     }
 
-    /// Two sockets (kernel ids 0 and 1), 2 CPUs each, 1 s interval: 2 s of
-    /// CPU time per socket.
-    fn two_sockets() -> Vec<SocketTime> {
+    /// Two packages (kernel ids 0 and 1), 2 CPUs each, 1 s interval: 2 s of
+    /// CPU time per package.
+    fn two_packages() -> Vec<PackageTime> {
         vec![
-            SocketTime {
+            PackageTime {
                 busy_ns: 1_500_000_000,
                 idle_ns: 500_000_000,
                 lost_ns: 0,
             },
-            SocketTime {
+            PackageTime {
                 busy_ns: 600_000_000,
                 idle_ns: 1_300_000_000,
                 lost_ns: 100_000_000,
@@ -326,10 +326,10 @@ mod tests {
     }
 
     #[test]
-    fn per_socket_energy_goes_only_to_tasks_that_ran_there() {
-        let sockets = two_sockets();
+    fn per_package_energy_goes_only_to_tasks_that_ran_there() {
+        let packages = two_packages();
         let usage = vec![
-            // Ran only on socket 0.
+            // Ran only on package 0.
             Usage {
                 id: 1,
                 on_cpu_ns: vec![1_000_000_000, 0],
@@ -346,7 +346,7 @@ mod tests {
             e(Domain::Dram, Some(1), 8_000_000),
         ];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0, 1],
             usage: &usage,
             energy: &energy,
@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(p0.idle_uj, 25_000_000);
         assert_eq!(p0.unattributed_uj, 0);
         let p1 = get(&shares, Domain::Package, Some(1));
-        assert_eq!(of(p1, 1), 0, "task 1 never ran on socket 1");
+        assert_eq!(of(p1, 1), 0, "task 1 never ran on package 1");
         assert_eq!(of(p1, 2), 12_000_000);
         assert_eq!(p1.idle_uj, 26_000_000);
         // Lost time's share (0.1 of 2 s) is unattributed, never idle.
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn conservation_holds_with_rounding_for_every_domain() {
-        let sockets = vec![SocketTime {
+        let packages = vec![PackageTime {
             busy_ns: 999_999_999,
             idle_ns: 1_000_000_003,
             lost_ns: 7,
@@ -397,7 +397,7 @@ mod tests {
             processes: vec![(Some(1), 33), (Some(2), 33), (None, 34)],
         }];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0],
             usage: &usage,
             energy: &energy,
@@ -417,14 +417,14 @@ mod tests {
 
     #[test]
     fn idle_energy_is_the_idle_share_and_a_machine_with_nothing_running_is_all_idle() {
-        let sockets = vec![SocketTime {
+        let packages = vec![PackageTime {
             busy_ns: 0,
             idle_ns: 2_000_000_000,
             lost_ns: 0,
         }];
         let energy = vec![e(Domain::Package, Some(0), 30_000_000)];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0],
             usage: &[],
             energy: &energy,
@@ -438,7 +438,7 @@ mod tests {
     fn a_task_that_exited_mid_interval_gets_its_share() {
         // The tracker reports an exited thread's final time in the interval
         // of its exit; the engine needs no notion of exit: its time counts.
-        let sockets = vec![SocketTime {
+        let packages = vec![PackageTime {
             busy_ns: 1_000_000_000,
             idle_ns: 1_000_000_000,
             lost_ns: 0,
@@ -455,7 +455,7 @@ mod tests {
         ];
         let energy = vec![e(Domain::Package, Some(0), 20_000_000)];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0],
             usage: &usage,
             energy: &energy,
@@ -467,7 +467,7 @@ mod tests {
 
     #[test]
     fn estimated_energy_is_divided_by_busy_time_with_no_idle_share() {
-        let sockets = two_sockets();
+        let packages = two_packages();
         let usage = vec![
             Usage {
                 id: 1,
@@ -485,7 +485,7 @@ mod tests {
             estimated: true,
         }];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0, 1],
             usage: &usage,
             energy: &energy,
@@ -522,7 +522,7 @@ mod tests {
             },
         ];
         let shares = attribute(&Interval {
-            sockets: &[],
+            packages: &[],
             package_ids: &[],
             usage: &[],
             energy: &[],
@@ -543,7 +543,7 @@ mod tests {
 
     #[test]
     fn energy_of_a_package_the_tracker_does_not_know_is_unattributed() {
-        let sockets = vec![SocketTime {
+        let packages = vec![PackageTime {
             busy_ns: 1,
             idle_ns: 1,
             lost_ns: 0,
@@ -554,7 +554,7 @@ mod tests {
         }];
         let energy = vec![e(Domain::Package, Some(5), 1_000)];
         let shares = attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &[0],
             usage: &usage,
             energy: &energy,

@@ -49,9 +49,10 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "CMD")]
     pub wattmeter_cmd: Option<String>,
 
-    /// The wattmeter socket the machine is plugged into (#activepowN).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub wattmeter_socket: u32,
+    /// The wattmeter outlet the machine is plugged into (1-based: the log's
+    /// `#activepowN` column). `--wattmeter-socket` is an older name.
+    #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wattmeter_outlet: u32,
 
     /// Report only processes in this container (id, or a prefix of 4 or
     /// more characters; Docker name; or Kubernetes pod UID). Energy is
@@ -95,7 +96,7 @@ impl EnergyArgs {
                 .wattmeter_cmd
                 .as_ref()
                 .map(|c| c.split_whitespace().map(String::from).collect()),
-            wattmeter_socket: self.wattmeter_socket,
+            wattmeter_outlet: self.wattmeter_outlet,
         }
     }
 

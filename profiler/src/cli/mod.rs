@@ -4,6 +4,7 @@ pub mod child;
 pub mod energy;
 pub mod monitor;
 pub mod run;
+pub mod setup;
 pub mod sources;
 
 use clap::{Parser, Subcommand};

@@ -11,8 +11,8 @@ use anyhow::Context;
 
 use super::Fatal;
 use super::energy::EnergyArgs;
-use super::run::{
-    PendingOutput, deliver, parse_duration, parse_interval, start_profile, tracker_facts,
+use super::setup::{
+    deliver, open_outputs, parse_duration, parse_interval, start_profile, tracker_facts,
 };
 use crate::output::{By, render_monitor_frame};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
@@ -79,12 +79,7 @@ pub struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
-    let pending_output = args
-        .output
-        .as_deref()
-        .map(PendingOutput::create)
-        .transpose()?;
-    let (carbon, jsonl) = args.energy.validate()?;
+    let (pending_output, carbon, jsonl) = open_outputs(args.output.as_deref(), &args.energy)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU

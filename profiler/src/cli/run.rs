@@ -1,22 +1,18 @@
 //! `wattprof run -- CMD ARGS...`
 
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 
+use super::setup::{deliver, open_outputs, parse_interval, start_profile, tracker_facts};
 use super::{Fatal, child, energy::EnergyArgs};
-use crate::output::{self, ProfilerReport};
-use crate::process::{ProcFs, ProcessTable};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::windows::WindowSocket;
-use crate::profile::{
-    self, CommandEnd, Ending, KeepIntervals, Profile, ProfileConfig, Readers, Scope,
-};
+use crate::profile::{CommandEnd, Ending, KeepIntervals, Profile, Scope};
 use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof run`.
@@ -72,111 +68,6 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Parses `1s`, `250ms`, `2.5s`, `1m`, `500us`; between 10 ms and 1 hour.
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
-    parse_duration_within(
-        text,
-        Duration::from_millis(10),
-        Duration::from_secs(3600),
-        "10ms to 1h",
-    )
-}
-
-/// Parses a duration like [`parse_interval`], between 10 ms and 30 days
-/// (with `h` and `d` units too).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    parse_duration_within(
-        text,
-        Duration::from_millis(10),
-        Duration::from_secs(30 * 86_400),
-        "10ms to 30d",
-    )
-}
-
-fn parse_duration_within(
-    text: &str,
-    min: Duration,
-    max: Duration,
-    range: &str,
-) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: use e.g. 1s or 250ms"))?;
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration: use e.g. 1s or 250ms"))?;
-    let scale = match unit {
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
-        _ => {
-            return Err(format!(
-                "unknown unit `{unit}` in `{text}`: use us, ms, s, m, h or d"
-            ));
-        }
-    };
-    match Duration::try_from_secs_f64(value * scale) {
-        Ok(d) if d >= min && d <= max => Ok(d),
-        _ => Err(format!("`{text}` out of range: use {range}")),
-    }
-}
-
-/// The output file is written to a temporary name beside it and renamed at
-/// the end, so a failed run never leaves a half-written report, and an
-/// unwritable location fails before the command starts.
-pub(super) struct PendingOutput {
-    tmp: PathBuf,
-    pub(super) dest: PathBuf,
-    file: std::fs::File,
-}
-
-impl PendingOutput {
-    pub(super) fn create(dest: &Path) -> Result<Self, Fatal> {
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = dest.file_name().ok_or_else(|| {
-            Fatal::profiler(format!("--output {}: not a file name", dest.display()))
-        })?;
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        let file = std::fs::File::create(&tmp).map_err(|e| {
-            Fatal::profiler(format!(
-                "cannot write --output {}: {e} (check that {} exists and is writable)",
-                dest.display(),
-                dir.display()
-            ))
-        })?;
-        Ok(Self {
-            tmp,
-            dest: dest.to_path_buf(),
-            file,
-        })
-    }
-
-    pub(super) fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(json)?;
-        self.file.write_all(b"\n")?;
-        self.file.sync_all()?;
-        std::fs::rename(&self.tmp, &self.dest)
-    }
-}
-
-impl Drop for PendingOutput {
-    fn drop(&mut self) {
-        // After a successful rename this finds nothing to remove.
-        let _ = std::fs::remove_file(&self.tmp);
-    }
-}
-
 /// Runs `wattprof run`; returns the command's exit code.
 pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Cheap checks first: nothing is loaded or started if these fail.
@@ -190,12 +81,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         child::sudo_user(|k| std::env::var_os(k))?
     };
-    let pending_output = args
-        .output
-        .as_deref()
-        .map(PendingOutput::create)
-        .transpose()?;
-    let (carbon, jsonl) = args.energy.validate()?;
+    let (pending_output, carbon, jsonl) = open_outputs(args.output.as_deref(), &args.energy)?;
     // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
     // signal that comes meanwhile is held and given to the command once it
     // runs, never lost or fatal to wattprof.
@@ -345,124 +231,4 @@ fn window_boundary(
         profile.window_messages(messages, at_ns);
     }
     Ok(())
-}
-
-/// Opens the energy readers and starts the tracker, then builds the
-/// profile: readers first (NVML takes a while to load); the counters' and
-/// the tracker's starting points are taken last, together. Returns the
-/// wall-clock start.
-pub(super) fn start_profile(
-    tracker_cfg: &TrackerConfig,
-    energy: &EnergyArgs,
-    carbon: crate::carbon::CarbonIntensity,
-    scope: Scope,
-    keep: KeepIntervals,
-    jsonl: Option<crate::output::jsonl::Jsonl>,
-) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
-    let readers = Readers::open(&energy.readers())
-        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
-    let mut tracker =
-        EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
-    let table = ProcessTable::new(
-        ProcFs::real(),
-        tracker.topology().sockets(),
-        std::process::id(),
-    );
-    let host = profile::host_report(readers.gpus());
-    let mut profile = Profile::new(
-        table,
-        readers,
-        tracker.topology().package_ids.clone(),
-        ProfileConfig {
-            carbon,
-            filter: energy.filter(),
-            docker_socket: energy.docker_socket.clone(),
-            cgroupfs: None,
-            scope,
-            keep,
-        },
-        jsonl,
-        host,
-    );
-    // Last, so nothing runs between the two starting points.
-    profile
-        .begin(&mut tracker)
-        .map_err(|e| Fatal::profiler(e.to_string()))?;
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    Ok((tracker, profile, start_unix_ns))
-}
-
-/// The tracker's part of a report (the profile fills in the counts).
-pub(super) fn tracker_facts(
-    tracker: &EbpfTracker,
-    max_tasks: u32,
-    interval_ns: u64,
-) -> ProfilerReport {
-    let (settled_from_exit, vanished_threads) = tracker.exits_without_free();
-    ProfilerReport {
-        tracker: tracker.kind(),
-        tracker_fallback: tracker.fallback_reason().map(str::to_string),
-        filter_overflow: tracker.filter_overflow(),
-        settled_from_exit,
-        vanished_threads,
-        on_cpu_ns: 0,
-        kernel_memory_bytes: tracker.kernel_memory_bytes(),
-        exit_tracking: tracker.exit_tracking(),
-        task_clock: tracker.task_clock(),
-        flush_supported: tracker.flush_supported(),
-        max_tasks,
-        interval_ns,
-        samples: 0,
-        map_read_syscalls: tracker.read_syscalls(),
-        events_lost: 0,
-        discarded_ns: 0,
-        unmatched_forks: 0,
-    }
-}
-
-/// Writes the recording (first: a closed or broken stderr must not cost
-/// it), then prints the table to stderr.
-pub(super) fn deliver(
-    report: &output::RunReport,
-    pending_output: Option<PendingOutput>,
-) -> anyhow::Result<()> {
-    let written = match pending_output {
-        Some(out) => {
-            let json = serde_json::to_vec_pretty(report).context("encoding the report")?;
-            let dest = out.dest.clone();
-            out.commit(&json)
-                .with_context(|| format!("writing {}", dest.display()))?;
-            Some(dest)
-        }
-        None => None,
-    };
-    let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(output::render_run_table(report).as_bytes());
-    if let Some(dest) = written {
-        let _ = writeln!(stderr, "  report written to {}", dest.display());
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_interval;
-    use std::time::Duration;
-
-    #[test]
-    fn intervals() {
-        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_interval("5").is_err());
-        assert!(parse_interval("1ms").is_err());
-        assert!(parse_interval("2h").is_err());
-        assert!(parse_interval("fast").is_err());
-        assert_eq!(super::parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_interval("1h").is_ok() && parse_interval("2h").is_err());
-        assert!(super::parse_duration("100000000000000000000000d").is_err());
-    }
 }

@@ -33,7 +33,7 @@ pub struct SourcesArgs {
 
     /// Read every available reader twice, this long apart (e.g. 2s), and
     /// report readers that disagree by more than 5% on the same domain.
-    #[arg(long, value_name = "DURATION", value_parser = super::run::parse_interval)]
+    #[arg(long, value_name = "DURATION", value_parser = super::setup::parse_interval)]
     pub check: Option<std::time::Duration>,
 
     /// Start this wattmeter command (e.g. "wattmetre-read --tty=/dev/ttyUSB0
@@ -42,10 +42,10 @@ pub struct SourcesArgs {
     #[arg(long, value_name = "CMD", conflicts_with = "wattmeter_log")]
     pub wattmeter_cmd: Option<String>,
 
-    /// The wattmeter socket (1-based `#activepowN` column) the machine is
-    /// plugged into.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub wattmeter_socket: u32,
+    /// The wattmeter outlet the machine is plugged into (1-based: the log's
+    /// `#activepowN` column). `--wattmeter-socket` is an older name.
+    #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wattmeter_outlet: u32,
 }
 
 /// What a wattmeter log held.
@@ -53,8 +53,8 @@ pub struct SourcesArgs {
 pub struct WattmeterReport {
     /// The log.
     pub log: String,
-    /// The socket read.
-    pub socket: u32,
+    /// The outlet read.
+    pub outlet: u32,
     /// Energy over the whole log (J).
     pub energy_j: f64,
     /// Frames and problems.
@@ -295,11 +295,11 @@ pub fn check_readers(
 /// Runs a wattmeter command for `over`, then stops it.
 pub fn read_wattmeter_cmd(
     cmd: &str,
-    socket: u32,
+    outlet: u32,
     over: std::time::Duration,
 ) -> Result<WattmeterReport, SourceError> {
     let argv: Vec<String> = cmd.split_whitespace().map(String::from).collect();
-    let mut wm = wattmeter::Wattmeter::spawn(&argv, socket)?;
+    let mut wm = wattmeter::Wattmeter::spawn(&argv, outlet)?;
     let deadline = std::time::Instant::now() + over;
     let mut energy_uj = 0;
     while std::time::Instant::now() < deadline {
@@ -315,8 +315,8 @@ pub fn read_wattmeter_cmd(
         .map_or(0, |e| e.iter().map(|d| d.energy_uj).sum::<u64>());
     Ok(WattmeterReport {
         log: cmd.to_string(),
-        socket,
-        energy_j: energy_uj as f64 / 1e6,
+        outlet,
+        energy_j: crate::output::record::joules(energy_uj),
         stats: wm.stats().clone(),
     })
 }
@@ -324,14 +324,14 @@ pub fn read_wattmeter_cmd(
 /// Reads a whole wattmeter log.
 pub fn read_wattmeter_log(
     path: &std::path::Path,
-    socket: u32,
+    outlet: u32,
 ) -> Result<WattmeterReport, SourceError> {
-    let mut wm = wattmeter::Wattmeter::open_file(path, socket)?;
+    let mut wm = wattmeter::Wattmeter::open_file(path, outlet)?;
     let energy_uj = wm.read()?.iter().map(|d| d.energy_uj).sum::<u64>() + wm.finish();
     Ok(WattmeterReport {
         log: path.display().to_string(),
-        socket,
-        energy_j: energy_uj as f64 / 1e6,
+        outlet,
+        energy_j: crate::output::record::joules(energy_uj),
         stats: wm.stats().clone(),
     })
 }
@@ -420,10 +420,10 @@ pub fn render(report: &SourcesReport) -> String {
     if let Some(w) = &report.wattmeter {
         let s = &w.stats;
         out.push_str(&format!(
-            "Wattmeter {} (socket {}): {} good frames, {} not ok, {} malformed lines, \
+            "Wattmeter {} (outlet {}): {} good frames, {} not ok, {} malformed lines, \
              {} out of order; mean {:.1} W, {:.3} J{}\n",
             w.log,
-            w.socket,
+            w.outlet,
             s.frames_ok,
             s.frames_not_ok,
             s.malformed_lines,
@@ -455,8 +455,8 @@ pub fn render(report: &SourcesReport) -> String {
                 x.package
                     .map(|p| format!(" of package {p}"))
                     .unwrap_or_default(),
-                x.a.1 as f64 / 1e6,
-                x.b.1 as f64 / 1e6,
+                crate::output::record::joules(x.a.1),
+                crate::output::record::joules(x.b.1),
                 x.relative * 100.0
             ));
         }
@@ -493,13 +493,13 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     let wattmeter = match (&args.wattmeter_log, &args.wattmeter_cmd) {
         (Some(log), _) => Some((
             log.display().to_string(),
-            read_wattmeter_log(log, args.wattmeter_socket),
+            read_wattmeter_log(log, args.wattmeter_outlet),
         )),
         (None, Some(cmd)) => {
             let over = args.check.unwrap_or(std::time::Duration::from_secs(2));
             Some((
                 cmd.clone(),
-                read_wattmeter_cmd(cmd, args.wattmeter_socket, over),
+                read_wattmeter_cmd(cmd, args.wattmeter_outlet, over),
             ))
         }
         (None, None) => None,
@@ -508,9 +508,9 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         let w = w.map_err(|e| super::Fatal::profiler(e.to_string()))?;
         if w.stats.frames_ok == 0 {
             return Err(super::Fatal::profiler(format!(
-                "wattmeter {source}: no good frame for socket {} ({} not ok, {} malformed \
-                 lines): check --wattmeter-socket and the log",
-                args.wattmeter_socket, w.stats.frames_not_ok, w.stats.malformed_lines
+                "wattmeter {source}: no good frame for outlet {} ({} not ok, {} malformed \
+                 lines): check --wattmeter-outlet and the log",
+                args.wattmeter_outlet, w.stats.frames_not_ok, w.stats.malformed_lines
             ))
             .into());
         }

@@ -35,7 +35,7 @@ impl MachineTimes {
         }
         for (acc, c) in self.cpus.iter_mut().zip(&sample.cpus) {
             acc.cpu = c.cpu;
-            acc.socket = c.socket;
+            acc.package = c.package;
             acc.busy_ns += c.busy_ns;
             acc.idle_ns += c.idle_ns;
             acc.idle_task_ns += c.idle_task_ns;
@@ -80,7 +80,7 @@ pub struct EnergyJ {
 impl EnergyJ {
     /// From microjoules over `span_ns`, at `g_per_kwh`.
     pub fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
-        let j = |uj: u64| uj as f64 / 1e6;
+        let j = record::joules;
         let total = e.total_uj();
         Self {
             package_j: j(e.package_uj),
@@ -88,11 +88,7 @@ impl EnergyJ {
             dram_j: j(e.dram_uj),
             gpu_j: j(e.gpu_uj),
             total_j: j(total),
-            avg_power_w: if span_ns == 0 {
-                0.0
-            } else {
-                j(total) / (span_ns as f64 / 1e9)
-            },
+            avg_power_w: record::watts(total, span_ns),
             co2_g: carbon.grams(total),
         }
     }
@@ -306,31 +302,37 @@ pub struct CgroupReport {
     pub energy: EnergyJ,
 }
 
-/// A profiling window.
-#[derive(Clone, Debug, Serialize)]
-pub struct WindowReport {
+/// A profiling window, with its energy as `E` and the machine's per
+/// domain as `M`: the profile keeps one in µJ and monotonic time
+/// (`profile::windows::Window`), the report shows one in J and time since
+/// the start ([`WindowReport`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WindowOf<E, M> {
     /// Name.
     pub name: String,
     /// The process whose tree it covers.
     pub pid: u32,
-    /// Windows open around it when it began.
+    /// Windows of any name open around it when it began.
     pub depth: usize,
-    /// Begin and end, ns since the run started.
+    /// Begin (ns).
     pub begin_ns: u64,
-    /// End.
+    /// End (ns); the run's end if it was never ended.
     pub end_ns: u64,
     /// Still open when the run ended (closed there).
     pub unterminated: bool,
     /// On-CPU ns of the tree in the window.
     pub on_cpu_ns: u64,
     /// Energy attributed to the tree in the window.
-    pub energy: EnergyJ,
+    pub energy: E,
     /// The whole machine's measured energy in the window, per domain.
-    pub machine: Vec<WindowDomainReport>,
+    pub machine: Vec<M>,
 }
 
+/// A profiling window in the report: J, and ns since the run started.
+pub type WindowReport = WindowOf<EnergyJ, WindowDomainReport>;
+
 /// A domain's measured energy in a window.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WindowDomainReport {
     /// Domain.
     pub domain: Domain,

@@ -155,7 +155,7 @@ pub struct GroupTotals {
 /// The processes seen so far, with the command tree marked.
 pub struct ProcessTable<M: ProcMeta> {
     meta: M,
-    sockets: usize,
+    packages: usize,
     root: Option<u32>,
     profiler_pid: u32,
     next_id: u64,
@@ -198,11 +198,11 @@ pub struct IntervalUsage {
 const PENDING_FORK_TTL_NS: u64 = 30_000_000_000;
 
 impl<M: ProcMeta> ProcessTable<M> {
-    /// A table for a machine with `sockets` packages.
-    pub fn new(meta: M, sockets: usize, profiler_pid: u32) -> Self {
+    /// A table for a machine with `packages` packages.
+    pub fn new(meta: M, packages: usize, profiler_pid: u32) -> Self {
         Self {
             meta,
-            sockets: sockets.max(1),
+            packages: packages.max(1),
             root: None,
             profiler_pid,
             next_id: 0,
@@ -500,7 +500,7 @@ impl<M: ProcMeta> ProcessTable<M> {
                 comm,
                 start_ns,
                 exit_ns: None,
-                on_cpu_ns: vec![0; self.sockets],
+                on_cpu_ns: vec![0; self.packages],
                 role,
                 cgroup_id: 0,
             },

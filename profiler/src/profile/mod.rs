@@ -15,7 +15,9 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::attribution::{self, ConsumerId, EnergyBy, GpuInterval, Interval, Ledger, SocketTime};
+use crate::attribution::{
+    self, ConsumerId, EnergyBy, EnergyLedger, GpuInterval, Interval, PackageTime,
+};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
 use crate::output::jsonl::{Jsonl, Typed};
@@ -222,7 +224,7 @@ pub struct Profile {
     procfs: ProcFs,
     machine: MachineTimes,
     readers: Readers,
-    ledger: Ledger,
+    ledger: EnergyLedger,
     groups: [EnergyBy; 3],
     cgroups: IntMap<u64, CgroupSum>,
     cgroup_names: CgroupNames,
@@ -263,7 +265,7 @@ impl Profile {
             procfs: ProcFs::real(),
             machine: MachineTimes::default(),
             readers,
-            ledger: Ledger::default(),
+            ledger: EnergyLedger::default(),
             groups: Default::default(),
             cgroups: IntMap::default(),
             cgroup_names: cfg.cgroupfs.as_ref().map_or_else(
@@ -430,10 +432,10 @@ impl Profile {
     fn step(&mut self, sample: &CpuSample, mut read: IntervalEnergy) {
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
-        let mut sockets = vec![SocketTime::default(); self.package_ids.len().max(1)];
+        let mut packages = vec![PackageTime::default(); self.package_ids.len().max(1)];
         let mut online = 0;
         for c in &sample.cpus {
-            if let Some(s) = sockets.get_mut(c.socket as usize) {
+            if let Some(s) = packages.get_mut(c.package as usize) {
                 s.busy_ns += c.busy_ns;
                 s.idle_ns += c.idle_ns;
                 s.lost_ns += c.lost_ns;
@@ -469,7 +471,7 @@ impl Profile {
             })
             .collect();
         let shares = attribution::attribute(&Interval {
-            sockets: &sockets,
+            packages: &packages,
             package_ids: &self.package_ids,
             usage: &cpu_usage,
             energy: &read.energy,

@@ -6,7 +6,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use super::Profile;
-use crate::tracker::{CpuSampler, monotonic_ns};
+use crate::tracker::{CpuSampler, EventRing, monotonic_ns};
 
 /// After the ring wakes the loop, how long it waits before the next drain
 /// (still waking at once for the caller's files): records come one wake-up
@@ -52,15 +52,6 @@ impl Ticker {
     pub fn until(&self, now_ns: u64) -> Duration {
         Duration::from_nanos(self.next_ns.saturating_sub(now_ns))
     }
-}
-
-/// A source of samples whose in-between records come through a ring the
-/// loop sleeps on (the eBPF tracker), or none (a synthetic sampler).
-pub trait EventRing {
-    /// The ring's file descriptor, readable when records wait.
-    fn ring_fd(&self) -> Option<RawFd>;
-    /// Takes the records waiting in the ring.
-    fn drain(&mut self);
 }
 
 /// What the caller does in the loop.

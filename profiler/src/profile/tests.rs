@@ -7,9 +7,8 @@ use std::os::fd::RawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::sampling::EventRing;
 use super::*;
-use crate::tracker::{CpuTimes, TaskTime};
+use crate::tracker::{CpuTimes, EventRing, TaskTime};
 
 const WINDOW_NS: u64 = 1_000_000_000;
 const START_NS: u64 = 5_000_000_000;
@@ -142,7 +141,7 @@ impl Rig {
         assert!(busy <= 2 * WINDOW_NS);
         let cpu = |cpu: u32, busy_ns: u64| CpuTimes {
             cpu,
-            socket: 0,
+            package: 0,
             busy_ns,
             idle_ns: WINDOW_NS - busy_ns,
             idle_task_ns: WINDOW_NS - busy_ns,

@@ -204,28 +204,9 @@ pub struct WindowDomain {
     pub estimated: bool,
 }
 
-/// A profiling window.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Window {
-    /// Its name.
-    pub name: String,
-    /// The process whose tree it covers.
-    pub pid: u32,
-    /// Windows of any name open around it when it began.
-    pub depth: usize,
-    /// Monotonic begin (ns).
-    pub begin_ns: u64,
-    /// Monotonic end (ns); the run's end if it was never ended.
-    pub end_ns: u64,
-    /// It was still open when the profile ended.
-    pub unterminated: bool,
-    /// On-CPU time of the tree during the window (ns).
-    pub on_cpu_ns: u64,
-    /// Energy attributed to the tree during the window.
-    pub energy: EnergyBy,
-    /// The whole machine's measured energy during the window.
-    pub machine: Vec<WindowDomain>,
-}
+/// A profiling window as the profile keeps it: energy in µJ, monotonic
+/// begin and end (the end is the run's end if it was never ended).
+pub type Window = crate::output::WindowOf<EnergyBy, WindowDomain>;
 
 /// Open and finished windows.
 #[derive(Debug, Default)]

@@ -72,8 +72,8 @@ pub struct ReaderConfig {
     pub wattmeter_log: Option<PathBuf>,
     /// A wattmeter program to start (argv).
     pub wattmeter_cmd: Option<Vec<String>>,
-    /// The wattmeter socket the machine is plugged into.
-    pub wattmeter_socket: u32,
+    /// The wattmeter outlet the machine is plugged into.
+    pub wattmeter_outlet: u32,
 }
 
 /// A reader in use, or why a kind of energy is not measured, for reports.
@@ -233,8 +233,8 @@ impl Readers {
             }
         };
         let wall = match (&cfg.wattmeter_log, &cfg.wattmeter_cmd) {
-            (Some(log), _) => Some(Wattmeter::open_file(log, cfg.wattmeter_socket)?),
-            (None, Some(argv)) => Some(Wattmeter::spawn(argv, cfg.wattmeter_socket)?),
+            (Some(log), _) => Some(Wattmeter::open_file(log, cfg.wattmeter_outlet)?),
+            (None, Some(argv)) => Some(Wattmeter::spawn(argv, cfg.wattmeter_outlet)?),
             (None, None) => None,
         };
         if let Some(w) = &wall {

@@ -6,7 +6,7 @@
 //! 1671527189.314471465,true,232.3,0.0,0.0,0.1,20.9,...
 //! ```
 //!
-//! About 100 frames a second; the machine on socket `n` draws `#activepown`
+//! About 100 frames a second; the machine on outlet `n` draws `#activepown`
 //! watts. Energy is the integral of active power over time (trapezoids
 //! between consecutive good frames). Frames with `frame_is_ok=false`,
 //! malformed lines and timestamps that go backwards are skipped and
@@ -26,12 +26,12 @@ use super::{Domain, DomainEnergy, Source, SourceError, SourceInfo};
 /// One line of a `wattmetre-read` log.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Line {
-    /// The header: the column holding `#activepow<socket>`, if present.
+    /// The header: the column holding `#activepow<outlet>`, if present.
     Header {
-        /// Column index of the chosen socket's active power.
+        /// Column index of the chosen outlet's active power.
         power_column: Option<usize>,
     },
-    /// A frame: its time and, when the frame is good, the socket's power.
+    /// A frame: its time and, when the frame is good, the outlet's power.
     Frame {
         /// Seconds (Unix time).
         timestamp_s: f64,
@@ -42,17 +42,17 @@ pub enum Line {
     Malformed,
 }
 
-/// Column of `#activepow<socket>` when the log has no header: timestamp,
-/// frame_is_ok, U1..U3, then (current, activepow) per socket.
-pub fn default_power_column(socket: u32) -> usize {
-    6 + 2 * (socket.max(1) as usize - 1)
+/// Column of `#activepow<outlet>` when the log has no header: timestamp,
+/// frame_is_ok, U1..U3, then (current, activepow) per outlet.
+pub fn default_power_column(outlet: u32) -> usize {
+    6 + 2 * (outlet.max(1) as usize - 1)
 }
 
 /// Parses one line (without its newline). Pure: the fuzz target calls it.
-pub fn parse_line(line: &str, socket: u32, power_column: usize) -> Line {
+pub fn parse_line(line: &str, outlet: u32, power_column: usize) -> Line {
     let line = line.trim_end_matches('\r');
     if line.starts_with('#') {
-        let want = format!("#activepow{socket}");
+        let want = format!("#activepow{outlet}");
         return Line::Header {
             power_column: line.split(',').position(|c| c.trim() == want),
         };
@@ -108,7 +108,7 @@ pub struct WattmeterStats {
 /// Trapezoidal integration of power over time.
 #[derive(Clone, Debug, Default)]
 pub struct Integrator {
-    socket: u32,
+    outlet: u32,
     power_column: usize,
     last: Option<(f64, f64)>,
     last_ts: Option<f64>,
@@ -121,11 +121,11 @@ pub struct Integrator {
 const GAP_S: f64 = 0.5;
 
 impl Integrator {
-    /// Integrates socket `socket` (1-based, as the meter numbers them).
-    pub fn new(socket: u32) -> Self {
+    /// Integrates outlet `outlet` (1-based, as the meter numbers them).
+    pub fn new(outlet: u32) -> Self {
         Self {
-            socket,
-            power_column: default_power_column(socket),
+            outlet,
+            power_column: default_power_column(outlet),
             ..Self::default()
         }
     }
@@ -135,7 +135,7 @@ impl Integrator {
         if line.trim().is_empty() {
             return;
         }
-        match parse_line(line, self.socket, self.power_column) {
+        match parse_line(line, self.outlet, self.power_column) {
             Line::Header { power_column } => {
                 if let Some(c) = power_column {
                     self.power_column = c;
@@ -221,7 +221,7 @@ pub struct Wattmeter {
 
 impl Wattmeter {
     /// Follows a log file being written, from its beginning.
-    pub fn open_file(path: impl Into<PathBuf>, socket: u32) -> Result<Self, SourceError> {
+    pub fn open_file(path: impl Into<PathBuf>, outlet: u32) -> Result<Self, SourceError> {
         let path = path.into();
         let file = std::fs::File::open(&path).map_err(|e| {
             SourceError::unsupported(
@@ -237,13 +237,13 @@ impl Wattmeter {
                 offset: 0,
                 identity,
             },
-            socket,
+            outlet,
         ))
     }
 
     /// Starts `argv` (e.g. `wattmetre-read --tty=/dev/ttyUSB0 --nb=6`) and
     /// reads its standard output.
-    pub fn spawn(argv: &[String], socket: u32) -> Result<Self, SourceError> {
+    pub fn spawn(argv: &[String], outlet: u32) -> Result<Self, SourceError> {
         let (program, args) = argv.split_first().ok_or_else(|| {
             SourceError::unsupported("empty wattmeter command", "give the wattmetre-read command")
         })?;
@@ -282,15 +282,15 @@ impl Wattmeter {
                 child,
                 argv: argv.to_vec(),
             },
-            socket,
+            outlet,
         ))
     }
 
-    fn with(input: Input, socket: u32) -> Self {
+    fn with(input: Input, outlet: u32) -> Self {
         Self {
             input,
             pending: Vec::new(),
-            integrator: Integrator::new(socket),
+            integrator: Integrator::new(outlet),
             reported_uj: 0,
         }
     }
@@ -506,7 +506,7 @@ mod tests {
     }
 
     #[test]
-    fn integrates_socket_power_skipping_bad_frames_and_counting_them() {
+    fn integrates_outlet_power_skipping_bad_frames_and_counting_them() {
         let mut i = Integrator::new(2);
         i.line(HEADER);
         // 100 W for 1 s at 100 frames/s, with not-ok frames, garbage and a

@@ -832,7 +832,7 @@ impl EbpfTracker {
     }
 }
 
-impl crate::profile::sampling::EventRing for EbpfTracker {
+impl super::EventRing for EbpfTracker {
     fn ring_fd(&self) -> Option<RawFd> {
         Some(self.events_fd())
     }
@@ -939,7 +939,7 @@ impl CpuSampler for EbpfTracker {
                 *debt = owed.saturating_sub(window_ns);
                 CpuTimes {
                     cpu: cpu as u32,
-                    socket: n.socket,
+                    package: n.socket,
                     busy_ns,
                     idle_ns,
                     idle_task_ns: n.idle_task_ns.saturating_sub(p.idle_task_ns),

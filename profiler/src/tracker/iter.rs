@@ -310,7 +310,7 @@ fn cpu_times(
             debt[cpu] = owed.saturating_sub(window);
             CpuTimes {
                 cpu: cpu as u32,
-                socket: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
+                package: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
                 busy_ns: *busy_ns,
                 idle_ns,
                 idle_task_ns: kernel_idle_now

@@ -78,8 +78,9 @@ pub enum TrackerError {
 pub struct CpuTimes {
     /// CPU id.
     pub cpu: u32,
-    /// Dense package index.
-    pub socket: u32,
+    /// Dense package index (`socket` in the recording, schema 2).
+    #[serde(rename = "socket")]
+    pub package: u32,
     /// Time tasks ran (recorded per task).
     pub busy_ns: u64,
     /// Time charged to no task: `window_ns - busy_ns - lost_ns`.
@@ -183,14 +184,30 @@ pub trait CpuSampler {
     fn sample(&mut self, last: bool) -> Result<CpuSample, TrackerError>;
 }
 
+/// A source of samples whose in-between records come through a ring the
+/// loop sleeps on (the eBPF tracker), or none (a synthetic sampler).
+pub trait EventRing {
+    /// The ring's file descriptor, readable when records wait.
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// Takes the records waiting in the ring.
+    fn drain(&mut self);
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// A clock in nanoseconds (0 if the kernel has no such clock).
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid pointer to a timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0;
+    }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

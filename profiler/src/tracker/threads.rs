@@ -61,15 +61,15 @@ struct Thread {
 /// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
 #[derive(Debug)]
 pub struct ThreadLedger {
-    sockets: usize,
+    packages: usize,
     threads: IntMap<(u32, u64), Thread>,
 }
 
 impl ThreadLedger {
-    /// A ledger splitting time over `sockets` packages.
-    pub fn new(sockets: usize) -> Self {
+    /// A ledger splitting time over `packages` packages.
+    pub fn new(packages: usize) -> Self {
         Self {
-            sockets: sockets.clamp(1, MAX_SOCKETS),
+            packages: packages.clamp(1, MAX_SOCKETS),
             threads: HashMap::default(),
         }
     }
@@ -173,7 +173,7 @@ impl ThreadLedger {
     /// read (`full_scan == false`, only announced threads looked up) a
     /// thread not looked up is simply idle.
     pub fn finish(&mut self, full_scan: bool) -> Vec<TaskTime> {
-        let sockets = self.sockets;
+        let packages = self.packages;
         let mut out = Vec::new();
         self.threads.retain(|&(tid, _), t| {
             let gained = t.pending.iter().any(|p| *p > 0);
@@ -184,10 +184,10 @@ impl ThreadLedger {
                     tgid: t.tgid,
                     cgroup_id: t.cgroup_id,
                     comm: comm_to_string(&t.comm),
-                    on_cpu_ns: t.pending[..sockets].to_vec(),
+                    on_cpu_ns: t.pending[..packages].to_vec(),
                     exit_ns: if newly_exited { t.exit_ns } else { None },
                 });
-                // Time on packages beyond `sockets` cannot happen: the
+                // Time on packages beyond `packages` cannot happen: the
                 // kernel only indexes packages userspace gave it.
                 t.pending = [0; MAX_SOCKETS];
                 t.exit_reported |= newly_exited;
