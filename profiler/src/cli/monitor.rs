@@ -216,7 +216,13 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
         Ok(())
     }
 
+    fn done(&mut self, now_ns: u64) -> bool {
+        // Checked before a tick: at the end of `--duration` the final
+        // interval closes at the deadline, not a millisecond after it.
+        self.stop.load(Ordering::Relaxed) || self.end_ns.is_some_and(|e| now_ns >= e)
+    }
+
     fn woke(&mut self, _: &[bool], _: &mut Profile, _: &mut EbpfTracker) -> anyhow::Result<bool> {
-        Ok(self.stop.load(Ordering::Relaxed) || self.end_ns.is_some_and(|e| monotonic_ns() >= e))
+        Ok(self.done(monotonic_ns()))
     }
 }

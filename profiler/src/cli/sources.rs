@@ -53,7 +53,8 @@ pub struct SourcesArgs {
 pub struct WattmeterReport {
     /// The log.
     pub log: String,
-    /// The outlet read.
+    /// The outlet read (`socket` in the JSON, as before the rename).
+    #[serde(rename = "socket")]
     pub outlet: u32,
     /// Energy over the whole log (J).
     pub energy_j: f64,

@@ -356,6 +356,47 @@ mod tests {
     }
 
     #[test]
+    fn the_exposed_names_are_the_documented_ones() {
+        // What dashboards and alerts query (README, deploy/): renaming a
+        // constant must fail here.
+        let counters = [
+            "wattprof_energy_joules_total",
+            "wattprof_idle_energy_joules_total",
+            "wattprof_unattributed_energy_joules_total",
+            "wattprof_container_energy_joules_total",
+            "wattprof_container_cpu_seconds_total",
+            "wattprof_cgroup_energy_joules_total",
+            "wattprof_cgroup_cpu_seconds_total",
+            "wattprof_cpu_seconds_total",
+            "wattprof_self_cpu_seconds_total",
+            "wattprof_self_energy_joules_total",
+            "wattprof_exporter_scrapes_total",
+            "wattprof_exporter_cpu_seconds_total",
+        ];
+        let gauges = [
+            "wattprof_process_power_watts",
+            "wattprof_gpu_power_watts",
+            "wattprof_container_info",
+        ];
+        let snap = Snapshot {
+            families: ALL
+                .iter()
+                .map(|m| (*m, vec![(l(&[("k", "v")]), 1.0)]))
+                .collect(),
+        };
+        let text = classic_text(&openmetrics(&[&snap]));
+        let mut exposed: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split('{').next())
+            .collect();
+        exposed.sort_unstable();
+        let mut want: Vec<&str> = counters.iter().chain(&gauges).copied().collect();
+        want.sort_unstable();
+        assert_eq!(exposed, want, "{text}");
+    }
+
+    #[test]
     fn every_metric_name_is_unique_and_ends_in_its_unit() {
         let names: std::collections::HashSet<String> = ALL.iter().map(|m| m.full_name()).collect();
         assert_eq!(names.len(), ALL.len());

@@ -679,6 +679,35 @@ impl Profile {
                 .map(|p| p.memory_bytes)
                 .sum()
         };
+        let exited = |id: ConsumerId| self.table.by_id(id).is_none_or(|p| p.exit_ns.is_some());
+        let due = |reads: &IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
+                   id: ConsumerId| {
+            reads
+                .get(&id)
+                .is_none_or(|(t, _)| at_ns.saturating_sub(*t) >= MEMORY_EVERY_NS)
+        };
+        // smaps_rollup walks the page tables: at most once a second per
+        // process, however short the interval. In `monitor`, whose top
+        // rows change from interval to interval, also at most
+        // MEMORY_READS_PER_S in all, those read longest ago (or never)
+        // first; `run` reads every process of its tree.
+        let rationed = matches!(self.cfg.scope, Scope::Machine { .. });
+        let mut may_read: Vec<ConsumerId> = Vec::new();
+        if rationed {
+            if at_ns.saturating_sub(self.memory_budget.1) >= 1_000_000_000 {
+                self.memory_budget = (MEMORY_READS_PER_S, at_ns);
+            }
+            let mut stale: Vec<(u64, ConsumerId)> = selected
+                .iter()
+                .map(|i| usage[*i].id)
+                .filter(|id| !exited(*id) && due(&self.memory_read_ns, *id))
+                .map(|id| (self.memory_read_ns.get(&id).map_or(0, |(t, _)| *t), id))
+                .collect();
+            stale.sort_unstable();
+            let n = stale.len().min(self.memory_budget.0 as usize);
+            self.memory_budget.0 -= n as u64;
+            may_read.extend(stale[..n].iter().map(|(_, id)| *id));
+        }
         for i in selected {
             let u = &usage[i];
             let gpu_bytes = if read.gpus.is_empty() {
@@ -686,22 +715,15 @@ impl Profile {
             } else {
                 gpu_bytes_of(u.id)
             };
-            let exited = self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some());
-            // smaps_rollup walks the page tables: at most once a second
-            // per process, however short the interval.
-            if at_ns.saturating_sub(self.memory_budget.1) >= 1_000_000_000 {
-                self.memory_budget = (MEMORY_READS_PER_S, at_ns);
-            }
-            let mem = match self.memory_read_ns.get(&u.id) {
-                _ if exited => None,
-                Some((t, m)) if at_ns.saturating_sub(*t) < MEMORY_EVERY_NS => *m,
-                last if self.memory_budget.0 == 0 => last.and_then(|(_, m)| *m),
-                _ => {
-                    self.memory_budget.0 -= 1;
-                    let m = self.procfs.memory(u.pid);
-                    self.memory_read_ns.insert(u.id, (at_ns, m));
-                    m
-                }
+            let last = self.memory_read_ns.get(&u.id).and_then(|(_, m)| *m);
+            let mem = if exited(u.id) {
+                None
+            } else if !due(&self.memory_read_ns, u.id) || (rationed && !may_read.contains(&u.id)) {
+                last
+            } else {
+                let m = self.procfs.memory(u.pid);
+                self.memory_read_ns.insert(u.id, (at_ns, m));
+                m
             };
             let peak = self.memory.entry(u.id).or_default();
             if let Some(m) = mem {

@@ -58,6 +58,12 @@ impl Ticker {
 pub trait Hooks<S> {
     /// Files to wake on besides the ring (each `POLLIN`).
     fn fds(&self) -> Vec<RawFd>;
+    /// Whether to stop now, before anything else (a signal, a deadline):
+    /// looked at on every pass, so a loop that cannot keep up with its
+    /// ticks still ends. `woke` can stop it too.
+    fn done(&mut self, _now_ns: u64) -> bool {
+        false
+    }
     /// The longest sleep from `now_ns` (a deadline, a flag to look at).
     fn max_sleep_ms(&self, _now_ns: u64) -> i32 {
         MAX_SLEEP_MS
@@ -84,6 +90,9 @@ pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
 ) -> anyhow::Result<()> {
     loop {
         let now = monotonic_ns();
+        if hooks.done(now) {
+            return Ok(());
+        }
         if ticker.due(now) {
             profile.tick(sampler, false)?;
             hooks.after_interval(profile, now)?;

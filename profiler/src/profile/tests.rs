@@ -1,6 +1,7 @@
 //! The profile hub without root: a scripted [`CpuSampler`], a powercap
 //! fixture whose counter the test advances, and a cgroup fixture whose
-//! directories name the cgroup ids.
+//! directories name the cgroup ids. Pids are above the kernel's largest
+//! (2^22), so no lookup in /proc can find a real process.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -230,16 +231,16 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
         KeepIntervals::All,
         Filter::default(),
     );
-    rig.profile.table.set_root(1001);
+    rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
-    // 1001 (the tree) ran 600 ms, 2002 (another program) 300 ms, of 2 s.
+    // 5001001 (the tree) ran 600 ms, 5002002 (another program) 300 ms, of 2 s.
     rig.interval(
         40.0,
-        &[(1001, user, 600_000_000), (2002, user, 300_000_000)],
+        &[(5001001, user, 600_000_000), (5002002, user, 300_000_000)],
         false,
     );
-    // 1001 alone, 1.5 s of 2 s.
-    rig.interval(20.0, &[(1001, user, 1_500_000_000)], true);
+    // 5001001 alone, 1.5 s of 2 s.
+    rig.interval(20.0, &[(5001001, user, 1_500_000_000)], true);
     let (report, stream) = rig.finish();
 
     let pkg = &report.energy.domains[0];
@@ -252,15 +253,18 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
         "{pkg:?}"
     );
     // Each interval divides its energy by CPU time: 40 J x 0.6/2 + 20 J x
-    // 1.5/2 for 1001; idle is the idle time's share.
-    assert!(close(process(&report, 1001).energy.package_j, 12.0 + 15.0));
+    // 1.5/2 for 5001001; idle is the idle time's share.
+    assert!(close(
+        process(&report, 5001001).energy.package_j,
+        12.0 + 15.0
+    ));
     assert!(close(report.energy.groups.other.package_j, 6.0));
     assert!(
         close(pkg.idle_j, 40.0 * 1.1 / 2.0 + 20.0 * 0.5 / 2.0),
         "{pkg:?}"
     );
-    // 2002 is not in the tree: in `other`, not among the processes.
-    assert!(report.processes.iter().all(|p| p.pid != 2002));
+    // 5002002 is not in the tree: in `other`, not among the processes.
+    assert!(report.processes.iter().all(|p| p.pid != 5002002));
 
     // The stream: two intervals, then the summary; each interval's
     // figures add up too.
@@ -277,7 +281,7 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
         iv["groups"]["tree"]["energy_j"].as_f64().unwrap_or(0.0),
         12.0
     ));
-    assert_eq!(iv["processes"][0]["pid"], 1001);
+    assert_eq!(iv["processes"][0]["pid"], 5001001);
     // The recording keeps every interval as streamed.
     assert_eq!(report.intervals.len(), 2);
     let kept: Value = serde_json::from_str(report.intervals[0].get()).expect("kept interval");
@@ -287,17 +291,17 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
 #[test]
 fn a_window_gets_the_energy_of_the_intervals_between_its_messages() {
     let mut rig = Rig::new("window", Scope::Tree, KeepIntervals::All, Filter::default());
-    rig.profile.table.set_root(1001);
+    rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
-    rig.interval(40.0, &[(1001, user, 1_000_000_000)], false);
+    rig.interval(40.0, &[(5001001, user, 1_000_000_000)], false);
     rig.profile
-        .window_messages(vec![("begin step pid=1001".into(), 1001)], rig.at_ns);
-    rig.interval(30.0, &[(1001, user, 500_000_000)], false);
+        .window_messages(vec![("begin step pid=5001001".into(), 5001001)], rig.at_ns);
+    rig.interval(30.0, &[(5001001, user, 500_000_000)], false);
     rig.profile
-        .window_messages(vec![("end step pid=1001".into(), 1001)], rig.at_ns);
+        .window_messages(vec![("end step pid=5001001".into(), 5001001)], rig.at_ns);
     rig.profile
-        .window_messages(vec![("bogus".into(), 1001)], rig.at_ns);
-    rig.interval(10.0, &[(1001, user, 500_000_000)], true);
+        .window_messages(vec![("bogus".into(), 5001001)], rig.at_ns);
+    rig.interval(10.0, &[(5001001, user, 500_000_000)], true);
     let (report, stream) = rig.finish();
 
     assert_eq!(report.windows.len(), 1);
@@ -330,16 +334,16 @@ fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
     let user = rig.cgroup("user.slice");
     rig.interval(
         40.0,
-        &[(3003, cron, 500_000_000), (4004, user, 1_000_000_000)],
+        &[(5003003, cron, 500_000_000), (5004004, user, 1_000_000_000)],
         true,
     );
     let (report, stream) = rig.finish();
 
     let pids: Vec<u32> = report.processes.iter().map(|p| p.pid).collect();
-    assert_eq!(pids, [3003]);
+    assert_eq!(pids, [5003003]);
     // 40 J x 0.5 s / 2 CPU-seconds.
-    assert!(close(process(&report, 3003).energy.package_j, 10.0));
-    // 4004's share is attributed (to `other`, with 3003's) though it is
+    assert!(close(process(&report, 5003003).energy.package_j, 10.0));
+    // 5004004's share is attributed (to `other`, with 5003003's) though it is
     // not shown.
     assert!(close(report.energy.groups.other.package_j, 10.0 + 20.0));
     let rows = stream[0]["processes"].as_array().expect("rows");
@@ -364,13 +368,13 @@ fn cgroup_and_container_sums_follow_their_processes() {
     rig.interval(
         40.0,
         &[
-            (5005, docker, 400_000_000),
-            (5006, docker, 200_000_000),
-            (3003, cron, 200_000_000),
+            (5005005, docker, 400_000_000),
+            (5005006, docker, 200_000_000),
+            (5003003, cron, 200_000_000),
         ],
         false,
     );
-    rig.interval(20.0, &[(5005, docker, 1_000_000_000)], true);
+    rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], true);
     let containers = rig.profile.container_reports(None);
     let cgroups = rig.profile.cgroup_reports(None);
     let snapshot = rig.profile.snapshot(10, u64::MAX);
@@ -419,8 +423,8 @@ fn the_keep_policy_decides_what_the_recording_holds() {
     ] {
         let mut rig = Rig::new("keep", scope(), keep, Filter::default());
         let user = rig.cgroup("user.slice");
-        rig.interval(10.0, &[(6006, user, 100_000_000)], false);
-        rig.interval(10.0, &[(6006, user, 100_000_000)], true);
+        rig.interval(10.0, &[(5006006, user, 100_000_000)], false);
+        rig.interval(10.0, &[(5006006, user, 100_000_000)], true);
         let (report, stream) = rig.finish();
         // The stream always has everything.
         assert!(stream[0]["processes"].is_array());
@@ -439,4 +443,39 @@ fn the_keep_policy_decides_what_the_recording_holds() {
             }
         }
     }
+}
+
+#[test]
+fn monitor_rows_are_the_top_processes_by_energy_in_order() {
+    let scope = Scope::Machine {
+        top: 2,
+        pids: Vec::new(),
+    };
+    let mut rig = Rig::new("top", scope, KeepIntervals::All, Filter::default());
+    let user = rig.cgroup("user.slice");
+    // Five processes, more than `top`: the unordered selection path.
+    let tasks: Vec<(u32, u64, u64)> = [
+        (5007001, 100),
+        (5007002, 400),
+        (5007003, 200),
+        (5007004, 300),
+        (5007005, 50),
+    ]
+    .iter()
+    .map(|(pid, ms)| (*pid, user, ms * 1_000_000))
+    .collect();
+    rig.interval(40.0, &tasks, false);
+    let rows = rig
+        .profile
+        .last_interval()
+        .expect("an interval")
+        .process_rows()
+        .to_vec();
+    let pids: Vec<u32> = rows.iter().map(|r| r.pid).collect();
+    assert_eq!(pids, [5007002, 5007004]);
+    assert!(close(rows[0].package_j, 40.0 * 0.4 / 2.0), "{rows:?}");
+    rig.interval(40.0, &tasks, true);
+    let (report, stream) = rig.finish();
+    assert_eq!(stream[1]["processes"].as_array().map(Vec::len), Some(2));
+    assert!(report.processes.len() >= 2);
 }

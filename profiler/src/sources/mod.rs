@@ -99,7 +99,7 @@ impl SourceError {
     /// [`SourceError::NotSupported`] knows a fix).
     pub fn reason_and_fix(self) -> (String, Option<String>) {
         match self {
-            Self::NotSupported { reason, fix } => (reason, (!fix.is_empty()).then_some(fix)),
+            Self::NotSupported { reason, fix } => (reason, Some(fix)),
             other => (other.to_string(), None),
         }
     }

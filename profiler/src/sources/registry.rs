@@ -335,12 +335,16 @@ impl Readers {
     /// energy is estimated.
     pub fn add_estimate(&self, energy: &mut IntervalEnergy, busy_ns: u64, cpus: usize) {
         if let Cpu::Estimate(model) = &self.cpu {
-            energy.energy.push(DomainEnergy {
-                domain: Domain::Package,
-                package: None,
-                energy_uj: model.energy_uj(busy_ns, cpus),
-                estimated: true,
-            });
+            // First, where a CPU counter's domains would be.
+            energy.energy.insert(
+                0,
+                DomainEnergy {
+                    domain: Domain::Package,
+                    package: None,
+                    energy_uj: model.energy_uj(busy_ns, cpus),
+                    estimated: true,
+                },
+            );
         }
     }
 }

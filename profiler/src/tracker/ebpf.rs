@@ -613,15 +613,29 @@ impl EbpfTracker {
     /// and whose final run time has not come yet (the iterator tracker's free events,
     /// an RCU grace period after the thread is reaped).
     pub fn awaiting_final_since(&self, since_ns: u64, until_ns: u64) -> usize {
-        self.iter.as_ref().map_or(0, |i| {
-            // A thread whose exit event was lost is waited for too, once
-            // /proc no longer has it.
-            let gone = |tgid: u32, tid: u32| {
-                !std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
-            };
-            i.ledger().awaiting_free_since(since_ns, until_ns)
-                + i.ledger().gone_unreported_since(since_ns, gone)
+        self.iter
+            .as_ref()
+            .map_or(0, |i| i.ledger().awaiting_free_since(since_ns, until_ns))
+    }
+
+    /// Iterator tracker: threads read since `since_ns` that /proc no
+    /// longer lists but that reported no exit (the event was lost): their
+    /// free brings the final time. One look at /proc per such thread.
+    pub fn lost_exits_since(&self, since_ns: u64) -> Vec<(u64, u64)> {
+        let gone = |tgid: u32, tid: u32| {
+            !std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+        };
+        self.iter.as_ref().map_or_else(Vec::new, |i| {
+            i.ledger().gone_unreported_since(since_ns, gone)
         })
+    }
+
+    /// How many of these threads (from [`EbpfTracker::lost_exits_since`])
+    /// are still waiting for their free.
+    pub fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
+        self.iter
+            .as_ref()
+            .map_or(0, |i| i.ledger().not_freed(threads))
     }
 
     /// Whether thread `tid` has reported its exit.

@@ -215,12 +215,33 @@ impl RuntimeLedger {
     }
 
     /// Threads read since `since_ns` that reported neither exit nor free
-    /// and that `gone(tgid, tid)` says are gone: their exit event was lost
-    /// and their free (with the final run time) is on its way.
-    pub fn gone_unreported_since(&self, since_ns: u64, gone: impl Fn(u32, u32) -> bool) -> usize {
-        self.all()
-            .filter(|t| {
+    /// and that `gone(tgid, tid)` says are gone (their exit event was
+    /// lost; their free, with the final run time, is on its way), by
+    /// task pointer and start.
+    pub fn gone_unreported_since(
+        &self,
+        since_ns: u64,
+        gone: impl Fn(u32, u32) -> bool,
+    ) -> Vec<(u64, u64)> {
+        self.threads
+            .iter()
+            .flat_map(|(ptr, list)| list.iter().map(move |t| (*ptr, t)))
+            .filter(|(_, t)| {
                 t.exit_ns.is_none() && !t.freed && t.last_seen_ns >= since_ns && gone(t.tgid, t.tid)
+            })
+            .map(|(ptr, t)| (ptr, t.start_ns))
+            .collect()
+    }
+
+    /// How many of these threads (task pointer, start) have not been
+    /// freed yet.
+    pub fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
+        threads
+            .iter()
+            .filter(|(ptr, start)| {
+                self.threads
+                    .get(ptr)
+                    .is_some_and(|l| l.iter().any(|t| t.start_ns == *start && !t.freed))
             })
             .count()
     }
