@@ -9,7 +9,7 @@ pub use table::{By, container_label, render_monitor_frame, render_run_table};
 
 use serde::Serialize;
 
-use crate::attribution::{Basis, EnergyBy};
+use crate::attribution::EnergyBy;
 use crate::carbon::CarbonIntensity;
 use crate::process::GroupTotals;
 use crate::sources::Domain;
@@ -216,27 +216,7 @@ pub struct ProfilerReport {
 }
 
 /// One energy domain over the whole profile (J).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DomainReport {
-    /// Domain.
-    pub domain: Domain,
-    /// Kernel package id, GPU index, or null (machine level).
-    pub package: Option<u32>,
-    /// Modelled rather than measured (for some interval at least).
-    pub estimated: bool,
-    /// How it was divided among processes.
-    pub basis: Basis,
-    /// Measured (J).
-    pub measured_j: f64,
-    /// Attributed to processes (J).
-    pub attributed_j: f64,
-    /// Share of idle CPU time, or GPU time no process held (J).
-    pub idle_j: f64,
-    /// Neither: lost time, unknown processes, machine-level domains (J).
-    pub unattributed_j: f64,
-    /// `measured_j` over the span (W).
-    pub avg_power_w: f64,
-}
+pub type DomainReport = record::DomainOf<record::AveragePower>;
 
 /// Energy per group.
 #[derive(Clone, Debug, Default, Serialize)]

@@ -74,27 +74,86 @@ impl IntervalRecord {
     }
 }
 
-/// One energy domain over an interval.
+/// One energy domain's figures: over an interval ([`DomainRow`], with
+/// its power) or over the whole profile (`output::DomainReport`, with the
+/// average power).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct DomainRow {
+pub struct DomainOf<P> {
     /// Which domain.
     pub domain: Domain,
     /// Kernel package id, GPU index, or none (machine level).
     pub package: Option<u32>,
-    /// Modelled rather than measured.
+    /// Modelled rather than measured (for some interval at least).
     pub estimated: bool,
-    /// How it was divided.
+    /// How it was divided among processes.
     pub basis: Basis,
     /// Measured (J).
     pub measured_j: f64,
     /// Attributed to processes (J).
     pub attributed_j: f64,
-    /// Idle share (J).
+    /// Share of idle CPU time, or GPU time no process held (J).
     pub idle_j: f64,
-    /// Neither (J).
+    /// Neither: lost time, unknown processes, machine-level domains (J).
     pub unattributed_j: f64,
+    /// Its power.
+    #[serde(flatten)]
+    pub power: P,
+}
+
+/// An interval's power (`power_w`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct IntervalPower {
     /// Measured over the interval (W).
     pub power_w: f64,
+}
+
+/// The whole profile's average power (`avg_power_w`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AveragePower {
+    /// Measured over the span (W).
+    pub avg_power_w: f64,
+}
+
+/// One energy domain over an interval.
+pub type DomainRow = DomainOf<IntervalPower>;
+
+/// A domain's sums in µJ, as the attribution engine keeps them.
+#[derive(Clone, Copy, Debug)]
+pub struct DomainUj {
+    /// Which domain.
+    pub domain: Domain,
+    /// Package or GPU index.
+    pub package: Option<u32>,
+    /// Modelled.
+    pub estimated: bool,
+    /// How it was divided.
+    pub basis: Basis,
+    /// Measured.
+    pub measured: u64,
+    /// Attributed.
+    pub attributed: u64,
+    /// Idle.
+    pub idle: u64,
+    /// Neither.
+    pub unattributed: u64,
+}
+
+impl<P> DomainOf<P> {
+    /// From µJ over `span_ns`, with the power `power` makes of the
+    /// measured energy's average.
+    pub fn from_uj(d: DomainUj, span_ns: u64, power: impl Fn(f64) -> P) -> Self {
+        Self {
+            domain: d.domain,
+            package: d.package,
+            estimated: d.estimated,
+            basis: d.basis,
+            measured_j: joules(d.measured),
+            attributed_j: joules(d.attributed),
+            idle_j: joules(d.idle),
+            unattributed_j: joules(d.unattributed),
+            power: power(watts(d.measured, span_ns)),
+        }
+    }
 }
 
 /// One GPU over an interval.

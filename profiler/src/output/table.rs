@@ -111,7 +111,7 @@ fn render_energy(s: &mut String, r: &RunReport) {
                 d.attributed_j,
                 d.idle_j,
                 d.unattributed_j,
-                d.avg_power_w,
+                d.power.avg_power_w,
                 if d.estimated { "  estimated" } else { "" }
             );
         }
@@ -481,7 +481,7 @@ pub fn render_monitor_frame(
             Some(p) => format!("{} {p}", d.domain.name()),
             None => d.domain.name().to_string(),
         };
-        let _ = write!(power, "  {name}: {:.1} W", d.power_w);
+        let _ = write!(power, "  {name}: {:.1} W", d.power.power_w);
     }
     if power.is_empty() {
         power = "  (no energy reader: see `wattprof sources`)".into();

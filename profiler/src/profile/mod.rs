@@ -23,7 +23,8 @@ use crate::hash::IntMap;
 use crate::output::jsonl::{Jsonl, Typed};
 use crate::output::prometheus::{Labels, Snapshot};
 use crate::output::record::{
-    DomainRow, GpuRow, GroupRow, GroupRows, IntervalRecord, ProcessRow, joules, watts,
+    AveragePower, DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord,
+    ProcessRow, joules, watts,
 };
 use crate::output::{
     CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
@@ -570,16 +571,21 @@ impl Profile {
         rows.clear();
         self.process_rows(&usage, &energy, &read, sample.at_ns, &mut rows);
         record.domains.clear();
-        record.domains.extend(shares.iter().map(|s| DomainRow {
-            domain: s.domain,
-            package: s.package,
-            estimated: s.estimated,
-            basis: s.basis,
-            measured_j: joules(s.measured_uj),
-            attributed_j: joules(s.attributed_uj()),
-            idle_j: joules(s.idle_uj),
-            unattributed_j: joules(s.unattributed_uj),
-            power_w: watts(s.measured_uj, duration_ns),
+        record.domains.extend(shares.iter().map(|s| {
+            DomainRow::from_uj(
+                DomainUj {
+                    domain: s.domain,
+                    package: s.package,
+                    estimated: s.estimated,
+                    basis: s.basis,
+                    measured: s.measured_uj,
+                    attributed: s.attributed_uj(),
+                    idle: s.idle_uj,
+                    unattributed: s.unattributed_uj,
+                },
+                duration_ns,
+                |power_w| IntervalPower { power_w },
+            )
         }));
         record.gpus.clear();
         record.gpus.extend(read.gpus.iter().map(|g| GpuRow {
@@ -1105,16 +1111,21 @@ impl Profile {
             .ledger
             .domains()
             .iter()
-            .map(|t| DomainReport {
-                domain: t.domain,
-                package: t.package,
-                estimated: t.estimated,
-                basis: t.basis,
-                measured_j: joules(t.measured_uj),
-                attributed_j: joules(t.attributed_uj),
-                idle_j: joules(t.idle_uj),
-                unattributed_j: joules(t.unattributed_uj),
-                avg_power_w: watts(t.measured_uj, span),
+            .map(|t| {
+                DomainReport::from_uj(
+                    DomainUj {
+                        domain: t.domain,
+                        package: t.package,
+                        estimated: t.estimated,
+                        basis: t.basis,
+                        measured: t.measured_uj,
+                        attributed: t.attributed_uj,
+                        idle: t.idle_uj,
+                        unattributed: t.unattributed_uj,
+                    },
+                    span,
+                    |avg_power_w| AveragePower { avg_power_w },
+                )
             })
             .collect();
         let cgroups = self.cgroup_reports(None);
