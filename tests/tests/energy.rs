@@ -83,9 +83,35 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
         "burners: CPU time ratio {time_ratio:.4}, package energy ratio {energy_ratio:.4}, \
          DRAM {dram_ratio:.4}"
     );
+    // Each interval's power per domain and the burners' time in it: where
+    // a ratio is off, this says which interval's energy was.
+    let intervals = report["intervals"].as_array().expect("intervals");
+    let per_interval: Vec<String> = intervals
+        .iter()
+        .map(|iv| {
+            let w: Vec<String> = iv["domains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| format!("{:.2}", d["power_w"].as_f64().unwrap_or(0.0)))
+                .collect();
+            format!(
+                "{:.1} ms: {} W, busy {:.1} ms",
+                iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                w.join("/"),
+                iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e6
+            )
+        })
+        .collect();
     assert!((time_ratio - 2.0).abs() < 0.02, "time ratio {time_ratio}");
-    assert!((energy_ratio / time_ratio - 1.0).abs() < 0.01);
-    assert!((dram_ratio / time_ratio - 1.0).abs() < 0.01);
+    assert!(
+        (energy_ratio / time_ratio - 1.0).abs() < 0.01,
+        "{per_interval:#?}"
+    );
+    assert!(
+        (dram_ratio / time_ratio - 1.0).abs() < 0.01,
+        "{per_interval:#?}"
+    );
 
     // The whole measured energy is the fixture's power over the run.
     let pkg = domain(report, "package", Some(0));

@@ -407,23 +407,29 @@ impl Profile {
         }
     }
 
-    /// Starts counting: the energy counters' starting point, then at once
-    /// the tracker's. Returns the monotonic time counting starts.
+    /// Starts counting: the energy counters' starting point, taken by the
+    /// tracker right before its own (nothing that can sleep between).
+    /// Returns the monotonic time counting starts.
     pub fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
-        self.readers.rebase();
-        let start_ns = sampler.begin()?;
+        let readers = &mut self.readers;
+        let start_ns = sampler.begin(&mut || readers.rebase())?;
         self.start_ns = start_ns;
         self.last_ns = start_ns;
         Ok(start_ns)
     }
 
-    /// Closes one interval: the energy counters, then at once the tracker
-    /// (as at [`Profile::begin`], so both measure the same span), then the
-    /// attribution. `last` closes the final one (the wattmeter program is
-    /// stopped). Returns the interval's end (monotonic ns).
+    /// Closes one interval: the energy counters, read by the tracker right
+    /// before its own read (as at [`Profile::begin`], so both measure the
+    /// same span), then the attribution. `last` closes the final one (the
+    /// wattmeter program is stopped). Returns the interval's end
+    /// (monotonic ns).
     pub fn tick(&mut self, sampler: &mut impl CpuSampler, last: bool) -> Result<u64, TrackerError> {
-        let energy = self.readers.read_counters(last);
-        let sample = sampler.sample(last)?;
+        let readers = &mut self.readers;
+        let mut energy = None;
+        let sample = sampler.sample(last, &mut || energy = Some(readers.read_counters(last)))?;
+        // A sampler that failed before reading has returned its error; one
+        // that never called back (none does) reads after.
+        let energy = energy.unwrap_or_else(|| self.readers.read_counters(last));
         self.step(&sample, energy);
         Ok(sample.at_ns)
     }

@@ -21,11 +21,17 @@ struct Script {
 }
 
 impl CpuSampler for Script {
-    fn begin(&mut self) -> Result<u64, TrackerError> {
+    fn begin(&mut self, at_read: &mut dyn FnMut()) -> Result<u64, TrackerError> {
+        at_read();
         Ok(START_NS)
     }
 
-    fn sample(&mut self, _last: bool) -> Result<CpuSample, TrackerError> {
+    fn sample(
+        &mut self,
+        _last: bool,
+        at_read: &mut dyn FnMut(),
+    ) -> Result<CpuSample, TrackerError> {
+        at_read();
         self.samples
             .pop_front()
             .ok_or_else(|| TrackerError::Load("the script has no more samples".into()))

@@ -292,13 +292,9 @@ impl Readers {
     /// [`Readers::add_estimate`].
     pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
-        if let Cpu::Counter(s) = &mut self.cpu {
-            match s.read() {
-                Ok(e) => out.energy.extend(e),
-                // A failed read advances no counter: the next one catches up.
-                Err(e) => self.problems.push(format!("{}: {e}", s.name())),
-            }
-        }
+        // NVML (milliseconds with its process queries) and the wattmeter
+        // first, the CPU counter last: nearest the tracker's read, which
+        // divides its energy.
         if let Some(g) = &mut self.gpu {
             out.gpus = g.read_gpus();
             for (i, what) in g.problems() {
@@ -326,6 +322,16 @@ impl Readers {
                 }
             }
             out.energy.extend(wall);
+        }
+        if let Cpu::Counter(s) = &mut self.cpu {
+            match s.read() {
+                // CPU domains first in the list, as before.
+                Ok(e) => {
+                    out.energy.splice(0..0, e);
+                }
+                // A failed read advances no counter: the next one catches up.
+                Err(e) => self.problems.push(format!("{}: {e}", s.name())),
+            }
         }
         out
     }

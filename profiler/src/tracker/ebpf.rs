@@ -419,13 +419,13 @@ impl EbpfTracker {
 
     /// The iterator tracker's starting point: a full read, applied but not
     /// closed, so time after it belongs to the first interval.
-    fn begin_iter(&mut self) -> Result<u64, TrackerError> {
+    fn begin_iter(&mut self, at_read: &mut dyn FnMut()) -> Result<u64, TrackerError> {
         let Some(state) = self.iter.as_mut() else {
             return Err(TrackerError::Load("no iterator".into()));
         };
         // Threads born from here on count from zero.
         state.set_baseline(monotonic_ns());
-        let began = state.read(true)?;
+        let began = state.read(true, at_read)?;
         // As in every sample: the read's end is the interval boundary.
         let at_ns = monotonic_ns();
         self.drain_events();
@@ -478,7 +478,8 @@ impl EbpfTracker {
 
     /// The switch tracker's starting point: a flush opens every online
     /// CPU's window.
-    fn begin_switch(&mut self) -> Result<u64, TrackerError> {
+    fn begin_switch(&mut self, at_read: &mut dyn FnMut()) -> Result<u64, TrackerError> {
+        at_read();
         self.flush_cpus();
         if !self.flush_supported {
             // Before Linux 5.10: nothing is open yet; let switches open.
@@ -815,9 +816,9 @@ impl EbpfTracker {
 impl EbpfTracker {
     /// A sample of the iterator tracker: read, drain the ring (exits,
     /// frees and checkpoints up to now), apply the read, close.
-    fn sample_iter(&mut self) -> Result<CpuSample, TrackerError> {
+    fn sample_iter(&mut self, at_read: &mut dyn FnMut()) -> Result<CpuSample, TrackerError> {
         let began = match self.iter.as_mut() {
-            Some(i) => i.read(self.closing)?,
+            Some(i) => i.read(self.closing, at_read)?,
             None => return Err(TrackerError::Load("no iterator".into())),
         };
         let at_ns = monotonic_ns();
@@ -857,21 +858,22 @@ impl super::EventRing for EbpfTracker {
 }
 
 impl CpuSampler for EbpfTracker {
-    fn begin(&mut self) -> Result<u64, TrackerError> {
+    fn begin(&mut self, at_read: &mut dyn FnMut()) -> Result<u64, TrackerError> {
         self.start_ns = if self.iter.is_some() {
-            self.begin_iter()?
+            self.begin_iter(at_read)?
         } else {
-            self.begin_switch()?
+            self.begin_switch(at_read)?
         };
         Ok(self.start_ns)
     }
 
-    fn sample(&mut self, last: bool) -> Result<CpuSample, TrackerError> {
+    fn sample(&mut self, last: bool, at_read: &mut dyn FnMut()) -> Result<CpuSample, TrackerError> {
         // The final read: every thread, and windows closed for good.
         self.closing |= last;
         if self.iter.is_some() {
-            return self.sample_iter();
+            return self.sample_iter(at_read);
         }
+        at_read();
         // Threads charged from here on announce themselves for the next read.
         self.epoch += 1;
         write_epoch(&mut self.epoch_map, self.epoch)?;

@@ -111,7 +111,11 @@ impl IterState {
     /// a minute), and of threads on a CPU, whose counter is as old as their
     /// last tick: for those the kernel side adds the time since the
     /// counter's last update. Returns the monotonic time the read began.
-    pub(super) fn read(&mut self, first_or_last: bool) -> Result<u64, TrackerError> {
+    pub(super) fn read(
+        &mut self,
+        first_or_last: bool,
+        at_read: &mut dyn FnMut(),
+    ) -> Result<u64, TrackerError> {
         let started = monotonic_ns();
         let full = first_or_last || started.saturating_sub(self.last_full_ns) >= FULL_READ_EVERY_NS;
         if full != self.full_now {
@@ -125,6 +129,10 @@ impl IterState {
         // iterator starts: its switch-in time calibrates the scheduler
         // clock against the monotonic one for running threads' estimates.
         std::thread::sleep(std::time::Duration::from_micros(100));
+        // After the sleep, whose wake-up can wait milliseconds for a CPU
+        // when every CPU is busy: the energy counters are read here, a few
+        // microseconds before the walk.
+        at_read();
         let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
             map: "iter/task",
             reason: format!("cannot start a read: {e}"),

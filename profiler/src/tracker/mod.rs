@@ -176,12 +176,14 @@ impl CpuSample {
 
 /// A source of [`CpuSample`]s: the eBPF tracker, or a synthetic one in tests.
 pub trait CpuSampler {
-    /// Takes every thread's starting point (once, right after the energy
-    /// counters take theirs): returns the monotonic time counting starts.
-    fn begin(&mut self) -> Result<u64, TrackerError>;
+    /// Takes every thread's starting point: returns the monotonic time
+    /// counting starts. `at_read` runs right before the read (the energy
+    /// counters take theirs there), with nothing that can sleep between.
+    fn begin(&mut self, at_read: &mut dyn FnMut()) -> Result<u64, TrackerError>;
     /// Closes the current interval and returns what happened in it;
-    /// `last` closes the final one.
-    fn sample(&mut self, last: bool) -> Result<CpuSample, TrackerError>;
+    /// `last` closes the final one. `at_read` runs right before the read,
+    /// as in [`CpuSampler::begin`].
+    fn sample(&mut self, last: bool, at_read: &mut dyn FnMut()) -> Result<CpuSample, TrackerError>;
 }
 
 /// A source of samples whose in-between records come through a ring the
