@@ -198,7 +198,8 @@ pub struct EbpfTracker {
     fallback: Option<String>,
 }
 
-fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
+/// A map error, naming the map.
+pub(super) fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
     move |e| TrackerError::Map {
         map,
         reason: e.to_string(),

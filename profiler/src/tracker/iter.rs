@@ -10,6 +10,7 @@ use profiler_common::{
     ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
 };
 
+use super::ebpf::map_err;
 use super::{
     CpuTimes, TaskTime, TrackerError, monotonic_ns,
     runtime::{Kind, Reading, RuntimeLedger},
@@ -42,13 +43,6 @@ pub(super) struct IterState {
     kernel_idle_ns: Vec<u64>,
     pub(super) filter_overflow: u64,
     pub(super) read_syscalls: u64,
-}
-
-fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> TrackerError {
-    move |e| TrackerError::Map {
-        map,
-        reason: e.to_string(),
-    }
 }
 
 impl IterState {
