@@ -308,6 +308,29 @@ fn process_cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// Lets a started wattprof settle for `settle_s`, measures its CPU per
+/// second of wall time over `seconds`, waits for it to end (it must
+/// succeed), and returns that rate (ns/s) and its recording (`out`,
+/// removed).
+fn steady_cpu(
+    mut child: std::process::Child,
+    settle_s: u64,
+    seconds: u64,
+    out: &Path,
+) -> Result<(f64, serde_json::Value)> {
+    std::thread::sleep(std::time::Duration::from_secs(settle_s));
+    let (c0, t0) = (process_cpu_ns(child.id()), Instant::now());
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let (c1, t1) = (process_cpu_ns(child.id()), Instant::now());
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("wattprof failed: {status}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out)?)?;
+    let _ = std::fs::remove_file(out);
+    Ok(((c1 - c0) as f64 / (t1 - t0).as_secs_f64(), report))
+}
+
 /// wattprof's own CPU while a workload of `threads` live threads runs
 /// (`idle-threads`: they sleep; `busy-procs`: each wakes every 50 ms):
 /// steady state (after they were all created and seen), and over the
@@ -322,7 +345,7 @@ fn tracker_cpu(
 ) -> Result<()> {
     const SETTLE_S: u64 = 3;
     let out = std::env::temp_dir().join(format!("wattprof-bench-{tracker}-{threads}.json"));
-    let mut child = Command::new(wattprof)
+    let child = Command::new(wattprof)
         .args(["run", "--as-root", "--interval", "1s", "--tracker", tracker])
         .arg("--output")
         .arg(&out)
@@ -336,17 +359,8 @@ fn tracker_cpu(
         ])
         .stderr(std::process::Stdio::null())
         .spawn()?;
-    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
-    let (c0, t0) = (process_cpu_ns(child.id()), Instant::now());
-    std::thread::sleep(std::time::Duration::from_secs(seconds));
-    let (c1, t1) = (process_cpu_ns(child.id()), Instant::now());
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("wattprof run with {threads} threads failed: {status}");
-    }
-    let steady = (c1 - c0) as f64 / (t1 - t0).as_secs_f64();
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
-    let _ = std::fs::remove_file(&out);
+    let (steady, report) = steady_cpu(child, SETTLE_S, seconds, &out)
+        .with_context(|| format!("wattprof run with {threads} threads"))?;
     let num = |p: &str| {
         report
             .pointer(p)
@@ -494,7 +508,7 @@ fn busy_procs(n: usize, seconds: u64) -> Result<()> {
 fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u64)> {
     const SETTLE_S: u64 = 2;
     let out = std::env::temp_dir().join("wattprof-bench-monitor.json");
-    let mut child = Command::new(wattprof)
+    let child = Command::new(wattprof)
         .args([
             "monitor",
             "--cpu-tdp",
@@ -509,21 +523,12 @@ fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u6
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()?;
-    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
-    let (c0, t0) = (process_cpu_ns(child.id()), Instant::now());
-    std::thread::sleep(std::time::Duration::from_secs(seconds));
-    let (c1, t1) = (process_cpu_ns(child.id()), Instant::now());
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("wattprof monitor failed: {status}");
-    }
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
-    let _ = std::fs::remove_file(&out);
+    let (rate, report) = steady_cpu(child, SETTLE_S, seconds, &out).context("wattprof monitor")?;
     let seen = report
         .pointer("/intervals")
         .and_then(serde_json::Value::as_array)
         .map_or(0, Vec::len) as u64;
-    Ok(((c1 - c0) as f64 / (t1 - t0).as_secs_f64(), seen))
+    Ok((rate, seen))
 }
 
 fn monitor(seconds: u64, processes: usize) -> Result<()> {

@@ -156,10 +156,8 @@ impl Readers {
         };
         for name in CPU_COUNTERS {
             match open_cpu_counter(name, machine) {
-                Ok(mut source) => {
+                Ok(source) => {
                     let info = source.info();
-                    // The first read sets the counters' starting points.
-                    let _ = source.read();
                     used.push(ReaderUse {
                         kind: "cpu",
                         name: source.name(),
@@ -253,7 +251,8 @@ impl Readers {
             used,
             problems: Vec::new(),
         };
-        // Starting points for the GPUs and the wattmeter.
+        // A first read of every reader now, so the one at the profile's
+        // start (Profile::begin) is a steady-state read.
         readers.rebase();
         Ok(readers)
     }

@@ -830,21 +830,35 @@ impl EbpfTracker {
         };
         state.apply(began, at_ns);
         let (tasks, cpus) = state.close(at_ns, &self.topology, self.closing)?;
+        self.samples += 1;
+        Ok(self.sample_of(at_ns, now, cpus, tasks, 0))
+    }
+
+    /// The sample both trackers hand out: their per-CPU and per-thread
+    /// times, the events since the last one, and the ring records lost
+    /// since (`now` becomes the CPUs' previous state).
+    fn sample_of(
+        &mut self,
+        at_ns: u64,
+        now: Vec<CpuState>,
+        cpus: Vec<CpuTimes>,
+        tasks: Vec<super::TaskTime>,
+        discarded_ns: u64,
+    ) -> CpuSample {
         let events_lost = now
             .iter()
             .zip(&self.prev)
             .map(|(n, p)| n.events_lost.saturating_sub(p.events_lost))
             .sum();
         self.prev = now;
-        self.samples += 1;
-        Ok(CpuSample {
+        CpuSample {
             at_ns,
             cpus,
             tasks,
             events: std::mem::take(&mut self.pending),
             events_lost,
-            discarded_ns: 0,
-        })
+            discarded_ns,
+        }
     }
 }
 
@@ -936,7 +950,6 @@ impl CpuSampler for EbpfTracker {
         self.drain_events();
         let tasks = self.ledger.finish(full_scan);
 
-        let mut events_lost = 0;
         let mut discarded_ns = 0;
         self.idle_debt.resize(now.len(), 0);
         let cpus = now
@@ -945,15 +958,12 @@ impl CpuSampler for EbpfTracker {
             .zip(self.idle_debt.iter_mut())
             .enumerate()
             .map(|(cpu, ((n, p), debt))| {
-                events_lost += n.events_lost.saturating_sub(p.events_lost);
                 discarded_ns += n.discarded_ns.saturating_sub(p.discarded_ns);
                 let window = |s: &CpuState| s.last_ns.saturating_sub(s.first_ns);
                 let window_ns = window(n).saturating_sub(window(p));
                 let busy_ns = n.busy_ns.saturating_sub(p.busy_ns);
                 let lost_ns = n.lost_ns.saturating_sub(p.lost_ns);
-                let owed = busy_ns + lost_ns + *debt;
-                let idle_ns = window_ns.saturating_sub(owed);
-                *debt = owed.saturating_sub(window_ns);
+                let idle_ns = super::idle_after_debt(window_ns, busy_ns + lost_ns, debt);
                 CpuTimes {
                     cpu: cpu as u32,
                     package: n.socket,
@@ -966,15 +976,7 @@ impl CpuSampler for EbpfTracker {
                 }
             })
             .collect();
-        self.prev = now;
-        Ok(CpuSample {
-            at_ns,
-            cpus,
-            tasks,
-            events: std::mem::take(&mut self.pending),
-            events_lost,
-            discarded_ns,
-        })
+        Ok(self.sample_of(at_ns, now, cpus, tasks, discarded_ns))
     }
 }
 

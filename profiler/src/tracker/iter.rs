@@ -71,7 +71,8 @@ impl IterState {
             last_full_ns: 0,
             full_now: false,
             idle_debt: vec![0; cpus],
-            kernel_idle_ns: read_kernel_idle(cpus),
+            // Read when the first window starts (`start_window`).
+            kernel_idle_ns: vec![0; cpus],
             filter_overflow: 0,
             read_syscalls: 0,
         }
@@ -307,9 +308,7 @@ fn cpu_times(
         .enumerate()
         .map(|(cpu, busy_ns)| {
             let window = if online(cpu) { window_ns } else { 0 };
-            let owed = busy_ns + debt[cpu];
-            let idle_ns = window.saturating_sub(owed);
-            debt[cpu] = owed.saturating_sub(window);
+            let idle_ns = super::idle_after_debt(window, *busy_ns, &mut debt[cpu]);
             CpuTimes {
                 cpu: cpu as u32,
                 package: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),

@@ -195,6 +195,16 @@ pub trait EventRing {
     fn drain(&mut self);
 }
 
+/// A CPU's idle time over a window of `window_ns` in which `owed_ns` was
+/// charged to tasks (or lost): what is left after `debt`, the charged time
+/// earlier windows could not hold (a running thread's up-to-date figure,
+/// read after its window began), which is paid first and carried on.
+pub(crate) fn idle_after_debt(window_ns: u64, owed_ns: u64, debt: &mut u64) -> u64 {
+    let owed = owed_ns + *debt;
+    *debt = owed.saturating_sub(window_ns);
+    window_ns.saturating_sub(owed)
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
