@@ -527,7 +527,9 @@ fn monitor_reports_a_burner_per_process_and_per_cgroup_until_its_duration() {
     );
     let samples = u(&report, "/profiler/samples");
     assert!((4..=6).contains(&samples), "{}", report["profiler"]);
-    assert!(took < Duration::from_secs(10), "{took:?}");
+    // Only that it does not hang: on this VM a whole run has taken 2 to
+    // 11 s of wall time around the same 1.5 s span.
+    assert!(took < Duration::from_secs(60), "{took:?}");
     assert!(report["command"].is_null());
     let pid = u64::from(burner.id());
     let p = report["processes"]
