@@ -324,9 +324,10 @@ fn a_finished_container_s_series_end_after_the_grace_period() {
         ),
     );
     let rapl = FakeRapl::start(30.0, 3.0);
-    let (_monitor, addr) = monitor(&[&rapl.arg(), "--duration", "20s", "--prometheus-grace", "1s"]);
+    let (_monitor, addr) = monitor(&[&rapl.arg(), "--duration", "60s", "--prometheus-grace", "1s"]);
     let mut burner = wattprof_tests::burn_in(&scope, "cpu 0.3");
     assert!(burner.wait().expect("burner").success());
+    let exited = Instant::now();
     let series = || {
         http_get(&addr, "/metrics")
             .map(|(_, body)| {
@@ -334,14 +335,35 @@ fn a_finished_container_s_series_end_after_the_grace_period() {
                     .filter(|l| l.starts_with("wattprof_container_") && l.contains(&id))
                     .count()
             })
-            .unwrap_or(0)
+            .expect("the exporter answers /metrics")
     };
-    // Within the grace period (the next interval or two) the series exist.
-    std::thread::sleep(Duration::from_millis(400));
-    let during = series();
-    std::thread::sleep(Duration::from_millis(2000));
-    let after = series();
-    eprintln!("container series: {during} within the grace period, {after} after");
+    // The exporter's snapshot is rebuilt at most once a second, so the
+    // series appear within a second or two of the burner's last interval
+    // and end once 1 s of grace has passed since then plus that age.
+    // Polled with deadlines: a loaded machine only makes both later.
+    let poll = |want: &dyn Fn(usize) -> bool, within: Duration| -> (usize, Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let n = series();
+            if want(n) || Instant::now() >= deadline {
+                return (n, exited.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (during, seen_at) = poll(&|n| n > 0, Duration::from_secs(10));
+    let (after, gone_at) = poll(&|n| n == 0, Duration::from_secs(15));
+    eprintln!(
+        "container series: {during} seen {:.2} s after the exit, gone {:.2} s after",
+        seen_at.as_secs_f64(),
+        gone_at.as_secs_f64()
+    );
     assert_eq!(during, 4, "energy per domain (3) and CPU seconds (1)");
-    assert_eq!(after, 0);
+    assert_eq!(after, 0, "the series outlived the 1 s grace period by 15 s");
+    // The grace period is counted from the last interval the burner ran
+    // in, which ended no earlier than its exit.
+    assert!(
+        gone_at >= Duration::from_secs(1),
+        "the series ended {gone_at:?} after the exit, within the 1 s grace period"
+    );
 }
