@@ -150,16 +150,20 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // freed (an RCU grace period later): wait (briefly) for all of them,
     // and for threads of its descendants that ended in its last second.
     // Threads whose exit event was lost are waited for too, once /proc no
-    // longer lists them (looked up once, here).
+    // longer lists them (looked up once, here): those a read showed, and
+    // those known only from their fork (their frees come in no fixed
+    // order, so the command's own free is no sign theirs came).
     let ended_ns = monotonic_ns();
     let settle_until = ended_ns + 250_000_000;
     let last_second = ended_ns.saturating_sub(1_000_000_000);
     tracker.drain_events();
     let lost_exits = tracker.lost_exits_since(last_second);
+    let unended = tracker.unended_forks_since(last_second);
     while (!tracker.has_exited(pid)
         || tracker.live_threads_of(pid) > 0
         || tracker.awaiting_final_since(last_second, ended_ns) > 0
-        || tracker.not_freed(&lost_exits) > 0)
+        || tracker.not_freed(&lost_exits) > 0
+        || tracker.still_unended(&unended) > 0)
         && monotonic_ns() < settle_until
     {
         std::thread::sleep(Duration::from_millis(1));

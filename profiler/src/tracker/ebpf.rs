@@ -179,6 +179,8 @@ pub struct EbpfTracker {
     prev: Vec<CpuState>,
     ledger: ThreadLedger,
     pending: Vec<TaskEvent>,
+    /// Threads forked lately whose end is unseen (for `run`'s settle wait).
+    forks: super::forks::RecentForks,
     exit_tracking: ExitTracking,
     task_clock: TaskClock,
     flush_supported: bool,
@@ -332,6 +334,7 @@ impl EbpfTracker {
             ring_records: 0,
             start_ns: 0,
             idle_debt: Vec::new(),
+            forks: super::forks::RecentForks::default(),
             closing: false,
             iter: None,
             fallback: None,
@@ -640,6 +643,23 @@ impl EbpfTracker {
             .map_or(0, |i| i.ledger().not_freed(threads))
     }
 
+    /// Threads forked since `since_ns` (monotonic) that reported neither
+    /// exit nor free and that `/proc` no longer lists: their end (the free,
+    /// with the final run time) is on its way. They include threads no
+    /// read ever showed, which [`EbpfTracker::lost_exits_since`] cannot
+    /// know.
+    pub fn unended_forks_since(&self, since_ns: u64) -> Vec<u32> {
+        self.forks.gone_unended_since(since_ns, |tid| {
+            !std::path::Path::new(&format!("/proc/{tid}")).exists()
+        })
+    }
+
+    /// How many of these threads (from
+    /// [`EbpfTracker::unended_forks_since`]) have still not ended.
+    pub fn still_unended(&self, tids: &[u32]) -> usize {
+        self.forks.still_open(tids)
+    }
+
     /// Whether thread `tid` has reported its exit.
     pub fn has_exited(&self, tid: u32) -> bool {
         match &self.iter {
@@ -678,6 +698,12 @@ impl EbpfTracker {
                     // SAFETY: a `ThreadEvent` written by our program.
                     let ev: ThreadEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     self.ring_records += 1;
+                    if matches!(
+                        ev.kind,
+                        profiler_common::EVENT_THREAD_EXIT | profiler_common::EVENT_THREAD_FREE
+                    ) {
+                        self.forks.ended(ev.tid);
+                    }
                     iter.event(&ev);
                 }
                 continue;
@@ -690,13 +716,16 @@ impl EbpfTracker {
             let ev: RawEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             self.ring_records += 1;
             match ev.kind {
-                EVENT_FORK => self.pending.push(TaskEvent::Fork {
-                    ts_ns: ev.ts_ns,
-                    child: ev.tid,
-                    parent_tid: ev.parent_tid,
-                    parent_tgid: ev.parent_tgid,
-                    comm: comm_to_string(&ev.comm),
-                }),
+                EVENT_FORK => {
+                    self.forks.forked(ev.tid, ev.ts_ns);
+                    self.pending.push(TaskEvent::Fork {
+                        ts_ns: ev.ts_ns,
+                        child: ev.tid,
+                        parent_tid: ev.parent_tid,
+                        parent_tgid: ev.parent_tgid,
+                        comm: comm_to_string(&ev.comm),
+                    });
+                }
                 EVENT_EXEC => self.pending.push(TaskEvent::Exec {
                     ts_ns: ev.ts_ns,
                     tid: ev.tid,
@@ -704,6 +733,7 @@ impl EbpfTracker {
                     comm: comm_to_string(&ev.comm),
                 }),
                 EVENT_EXIT | EVENT_REAPED => {
+                    self.forks.ended(ev.tid);
                     self.ledger.observe(
                         Observation {
                             tid: ev.tid,

@@ -7,6 +7,7 @@
 
 mod btf;
 mod ebpf;
+mod forks;
 mod iter;
 pub mod runtime;
 mod sys;
