@@ -123,6 +123,24 @@ pub fn tempfile_dir() -> PathBuf {
     dir
 }
 
+/// A fresh directory in memory (`/dev/shm`), or in the temporary directory
+/// where there is no tmpfs.
+pub fn memory_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = shm.join(format!(
+        "wattprof-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    if std::fs::create_dir_all(&dir).is_ok() {
+        dir
+    } else {
+        tempfile_dir()
+    }
+}
+
 /// `u64` at a JSON pointer, failing the test with the pointer if absent.
 pub fn u(v: &Value, ptr: &str) -> u64 {
     v.pointer(ptr)
@@ -189,7 +207,11 @@ pub struct FakeRapl {
 impl FakeRapl {
     /// Starts counting `package_w` and `dram_w` watts.
     pub fn start(package_w: f64, dram_w: f64) -> Self {
-        let sys = tempfile_dir().join("sys");
+        // In memory, as the real sysfs is: on the disk (ext4 here), each
+        // rename over a counter file starts writeback of the new one, and at
+        // 2,000 renames a second an `open` of a counter now and then waited
+        // seconds, long enough to skew an interval's energy.
+        let sys = memory_dir().join("sys");
         let zones = [
             ("intel-rapl:0", "package-0", package_w),
             ("intel-rapl:0:0", "dram", dram_w),
