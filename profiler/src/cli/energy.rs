@@ -114,7 +114,7 @@ impl EnergyArgs {
         let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
             .map_err(|e| Fatal::profiler(e.to_string()))?;
         if let Some(tdp) = self.cpu_tdp {
-            crate::sources::estimate::TdpEstimate::new(tdp, "/proc/stat")
+            crate::sources::estimate::TdpModel::new(tdp)
                 .map_err(|e| Fatal::profiler(e.to_string()))?;
         }
         let jsonl = self

@@ -191,10 +191,7 @@ pub fn probe(
         })
         .unwrap_or_else(|| "this CPU".into());
     readers.push(match (cpu_tdp, measured) {
-        (Some(tdp), _) => status(
-            "estimate",
-            estimate::TdpEstimate::new(tdp, "/proc/stat").map(|e| e.info()),
-        ),
+        (Some(tdp), _) => status("estimate", estimate::TdpModel::new(tdp).map(|m| m.info())),
         (None, true) => ReaderStatus {
             name: "estimate",
             status: "missing",
@@ -312,7 +309,7 @@ pub fn read_wattmeter_cmd(
         }
     }
     energy_uj += wm
-        .read()
+        .read_last()
         .map_or(0, |e| e.iter().map(|d| d.energy_uj).sum::<u64>());
     Ok(WattmeterReport {
         log: cmd.to_string(),
@@ -328,7 +325,7 @@ pub fn read_wattmeter_log(
     outlet: u32,
 ) -> Result<WattmeterReport, SourceError> {
     let mut wm = wattmeter::Wattmeter::open_file(path, outlet)?;
-    let energy_uj = wm.read()?.iter().map(|d| d.energy_uj).sum::<u64>() + wm.finish();
+    let energy_uj = wm.read_last()?.iter().map(|d| d.energy_uj).sum::<u64>();
     Ok(WattmeterReport {
         log: path.display().to_string(),
         outlet,

@@ -116,15 +116,55 @@ pub struct SourceInfo {
     pub location: String,
 }
 
+/// What a reader measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaderKind {
+    /// CPU packages (and the platform, RAPL PSYS).
+    Cpu,
+    /// GPUs.
+    Gpu,
+    /// The whole machine at the wall.
+    Wall,
+}
+
+impl ReaderKind {
+    /// As reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Gpu => "gpu",
+            Self::Wall => "wall",
+        }
+    }
+}
+
 /// An energy reader.
 pub trait Source {
     /// Short name (`powercap`, `msr`).
     fn name(&self) -> &'static str;
+    /// What it measures.
+    fn kind(&self) -> ReaderKind;
     /// What it measures here.
     fn info(&self) -> SourceInfo;
     /// Energy per domain since the previous call. The first call returns
     /// no energy (it only establishes the counters' starting points).
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError>;
+    /// The last read of a profile. A reader fed by a stream also counts
+    /// what is still buffered, and one that started a program stops it;
+    /// by default, a plain read.
+    fn read_last(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+        self.read()
+    }
+    /// What failed in the last read while the rest was read (one GPU of
+    /// several, a wattmeter's stream at the end): a line each.
+    fn take_problems(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Per-device detail of the last read for readers of devices that
+    /// processes use (GPUs: power, utilization and each process's share).
+    fn take_gpu_readings(&mut self) -> Vec<nvml::GpuReading> {
+        Vec::new()
+    }
 }
 
 /// Maps an I/O error on a counter file to the right kind of failure.

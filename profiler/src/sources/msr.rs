@@ -236,6 +236,10 @@ impl Source for Msr {
         "msr"
     }
 
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Cpu
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: self

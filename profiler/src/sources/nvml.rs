@@ -100,6 +100,8 @@ pub struct NvmlGpus {
     nvml: Nvml,
     gpus: Vec<Gpu>,
     problems: Vec<(u32, String)>,
+    /// The last [`Source::read`]'s detail, until taken.
+    last: Vec<GpuReading>,
 }
 
 impl std::fmt::Debug for NvmlGpus {
@@ -205,6 +207,7 @@ impl NvmlGpus {
             nvml,
             gpus,
             problems,
+            last: Vec::new(),
         })
     }
 
@@ -314,6 +317,10 @@ impl Source for NvmlGpus {
         "nvml"
     }
 
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Gpu
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: self
@@ -326,21 +333,36 @@ impl Source for NvmlGpus {
         }
     }
 
+    /// Every GPU's energy; the detail (power, utilization, processes) is
+    /// kept for [`Source::take_gpu_readings`]. When no GPU answers, the
+    /// read fails with every GPU's problem.
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         let readings = self.read_gpus();
-        if readings.is_empty()
-            && let Some((i, what)) = self.problems.first()
-        {
-            return Err(SourceError::Retryable(format!("GPU {i}: {what}")));
+        if readings.is_empty() && !self.problems.is_empty() {
+            let all: Vec<String> = self.take_problems();
+            return Err(SourceError::Retryable(all.join("; ")));
         }
-        Ok(readings
-            .into_iter()
+        let energy = readings
+            .iter()
             .map(|r| DomainEnergy {
                 domain: Domain::Gpu,
                 package: Some(r.index),
                 energy_uj: r.energy_uj,
                 estimated: r.method == GpuEnergyMethod::PowerIntegration,
             })
-            .collect())
+            .collect();
+        self.last = readings;
+        Ok(energy)
+    }
+
+    fn take_problems(&mut self) -> Vec<String> {
+        self.problems
+            .drain(..)
+            .map(|(i, what)| format!("GPU {i}: {what}"))
+            .collect()
+    }
+
+    fn take_gpu_readings(&mut self) -> Vec<GpuReading> {
+        std::mem::take(&mut self.last)
     }
 }

@@ -147,6 +147,10 @@ impl Source for PerfPower {
         "perf"
     }
 
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Cpu
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: self.events.iter().map(|e| (e.domain, e.package)).collect(),

@@ -197,6 +197,10 @@ impl Source for Powercap {
         "powercap"
     }
 
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Cpu
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: {

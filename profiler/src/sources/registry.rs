@@ -1,8 +1,8 @@
 //! The registry of energy readers: the CPU counters in the order they are
 //! tried ([`CPU_COUNTERS`]), and the readers a profile uses: the first CPU
-//! counter that works (or the TDP estimate), NVML when there are GPUs, and
+//! counter that works (or the TDP model), NVML when there are GPUs, and
 //! a wattmeter when one is given. `run`, `monitor` and `sources` all open
-//! readers through here.
+//! readers through here, and every reader is read through [`Source`].
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -10,10 +10,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::estimate::TdpModel;
-use super::nvml::{GpuEnergyMethod, GpuReading, NvmlGpus};
+use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
 use super::wattmeter::Wattmeter;
 use super::{
-    Domain, DomainEnergy, Source, SourceError, msr::MsrRoot, perf::PerfPower, powercap::Powercap,
+    Domain, DomainEnergy, ReaderKind, Source, SourceError, msr::MsrRoot, perf::PerfPower,
+    powercap::Powercap,
 };
 use crate::topology::SysRoot;
 
@@ -91,17 +92,15 @@ pub struct ReaderUse {
     pub fix: Option<String>,
 }
 
-enum Cpu {
-    Counter(Box<dyn Source>),
-    Estimate(TdpModel),
-    None,
-}
-
 /// The readers of one profile.
 pub struct Readers {
-    cpu: Cpu,
-    gpu: Option<NvmlGpus>,
-    wall: Option<Wattmeter>,
+    /// In reading order: GPUs (milliseconds with their process queries)
+    /// and the wattmeter first, the CPU counter last, nearest the
+    /// tracker's read, which divides its energy.
+    sources: Vec<Box<dyn Source>>,
+    /// The TDP model, where no CPU counter works and a TDP was given.
+    estimate: Option<TdpModel>,
+    gpus: Vec<GpuInfo>,
     used: Vec<ReaderUse>,
     problems: Vec<String>,
 }
@@ -123,6 +122,16 @@ pub struct IntervalEnergy {
     pub gpus: Vec<GpuReading>,
 }
 
+fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
+    ReaderUse {
+        kind: source.kind().name(),
+        name: source.name(),
+        detail,
+        estimated: false,
+        fix: None,
+    }
+}
+
 fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse {
     ReaderUse {
         kind,
@@ -142,7 +151,7 @@ impl Readers {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let mut used = Vec::new();
         let mut reasons: Vec<String> = Vec::new();
-        let mut cpu = Cpu::None;
+        let mut cpu: Option<Box<dyn Source>> = None;
         // A fixture sysfs has no MSR devices: only the real machine is
         // probed for them.
         let msr_root = match &cfg.sys {
@@ -157,25 +166,18 @@ impl Readers {
         for name in CPU_COUNTERS {
             match open_cpu_counter(name, machine) {
                 Ok(source) => {
-                    let info = source.info();
-                    used.push(ReaderUse {
-                        kind: "cpu",
-                        name: source.name(),
-                        detail: info.location,
-                        estimated: false,
-                        fix: None,
-                    });
-                    cpu = Cpu::Counter(source);
+                    used.push(in_use(source.as_ref(), source.info().location));
+                    cpu = Some(source);
                     break;
                 }
                 Err(e) => reasons.push(format!("{name}: {e}")),
             }
         }
-        if matches!(cpu, Cpu::None) {
+        let mut estimate = None;
+        if cpu.is_none() {
             match cfg.cpu_tdp_w {
                 Some(tdp) => {
-                    // Validates the figure.
-                    let est = super::estimate::TdpEstimate::new(tdp, "/proc/stat")?;
+                    estimate = Some(TdpModel::new(tdp)?);
                     used.push(ReaderUse {
                         kind: "cpu",
                         name: "estimate",
@@ -186,7 +188,6 @@ impl Readers {
                         estimated: true,
                         fix: None,
                     });
-                    cpu = Cpu::Estimate(est.model());
                 }
                 None => used.push(missing(
                     "cpu",
@@ -199,55 +200,53 @@ impl Readers {
                 )),
             }
         }
-        let gpu = if cfg.no_gpu {
-            None
-        } else {
+        let mut sources: Vec<Box<dyn Source>> = Vec::new();
+        let mut gpus = Vec::new();
+        if !cfg.no_gpu {
             match NvmlGpus::open(cfg.nvml_lib.as_deref()) {
                 Ok(g) => {
-                    for info in g.gpus() {
+                    gpus = g.gpus();
+                    for info in &gpus {
                         used.push(ReaderUse {
-                            kind: "gpu",
-                            name: "nvml",
-                            detail: format!(
-                                "GPU {} {} ({})",
-                                info.index,
-                                info.name,
-                                match info.method {
-                                    GpuEnergyMethod::EnergyCounter => "total-energy counter",
-                                    GpuEnergyMethod::PowerIntegration => "power samples integrated",
-                                }
-                            ),
                             estimated: info.method == GpuEnergyMethod::PowerIntegration,
-                            fix: None,
+                            ..in_use(
+                                &g,
+                                format!(
+                                    "GPU {} {} ({})",
+                                    info.index,
+                                    info.name,
+                                    match info.method {
+                                        GpuEnergyMethod::EnergyCounter => "total-energy counter",
+                                        GpuEnergyMethod::PowerIntegration => {
+                                            "power samples integrated"
+                                        }
+                                    }
+                                ),
+                            )
                         });
                     }
-                    Some(g)
+                    sources.push(Box::new(g));
                 }
                 Err(e) => {
                     let (reason, _) = e.reason_and_fix();
                     used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
-                    None
                 }
             }
-        };
+        }
         let wall = match (&cfg.wattmeter_log, &cfg.wattmeter_cmd) {
             (Some(log), _) => Some(Wattmeter::open_file(log, cfg.wattmeter_outlet)?),
             (None, Some(argv)) => Some(Wattmeter::spawn(argv, cfg.wattmeter_outlet)?),
             (None, None) => None,
         };
-        if let Some(w) = &wall {
-            used.push(ReaderUse {
-                kind: "wall",
-                name: "wattmeter",
-                detail: w.info().location,
-                estimated: false,
-                fix: None,
-            });
+        if let Some(w) = wall {
+            used.push(in_use(&w, w.info().location));
+            sources.push(Box::new(w));
         }
+        sources.extend(cpu);
         let mut readers = Self {
-            cpu,
-            gpu,
-            wall,
+            sources,
+            estimate,
+            gpus,
             used,
             problems: Vec::new(),
         };
@@ -265,8 +264,8 @@ impl Readers {
     }
 
     /// The GPUs read.
-    pub fn gpus(&self) -> Vec<crate::sources::nvml::GpuInfo> {
-        self.gpu.as_ref().map(NvmlGpus::gpus).unwrap_or_default()
+    pub fn gpus(&self) -> Vec<GpuInfo> {
+        self.gpus.clone()
     }
 
     /// The readers in use and the kinds of energy not measured.
@@ -276,7 +275,7 @@ impl Readers {
 
     /// Whether any CPU energy (measured or estimated) is read.
     pub fn has_cpu(&self) -> bool {
-        !matches!(self.cpu, Cpu::None)
+        self.estimate.is_some() || self.sources.iter().any(|s| s.kind() == ReaderKind::Cpu)
     }
 
     /// Read failures since the last call (each a line for people).
@@ -284,54 +283,27 @@ impl Readers {
         std::mem::take(&mut self.problems)
     }
 
-    /// Reads every counter: call right before the tracker's read, so both
-    /// close the interval at the same instant. The `last` read also stops
-    /// the wattmeter program and counts its final frames. The TDP
-    /// estimate, which needs the tracker's busy time, comes from
-    /// [`Readers::add_estimate`].
+    /// Reads every reader: call right before the tracker's read, so both
+    /// close the interval at the same instant. The `last` read also counts
+    /// what stream readers still hold. The TDP estimate, which needs the
+    /// tracker's busy time, comes from [`Readers::add_estimate`].
     pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
-        // NVML (milliseconds with its process queries) and the wattmeter
-        // first, the CPU counter last: nearest the tracker's read, which
-        // divides its energy.
-        if let Some(g) = &mut self.gpu {
-            out.gpus = g.read_gpus();
-            for (i, what) in g.problems() {
-                self.problems.push(format!("GPU {i}: {what}"));
-            }
-        }
-        if let Some(w) = &mut self.wall {
-            let mut wall = match w.read() {
-                Ok(e) => e,
-                Err(e) => {
-                    self.problems.push(format!("wattmeter: {e}"));
-                    Vec::new()
-                }
-            };
-            if last {
-                let rest = w.finish();
-                match wall.first_mut() {
-                    Some(e) => e.energy_uj += rest,
-                    None => wall.push(DomainEnergy {
-                        domain: Domain::Wall,
-                        package: None,
-                        energy_uj: rest,
-                        estimated: false,
-                    }),
-                }
-            }
-            out.energy.extend(wall);
-        }
-        if let Cpu::Counter(s) = &mut self.cpu {
-            match s.read() {
-                // CPU domains first in the list, as before.
-                Ok(e) => {
-                    out.energy.splice(0..0, e);
-                }
+        for s in &mut self.sources {
+            let read = if last { s.read_last() } else { s.read() };
+            match read {
+                // GPUs' energy comes with their detail, below.
+                Ok(e) => out
+                    .energy
+                    .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu)),
                 // A failed read advances no counter: the next one catches up.
                 Err(e) => self.problems.push(format!("{}: {e}", s.name())),
             }
+            out.gpus.extend(s.take_gpu_readings());
+            self.problems.extend(s.take_problems());
         }
+        // CPU domains first in the list, the wall after them.
+        out.energy.sort_by_key(|d| d.domain == Domain::Wall);
         out
     }
 
@@ -339,7 +311,7 @@ impl Readers {
     /// tracker's exact busy time on `cpus` online CPUs, where the CPU's
     /// energy is estimated.
     pub fn add_estimate(&self, energy: &mut IntervalEnergy, busy_ns: u64, cpus: usize) {
-        if let Cpu::Estimate(model) = &self.cpu {
+        if let Some(model) = &self.estimate {
             // First, where a CPU counter's domains would be.
             energy.energy.insert(
                 0,

@@ -217,6 +217,8 @@ pub struct Wattmeter {
     pending: Vec<u8>,
     integrator: Integrator,
     reported_uj: u64,
+    /// A failure at the last read whose energy was still counted.
+    problems: Vec<String>,
 }
 
 impl Wattmeter {
@@ -292,6 +294,7 @@ impl Wattmeter {
             pending: Vec::new(),
             integrator: Integrator::new(outlet),
             reported_uj: 0,
+            problems: Vec::new(),
         }
     }
 
@@ -302,7 +305,7 @@ impl Wattmeter {
 
     /// Takes a last line that has no newline as complete (the log has
     /// ended) and returns the energy it adds (µJ).
-    pub fn finish(&mut self) -> u64 {
+    fn finish(&mut self) -> u64 {
         if !self.pending.is_empty() {
             let line = std::mem::take(&mut self.pending);
             match std::str::from_utf8(&line) {
@@ -388,6 +391,10 @@ impl Source for Wattmeter {
         "wattmeter"
     }
 
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Wall
+    }
+
     fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: vec![(Domain::Wall, None)],
@@ -427,12 +434,42 @@ impl Source for Wattmeter {
         if delta == 0 {
             pulled?;
         }
-        Ok(vec![DomainEnergy {
-            domain: Domain::Wall,
-            package: None,
-            energy_uj: delta,
-            estimated: false,
-        }])
+        Ok(vec![wall(delta)])
+    }
+
+    /// A read, then the last line as complete even without its newline
+    /// (the log has ended). A failed read still counts that line, and says
+    /// why in [`Source::take_problems`].
+    fn read_last(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+        let read = self.read();
+        let rest = self.finish();
+        match read {
+            Ok(mut e) => {
+                match e.first_mut() {
+                    Some(d) => d.energy_uj += rest,
+                    None => e.push(wall(rest)),
+                }
+                Ok(e)
+            }
+            Err(err) if rest == 0 => Err(err),
+            Err(err) => {
+                self.problems.push(format!("wattmeter: {err}"));
+                Ok(vec![wall(rest)])
+            }
+        }
+    }
+
+    fn take_problems(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.problems)
+    }
+}
+
+fn wall(energy_uj: u64) -> DomainEnergy {
+    DomainEnergy {
+        domain: Domain::Wall,
+        package: None,
+        energy_uj,
+        estimated: false,
     }
 }
 
@@ -600,7 +637,7 @@ mod tests {
             0,
             "still being written"
         );
-        assert_eq!(wm.finish(), 10_000_000);
+        assert_eq!(wm.read_last().expect("last")[0].energy_uj, 10_000_000);
     }
 
     #[test]
