@@ -12,7 +12,7 @@ use super::setup::{deliver, open_outputs, parse_interval, start_profile, tracker
 use super::{Fatal, child, energy::EnergyArgs};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::windows::WindowSocket;
-use crate::profile::{CommandEnd, Ending, KeepIntervals, Profile, Scope};
+use crate::profile::{CommandEnd, Ending, KeepIntervals, Profile, Scope, WindowAnswer};
 use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof run`.
@@ -238,7 +238,25 @@ fn window_boundary(
     let messages = socket.receive();
     if !messages.is_empty() {
         let at_ns = profile.tick(tracker, false)?;
-        profile.window_messages(messages, at_ns);
+        let answers =
+            profile.window_messages(messages.iter().map(|m| (m.text.as_str(), m.pid)), at_ns);
+        // A sender whose socket has an address is told how its `end` went:
+        // the window's figures as the recording holds them, or why not.
+        for (m, answer) in messages.iter().zip(answers) {
+            let Some(to) = m.reply_to.as_ref().filter(|_| m.is_end()) else {
+                continue;
+            };
+            let payload = match answer {
+                WindowAnswer::Ended(report) => serde_json::to_vec(&report),
+                WindowAnswer::Refused(error) => serde_json::to_vec(&serde_json::json!({
+                    "error": error
+                })),
+                WindowAnswer::Began => continue,
+            };
+            if let Ok(payload) = payload {
+                socket.reply(to, &payload);
+            }
+        }
     }
     Ok(())
 }

@@ -250,6 +250,17 @@ pub struct Profile {
     host: HostReport,
 }
 
+/// What a window message did.
+#[derive(Debug)]
+pub enum WindowAnswer {
+    /// A window began.
+    Began,
+    /// A window ended: its figures, as the recording holds them.
+    Ended(Box<WindowReport>),
+    /// The message was refused (why, for its sender and the report).
+    Refused(String),
+}
+
 impl Profile {
     /// A profile on a machine with these package ids; it counts from
     /// [`Profile::begin`].
@@ -762,13 +773,20 @@ impl Profile {
         }
     }
 
-    /// Handles window datagrams. The caller has just taken a sample (so
-    /// the boundary falls exactly between two intervals) at `at_ns`.
-    pub fn window_messages(&mut self, messages: Vec<(String, u32)>, at_ns: u64) {
+    /// Applies window messages (text, sender pid) that arrived by
+    /// `at_ns`, a sample taken at that instant first. Returns, per message,
+    /// what it did: a closed window's figures are what the recording will
+    /// hold for it, so the sender can be told them.
+    pub fn window_messages<'m>(
+        &mut self,
+        messages: impl IntoIterator<Item = (&'m str, u32)>,
+        at_ns: u64,
+    ) -> Vec<WindowAnswer> {
+        let mut answers = Vec::new();
         for (text, sender) in messages {
-            match windows::parse(&text, sender) {
-                Ok(cmd) => {
-                    if let Some(w) = self.windows.apply(cmd, at_ns) {
+            let answer = match windows::parse(text, sender) {
+                Ok(cmd) => match self.windows.apply(cmd, at_ns) {
+                    Ok(Some(w)) => {
                         let report = self.window_report(&w);
                         if let Some(s) = &mut self.jsonl {
                             s.write(&Typed {
@@ -776,13 +794,20 @@ impl Profile {
                                 record: &report,
                             });
                         }
+                        WindowAnswer::Ended(Box::new(report))
                     }
+                    Ok(None) => WindowAnswer::Began,
+                    Err(e) => WindowAnswer::Refused(e),
+                },
+                Err(e) => {
+                    let e = format!("`{}` from pid {sender}: {e}", text.escape_debug());
+                    self.windows.error(e.clone());
+                    WindowAnswer::Refused(e)
                 }
-                Err(e) => self
-                    .windows
-                    .error(format!("`{}` from pid {sender}: {e}", text.escape_debug())),
-            }
+            };
+            answers.push(answer);
         }
+        answers
     }
 
     fn window_report(&self, w: &windows::Window) -> WindowReport {

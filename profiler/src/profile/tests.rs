@@ -300,18 +300,32 @@ fn a_window_gets_the_energy_of_the_intervals_between_its_messages() {
     rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
     rig.interval(40.0, &[(5001001, user, 1_000_000_000)], false);
-    rig.profile
-        .window_messages(vec![("begin step pid=5001001".into(), 5001001)], rig.at_ns);
+    let began = rig
+        .profile
+        .window_messages([("begin step pid=5001001", 5001001)], rig.at_ns);
+    assert!(matches!(began[..], [WindowAnswer::Began]), "{began:?}");
     rig.interval(30.0, &[(5001001, user, 500_000_000)], false);
-    rig.profile
-        .window_messages(vec![("end step pid=5001001".into(), 5001001)], rig.at_ns);
-    rig.profile
-        .window_messages(vec![("bogus".into(), 5001001)], rig.at_ns);
+    let mut ended = rig.profile.window_messages(
+        [("end step pid=5001001", 5001001), ("bogus", 5001001)],
+        rig.at_ns,
+    );
+    assert!(
+        matches!(&ended[1], WindowAnswer::Refused(e) if e.contains("unknown verb")),
+        "{ended:?}"
+    );
+    let Some(WindowAnswer::Ended(answered)) = ended.drain(..1).next() else {
+        panic!("the end was not answered with the window: {ended:?}");
+    };
     rig.interval(10.0, &[(5001001, user, 500_000_000)], true);
     let (report, stream) = rig.finish();
 
     assert_eq!(report.windows.len(), 1);
     let w = &report.windows[0];
+    // The sender is told exactly what the recording holds.
+    assert_eq!(
+        serde_json::to_value(&*answered).expect("json"),
+        serde_json::to_value(w).expect("json")
+    );
     assert_eq!(w.name, "step");
     assert_eq!((w.begin_ns, w.end_ns), (WINDOW_NS, 2 * WINDOW_NS));
     assert_eq!(w.on_cpu_ns, 500_000_000);

@@ -122,11 +122,13 @@ impl WindowSocket {
         self.sock.as_raw_fd()
     }
 
-    /// Every datagram waiting: (text, sender pid).
-    pub fn receive(&self) -> Vec<(String, u32)> {
+    /// Every datagram waiting.
+    pub fn receive(&self) -> Vec<Message> {
         let mut out = Vec::new();
         loop {
             let mut buf = [0u8; 512];
+            // SAFETY: sockaddr_un is plain data; zero is a valid start.
+            let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
             // Room for one ucred control message.
             let mut cmsg = [0u64; 8];
             let mut iov = libc::iovec {
@@ -135,6 +137,8 @@ impl WindowSocket {
             };
             // SAFETY: msghdr is plain data; zero is a valid start.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_name = (&raw mut from).cast();
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = cmsg.as_mut_ptr().cast();
@@ -179,10 +183,74 @@ impl WindowSocket {
             let text = String::from_utf8_lossy(&buf[..n as usize])
                 .trim()
                 .to_string();
-            out.push((text, pid));
+            // A sender with an address (a bound or autobound socket) can be
+            // answered; one that only sends has none.
+            let reply_to = (msg.msg_namelen as usize > std::mem::size_of::<libc::sa_family_t>())
+                .then_some(ReplyTo {
+                    addr: from,
+                    len: msg.msg_namelen,
+                });
+            out.push(Message {
+                text,
+                pid,
+                reply_to,
+            });
         }
         out
     }
+
+    /// Answers a message's sender, without waiting: a sender that is gone
+    /// or whose queue is full misses its answer, and wattprof goes on.
+    pub fn reply(&self, to: &ReplyTo, payload: &[u8]) -> bool {
+        // SAFETY: a live socket; the address and payload are valid for the
+        // lengths given.
+        let n = unsafe {
+            libc::sendto(
+                self.sock.as_raw_fd(),
+                payload.as_ptr().cast(),
+                payload.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                (&raw const to.addr).cast(),
+                to.len,
+            )
+        };
+        n == payload.len() as isize
+    }
+}
+
+/// One datagram on the window socket.
+#[derive(Clone)]
+pub struct Message {
+    /// Its text, trimmed.
+    pub text: String,
+    /// The sender's pid, from the kernel (0 if it sent none).
+    pub pid: u32,
+    /// Where to answer, when the sender's socket has an address.
+    pub reply_to: Option<ReplyTo>,
+}
+
+impl Message {
+    /// Whether it asks to end a window (the messages answered).
+    pub fn is_end(&self) -> bool {
+        self.text.split_whitespace().next() == Some("end")
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("text", &self.text)
+            .field("pid", &self.pid)
+            .field("reply", &self.reply_to.is_some())
+            .finish()
+    }
+}
+
+/// A sender's socket address.
+#[derive(Clone, Copy)]
+pub struct ReplyTo {
+    addr: libc::sockaddr_un,
+    len: libc::socklen_t,
 }
 
 impl Drop for WindowSocket {
@@ -232,14 +300,21 @@ impl Windows {
 
     /// Applies a command at monotonic time `at_ns` (the caller took a
     /// sample at that instant first). Returns the window it closed.
-    pub fn apply(&mut self, cmd: Command, at_ns: u64) -> Option<Window> {
+    pub fn apply(&mut self, cmd: Command, at_ns: u64) -> Result<Option<Window>, String> {
+        let r = self.apply_command(cmd, at_ns);
+        if let Err(e) = &r {
+            self.error(e.clone());
+        }
+        r
+    }
+
+    fn apply_command(&mut self, cmd: Command, at_ns: u64) -> Result<Option<Window>, String> {
         if cmd.begin {
             if self.open.len() >= MAX_OPEN {
-                self.error(format!(
+                return Err(format!(
                     "`begin {}` refused: {MAX_OPEN} windows already open (missing `end`s?)",
                     cmd.name
                 ));
-                return None;
             }
             let depth = self.open.iter().filter(|w| w.pid == cmd.pid).count();
             self.open.push(Window {
@@ -253,7 +328,7 @@ impl Windows {
                 energy: EnergyBy::default(),
                 machine: Vec::new(),
             });
-            return None;
+            return Ok(None);
         }
         // Another sender may end a window (a helper process, `pid=` left
         // out), but only when that leaves no doubt which one.
@@ -286,25 +361,19 @@ impl Windows {
                     ));
                 }
                 self.done.push(w.clone());
-                Some(w)
+                Ok(Some(w))
             }
-            None if by_name.is_empty() => {
-                self.error(format!(
-                    "`end {}` with no open window of that name",
-                    cmd.name
-                ));
-                None
-            }
-            None => {
-                self.error(format!(
-                    "`end {}` from pid {}: {} windows of that name are open, none of its tree \
+            None if by_name.is_empty() => Err(format!(
+                "`end {}` with no open window of that name",
+                cmd.name
+            )),
+            None => Err(format!(
+                "`end {}` from pid {}: {} windows of that name are open, none of its tree \
                      (send `pid=N`)",
-                    cmd.name,
-                    cmd.pid,
-                    by_name.len()
-                ));
-                None
-            }
+                cmd.name,
+                cmd.pid,
+                by_name.len()
+            )),
         }
     }
 
@@ -406,7 +475,8 @@ mod tests {
     #[test]
     fn nested_windows_get_the_intervals_they_span_for_their_tree_only() {
         let mut w = Windows::default();
-        w.apply(parse("begin outer", 10).expect("ok"), 0);
+        w.apply(parse("begin outer", 10).expect("ok"), 0)
+            .expect("accepted");
         let share = |uj: u64| DomainShare {
             domain: Domain::Package,
             package: Some(0),
@@ -420,21 +490,26 @@ mod tests {
         // Consumer 1 is in pid 10's tree; 2 is not.
         let in_tree = |id: ConsumerId, pid: u32| id == 1 && pid == 10;
         w.add_interval(&[share(100)], &[(1, 5), (2, 7)], in_tree);
-        w.apply(parse("begin inner", 10).expect("ok"), 1);
+        w.apply(parse("begin inner", 10).expect("ok"), 1)
+            .expect("accepted");
         w.add_interval(&[share(10)], &[(1, 1)], in_tree);
         let inner = w
             .apply(parse("end inner", 10).expect("ok"), 2)
+            .expect("accepted")
             .expect("closed");
         assert_eq!(
             (inner.depth, inner.energy.package_uj, inner.on_cpu_ns),
             (1, 10, 1)
         );
         assert_eq!(inner.machine[0].measured_uj, 30);
-        assert!(w.apply(parse("end nothing", 10).expect("ok"), 3).is_none());
+        let refused = w.apply(parse("end nothing", 10).expect("ok"), 3);
+        assert!(refused.is_err_and(|e| e.contains("no open window")));
         // Begin and end in one read: kept, and flagged.
-        w.apply(parse("begin blink", 10).expect("ok"), 3);
+        w.apply(parse("begin blink", 10).expect("ok"), 3)
+            .expect("accepted");
         let blink = w
             .apply(parse("end blink", 10).expect("ok"), 3)
+            .expect("accepted")
             .expect("closed");
         assert_eq!(blink.end_ns, blink.begin_ns);
         let (all, errors) = w.finish(4);
@@ -449,22 +524,25 @@ mod tests {
     #[test]
     fn an_end_from_another_tree_closes_only_an_unambiguous_window() {
         let mut w = Windows::default();
-        w.apply(parse("begin step", 10).expect("ok"), 0);
-        w.apply(parse("begin step", 20).expect("ok"), 0);
+        w.apply(parse("begin step", 10).expect("ok"), 0)
+            .expect("accepted");
+        w.apply(parse("begin step", 20).expect("ok"), 0)
+            .expect("accepted");
         assert_eq!(w.open[1].depth, 0, "depth counts the sender's own windows");
-        assert!(w.apply(parse("end step", 30).expect("ok"), 1).is_none());
+        assert!(w.apply(parse("end step", 30).expect("ok"), 1).is_err());
         assert_eq!(
             w.apply(parse("end step", 20).expect("ok"), 1)
-                .map(|x| x.pid),
-            Some(20)
+                .map(|x| x.map(|x| x.pid)),
+            Ok(Some(20))
         );
         assert_eq!(
             w.apply(parse("end step", 30).expect("ok"), 2)
-                .map(|x| x.pid),
-            Some(10)
+                .map(|x| x.map(|x| x.pid)),
+            Ok(Some(10))
         );
         for i in 0..MAX_OPEN + 25 {
-            w.apply(parse(&format!("begin w{i}"), 1).expect("ok"), 3);
+            let r = w.apply(parse(&format!("begin w{i}"), 1).expect("ok"), 3);
+            assert_eq!(r.is_ok(), i < MAX_OPEN, "begin w{i}");
         }
         assert_eq!(w.open.len(), MAX_OPEN);
         let (_, errors) = w.finish(4);
@@ -535,13 +613,37 @@ mod tests {
         let c = UnixDatagram::unbound().expect("client");
         c.send_to(b"begin x", s.path()).expect("send");
         c.send_to(b"end x", s.path()).expect("send");
-        let got = s.receive();
+        let got: Vec<(String, u32, bool)> = s
+            .receive()
+            .into_iter()
+            .map(|m| (m.text, m.pid, m.reply_to.is_some()))
+            .collect();
+        // An unbound sender cannot be answered.
         assert_eq!(
             got,
             vec![
-                ("begin x".to_string(), std::process::id()),
-                ("end x".to_string(), std::process::id())
+                ("begin x".to_string(), std::process::id(), false),
+                ("end x".to_string(), std::process::id(), false)
             ]
         );
+    }
+
+    #[test]
+    fn a_sender_with_an_address_is_answered() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = WindowSocket::bind(dir.path(), None).expect("bind");
+        let c = UnixDatagram::bind(dir.path().join("client.sock")).expect("client");
+        c.send_to(b"end x", s.path()).expect("send");
+        let got = s.receive();
+        assert_eq!(got.len(), 1);
+        assert!(got[0].is_end());
+        let to = got[0].reply_to.as_ref().expect("an address");
+        assert!(s.reply(to, b"{\"energy\":1}"));
+        let mut buf = [0u8; 64];
+        let n = c.recv(&mut buf).expect("the answer");
+        assert_eq!(&buf[..n], b"{\"energy\":1}");
+        // Gone: the answer is dropped, wattprof does not wait.
+        drop(c);
+        assert!(!s.reply(to, b"late"));
     }
 }
