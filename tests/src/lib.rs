@@ -124,13 +124,13 @@ pub fn tempfile_dir() -> PathBuf {
 }
 
 /// A fresh directory in memory (`/dev/shm`), or in the temporary directory
-/// where there is no tmpfs.
+/// where `/dev/shm` cannot be written.
 pub fn memory_dir() -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let shm = std::path::Path::new("/dev/shm");
     let dir = shm.join(format!(
-        "wattprof-test-{}-{}",
+        "wattprof-shm-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::SeqCst)
     ));

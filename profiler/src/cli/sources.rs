@@ -326,6 +326,10 @@ pub fn read_wattmeter_log(
 ) -> Result<WattmeterReport, SourceError> {
     let mut wm = wattmeter::Wattmeter::open_file(path, outlet)?;
     let energy_uj = wm.read_last()?.iter().map(|d| d.energy_uj).sum::<u64>();
+    // A read that failed after the last line was counted.
+    if let Some(problem) = wm.take_problems().into_iter().next() {
+        return Err(SourceError::Retryable(problem));
+    }
     Ok(WattmeterReport {
         log: path.display().to_string(),
         outlet,

@@ -150,8 +150,8 @@ pub trait Source {
     /// no energy (it only establishes the counters' starting points).
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError>;
     /// The last read of a profile. A reader fed by a stream also counts
-    /// what is still buffered, and one that started a program stops it;
-    /// by default, a plain read.
+    /// what is still buffered (a last line without its newline); by
+    /// default, a plain read.
     fn read_last(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         self.read()
     }

@@ -339,7 +339,12 @@ impl Source for NvmlGpus {
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         let readings = self.read_gpus();
         if readings.is_empty() && !self.problems.is_empty() {
-            let all: Vec<String> = self.take_problems();
+            // Each GPU's problem stays for `take_problems`, a line each.
+            let all: Vec<String> = self
+                .problems
+                .iter()
+                .map(|(i, what)| format!("GPU {i}: {what}"))
+                .collect();
             return Err(SourceError::Retryable(all.join("; ")));
         }
         let energy = readings

@@ -296,8 +296,16 @@ impl Readers {
                 Ok(e) => out
                     .energy
                     .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu)),
-                // A failed read advances no counter: the next one catches up.
-                Err(e) => self.problems.push(format!("{}: {e}", s.name())),
+                // A failed read advances no counter: the next one catches
+                // up. A reader that says what failed part by part (each
+                // GPU) is reported that way.
+                Err(e) => {
+                    let parts = s.take_problems();
+                    if parts.is_empty() {
+                        self.problems.push(format!("{}: {e}", s.name()));
+                    }
+                    self.problems.extend(parts);
+                }
             }
             out.gpus.extend(s.take_gpu_readings());
             self.problems.extend(s.take_problems());

@@ -649,6 +649,11 @@ impl EbpfTracker {
     /// read ever showed, which [`EbpfTracker::lost_exits_since`] cannot
     /// know.
     pub fn unended_forks_since(&self, since_ns: u64) -> Vec<u32> {
+        // The switch tracker has no free events, and its exits come only
+        // for threads it holds: nothing to wait for that could come.
+        if self.iter.is_none() {
+            return Vec::new();
+        }
         self.forks.gone_unended_since(since_ns, |tid| {
             !std::path::Path::new(&format!("/proc/{tid}")).exists()
         })
@@ -698,10 +703,9 @@ impl EbpfTracker {
                     // SAFETY: a `ThreadEvent` written by our program.
                     let ev: ThreadEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     self.ring_records += 1;
-                    if matches!(
-                        ev.kind,
-                        profiler_common::EVENT_THREAD_EXIT | profiler_common::EVENT_THREAD_FREE
-                    ) {
+                    // Its free carries the final run time: only that
+                    // ends the settle wait's interest in it.
+                    if ev.kind == profiler_common::EVENT_THREAD_FREE {
                         self.forks.ended(ev.tid);
                     }
                     iter.event(&ev);

@@ -49,7 +49,7 @@ impl RecentForks {
         }
     }
 
-    /// Thread `tid` exited or was freed.
+    /// Thread `tid` was freed (its final run time came).
     pub fn ended(&mut self, tid: u32) {
         self.open.remove(&tid);
     }
