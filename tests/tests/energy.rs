@@ -370,3 +370,109 @@ fn gpu_energy_goes_to_the_command_by_its_sm_share() {
     );
     assert!(cmd["memory"]["peak_pss_bytes"].as_u64().unwrap_or(0) > 0);
 }
+
+#[test]
+fn the_csv_is_codecarbon_s_emissions_csv_in_its_units() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);
+    let dir = wattprof_tests::tempfile_dir();
+    let csv = dir.join("emissions.csv");
+    let csv_arg = format!("--csv={}", csv.display());
+    let mut reports = Vec::new();
+    for seconds in ["0.3", "0.6"] {
+        let run = wattprof_run(&[&rapl.arg(), &csv_arg], &[&testload(), "cpu", seconds]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        assert!(
+            run.stderr().contains("emissions row appended"),
+            "{}",
+            run.stderr()
+        );
+        reports.push(run.report().clone());
+    }
+    // Read as codecarbon's users do: Python's csv module, by column name.
+    let parse = "import csv, json, sys\n\
+                 rows = list(csv.DictReader(open(sys.argv[1])))\n\
+                 print(json.dumps(rows))";
+    let out = std::process::Command::new("python3")
+        .args(["-c", parse])
+        .arg(&csv)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("rows");
+    assert_eq!(rows.len(), 2, "one row per run, one header: {rows:?}");
+    let num = |row: &Value, col: &str| -> f64 {
+        row[col]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{col} is not a number in {row}"))
+    };
+    for (row, report) in rows.iter().zip(&reports) {
+        let tree = &report["energy"]["groups"]["tree"];
+        let kwh = |j: f64| j / 3.6e6;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-12);
+        assert!(
+            close(num(row, "cpu_energy"), kwh(f(tree, "/package_j"))),
+            "{row}"
+        );
+        assert!(
+            close(num(row, "ram_energy"), kwh(f(tree, "/dram_j"))),
+            "{row}"
+        );
+        assert!(
+            close(num(row, "energy_consumed"), kwh(f(tree, "/total_j"))),
+            "{row}"
+        );
+        // kg CO2eq = kWh x g/kWh / 1000, which the JSON gives in g.
+        assert!(
+            close(num(row, "emissions"), f(tree, "/co2_g") / 1000.0),
+            "{row}"
+        );
+        let duration = num(row, "duration");
+        assert!(close(duration, u(report, "/wall_ns") as f64 / 1e9), "{row}");
+        assert!(
+            close(num(row, "cpu_power"), f(tree, "/package_j") / duration),
+            "{row}"
+        );
+        assert_eq!(row["tracking_mode"], "process");
+        assert_eq!(row["project_name"], "wattprof-testload");
+        assert_eq!(
+            row["cpu_count"].as_str(),
+            Some(u(report, "/machine/cpus").to_string().as_str())
+        );
+        assert!(
+            row["timestamp"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("+00:00")),
+            "{row}"
+        );
+    }
+    assert_ne!(rows[0]["run_id"], rows[1]["run_id"]);
+    // Twice the CPU time, about twice the energy.
+    let ratio = num(&rows[1], "cpu_energy") / num(&rows[0], "cpu_energy");
+    assert!((1.6..2.4).contains(&ratio), "{ratio}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_csv_that_is_not_codecarbon_s_is_refused_before_anything_runs() {
+    let dir = wattprof_tests::tempfile_dir();
+    let csv = dir.join("mine.csv");
+    std::fs::write(&csv, "a,b\n1,2\n").expect("w");
+    let out = std::process::Command::new(wattprof_bin())
+        .args(["run", &format!("--csv={}", csv.display()), "--", "true"])
+        .output()
+        .expect("wattprof");
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("codecarbon") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&csv).expect("r"), "a,b\n1,2\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,12 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "FILE")]
     pub jsonl: Option<PathBuf>,
 
+    /// Append one row to FILE in codecarbon's emissions.csv layout (its
+    /// columns and units: kWh, kg CO2eq, W): the command tree's energy in
+    /// `run`, the machine's in `monitor`. A new file gets the header.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
     /// Grams of CO2eq per kWh for the CO2 figures (default: the world
     /// average, 475).
     #[arg(long, value_name = "G_PER_KWH", conflicts_with = "country")]
@@ -117,6 +123,11 @@ impl EnergyArgs {
             crate::sources::estimate::TdpModel::new(tdp)
                 .map_err(|e| Fatal::profiler(e.to_string()))?;
         }
+        if let Some(csv) = &self.csv {
+            // Refused now, before anything is measured: a path that cannot
+            // be written, or a CSV that is not codecarbon's.
+            check_csv(csv).map_err(Fatal::profiler)?;
+        }
         let jsonl = self
             .jsonl
             .as_deref()
@@ -131,5 +142,46 @@ impl EnergyArgs {
             })
             .transpose()?;
         Ok((carbon, jsonl))
+    }
+}
+
+/// Whether `--csv FILE` can take a row: writable, and new, empty or
+/// already codecarbon's emissions.csv. Creates nothing.
+fn check_csv(path: &std::path::Path) -> Result<(), String> {
+    use std::io::BufRead;
+    match std::fs::File::open(path) {
+        Ok(f) => {
+            let mut first = String::new();
+            let _ = std::io::BufReader::new(f).read_line(&mut first);
+            let header = crate::output::csv::COLUMNS.join(",");
+            if !first.is_empty() && first.trim_end() != header {
+                return Err(format!(
+                    "--csv {}: not an emissions.csv with codecarbon 3's columns; give a new \
+                     file (rows are appended to it)",
+                    path.display()
+                ));
+            }
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(|_| ())
+                .map_err(|e| format!("cannot write --csv {}: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cannot write --csv {}: directory {} does not exist",
+                    path.display(),
+                    dir.display()
+                ))
+            }
+        }
+        Err(e) => Err(format!("cannot read --csv {}: {e}", path.display())),
     }
 }

@@ -150,7 +150,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&report, pending_output)?;
+    deliver(&report, pending_output, args.energy.csv.as_deref())?;
     Ok(0)
 }
 

@@ -184,7 +184,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&report, pending_output)?;
+    deliver(&report, pending_output, args.energy.csv.as_deref())?;
     Ok(child::exit_code(status))
 }
 

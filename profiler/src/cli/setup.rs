@@ -216,6 +216,7 @@ pub(super) fn tracker_facts(
 pub(super) fn deliver(
     report: &output::RunReport,
     pending_output: Option<PendingOutput>,
+    csv: Option<&Path>,
 ) -> anyhow::Result<()> {
     let written = match pending_output {
         Some(out) => {
@@ -227,12 +228,29 @@ pub(super) fn deliver(
         }
         None => None,
     };
+    let csv_written = csv
+        .map(|path| {
+            let row = output::csv::emissions_row(
+                report,
+                output::csv::ram_total_gb(),
+                &output::csv::uuid4(),
+            );
+            output::csv::append(path, &row).map(|()| path)
+        })
+        .transpose();
     let mut stderr = std::io::stderr().lock();
     let _ = stderr.write_all(output::render_run_table(report).as_bytes());
     if let Some(dest) = written {
         let _ = writeln!(stderr, "  report written to {}", dest.display());
     }
-    Ok(())
+    match csv_written {
+        Ok(Some(path)) => {
+            let _ = writeln!(stderr, "  emissions row appended to {}", path.display());
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(Fatal::profiler(e).into()),
+    }
 }
 
 #[cfg(test)]

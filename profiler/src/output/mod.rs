@@ -1,5 +1,6 @@
 //! What a run reports: the JSON document and the table printed at the end.
 
+pub mod csv;
 pub mod jsonl;
 pub mod prometheus;
 pub mod record;
