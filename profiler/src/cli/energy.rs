@@ -126,7 +126,7 @@ impl EnergyArgs {
         if let Some(csv) = &self.csv {
             // Refused now, before anything is measured: a path that cannot
             // be written, or a CSV that is not codecarbon's.
-            check_csv(csv).map_err(Fatal::profiler)?;
+            crate::output::csv::check(csv).map_err(Fatal::profiler)?;
         }
         let jsonl = self
             .jsonl
@@ -142,46 +142,5 @@ impl EnergyArgs {
             })
             .transpose()?;
         Ok((carbon, jsonl))
-    }
-}
-
-/// Whether `--csv FILE` can take a row: writable, and new, empty or
-/// already codecarbon's emissions.csv. Creates nothing.
-fn check_csv(path: &std::path::Path) -> Result<(), String> {
-    use std::io::BufRead;
-    match std::fs::File::open(path) {
-        Ok(f) => {
-            let mut first = String::new();
-            let _ = std::io::BufReader::new(f).read_line(&mut first);
-            let header = crate::output::csv::COLUMNS.join(",");
-            if !first.is_empty() && first.trim_end() != header {
-                return Err(format!(
-                    "--csv {}: not an emissions.csv with codecarbon 3's columns; give a new \
-                     file (rows are appended to it)",
-                    path.display()
-                ));
-            }
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(path)
-                .map(|_| ())
-                .map_err(|e| format!("cannot write --csv {}: {e}", path.display()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => std::path::Path::new("."),
-            };
-            if dir.is_dir() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "cannot write --csv {}: directory {} does not exist",
-                    path.display(),
-                    dir.display()
-                ))
-            }
-        }
-        Err(e) => Err(format!("cannot read --csv {}: {e}", path.display())),
     }
 }

@@ -5,7 +5,7 @@
 //! Columns wattprof cannot know (location, cloud, Python, water) are left
 //! empty.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::BufRead;
 use std::path::Path;
 
 use super::RunReport;
@@ -150,31 +150,60 @@ pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> 
     values.into()
 }
 
-/// Appends `row` to the emissions file at `path`, writing the header
-/// first into an empty or new file. A file whose header is not
-/// codecarbon's is refused rather than mixed into.
+/// Whether `--csv FILE` can take a row: new, empty, or already
+/// codecarbon's emissions.csv (a file with other columns is refused rather
+/// than mixed into), and writable. Creates nothing: `run` and `monitor`
+/// call it before measuring, [`append`] again at the end.
+pub fn check(path: &Path) -> Result<(), String> {
+    match std::fs::File::open(path) {
+        Ok(f) => {
+            let mut first = String::new();
+            let _ = std::io::BufReader::new(f).read_line(&mut first);
+            if !first.is_empty() && first.trim_end() != COLUMNS.join(",") {
+                return Err(format!(
+                    "--csv {}: not an emissions.csv with codecarbon 3's columns; give a new \
+                     file (rows are appended to it)",
+                    path.display()
+                ));
+            }
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(|_| ())
+                .map_err(|e| format!("cannot write --csv {}: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cannot write --csv {}: directory {} does not exist",
+                    path.display(),
+                    dir.display()
+                ))
+            }
+        }
+        Err(e) => Err(format!("cannot read --csv {}: {e}", path.display())),
+    }
+}
+
+/// Appends `row` to the emissions file at `path` (see [`check`]), writing
+/// the header first into an empty or new file.
 pub fn append(path: &Path, row: &[String]) -> Result<(), String> {
-    let mut file = std::fs::OpenOptions::new()
+    check(path)?;
+    let file = std::fs::OpenOptions::new()
         .create(true)
-        .read(true)
         .append(true)
         .open(path)
         .map_err(|e| format!("cannot write --csv {}: {e}", path.display()))?;
-    let mut head = String::new();
-    file.seek(SeekFrom::Start(0))
-        .and_then(|_| file.by_ref().take(4096).read_to_string(&mut head))
-        .map_err(|e| format!("cannot read --csv {}: {e}", path.display()))?;
-    let expected = COLUMNS.join(",");
-    if !head.is_empty() && head.lines().next() != Some(expected.as_str()) {
-        return Err(format!(
-            "--csv {}: not an emissions.csv with codecarbon 3's columns; give a new file \
-             (rows are appended to it)",
-            path.display()
-        ));
-    }
+    let new = file.metadata().map_or(true, |m| m.len() == 0);
     let mut w = csv::WriterBuilder::new().from_writer(file);
     let write = |w: &mut csv::Writer<std::fs::File>| -> csv::Result<()> {
-        if head.is_empty() {
+        if new {
             w.write_record(COLUMNS)?;
         }
         w.write_record(row)?;
