@@ -643,9 +643,9 @@ impl EbpfTracker {
             .map_or(0, |i| i.ledger().not_freed(threads))
     }
 
-    /// Threads forked since `since_ns` (monotonic) that reported neither
-    /// exit nor free and that `/proc` no longer lists: their end (the free,
-    /// with the final run time) is on its way. They include threads no
+    /// Threads forked since `since_ns` (monotonic) whose free has not come
+    /// and that `/proc` no longer lists: their free, with the final run
+    /// time, is on its way. They include threads no
     /// read ever showed, which [`EbpfTracker::lost_exits_since`] cannot
     /// know.
     pub fn unended_forks_since(&self, since_ns: u64) -> Vec<u32> {

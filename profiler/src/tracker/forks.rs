@@ -18,10 +18,10 @@ pub const KEEP_NS: u64 = 2_000_000_000;
 /// newest); 16 bytes each in the queue, about twice that in the map.
 pub const MAX_FORKS: usize = 1 << 17;
 
-/// Forks of the last [`KEEP_NS`] whose exit or free has not come.
+/// Forks of the last [`KEEP_NS`] whose free has not come.
 #[derive(Debug, Default)]
 pub struct RecentForks {
-    /// Fork time per child tid, while its end is unseen.
+    /// Fork time per child tid, until its free.
     open: IntMap<u32, u64>,
     /// (fork time, tid) in arrival order, for forgetting old ones.
     order: VecDeque<(u64, u32)>,
@@ -49,12 +49,13 @@ impl RecentForks {
         }
     }
 
-    /// Thread `tid` was freed (its final run time came).
+    /// Thread `tid` was freed (its final run time came; with the switch
+    /// tracker, its exit).
     pub fn ended(&mut self, tid: u32) {
         self.open.remove(&tid);
     }
 
-    /// Threads created at or after `since_ns` whose end is unseen and that
+    /// Threads created at or after `since_ns` whose end has not come and that
     /// `gone(tid)` says no longer exist: their end is on its way.
     pub fn gone_unended_since(&self, since_ns: u64, gone: impl Fn(u32) -> bool) -> Vec<u32> {
         let mut v: Vec<u32> = self
