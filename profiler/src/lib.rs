@@ -32,6 +32,7 @@ pub mod hash;
 pub mod output;
 pub mod process;
 pub mod profile;
+pub mod report;
 pub mod sources;
 #[cfg(test)]
 mod testutil;

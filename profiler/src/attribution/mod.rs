@@ -93,7 +93,7 @@ pub struct Interval<'a> {
 }
 
 /// How a domain's energy was divided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
     /// By on-CPU time over all CPU time of the package(s); idle time's share
@@ -105,6 +105,18 @@ pub enum Basis {
     GpuSm,
     /// Not divided: machine level (uncore, psys, wall).
     MachineLevel,
+}
+
+impl Basis {
+    /// Its name in the recording.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CpuTime => "cpu_time",
+            Self::BusyTime => "busy_time",
+            Self::GpuSm => "gpu_sm",
+            Self::MachineLevel => "machine_level",
+        }
+    }
 }
 
 /// One domain's energy over one interval, divided.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::Fatal;
 use crate::carbon::CarbonIntensity;
+use crate::output::csv::IntervalCsv;
 use crate::output::jsonl::Jsonl;
 use crate::profile::ReaderConfig;
 
@@ -21,6 +22,12 @@ pub struct EnergyArgs {
     /// `run`, the machine's in `monitor`. A new file gets the header.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+
+    /// Also write FILE: one CSV row per interval and domain (measured,
+    /// attributed, idle and unattributed J, power in W, kWh, kg CO2eq),
+    /// flushed as each interval ends.
+    #[arg(long, value_name = "FILE")]
+    pub csv_intervals: Option<PathBuf>,
 
     /// Grams of CO2eq per kWh for the CO2 figures (default: the world
     /// average, 475).
@@ -108,7 +115,7 @@ impl EnergyArgs {
 
     /// Cheap checks, before anything is loaded or started: the carbon
     /// intensity, the TDP, the JSONL file.
-    pub fn validate(&self) -> Result<(CarbonIntensity, Option<Jsonl>), Fatal> {
+    pub fn validate(&self) -> Result<(CarbonIntensity, Streams), Fatal> {
         if let Some(c) = &self.cgroup
             && !c.starts_with('/')
         {
@@ -141,6 +148,27 @@ impl EnergyArgs {
                 })
             })
             .transpose()?;
-        Ok((carbon, jsonl))
+        let csv_intervals = self
+            .csv_intervals
+            .as_deref()
+            .map(IntervalCsv::create)
+            .transpose()
+            .map_err(Fatal::profiler)?;
+        Ok((
+            carbon,
+            Streams {
+                jsonl,
+                csv_intervals,
+            },
+        ))
     }
+}
+
+/// The files written as each interval ends.
+#[derive(Debug, Default)]
+pub struct Streams {
+    /// `--jsonl`.
+    pub jsonl: Option<Jsonl>,
+    /// `--csv-intervals`.
+    pub csv_intervals: Option<IntervalCsv>,
 }

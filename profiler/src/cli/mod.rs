@@ -3,6 +3,7 @@
 pub mod child;
 pub mod energy;
 pub mod monitor;
+pub mod report;
 pub mod run;
 pub mod setup;
 pub mod sources;
@@ -109,6 +110,9 @@ pub enum Command {
     Monitor(monitor::MonitorArgs),
     /// List the energy readers: which work here, and why the others do not.
     Sources(sources::SourcesArgs),
+    /// Read a recording or stream back: totals, what it holds, two runs
+    /// compared, plots, codecarbon's CSV. Needs no root.
+    Report(report::ReportArgs),
 }
 
 /// Runs the parsed command line; returns the exit code.
@@ -117,5 +121,6 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::execute(args),
         Command::Monitor(args) => monitor::execute(args),
         Command::Sources(args) => sources::execute(args),
+        Command::Report(args) => report::execute(args),
     }
 }

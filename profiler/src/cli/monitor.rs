@@ -79,7 +79,7 @@ pub struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
-    let (pending_output, carbon, jsonl) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
@@ -104,7 +104,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             pids: args.pid.clone(),
         },
         keep,
-        jsonl,
+        streams,
     )?;
     let start_ns = tracker.start_ns();
     profile.write_header("monitor", tracker.kind(), None, start_unix_ns);

@@ -81,7 +81,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         child::sudo_user(|k| std::env::var_os(k))?
     };
-    let (pending_output, carbon, jsonl) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
     // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
     // signal that comes meanwhile is held and given to the command once it
     // runs, never lost or fatal to wattprof.
@@ -104,7 +104,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         carbon,
         Scope::Tree,
         KeepIntervals::All,
-        jsonl,
+        streams,
     )?;
     profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
 

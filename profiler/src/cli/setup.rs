@@ -129,11 +129,11 @@ pub(super) fn open_outputs(
 ) -> anyhow::Result<(
     Option<PendingOutput>,
     crate::carbon::CarbonIntensity,
-    Option<crate::output::jsonl::Jsonl>,
+    super::energy::Streams,
 )> {
     let pending = output.map(PendingOutput::create).transpose()?;
-    let (carbon, jsonl) = energy.validate()?;
-    Ok((pending, carbon, jsonl))
+    let (carbon, streams) = energy.validate()?;
+    Ok((pending, carbon, streams))
 }
 
 /// Opens the energy readers and starts the tracker, then builds the
@@ -146,7 +146,7 @@ pub(super) fn start_profile(
     carbon: crate::carbon::CarbonIntensity,
     scope: Scope,
     keep: KeepIntervals,
-    jsonl: Option<crate::output::jsonl::Jsonl>,
+    streams: super::energy::Streams,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
     let readers = Readers::open(&energy.readers())
         .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
@@ -170,9 +170,10 @@ pub(super) fn start_profile(
             scope,
             keep,
         },
-        jsonl,
+        streams.jsonl,
         host,
     );
+    profile.set_interval_csv(streams.csv_intervals);
     // Last, so nothing runs between the two starting points.
     profile
         .begin(&mut tracker)
@@ -231,7 +232,7 @@ pub(super) fn deliver(
     let csv_written = csv
         .map(|path| {
             let row = output::csv::emissions_row(
-                report,
+                report.into(),
                 output::csv::ram_total_gb(),
                 &output::csv::uuid4(),
             );

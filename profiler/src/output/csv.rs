@@ -8,7 +8,8 @@
 use std::io::BufRead;
 use std::path::Path;
 
-use super::RunReport;
+use super::record::IntervalRecord;
+use super::{DomainReport, EnergyJ, HostReport, RunReport};
 use crate::sources::Domain;
 
 /// codecarbon 3.3's columns, in its order (`EmissionsData`).
@@ -55,20 +56,65 @@ pub const COLUMNS: [&str; 38] = [
 
 const J_PER_KWH: f64 = 3.6e6;
 
+/// What a codecarbon row is made of: a recording's figures, or those
+/// `report` read back (`report::Summary::emissions`).
+#[derive(Clone, Copy, Debug)]
+pub struct Emissions<'a> {
+    /// `run` or `monitor`.
+    pub mode: &'a str,
+    /// Wall-clock start (ns since the epoch).
+    pub start_unix_ns: u64,
+    /// Length (ns).
+    pub wall_ns: u64,
+    /// The command (`run`).
+    pub argv: Option<&'a [String]>,
+    /// The command tree's energy.
+    pub tree: &'a EnergyJ,
+    /// Per domain.
+    pub domains: &'a [DomainReport],
+    /// gCO2eq per kWh.
+    pub g_per_kwh: f64,
+    /// Possible CPUs, where known.
+    pub cpus: Option<usize>,
+    /// Busy CPU time (ns).
+    pub busy_ns: u64,
+    /// All CPUs' accounting windows (ns), where known.
+    pub window_ns: Option<u64>,
+    /// The machine.
+    pub host: &'a HostReport,
+}
+
+impl<'a> From<&'a RunReport> for Emissions<'a> {
+    fn from(r: &'a RunReport) -> Self {
+        Self {
+            mode: &r.mode,
+            start_unix_ns: r.start_unix_ns,
+            wall_ns: r.wall_ns,
+            argv: r.command.as_ref().map(|c| c.argv.as_slice()),
+            tree: &r.energy.groups.tree,
+            domains: &r.energy.domains,
+            g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
+            cpus: Some(r.machine.cpus),
+            busy_ns: r.machine.busy_ns,
+            window_ns: Some(r.machine.window_ns),
+            host: &r.host,
+        }
+    }
+}
+
 /// The row for a finished profile. `run` reports the command tree's
 /// energy (what it cost), `monitor` the machine's measured energy
 /// (`tracking_mode` says which, as codecarbon's `process`/`machine`).
 /// `ram_total_gb` is the machine's memory, `run_id` a fresh UUID.
-pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> Vec<String> {
+pub fn emissions_row(r: Emissions<'_>, ram_total_gb: Option<f64>, run_id: &str) -> Vec<String> {
     let duration_s = r.wall_ns as f64 / 1e9;
     let tree = r.mode == "run";
     let (cpu_j, ram_j, gpu_j) = if tree {
-        let t = &r.energy.groups.tree;
+        let t = r.tree;
         (t.package_j, t.dram_j, t.gpu_j)
     } else {
         let measured = |d: Domain| -> f64 {
-            r.energy
-                .domains
+            r.domains
                 .iter()
                 .filter(|x| x.domain == d)
                 .map(|x| x.measured_j)
@@ -81,7 +127,7 @@ pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> 
         )
     };
     let total_j = cpu_j + ram_j + gpu_j;
-    let kg = total_j / J_PER_KWH * r.energy.carbon_intensity_g_per_kwh / 1000.0;
+    let kg = total_j / J_PER_KWH * r.g_per_kwh / 1000.0;
     let per_s = |x: f64| {
         if duration_s > 0.0 {
             x / duration_s
@@ -89,19 +135,17 @@ pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> 
             0.0
         }
     };
-    let busy_pct = if r.machine.window_ns > 0 {
-        100.0 * r.machine.busy_ns as f64 / r.machine.window_ns as f64
-    } else {
-        0.0
+    let busy_pct = match r.window_ns {
+        Some(w) if w > 0 => (100.0 * r.busy_ns as f64 / w as f64).to_string(),
+        _ => String::new(),
     };
     let gpus = &r.host.gpus;
     let gpu_model = match gpus.first() {
         Some(g) => format!("{} x {}", gpus.len(), g.name),
         None => String::new(),
     };
-    let project = match &r.command {
-        Some(c) => c
-            .argv
+    let project = match r.argv {
+        Some(argv) => argv
             .first()
             .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
             .unwrap_or_default(),
@@ -131,7 +175,7 @@ pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> 
         format!("Linux-{}", r.host.kernel),
         String::new(),
         String::new(),
-        r.machine.cpus.to_string(),
+        r.cpus.map(|c| c.to_string()).unwrap_or_default(),
         r.host.cpu_model.clone(),
         gpus.len().to_string(),
         gpu_model,
@@ -139,7 +183,7 @@ pub fn emissions_row(r: &RunReport, ram_total_gb: Option<f64>, run_id: &str) -> 
         String::new(),
         ram_total_gb.map(|g| g.to_string()).unwrap_or_default(),
         if tree { "process" } else { "machine" }.to_string(),
-        busy_pct.to_string(),
+        busy_pct,
         String::new(),
         String::new(),
         String::new(),
@@ -211,6 +255,112 @@ pub fn append(path: &Path, row: &[String]) -> Result<(), String> {
         Ok(())
     };
     write(&mut w).map_err(|e| format!("cannot write --csv {}: {e}", path.display()))
+}
+
+/// The per-interval CSV's columns (`--csv-intervals`): one row per
+/// interval and domain, in the units of codecarbon's file where it has the
+/// figure (kWh, kg) and the recording's otherwise (J, W, s).
+pub const INTERVAL_COLUMNS: [&str; 15] = [
+    "timestamp",
+    "t_s",
+    "duration_s",
+    "domain",
+    "package",
+    "estimated",
+    "basis",
+    "measured_j",
+    "attributed_j",
+    "idle_j",
+    "unattributed_j",
+    "power_w",
+    "energy_kwh",
+    "emissions_kg",
+    "busy_cpu_s",
+];
+
+/// The rows of one interval (see [`INTERVAL_COLUMNS`]): `start_unix_ns` is
+/// the profile's start, `g_per_kwh` its carbon intensity.
+pub fn interval_rows(
+    iv: &IntervalRecord,
+    start_unix_ns: u64,
+    g_per_kwh: f64,
+) -> impl Iterator<Item = [String; 15]> + '_ {
+    let stamp = iso8601_utc(start_unix_ns.saturating_add(iv.t_ns));
+    iv.domains.iter().map(move |d| {
+        let kwh = d.measured_j / J_PER_KWH;
+        [
+            stamp.clone(),
+            (iv.t_ns as f64 / 1e9).to_string(),
+            (iv.duration_ns as f64 / 1e9).to_string(),
+            d.domain.name().to_string(),
+            d.package.map(|p| p.to_string()).unwrap_or_default(),
+            d.estimated.to_string(),
+            d.basis.name().to_string(),
+            d.measured_j.to_string(),
+            d.attributed_j.to_string(),
+            d.idle_j.to_string(),
+            d.unattributed_j.to_string(),
+            d.power.power_w.to_string(),
+            kwh.to_string(),
+            (kwh * g_per_kwh / 1000.0).to_string(),
+            (iv.busy_ns as f64 / 1e9).to_string(),
+        ]
+    })
+}
+
+/// A per-interval CSV being written (`--csv-intervals`): rows are flushed
+/// as each interval ends, so a killed wattprof leaves every interval it
+/// finished. A failed write stops it (said once); the rest of the profile
+/// goes on.
+#[derive(Debug)]
+pub struct IntervalCsv {
+    w: csv::Writer<std::fs::File>,
+    path: std::path::PathBuf,
+    failed: bool,
+}
+
+impl IntervalCsv {
+    /// Creates (truncates) `path` and writes the header.
+    pub fn create(path: &Path) -> Result<Self, String> {
+        let err = |e: &dyn std::fmt::Display| {
+            format!(
+                "cannot write --csv-intervals {}: {e} (check that the directory exists and is \
+                 writable)",
+                path.display()
+            )
+        };
+        let file = std::fs::File::create(path).map_err(|e| err(&e))?;
+        let mut w = csv::WriterBuilder::new().from_writer(file);
+        w.write_record(INTERVAL_COLUMNS).map_err(|e| err(&e))?;
+        w.flush().map_err(|e| err(&e))?;
+        Ok(Self {
+            w,
+            path: path.to_path_buf(),
+            failed: false,
+        })
+    }
+
+    /// Writes one interval's rows.
+    pub fn write(&mut self, iv: &IntervalRecord, start_unix_ns: u64, g_per_kwh: f64) {
+        if self.failed {
+            return;
+        }
+        let mut write = || -> csv::Result<()> {
+            for row in interval_rows(iv, start_unix_ns, g_per_kwh) {
+                self.w.write_record(&row)?;
+            }
+            self.w.flush()?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            self.failed = true;
+            eprintln!(
+                "wattprof: writing --csv-intervals {}: {e}; that file stops here, the rest of \
+                 the profile goes on",
+                self.path.display()
+            );
+        }
+    }
 }
 
 /// A fresh random UUID (version 4), as codecarbon's `run_id`.

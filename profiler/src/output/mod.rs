@@ -6,9 +6,12 @@ pub mod prometheus;
 pub mod record;
 mod table;
 
-pub use table::{By, container_label, render_monitor_frame, render_run_table};
+pub use table::{
+    By, container_label, render_comparison, render_metrics, render_monitor_frame, render_run_table,
+    render_summary,
+};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attribution::EnergyBy;
 use crate::carbon::CarbonIntensity;
@@ -60,7 +63,7 @@ impl MachineTimes {
 }
 
 /// Energy in joules, with average power and CO2.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EnergyJ {
     /// CPU package energy (J); includes `core_j`.
     pub package_j: f64,
@@ -96,7 +99,7 @@ impl EnergyJ {
 }
 
 /// Peak memory of a process over the run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryReport {
     /// Highest PSS seen (bytes).
     pub peak_pss_bytes: u64,
@@ -107,7 +110,7 @@ pub struct MemoryReport {
 }
 
 /// One process in the run document. Times are ns since the run started.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessReport {
     /// Process id.
     pub pid: u32,
@@ -132,7 +135,7 @@ pub struct ProcessReport {
 }
 
 /// The profiled command.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CommandReport {
     /// The command line.
     pub argv: Vec<String>,
@@ -151,7 +154,7 @@ pub struct CommandReport {
 }
 
 /// Whole-machine figures.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MachineReport {
     /// Possible CPUs.
     pub cpus: usize,
@@ -174,7 +177,7 @@ pub struct MachineReport {
 }
 
 /// wattprof's own figures.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProfilerReport {
     /// Which tracker measured on-CPU time.
     pub tracker: crate::tracker::TrackerKind,
@@ -220,7 +223,7 @@ pub struct ProfilerReport {
 pub type DomainReport = record::DomainOf<record::AveragePower>;
 
 /// Energy per group.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct GroupEnergy {
     /// The command tree (always zero in `monitor`).
     pub tree: EnergyJ,
@@ -231,7 +234,7 @@ pub struct GroupEnergy {
 }
 
 /// Energy: what was read, how it was divided.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct EnergyReport {
     /// The readers in use, and the kinds of energy not measured and why.
     pub readers: Vec<crate::sources::registry::ReaderUse>,
@@ -249,7 +252,7 @@ pub struct EnergyReport {
 
 /// One container's (or systemd unit's) use over the profile: the sum of
 /// its cgroups, processes that exited included.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ContainerReport {
     /// Who made it.
     pub runtime: crate::process::container::Runtime,
@@ -270,7 +273,7 @@ pub struct ContainerReport {
 }
 
 /// One cgroup's use over the profile.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CgroupReport {
     /// cgroup v2 path (`/system.slice/docker-<id>.scope`), or `id:N` when
     /// the cgroup was gone before its path was read.
@@ -287,7 +290,7 @@ pub struct CgroupReport {
 /// domain as `M`: the profile keeps one in µJ and monotonic time
 /// (`profile::windows::Window`), the report shows one in J and time since
 /// the start ([`WindowReport`]).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowOf<E, M> {
     /// Name.
     pub name: String,
@@ -313,7 +316,7 @@ pub struct WindowOf<E, M> {
 pub type WindowReport = WindowOf<EnergyJ, WindowDomainReport>;
 
 /// A domain's measured energy in a window.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowDomainReport {
     /// Domain.
     pub domain: Domain,
@@ -328,7 +331,7 @@ pub struct WindowDomainReport {
 }
 
 /// The machine the profile ran on.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct HostReport {
     /// Host name.
     pub hostname: String,
@@ -342,14 +345,14 @@ pub struct HostReport {
 
 /// The JSON document `wattprof run --output` and `monitor --output` write
 /// (documented in docs/recording.md).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
     /// Layout version.
     pub schema_version: u32,
     /// wattprof's version.
     pub wattprof_version: String,
     /// `run` or `monitor`.
-    pub mode: &'static str,
+    pub mode: String,
     /// Wall-clock start, ns since the Unix epoch.
     pub start_unix_ns: u64,
     /// Length of the profile (monotonic).
@@ -379,7 +382,9 @@ pub struct RunReport {
     pub lost_ns: u64,
     /// wattprof's own cost and health.
     pub profiler: ProfilerReport,
-    /// Per-interval series (see docs/recording.md).
+    /// Per-interval series (see docs/recording.md); absent from the
+    /// stream's summary.
+    #[serde(default)]
     pub intervals: Vec<Box<serde_json::value::RawValue>>,
 }
 

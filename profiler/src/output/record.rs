@@ -2,7 +2,7 @@
 //! `intervals`), typed: the stream, the live screen and the exporter read
 //! fields, so a renamed field is a compile error, not a silent 0.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attribution::Basis;
 use crate::sources::Domain;
@@ -23,7 +23,7 @@ pub fn watts(uj: u64, ns: u64) -> f64 {
 }
 
 /// One interval: what was measured and how it was divided.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename = "interval")]
 pub struct IntervalRecord {
     /// End of the interval, ns since the profile started.
@@ -77,7 +77,7 @@ impl IntervalRecord {
 /// One energy domain's figures: over an interval ([`DomainRow`], with
 /// its power) or over the whole profile (`output::DomainReport`, with the
 /// average power).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DomainOf<P> {
     /// Which domain.
     pub domain: Domain,
@@ -101,14 +101,14 @@ pub struct DomainOf<P> {
 }
 
 /// An interval's power (`power_w`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IntervalPower {
     /// Measured over the interval (W).
     pub power_w: f64,
 }
 
 /// The whole profile's average power (`avg_power_w`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AveragePower {
     /// Measured over the span (W).
     pub avg_power_w: f64,
@@ -157,7 +157,7 @@ impl<P> DomainOf<P> {
 }
 
 /// One GPU over an interval.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuRow {
     /// NVML index.
     pub index: u32,
@@ -175,7 +175,7 @@ pub struct GpuRow {
 }
 
 /// The three groups of an interval.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupRows {
     /// The command's process tree (`run`).
     pub tree: GroupRow,
@@ -186,16 +186,58 @@ pub struct GroupRows {
 }
 
 /// One group over an interval.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupRow {
     /// On-CPU time (ns).
     pub on_cpu_ns: u64,
     /// Energy, all domains (J).
     pub energy_j: f64,
+    /// Package energy (J); absent from streams of wattprof 0.1 before
+    /// these were added (read as 0).
+    #[serde(default)]
+    pub package_j: f64,
+    /// Core energy (J, part of package).
+    #[serde(default)]
+    pub core_j: f64,
+    /// DRAM energy (J).
+    #[serde(default)]
+    pub dram_j: f64,
+    /// GPU energy (J).
+    #[serde(default)]
+    pub gpu_j: f64,
+}
+
+/// The first line of a `--jsonl` stream: what the profile is, before any
+/// interval.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename = "header")]
+pub struct HeaderRecord {
+    /// Layout version.
+    pub schema_version: u32,
+    /// wattprof's version.
+    pub wattprof_version: String,
+    /// `run` or `monitor`.
+    pub mode: String,
+    /// Which tracker measures on-CPU time.
+    pub tracker: crate::tracker::TrackerKind,
+    /// Wall-clock start, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// The machine.
+    pub host: super::HostReport,
+    /// The kernel's package id of each dense socket index.
+    pub package_ids: Vec<u32>,
+    /// The readers in use, and the kinds of energy not measured and why.
+    pub readers: Vec<crate::sources::registry::ReaderUse>,
+    /// gCO2eq per kWh.
+    pub carbon_intensity_g_per_kwh: f64,
+    /// Where that figure comes from.
+    pub carbon_intensity_source: String,
+    /// The command (`run`); null in `monitor`.
+    pub argv: Option<Vec<String>>,
 }
 
 /// One process over an interval.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessRow {
     /// Process id.
     pub pid: u32,

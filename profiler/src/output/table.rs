@@ -29,8 +29,8 @@ struct Measured {
 }
 
 impl Measured {
-    fn of(r: &RunReport) -> Self {
-        let has = |d: Domain| r.energy.domains.iter().any(|x| x.domain == d);
+    fn of(domains: &[super::DomainReport]) -> Self {
+        let has = |d: Domain| domains.iter().any(|x| x.domain == d);
         Self {
             cpu: has(Domain::Package),
             dram: has(Domain::Dram),
@@ -75,10 +75,35 @@ impl Measured {
     }
 }
 
+/// What the energy part of a table shows.
+struct EnergyView<'a> {
+    readers: &'a [crate::sources::registry::ReaderUse],
+    domains: &'a [super::DomainReport],
+    g_per_kwh: f64,
+    carbon_source: &'a str,
+    problems: &'a [String],
+    windows: &'a [super::WindowReport],
+    window_errors: &'a [String],
+}
+
+impl<'a> EnergyView<'a> {
+    fn of(r: &'a RunReport) -> Self {
+        Self {
+            readers: &r.energy.readers,
+            domains: &r.energy.domains,
+            g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
+            carbon_source: &r.energy.carbon_intensity_source,
+            problems: &r.energy.problems,
+            windows: &r.windows,
+            window_errors: &r.window_errors,
+        }
+    }
+}
+
 /// Renders the energy part: domains, readers, CO2, windows.
-fn render_energy(s: &mut String, r: &RunReport) {
+fn render_energy(s: &mut String, r: &EnergyView<'_>) {
     let _ = writeln!(s, "\n  energy readers:");
-    for u in &r.energy.readers {
+    for u in r.readers {
         let _ = writeln!(
             s,
             "    {:<5} {:<10} {}{}",
@@ -91,13 +116,13 @@ fn render_energy(s: &mut String, r: &RunReport) {
             let _ = writeln!(s, "                     fix: {fix}");
         }
     }
-    if !r.energy.domains.is_empty() {
+    if !r.domains.is_empty() {
         let _ = writeln!(
             s,
             "\n  {:<16} {:>12} {:>12} {:>12} {:>12} {:>9}",
             "DOMAIN", "MEASURED J", "PROCESSES J", "IDLE J", "UNATTRIB. J", "AVG W"
         );
-        for d in &r.energy.domains {
+        for d in r.domains {
             let name = match (d.domain, d.package) {
                 (Domain::Gpu, Some(i)) => format!("gpu {i}"),
                 (dom, Some(p)) => format!("{} {p}", dom.name()),
@@ -118,14 +143,14 @@ fn render_energy(s: &mut String, r: &RunReport) {
         let _ = writeln!(
             s,
             "  CO2 at {} gCO2eq/kWh ({})",
-            r.energy.carbon_intensity_g_per_kwh, r.energy.carbon_intensity_source
+            r.g_per_kwh, r.carbon_source
         );
     }
-    for p in r.energy.problems.iter().take(3) {
+    for p in r.problems.iter().take(3) {
         let _ = writeln!(s, "  warning: {p}");
     }
     if !r.windows.is_empty() {
-        let m = Measured::of(r);
+        let m = Measured::of(r.domains);
         let _ = writeln!(
             s,
             "\n  {:<20} {:>8} {:>10} {:>10}{}",
@@ -176,7 +201,7 @@ fn render_energy(s: &mut String, r: &RunReport) {
 pub fn render_run_table(r: &RunReport) -> String {
     let mut s = String::new();
     let total = r.machine.window_ns;
-    let m = Measured::of(r);
+    let m = Measured::of(&r.energy.domains);
     let (argv, outcome, tree_procs) = match &r.command {
         Some(c) => (
             c.argv.join(" "),
@@ -386,7 +411,7 @@ pub fn render_run_table(r: &RunReport) -> String {
             );
         }
     }
-    render_energy(&mut s, r);
+    render_energy(&mut s, &EnergyView::of(r));
     s
 }
 
@@ -528,5 +553,263 @@ pub fn render_monitor_frame(
                 .map(|c| (c.path.clone(), c.on_cpu_ns, &c.energy)),
         ),
     }
+    s
+}
+
+/// `wattprof report FILE`: the totals of a recording or stream, in the
+/// style of `run`'s table; the `top` processes with the most energy.
+pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
+    use crate::report::Format;
+    let mut s = String::new();
+    let m = Measured::of(&r.domains);
+    let what = match &r.command {
+        Some(c) => format!(
+            "`{}` {}",
+            c.argv.join(" "),
+            match (c.exit_code, c.signal) {
+                (_, Some(sig)) => format!("was killed by signal {sig}"),
+                (Some(code), _) => format!("exited with code {code}"),
+                _ if r.format == Format::CutStream =>
+                    "ran (exit unknown: the stream was cut)".into(),
+                _ => "ended".to_string(),
+            }
+        ),
+        None => "the machine (monitor)".to_string(),
+    };
+    let _ = writeln!(
+        s,
+        "\nwattprof report: {what}, {:.3} s, {} intervals\n  {} {} (wattprof {}, started {})",
+        secs(r.wall_ns),
+        r.intervals,
+        r.format.words(),
+        r.file,
+        r.wattprof_version,
+        super::csv::iso8601_utc(r.start_unix_ns),
+    );
+    if let Some(cut) = &r.cut {
+        let _ = writeln!(
+            s,
+            "  note: the stream was cut after {} complete lines{}; the figures below are the \
+             sums of its {} intervals",
+            cut.complete_lines,
+            if cut.partial_line_bytes > 0 {
+                format!(
+                    " and a partial line of {} bytes (dropped)",
+                    cut.partial_line_bytes
+                )
+            } else {
+                " (no summary line)".to_string()
+            },
+            r.intervals
+        );
+        let _ = writeln!(s, "  not in a cut stream: {}", r.missing.join("; "));
+    }
+    let _ = writeln!(
+        s,
+        "\n{:>8}  {:<16} {:>10}{}",
+        "PID",
+        "COMMAND",
+        "ON-CPU s",
+        m.header()
+    );
+    for p in r.processes.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "{:>8}  {:<16} {:>10.3}{}",
+            p.pid,
+            p.comm,
+            secs(p.on_cpu_ns),
+            m.cells(&p.energy)
+        );
+    }
+    if r.processes.len() > top {
+        let _ = writeln!(
+            s,
+            "{:>8}  ({} more processes: --top N shows more, --json all)",
+            "+",
+            r.processes.len() - top
+        );
+    }
+    let sum = |f: fn(&super::DomainReport) -> f64| -> EnergyJ {
+        let of = |d: Domain| r.domains.iter().filter(|x| x.domain == d).map(f).sum();
+        EnergyJ {
+            package_j: of(Domain::Package),
+            dram_j: of(Domain::Dram),
+            gpu_j: of(Domain::Gpu),
+            ..EnergyJ::default()
+        }
+    };
+    let (t, g) = (&r.group_times, &r.group_energy);
+    let mut rows = vec![
+        (
+            "wattprof itself".to_string(),
+            Some(t.profiler_ns),
+            g.profiler,
+        ),
+        ("rest of the machine".to_string(), Some(t.other_ns), g.other),
+        ("idle".to_string(), None, sum(|x| x.idle_j)),
+        ("unattributed".to_string(), None, sum(|x| x.unattributed_j)),
+    ];
+    if let Some(c) = &r.command {
+        let label = match c.processes {
+            Some(n) => format!("command tree ({n} processes)"),
+            None => "command tree".to_string(),
+        };
+        rows.insert(0, (label, Some(t.tree_ns), g.tree));
+    }
+    let _ = writeln!(s);
+    for (label, ns, e) in rows {
+        let cells = m.cells(&e);
+        let (time, cells) = match ns {
+            Some(ns) => (format!("{:>10.3} s", secs(ns)), cells),
+            // Idle and unattributed energy have no time, power or CO2 here.
+            None => (
+                format!("{:>12}", ""),
+                cells
+                    .get(..cells.len().saturating_sub(18))
+                    .unwrap_or("")
+                    .to_string(),
+            ),
+        };
+        let _ = writeln!(s, "  {label:<34} {time}{cells}");
+    }
+    if let (Some(cpus), Some(window)) = (r.machine.cpus, r.machine.window_ns) {
+        let _ = writeln!(
+            s,
+            "  {:<34} {:>10.3} s  of {:.3} s on {cpus} CPUs",
+            "busy CPU time",
+            secs(r.machine.busy_ns),
+            secs(window)
+        );
+    }
+    if !r.containers.is_empty() {
+        render_sums(
+            &mut s,
+            "CONTAINER / UNIT",
+            r.containers
+                .iter()
+                .take(10)
+                .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
+        );
+    }
+    render_energy(
+        &mut s,
+        &EnergyView {
+            readers: &r.readers,
+            domains: &r.domains,
+            g_per_kwh: r.carbon_intensity_g_per_kwh,
+            carbon_source: &r.carbon_intensity_source,
+            problems: &r.problems,
+            windows: &r.windows,
+            window_errors: &[],
+        },
+    );
+    s
+}
+
+/// `report --metrics`: what the file holds.
+pub fn render_metrics(file: &str, metrics: &[crate::report::metrics::Metric]) -> String {
+    let mut s = format!("\n{file} holds:\n\n");
+    let _ = writeln!(
+        s,
+        "  {:<56} {:<13} {:<28} HOW MUCH",
+        "WHERE", "UNIT", "AIPOWERMETER"
+    );
+    for m in metrics {
+        let _ = writeln!(
+            s,
+            "  {:<56} {:<13} {:<28} {}\n      {}",
+            m.path,
+            m.unit,
+            m.aipowermeter.unwrap_or("-"),
+            m.present,
+            m.meaning
+        );
+    }
+    if metrics.is_empty() {
+        let _ = writeln!(
+            s,
+            "  (no figures: the profile ended before its first interval)"
+        );
+    }
+    s
+}
+
+/// `report A B`: B against the baseline A.
+pub fn render_comparison(c: &crate::report::compare::Comparison) -> String {
+    use crate::report::compare::{Change, Row};
+    let mut s = String::new();
+    let name = |side: &crate::report::compare::Side| match &side.argv {
+        Some(a) => format!("{} (`{}`)", side.file, a.join(" ")),
+        None => format!("{} ({})", side.file, side.mode),
+    };
+    let _ = writeln!(
+        s,
+        "\nwattprof report: B against the baseline A\n  A: {}\n  B: {}",
+        name(&c.a),
+        name(&c.b)
+    );
+    let num = |v: Option<f64>, w: usize, p: usize| match v {
+        Some(v) => format!("{v:>w$.p$}"),
+        None => format!("{:>w$}", "-"),
+    };
+    let pct = |c: &Change| match c.delta_pct {
+        Some(d) => format!("{d:>+7.1}%"),
+        None => format!("{:>8}", "-"),
+    };
+    let section = |s: &mut String, title: &str, time: &str, rows: &[Row], limit: usize| {
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n  {:<24} {:>11} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+            title,
+            "A J",
+            "B J",
+            "DELTA J",
+            "DELTA",
+            format!("A {time}"),
+            format!("B {time}"),
+            "DELTA"
+        );
+        for r in rows.iter().take(limit) {
+            let e: &Change = &r.energy_j;
+            let _ = writeln!(
+                s,
+                "  {:<24} {} {} {} {} {} {} {}",
+                left_cut(&r.name, 24),
+                num(e.a, 11, 3),
+                num(e.b, 11, 3),
+                match e.delta {
+                    Some(d) => format!("{d:>+11.3}"),
+                    None => format!("{:>11}", "-"),
+                },
+                pct(e),
+                num(r.time_s.a, 11, 3),
+                num(r.time_s.b, 11, 3),
+                pct(&r.time_s),
+            );
+        }
+        if rows.len() > limit {
+            let _ = writeln!(s, "  ... {} more (all are in --json)", rows.len() - limit);
+        }
+    };
+    section(&mut s, "TOTAL", "s", std::slice::from_ref(&c.total), 1);
+    section(&mut s, "DOMAIN", "s", &c.domains, 50);
+    section(&mut s, "GROUP", "cpu s", &c.groups, 10);
+    section(&mut s, "PROCESS NAME", "cpu s", &c.processes, 20);
+    section(&mut s, "WINDOW NAME", "s", &c.windows, 40);
+    let p = &c.total.power_w;
+    let _ = writeln!(
+        s,
+        "\n  average power: A {} W, B {} W ({})",
+        num(p.a, 0, 2),
+        num(p.b, 0, 2),
+        match p.delta_pct {
+            Some(d) => format!("{d:+.1}%"),
+            None => "-".to_string(),
+        }
+    );
     s
 }

@@ -2,10 +2,10 @@
 //! Podman, Kubernetes and systemd name their cgroups, on the systemd and
 //! the cgroupfs cgroup drivers, for cgroup v1 and v2 paths alike.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Who made the cgroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Runtime {
     /// Docker (`docker-<id>.scope`, `/docker/<id>`).

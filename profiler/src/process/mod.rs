@@ -142,7 +142,7 @@ struct PendingFork {
 }
 
 /// On-CPU time per group, accumulated.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GroupTotals {
     /// The command tree.
     pub tree_ns: u64,

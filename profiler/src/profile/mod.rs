@@ -13,7 +13,7 @@ pub use crate::sources::registry::{ReaderConfig, ReaderUse, Readers};
 
 use std::collections::HashMap;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::attribution::{
     self, ConsumerId, EnergyBy, EnergyLedger, GpuInterval, Interval, PackageTime,
@@ -23,8 +23,8 @@ use crate::hash::IntMap;
 use crate::output::jsonl::{Jsonl, Typed};
 use crate::output::prometheus::{Labels, Snapshot};
 use crate::output::record::{
-    AveragePower, DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord,
-    ProcessRow, joules, watts,
+    AveragePower, DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, HeaderRecord, IntervalPower,
+    IntervalRecord, ProcessRow, joules, watts,
 };
 use crate::output::{
     CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
@@ -245,6 +245,9 @@ pub struct Profile {
     package_ids: Vec<u32>,
     cfg: ProfileConfig,
     jsonl: Option<Jsonl>,
+    interval_csv: Option<crate::output::csv::IntervalCsv>,
+    /// Wall-clock start (for the CSV's timestamps), from the header.
+    start_unix_ns: u64,
     problems: Vec<String>,
     problem_count: u64,
     host: HostReport,
@@ -303,13 +306,21 @@ impl Profile {
             package_ids,
             cfg,
             jsonl,
+            interval_csv: None,
+            start_unix_ns: 0,
             problems: Vec::new(),
             problem_count: 0,
             host,
         }
     }
 
-    /// Writes the stream's header record.
+    /// Also writes each interval's rows to this CSV (`--csv-intervals`).
+    pub fn set_interval_csv(&mut self, csv: Option<crate::output::csv::IntervalCsv>) {
+        self.interval_csv = csv;
+    }
+
+    /// Writes the stream's header record (and takes the wall-clock start
+    /// the CSV's timestamps count from).
     pub fn write_header(
         &mut self,
         mode: &str,
@@ -317,20 +328,20 @@ impl Profile {
         argv: Option<&[String]>,
         start_unix_ns: u64,
     ) {
-        let header = json!({
-            "type": "header",
-            "schema_version": RUN_SCHEMA_VERSION,
-            "wattprof_version": env!("CARGO_PKG_VERSION"),
-            "mode": mode,
-            "tracker": tracker,
-            "start_unix_ns": start_unix_ns,
-            "host": self.host,
-            "package_ids": self.package_ids,
-            "readers": self.readers.used(),
-            "carbon_intensity_g_per_kwh": self.cfg.carbon.g_per_kwh,
-            "carbon_intensity_source": self.cfg.carbon.source,
-            "argv": argv,
-        });
+        self.start_unix_ns = start_unix_ns;
+        let header = HeaderRecord {
+            schema_version: RUN_SCHEMA_VERSION,
+            wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: mode.to_string(),
+            tracker,
+            start_unix_ns,
+            host: self.host.clone(),
+            package_ids: self.package_ids.clone(),
+            readers: self.readers.used().to_vec(),
+            carbon_intensity_g_per_kwh: self.cfg.carbon.g_per_kwh,
+            carbon_intensity_source: self.cfg.carbon.source.clone(),
+            argv: argv.map(<[String]>::to_vec),
+        };
         if let Some(s) = &mut self.jsonl {
             s.write(&header);
         }
@@ -620,6 +631,10 @@ impl Profile {
                 .map(|u| u.on_cpu_ns.iter().sum::<u64>())
                 .sum(),
             energy_j: joules(interval_groups[r as usize].total_uj()),
+            package_j: joules(interval_groups[r as usize].package_uj),
+            core_j: joules(interval_groups[r as usize].core_uj),
+            dram_j: joules(interval_groups[r as usize].dram_uj),
+            gpu_j: joules(interval_groups[r as usize].gpu_uj),
         };
         record.groups = GroupRows {
             tree: group(Role::Tree),
@@ -632,6 +647,9 @@ impl Profile {
         record.processes = Some(rows);
         if let Some(s) = &mut self.jsonl {
             s.write(&record);
+        }
+        if let Some(c) = &mut self.interval_csv {
+            c.write(&record, self.start_unix_ns, self.cfg.carbon.g_per_kwh);
         }
         // Kept serialized: a parsed record costs several times its text,
         // and a run can last days.
@@ -1189,7 +1207,7 @@ impl Profile {
         let report = RunReport {
             schema_version: RUN_SCHEMA_VERSION,
             wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
-            mode: ending.mode,
+            mode: ending.mode.to_string(),
             start_unix_ns: ending.start_unix_ns,
             wall_ns: span,
             host: self.host.clone(),

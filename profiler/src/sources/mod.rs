@@ -13,10 +13,10 @@ pub mod powercap;
 pub mod registry;
 pub mod wattmeter;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// An energy domain of a CPU package or of the platform.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Domain {
     /// The whole package (cores, caches, uncore).

@@ -23,7 +23,7 @@ use super::{
 };
 
 /// How a GPU's energy is obtained.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuEnergyMethod {
     /// The GPU's own total-energy counter (exact to 1 mJ).
@@ -33,7 +33,7 @@ pub enum GpuEnergyMethod {
 }
 
 /// One process's use of a GPU over the last interval.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct GpuProcess {
     /// Process id.
     pub pid: u32,
@@ -63,7 +63,7 @@ pub struct GpuReading {
 }
 
 /// A GPU found.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct GpuInfo {
     /// NVML index.
     pub index: u32,

@@ -4,6 +4,7 @@
 //! a wattmeter when one is given. `run`, `monitor` and `sources` all open
 //! readers through here, and every reader is read through [`Source`].
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -78,12 +79,12 @@ pub struct ReaderConfig {
 }
 
 /// A reader in use, or why a kind of energy is not measured, for reports.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ReaderUse {
     /// `cpu`, `gpu` or `wall`.
-    pub kind: &'static str,
+    pub kind: Cow<'static, str>,
     /// Reader name (`powercap`, `nvml`, `estimate`), or `none`.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// What it reads, or why nothing is read.
     pub detail: String,
     /// Modelled rather than measured.
@@ -124,8 +125,8 @@ pub struct IntervalEnergy {
 
 fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
     ReaderUse {
-        kind: source.kind().name(),
-        name: source.name(),
+        kind: source.kind().name().into(),
+        name: source.name().into(),
         detail,
         estimated: false,
         fix: None,
@@ -134,8 +135,8 @@ fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
 
 fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse {
     ReaderUse {
-        kind,
-        name: "none",
+        kind: kind.into(),
+        name: "none".into(),
         detail,
         estimated: false,
         fix,
@@ -179,8 +180,8 @@ impl Readers {
                 Some(tdp) => {
                     estimate = Some(TdpModel::new(tdp)?);
                     used.push(ReaderUse {
-                        kind: "cpu",
-                        name: "estimate",
+                        kind: "cpu".into(),
+                        name: "estimate".into(),
                         detail: format!(
                             "no energy counter ({}); TDP {tdp} W x measured CPU utilization",
                             reasons.join("; ")

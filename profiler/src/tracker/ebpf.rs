@@ -65,7 +65,9 @@ pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_task
 }
 
 /// Which tracker measures on-CPU time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TrackerKind {
     /// A task iterator reads the scheduler's counters at each read, and
@@ -102,7 +104,7 @@ pub enum TrackerChoice {
 }
 
 /// How exits are detected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitTracking {
     /// The iterator tracker: the final run time when the task is freed
@@ -117,7 +119,7 @@ pub enum ExitTracking {
 }
 
 /// Which clock task time comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskClock {
     /// The scheduler's own `se.sum_exec_runtime` (kernel with BTF): the

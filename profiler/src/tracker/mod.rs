@@ -75,7 +75,8 @@ pub enum TrackerError {
 /// scheduler charged to no task. `idle_task_ns` is the wall time between
 /// context switches with the idle task on CPU; the two differ by where the
 /// scheduler draws slice boundaries (see `sched_gap_ns`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CpuTimes {
     /// CPU id.
     pub cpu: u32,

@@ -1,0 +1,205 @@
+//! `wattprof report`: read a recording or a stream back, compare two runs,
+//! plot them, write codecarbon's CSV. Needs no root and loads nothing.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::Fatal;
+use crate::output;
+use crate::report::{self, Loaded};
+
+/// Exit code for a file that cannot be read back.
+pub const EXIT_BAD_FILE: i32 = 1;
+/// Exit code for options that do not go together (as clap's).
+pub const EXIT_USAGE: i32 = 2;
+
+/// Options of `wattprof report`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    wattprof report run.json                      totals per domain, group, process, window\n  \
+    wattprof report run.jsonl                     the same from a --jsonl stream, even one cut short\n  \
+    wattprof report --metrics run.json            what the file holds (AIPowerMeter's names too)\n  \
+    wattprof report before.json after.json        what changed: energy, time, power, per name\n  \
+    wattprof report run.json --html run.html      self-contained page with the plots\n  \
+    wattprof report run.json --csv emissions.csv  append a row in codecarbon's layout\n\n\
+    Exit status: 0; 1 when a file cannot be read back or written (one line says why); 2 for\n    options that do not go together.")]
+pub struct ReportArgs {
+    /// A recording (`--output`), a `--jsonl` stream, or a stream cut short
+    /// (every complete line is read, and the cut is said). Give two to
+    /// compare: the first is the baseline.
+    #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
+    pub files: Vec<PathBuf>,
+
+    /// Print JSON for scripts (the totals, the metrics or the comparison)
+    /// instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// List the figures the file holds, where they are, and AIPowerMeter's
+    /// names for them.
+    #[arg(long)]
+    pub metrics: bool,
+
+    /// Processes shown in the table (most energy first; --json has all).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub top: usize,
+
+    /// Write the plots as one SVG: power per domain over time, stacked
+    /// power of the top processes with windows shaded, energy per window.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+
+    /// Write a self-contained HTML page: the totals as tables and the
+    /// plots (no script, nothing fetched).
+    #[arg(long, value_name = "FILE.html")]
+    pub html: Option<PathBuf>,
+
+    /// Append one row to FILE in codecarbon's emissions.csv layout (a new
+    /// file gets the header; a CSV with other columns is refused).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
+    /// Write FILE: one CSV row per interval and domain (energy in J and
+    /// kWh, power in W, emissions in kg).
+    #[arg(long, value_name = "FILE")]
+    pub csv_intervals: Option<PathBuf>,
+}
+
+fn usage(message: String) -> anyhow::Error {
+    Fatal {
+        code: EXIT_USAGE,
+        message,
+    }
+    .into()
+}
+
+/// A file that cannot be read back or written: exit code 1.
+fn fail(message: String) -> anyhow::Error {
+    Fatal {
+        code: EXIT_BAD_FILE,
+        message,
+    }
+    .into()
+}
+
+fn bad_file(e: report::ReadError) -> anyhow::Error {
+    fail(e.to_string())
+}
+
+/// Writes `data` to `path` through a temporary file renamed into place,
+/// so a failed write never leaves half a plot.
+fn write_whole(path: &Path, data: &[u8], what: &str) -> anyhow::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".wattprof-tmp");
+    let tmp = PathBuf::from(tmp);
+    let result = std::fs::write(&tmp, data).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(format!(
+            "cannot write {what} {}: {e} (check that the directory exists and is writable)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `wattprof report`; returns the exit code.
+pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
+    if args.files.len() == 2 {
+        let only_one = [
+            (args.metrics, "--metrics"),
+            (args.plot.is_some(), "--plot"),
+            (args.html.is_some(), "--html"),
+            (args.csv.is_some(), "--csv"),
+            (args.csv_intervals.is_some(), "--csv-intervals"),
+        ];
+        if let Some((_, flag)) = only_one.iter().find(|(on, _)| *on) {
+            return Err(usage(format!(
+                "{flag} reads one file; `wattprof report A B` compares two (as a table or \
+                 --json): run `wattprof report FILE {flag} ...` for each"
+            )));
+        }
+        let a = report::load(&args.files[0]).map_err(bad_file)?;
+        let b = report::load(&args.files[1]).map_err(bad_file)?;
+        let c = report::compare::compare(&a.summary, &b.summary);
+        let text = if args.json {
+            serde_json::to_string_pretty(&c)? + "\n"
+        } else {
+            output::render_comparison(&c)
+        };
+        print_out(&text);
+        return Ok(0);
+    }
+    if let Some(csv) = &args.csv {
+        // Before reading: a foreign CSV is refused without work.
+        output::csv::check(csv).map_err(fail)?;
+    }
+    let loaded = report::load(&args.files[0]).map_err(bad_file)?;
+    let text = match (args.metrics, args.json) {
+        (true, true) => serde_json::to_string_pretty(&report::metrics::list(&loaded))? + "\n",
+        (true, false) => {
+            output::render_metrics(&loaded.summary.file, &report::metrics::list(&loaded))
+        }
+        (false, true) => serde_json::to_string_pretty(&loaded.summary)? + "\n",
+        (false, false) => output::render_summary(&loaded.summary, args.top),
+    };
+    print_out(&text);
+    write_files(&args, &loaded)?;
+    Ok(0)
+}
+
+/// Prints to stdout; a closed pipe (`| head`) is not an error.
+fn print_out(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
+    let plot_err = |e: report::plot::PlotError| fail(e.to_string());
+    let mut said = Vec::new();
+    if let Some(path) = &args.plot {
+        let svg = report::plot::svg(l).map_err(plot_err)?;
+        write_whole(path, svg.as_bytes(), "--plot")?;
+        said.push(format!("plots written to {}", path.display()));
+    }
+    if let Some(path) = &args.html {
+        let html = report::plot::html(l).map_err(plot_err)?;
+        write_whole(path, html.as_bytes(), "--html")?;
+        said.push(format!("page written to {}", path.display()));
+    }
+    if let Some(path) = &args.csv_intervals {
+        let s = &l.summary;
+        let encode = || -> Result<Vec<u8>, String> {
+            let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+            w.write_record(output::csv::INTERVAL_COLUMNS)
+                .map_err(|e| e.to_string())?;
+            for iv in &l.intervals {
+                for row in
+                    output::csv::interval_rows(iv, s.start_unix_ns, s.carbon_intensity_g_per_kwh)
+                {
+                    w.write_record(&row).map_err(|e| e.to_string())?;
+                }
+            }
+            w.into_inner().map_err(|e| e.to_string())
+        };
+        let out = encode().map_err(|e| fail(format!("encoding --csv-intervals: {e}")))?;
+        write_whole(path, &out, "--csv-intervals")?;
+        said.push(format!(
+            "{} intervals written to {}",
+            l.intervals.len(),
+            path.display()
+        ));
+    }
+    if let Some(path) = &args.csv {
+        let row = output::csv::emissions_row(
+            l.summary.emissions(),
+            output::csv::ram_total_gb(),
+            &output::csv::uuid4(),
+        );
+        output::csv::append(path, &row).map_err(fail)?;
+        said.push(format!("emissions row appended to {}", path.display()));
+    }
+    for line in said {
+        eprintln!("wattprof: {line}");
+    }
+    Ok(())
+}

@@ -1,0 +1,436 @@
+//! Reading profiles back (`wattprof report`): a recording, a stream or a
+//! stream cut short becomes one [`Summary`], which the table, `--json`,
+//! the comparison of two runs, the plots and the CSV files are made from.
+
+pub mod compare;
+pub mod metrics;
+pub mod plot;
+pub mod read;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::output::record::{AveragePower, DomainOf, IntervalRecord, watts};
+use crate::output::{
+    ContainerReport, DomainReport, EnergyJ, GroupEnergy, HostReport, MemoryReport, ProcessReport,
+    RunReport, WindowReport,
+};
+use crate::process::GroupTotals;
+use crate::sources::registry::ReaderUse;
+pub use read::{Cut, ReadError};
+
+/// What kind of file a summary was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// A recording (`--output`).
+    Recording,
+    /// A whole `--jsonl` stream (it has its summary).
+    Stream,
+    /// A stream cut short: rebuilt from its complete lines.
+    CutStream,
+}
+
+impl Format {
+    /// In words, for tables.
+    pub fn words(self) -> &'static str {
+        match self {
+            Self::Recording => "recording",
+            Self::Stream => "stream",
+            Self::CutStream => "stream cut short",
+        }
+    }
+}
+
+/// The command of a `run`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommandSummary {
+    /// Its command line.
+    pub argv: Vec<String>,
+    /// Its pid (not in a cut stream).
+    pub pid: Option<u32>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// Processes in its tree (not in a cut stream).
+    pub processes: Option<usize>,
+}
+
+/// CPU time over the whole machine.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineSummary {
+    /// Possible CPUs (not in a cut stream).
+    pub cpus: Option<usize>,
+    /// CPU time of all tasks (ns).
+    pub busy_ns: u64,
+    /// All CPUs' accounting windows (not in a cut stream).
+    pub window_ns: Option<u64>,
+}
+
+/// A profile as `report` shows it: totals per domain, group, process,
+/// container and window, whichever file they came from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// The file.
+    pub file: String,
+    /// What it is.
+    pub format: Format,
+    /// Where a stream was cut.
+    pub cut: Option<Cut>,
+    /// What a cut stream cannot tell (only its summary line has it).
+    pub missing: Vec<String>,
+    /// Layout version.
+    pub schema_version: u32,
+    /// Who wrote it.
+    pub wattprof_version: String,
+    /// `run` or `monitor`.
+    pub mode: String,
+    /// Wall-clock start (ns since the Unix epoch).
+    pub start_unix_ns: u64,
+    /// Length of the profile (to the cut, in a cut stream).
+    pub wall_ns: u64,
+    /// The machine.
+    pub host: HostReport,
+    /// The command (`run`).
+    pub command: Option<CommandSummary>,
+    /// Interval records in the file.
+    pub intervals: usize,
+    /// Readers in use.
+    pub readers: Vec<ReaderUse>,
+    /// Per domain and package.
+    pub domains: Vec<DomainReport>,
+    /// On-CPU time per group.
+    pub group_times: GroupTotals,
+    /// Energy per group.
+    pub group_energy: GroupEnergy,
+    /// Whole-machine CPU time.
+    pub machine: MachineSummary,
+    /// Processes, most energy first.
+    pub processes: Vec<ProcessReport>,
+    /// Containers and systemd units, most energy first (not in a cut
+    /// stream).
+    pub containers: Vec<ContainerReport>,
+    /// Windows, in the order they ended.
+    pub windows: Vec<WindowReport>,
+    /// gCO2eq per kWh.
+    pub carbon_intensity_g_per_kwh: f64,
+    /// Where that comes from.
+    pub carbon_intensity_source: String,
+    /// Reader failures.
+    pub problems: Vec<String>,
+}
+
+/// A file read back: its summary and its intervals.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Totals.
+    pub summary: Summary,
+    /// The interval records (machine-level only in a `monitor` recording).
+    pub intervals: Vec<IntervalRecord>,
+}
+
+/// Reads `path` (a recording, a stream, or a stream cut short).
+pub fn load(path: &std::path::Path) -> Result<Loaded, ReadError> {
+    let file = path.display().to_string();
+    Ok(match read::read(path)? {
+        read::File::Recording(r, intervals) => Loaded {
+            summary: Summary::of_report(&r, file, Format::Recording, intervals.len()),
+            intervals,
+        },
+        read::File::Stream(s) => match (&s.summary, &s.cut) {
+            (Some(r), None) => Loaded {
+                summary: Summary::of_report(r, file, Format::Stream, s.intervals.len()),
+                intervals: s.intervals,
+            },
+            _ => Loaded {
+                summary: Summary::of_cut_stream(&s, file),
+                intervals: s.intervals,
+            },
+        },
+    })
+}
+
+fn co2_g(total_j: f64, g_per_kwh: f64) -> f64 {
+    total_j / 3.6e6 * g_per_kwh
+}
+
+fn energy_of(
+    package_j: f64,
+    core_j: f64,
+    dram_j: f64,
+    gpu_j: f64,
+    span_ns: u64,
+    g: f64,
+) -> EnergyJ {
+    let total_j = package_j + dram_j + gpu_j;
+    EnergyJ {
+        package_j,
+        core_j,
+        dram_j,
+        gpu_j,
+        total_j,
+        avg_power_w: if span_ns == 0 {
+            0.0
+        } else {
+            total_j / (span_ns as f64 / 1e9)
+        },
+        co2_g: co2_g(total_j, g),
+    }
+}
+
+impl Summary {
+    /// From a whole document (a recording, or a stream's summary).
+    pub fn of_report(r: &RunReport, file: String, format: Format, intervals: usize) -> Self {
+        let mut processes = r.processes.clone();
+        processes.sort_by(|a, b| {
+            b.energy
+                .total_j
+                .total_cmp(&a.energy.total_j)
+                .then(b.on_cpu_ns.cmp(&a.on_cpu_ns))
+                .then(a.pid.cmp(&b.pid))
+        });
+        Self {
+            file,
+            format,
+            cut: None,
+            missing: Vec::new(),
+            schema_version: r.schema_version,
+            wattprof_version: r.wattprof_version.clone(),
+            mode: r.mode.clone(),
+            start_unix_ns: r.start_unix_ns,
+            wall_ns: r.wall_ns,
+            host: r.host.clone(),
+            command: r.command.as_ref().map(|c| CommandSummary {
+                argv: c.argv.clone(),
+                pid: Some(c.pid),
+                exit_code: c.exit_code,
+                signal: c.signal,
+                processes: Some(c.processes),
+            }),
+            intervals,
+            readers: r.energy.readers.clone(),
+            domains: r.energy.domains.clone(),
+            group_times: r.groups.clone(),
+            group_energy: r.energy.groups.clone(),
+            machine: MachineSummary {
+                cpus: Some(r.machine.cpus),
+                busy_ns: r.machine.busy_ns,
+                window_ns: Some(r.machine.window_ns),
+            },
+            processes,
+            containers: r.containers.clone(),
+            windows: r.windows.clone(),
+            carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
+            carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
+            problems: r.energy.problems.clone(),
+        }
+    }
+
+    /// Rebuilt from the complete lines of a stream that lacks its summary:
+    /// the sums of its intervals and its ended windows.
+    pub fn of_cut_stream(s: &read::Stream, file: String) -> Self {
+        let h = &s.header;
+        let g = h.carbon_intensity_g_per_kwh;
+        let span_ns = s.intervals.last().map_or(0, |i| i.t_ns);
+        // Per domain and package, in the order they first appear.
+        let mut domains: Vec<DomainOf<AveragePower>> = Vec::new();
+        for iv in &s.intervals {
+            for d in &iv.domains {
+                let at = match domains
+                    .iter()
+                    .position(|x| x.domain == d.domain && x.package == d.package)
+                {
+                    Some(at) => at,
+                    None => {
+                        domains.push(DomainOf {
+                            domain: d.domain,
+                            package: d.package,
+                            estimated: false,
+                            basis: d.basis,
+                            measured_j: 0.0,
+                            attributed_j: 0.0,
+                            idle_j: 0.0,
+                            unattributed_j: 0.0,
+                            power: AveragePower { avg_power_w: 0.0 },
+                        });
+                        domains.len() - 1
+                    }
+                };
+                let x = &mut domains[at];
+                x.estimated |= d.estimated;
+                x.measured_j += d.measured_j;
+                x.attributed_j += d.attributed_j;
+                x.idle_j += d.idle_j;
+                x.unattributed_j += d.unattributed_j;
+            }
+        }
+        for d in &mut domains {
+            d.power.avg_power_w = watts((d.measured_j * 1e6).round() as u64, span_ns);
+        }
+        let mut group_times = GroupTotals::default();
+        // package, core, DRAM, GPU, total (J) per group.
+        let mut sums = [[0.0f64; 5]; 3];
+        let mut busy_ns = 0;
+        // Per pid: the row summed, and the first and last ns it was seen.
+        let mut by_pid: BTreeMap<u32, (ProcessReport, u64, u64)> = BTreeMap::new();
+        for iv in &s.intervals {
+            busy_ns += iv.busy_ns;
+            let gr = &iv.groups;
+            group_times.tree_ns += gr.tree.on_cpu_ns;
+            group_times.profiler_ns += gr.profiler.on_cpu_ns;
+            group_times.other_ns += gr.other.on_cpu_ns;
+            for (acc, row) in sums.iter_mut().zip([gr.tree, gr.profiler, gr.other]) {
+                for (a, v) in acc.iter_mut().zip([
+                    row.package_j,
+                    row.core_j,
+                    row.dram_j,
+                    row.gpu_j,
+                    row.energy_j,
+                ]) {
+                    *a += v;
+                }
+            }
+            let begin = iv.t_ns.saturating_sub(iv.duration_ns);
+            for p in iv.process_rows() {
+                let e = by_pid.entry(p.pid).or_insert_with(|| {
+                    (
+                        ProcessReport {
+                            pid: p.pid,
+                            ppid: None,
+                            comm: p.comm.clone(),
+                            on_cpu_ns: 0,
+                            on_cpu_ns_per_socket: Vec::new(),
+                            start_ns: None,
+                            exit_ns: None,
+                            energy: EnergyJ::default(),
+                            memory: MemoryReport::default(),
+                            cgroup: None,
+                        },
+                        begin,
+                        iv.t_ns,
+                    )
+                });
+                let r = &mut e.0;
+                r.comm.clone_from(&p.comm);
+                r.on_cpu_ns += p.on_cpu_ns;
+                r.energy.package_j += p.package_j;
+                r.energy.core_j += p.core_j;
+                r.energy.dram_j += p.dram_j;
+                r.energy.gpu_j += p.gpu_j;
+                let m = &mut r.memory;
+                m.peak_pss_bytes = m.peak_pss_bytes.max(p.pss_bytes.unwrap_or(0));
+                m.peak_uss_bytes = m.peak_uss_bytes.max(p.uss_bytes.unwrap_or(0));
+                m.peak_gpu_bytes = m.peak_gpu_bytes.max(p.gpu_memory_bytes);
+                e.2 = iv.t_ns;
+            }
+        }
+        let group = |x: [f64; 5]| {
+            let mut e = energy_of(x[0], x[1], x[2], x[3], span_ns, g);
+            // Streams from before the per-domain group fields have only
+            // the total.
+            if x[4] > 0.0 && e.total_j == 0.0 {
+                e.total_j = x[4];
+                e.avg_power_w = watts((x[4] * 1e6).round() as u64, span_ns);
+                e.co2_g = co2_g(x[4], g);
+            }
+            e
+        };
+        let mut processes: Vec<ProcessReport> = by_pid
+            .into_values()
+            .map(|(mut r, first, last)| {
+                let e = r.energy;
+                r.energy = energy_of(e.package_j, e.core_j, e.dram_j, e.gpu_j, last - first, g);
+                r
+            })
+            .collect();
+        processes.sort_by(|a, b| {
+            b.energy
+                .total_j
+                .total_cmp(&a.energy.total_j)
+                .then(a.pid.cmp(&b.pid))
+        });
+        let mut missing = vec![
+            "the exit status, the per-process start and exit times and parents".to_string(),
+            "containers and cgroups".to_string(),
+            "windows still open at the cut".to_string(),
+        ];
+        if h.mode == "run" {
+            missing.push(
+                "which processes are wattprof's own (the stream's process rows include it)"
+                    .to_string(),
+            );
+        } else {
+            missing.push(
+                "processes outside each interval's --top rows (their energy is in the groups)"
+                    .to_string(),
+            );
+        }
+        Self {
+            file,
+            format: Format::CutStream,
+            cut: s.cut.clone(),
+            missing,
+            schema_version: h.schema_version,
+            wattprof_version: h.wattprof_version.clone(),
+            mode: h.mode.clone(),
+            start_unix_ns: h.start_unix_ns,
+            wall_ns: span_ns,
+            host: h.host.clone(),
+            command: h.argv.as_ref().map(|argv| CommandSummary {
+                argv: argv.clone(),
+                pid: None,
+                exit_code: None,
+                signal: None,
+                processes: None,
+            }),
+            intervals: s.intervals.len(),
+            readers: h.readers.clone(),
+            domains,
+            group_times,
+            group_energy: GroupEnergy {
+                tree: group(sums[0]),
+                profiler: group(sums[1]),
+                other: group(sums[2]),
+            },
+            machine: MachineSummary {
+                cpus: None,
+                busy_ns,
+                window_ns: None,
+            },
+            processes,
+            containers: Vec::new(),
+            windows: s.windows.clone(),
+            carbon_intensity_g_per_kwh: g,
+            carbon_intensity_source: h.carbon_intensity_source.clone(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// The figures of a codecarbon emissions row.
+    pub fn emissions(&self) -> crate::output::csv::Emissions<'_> {
+        crate::output::csv::Emissions {
+            mode: &self.mode,
+            start_unix_ns: self.start_unix_ns,
+            wall_ns: self.wall_ns,
+            argv: self.command.as_ref().map(|c| c.argv.as_slice()),
+            tree: &self.group_energy.tree,
+            domains: &self.domains,
+            g_per_kwh: self.carbon_intensity_g_per_kwh,
+            cpus: self.machine.cpus,
+            busy_ns: self.machine.busy_ns,
+            window_ns: self.machine.window_ns,
+            host: &self.host,
+        }
+    }
+
+    /// Measured energy of a domain, all packages (J).
+    pub fn measured_j(&self, domain: crate::sources::Domain) -> f64 {
+        self.domains
+            .iter()
+            .filter(|d| d.domain == domain)
+            .map(|d| d.measured_j)
+            .sum()
+    }
+}
