@@ -58,24 +58,18 @@ fn run_tests(cmd: &mut Command, counts: &mut Counts) -> Result<bool> {
     Ok(out.status.success())
 }
 
-/// The exporter's integration test scrapes with a real Prometheus server:
-/// install Debian's package when it is missing (as root). Without it that
-/// test says `skipping:` and is counted as skipped.
-fn ensure_prometheus() {
+/// Installs Debian's `package` (as root) when `binary` is missing, for
+/// the integration tests that use it (`why`). Without it those tests say
+/// `skipping:` and are counted as skipped.
+fn ensure_package(binary: &str, package: &str, why: &str) {
     // SAFETY: geteuid has no preconditions.
-    if Path::new("/usr/bin/prometheus").exists() || unsafe { libc::geteuid() } != 0 {
+    if Path::new(binary).exists() || unsafe { libc::geteuid() } != 0 {
         return;
     }
-    eprintln!("installing prometheus (apt-get) for the exporter's integration test");
+    eprintln!("installing {package} (apt-get) for {why}");
     let install = || {
         Command::new("apt-get")
-            .args([
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                "prometheus",
-            ])
+            .args(["install", "-y", "-qq", "--no-install-recommends", package])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .is_ok_and(|s| s.success())
@@ -83,7 +77,7 @@ fn ensure_prometheus() {
     if !install() {
         let _ = Command::new("apt-get").args(["update", "-qq"]).status();
         if !install() {
-            eprintln!("warning: could not install prometheus; its test will be skipped");
+            eprintln!("warning: could not install {package}; {why} will be skipped");
         }
     }
 }
@@ -117,7 +111,16 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         ]),
         &mut counts,
     )?;
-    ensure_prometheus();
+    ensure_package(
+        "/usr/bin/prometheus",
+        "prometheus",
+        "the exporter's test (a real Prometheus scrapes it)",
+    );
+    ensure_package(
+        "/usr/bin/chromium",
+        "chromium",
+        "the HTML report's test (headless Chromium opens it)",
+    );
     // Root tests share the kernel and measure CPU time: one at a time.
     ok &= run_tests(
         cargo().args([

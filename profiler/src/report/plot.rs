@@ -313,7 +313,7 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(55)
-        .build_cartesian_2d(0.0..(ws.len().max(1) as f64), 0.0..top * 1.15)
+        .build_cartesian_2d(-0.5..(ws.len().max(1) as f64 - 0.5), 0.0..top * 1.15)
         .map_err(draw_err)?;
     let names: Vec<String> = ws.iter().map(|w| w.name.clone()).collect();
     chart
@@ -321,9 +321,9 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
         .disable_x_mesh()
         .x_labels(ws.len().clamp(1, 20))
         .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if x.fract() == 0.0 && i < names.len() {
-                names[i].clone()
+            let i = x.round();
+            if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < names.len() {
+                names[i as usize].clone()
             } else {
                 String::new()
             }
@@ -345,7 +345,7 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
         .draw_series(ws.iter().enumerate().map(|(i, w)| {
             let x = i as f64;
             Rectangle::new(
-                [(x + 0.1, 0.0), (x + 0.9, w.energy.total_j)],
+                [(x - 0.4, 0.0), (x + 0.4, w.energy.total_j)],
                 color(0).mix(0.8).filled(),
             )
         }))

@@ -1,0 +1,552 @@
+//! `wattprof report` on real recordings and streams: the totals it reads
+//! back equal the recording's own, a stream cut mid-line gives the sums of
+//! its complete lines, two runs of different sizes compare as expected,
+//! the CSV files are what Python's csv module reads in codecarbon's units,
+//! and the HTML page loads in headless Chromium with no console message.
+//! Needs root (the runs load eBPF); run with `--test-threads=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use wattprof_tests::{FakeRapl, f, require_ebpf, testload_bin, wattprof_bin};
+
+fn testload() -> String {
+    testload_bin().to_string_lossy().into_owned()
+}
+
+fn report(args: &[&Path]) -> Output {
+    Command::new(wattprof_bin())
+        .arg("report")
+        .args(args)
+        .output()
+        .expect("start wattprof report")
+}
+
+fn report_json(args: &[&Path]) -> Value {
+    let mut all: Vec<&Path> = vec![Path::new("--json")];
+    all.extend_from_slice(args);
+    let out = report(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("report --json is JSON")
+}
+
+/// A `wattprof run` with `--output` and `--jsonl` (and `extra`) in `dir`.
+fn record(dir: &Path, name: &str, extra: &[&str], cmd: &[&str]) -> (PathBuf, PathBuf, Value) {
+    let rec = dir.join(format!("{name}.json"));
+    let stream = dir.join(format!("{name}.jsonl"));
+    let out = Command::new(wattprof_bin())
+        .arg("run")
+        .args(extra)
+        .arg("--output")
+        .arg(&rec)
+        .arg("--jsonl")
+        .arg(&stream)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("start wattprof run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&std::fs::read(&rec).expect("recording")).expect("JSON");
+    (rec, stream, v)
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-6 + 1e-9 * b.abs(),
+        "{what}: {a} read back, {b} expected"
+    );
+}
+
+/// Measured, attributed, idle and unattributed J per "domain package".
+type DomainSums = Vec<(String, [f64; 4])>;
+
+/// Sums of the interval lines among `lines` (per domain, per group) and
+/// their windows, as the rebuilt totals must be.
+fn interval_sums(lines: &[&str]) -> (DomainSums, [f64; 3], Vec<Value>) {
+    let mut domains: Vec<(String, [f64; 4])> = Vec::new();
+    let mut groups = [0.0; 3];
+    let mut windows = Vec::new();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).expect("complete line");
+        match v["type"].as_str() {
+            Some("interval") => {
+                for d in v["domains"].as_array().expect("domains") {
+                    let key = format!("{} {}", d["domain"], d["package"]);
+                    let x = [
+                        f(d, "/measured_j"),
+                        f(d, "/attributed_j"),
+                        f(d, "/idle_j"),
+                        f(d, "/unattributed_j"),
+                    ];
+                    match domains.iter_mut().find(|e| e.0 == key) {
+                        Some(e) => e.1.iter_mut().zip(x).for_each(|(a, b)| *a += b),
+                        None => domains.push((key, x)),
+                    }
+                }
+                for (g, name) in groups.iter_mut().zip(["tree", "profiler", "other"]) {
+                    *g += f(&v["groups"][name], "/energy_j");
+                }
+            }
+            Some("window") => {
+                let mut w = v.clone();
+                w.as_object_mut().expect("object").remove("type");
+                windows.push(w);
+            }
+            _ => {}
+        }
+    }
+    (domains, groups, windows)
+}
+
+#[test]
+fn report_reads_a_recording_a_stream_and_a_cut_stream_to_their_own_totals() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(40.0, 4.0);
+    let dir = wattprof_tests::tempfile_dir();
+    let (rec, stream, recording) = record(
+        &dir,
+        "w",
+        &[&rapl.arg(), "--interval", "100ms"],
+        &[&testload(), "window", "step", "0.5"],
+    );
+    // A recording and a whole stream: exactly the recording's figures.
+    for file in [&rec, &stream] {
+        let s = report_json(&[file]);
+        let e = &recording["energy"];
+        assert_eq!(s["domains"], e["domains"], "{}", file.display());
+        assert_eq!(s["group_energy"], e["groups"]);
+        assert_eq!(s["group_times"], recording["groups"]);
+        assert_eq!(s["windows"], recording["windows"]);
+        assert_eq!(s["command"]["exit_code"], 0);
+        assert_eq!(
+            s["processes"].as_array().map(Vec::len),
+            recording["processes"].as_array().map(Vec::len)
+        );
+        assert_eq!(
+            s["intervals"].as_u64(),
+            recording["intervals"].as_array().map(|v| v.len() as u64)
+        );
+        assert!(s["cut"].is_null());
+    }
+    assert_eq!(report_json(&[&rec])["format"], "recording");
+    assert_eq!(report_json(&[&stream])["format"], "stream");
+
+    // Cut in the middle of the last interval line, as a SIGKILL leaves it.
+    let text = std::fs::read_to_string(&stream).expect("stream");
+    let lines: Vec<&str> = text.lines().collect();
+    let last_interval = lines
+        .iter()
+        .rposition(|l| l.contains("\"type\":\"interval\""))
+        .expect("intervals");
+    let start: usize = lines[..last_interval].iter().map(|l| l.len() + 1).sum();
+    let cut_at = start + lines[last_interval].len() / 2;
+    let cut = dir.join("cut.jsonl");
+    std::fs::write(&cut, &text[..cut_at]).expect("write cut");
+    let s = report_json(&[&cut]);
+    assert_eq!(s["format"], "cut_stream");
+    assert_eq!(
+        s["cut"]["complete_lines"].as_u64(),
+        Some(last_interval as u64)
+    );
+    assert_eq!(
+        s["cut"]["partial_line_bytes"].as_u64(),
+        Some((cut_at - start) as u64)
+    );
+    let (domains, groups, windows) = interval_sums(&lines[..last_interval]);
+    let got = s["domains"].as_array().expect("domains");
+    assert_eq!(got.len(), domains.len());
+    for (d, (key, x)) in got.iter().zip(&domains) {
+        assert_eq!(&format!("{} {}", d["domain"], d["package"]), key);
+        for (i, name) in ["measured_j", "attributed_j", "idle_j", "unattributed_j"]
+            .iter()
+            .enumerate()
+        {
+            close(f(d, &format!("/{name}")), x[i], &format!("{key} {name}"));
+        }
+    }
+    for (name, want) in ["tree", "profiler", "other"].iter().zip(groups) {
+        close(f(&s["group_energy"][name], "/total_j"), want, name);
+    }
+    assert_eq!(s["windows"].as_array().expect("windows"), &windows);
+    let table = report(&[&cut]);
+    assert!(table.status.success());
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("the stream was cut after"), "{table}");
+    eprintln!("{table}");
+
+    // Cut after a whole line: no partial line, but no summary either.
+    let whole = dir.join("whole-lines.jsonl");
+    std::fs::write(&whole, &text[..start]).expect("write");
+    let s = report_json(&[&whole]);
+    assert_eq!(s["format"], "cut_stream");
+    assert_eq!(s["cut"]["partial_line_bytes"], 0);
+
+    // What the file holds, with AIPowerMeter's names.
+    let m = report_json(&[Path::new("--metrics"), &rec]);
+    let names: Vec<&str> = m
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .filter_map(|x| x["aipowermeter"].as_str())
+        .collect();
+    for want in [
+        "intel_power",
+        "per_process_cpu_power",
+        "per_process_mem_use_abs",
+    ] {
+        assert!(names.contains(&want), "{want} not in {m}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_a_b_shows_twice_the_work_as_twice_the_energy() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(40.0, 4.0);
+    let dir = wattprof_tests::tempfile_dir();
+    let (a, _, _) = record(&dir, "a", &[&rapl.arg()], &[&testload(), "cpu", "0.3"]);
+    let (b, _, _) = record(&dir, "b", &[&rapl.arg()], &[&testload(), "cpu", "0.6"]);
+    let c = report_json(&[&a, &b]);
+    let row = c["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|r| r["name"] == "wp-cpu")
+        .unwrap_or_else(|| panic!("no wp-cpu row in {c}"))
+        .clone();
+    let energy_pct = f(&row, "/energy_j/delta_pct");
+    let time_pct = f(&row, "/time_s/delta_pct");
+    eprintln!("wp-cpu: energy {energy_pct:+.1}%, CPU time {time_pct:+.1}%");
+    assert!((75.0..125.0).contains(&time_pct), "{row}");
+    assert!((75.0..125.0).contains(&energy_pct), "{row}");
+    close(
+        f(&row, "/energy_j/delta"),
+        f(&row, "/energy_j/b") - f(&row, "/energy_j/a"),
+        "delta",
+    );
+    let tree = c["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .find(|r| r["name"] == "command tree")
+        .expect("tree row");
+    assert!(f(tree, "/energy_j/delta") > 0.0, "{tree}");
+    assert!(c["domains"].as_array().is_some_and(|d| !d.is_empty()));
+    let table = report(&[&a, &b]);
+    assert!(table.status.success());
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("wp-cpu") && table.contains("B against the baseline A"),
+        "{table}"
+    );
+    eprintln!("{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_csv_files_are_read_by_python_in_codecarbon_s_units_and_live_equals_read_back() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(40.0, 4.0);
+    let dir = wattprof_tests::tempfile_dir();
+    let live = dir.join("live-intervals.csv");
+    let live_arg = format!("--csv-intervals={}", live.display());
+    let (rec, _, recording) = record(
+        &dir,
+        "c",
+        &[&rapl.arg(), "--interval", "100ms", &live_arg],
+        &[&testload(), "cpu", "0.4"],
+    );
+    let emissions = dir.join("emissions.csv");
+    let intervals = dir.join("intervals.csv");
+    let out = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--csv")
+        .arg(&emissions)
+        .arg("--csv-intervals")
+        .arg(&intervals)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Written live as each interval ended, or read back from the
+    // recording: the same bytes.
+    assert_eq!(
+        std::fs::read_to_string(&live).expect("live"),
+        std::fs::read_to_string(&intervals).expect("read back")
+    );
+    let parse = "import csv, json, sys\n\
+                 print(json.dumps([list(csv.DictReader(open(p))) for p in sys.argv[1:]]))";
+    let out = Command::new("python3")
+        .args(["-c", parse])
+        .arg(&emissions)
+        .arg(&intervals)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<Vec<Value>> = serde_json::from_slice(&out.stdout).expect("rows");
+    let num = |row: &Value, col: &str| -> f64 {
+        row[col]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{col} is not a number in {row}"))
+    };
+    let tree = &recording["energy"]["groups"]["tree"];
+    assert_eq!(files[0].len(), 1);
+    close(
+        num(&files[0][0], "energy_consumed") * 3.6e6,
+        f(tree, "/total_j"),
+        "energy_consumed (kWh)",
+    );
+    close(
+        num(&files[0][0], "emissions") * 1000.0,
+        f(tree, "/co2_g"),
+        "emissions (kg)",
+    );
+    assert_eq!(files[0][0]["tracking_mode"], "process");
+    // Per interval and domain: the sums are the recording's totals.
+    let rows = &files[1];
+    let n_intervals = recording["intervals"].as_array().expect("intervals").len();
+    for d in recording["energy"]["domains"].as_array().expect("domains") {
+        let name = d["domain"].as_str().expect("name");
+        let package = d["package"]
+            .as_u64()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        let mine: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["domain"] == name && r["package"] == package.as_str())
+            .collect();
+        assert_eq!(mine.len(), n_intervals, "{name} {package}");
+        for col in ["measured_j", "attributed_j", "idle_j", "unattributed_j"] {
+            let sum: f64 = mine.iter().map(|r| num(r, col)).sum();
+            close(sum, f(d, &format!("/{col}")), &format!("{name} {col}"));
+        }
+        for r in &mine {
+            close(num(r, "energy_kwh") * 3.6e6, num(r, "measured_j"), "kWh");
+            close(
+                num(r, "power_w") * num(r, "duration_s"),
+                num(r, "measured_j"),
+                "power",
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+/// Opens `page` in headless Chromium: its console messages, and the
+/// rendered DOM; `screenshot` is written when given.
+fn open_in_chromium(
+    browser: &str,
+    page: &Path,
+    screenshot: Option<&Path>,
+) -> (Vec<String>, String) {
+    let mut cmd = Command::new(browser);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-logging=stderr",
+        "--window-size=1200,1900",
+    ]);
+    match screenshot {
+        Some(png) => cmd.arg(format!("--screenshot={}", png.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    let console = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_string)
+        .collect();
+    (console, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn the_html_report_loads_in_chromium_with_no_console_message_and_fetches_nothing() {
+    require_ebpf!();
+    let Some(browser) = chromium() else {
+        eprintln!("skipping: chromium is not installed (cargo xtask test installs it)");
+        return;
+    };
+    let rapl = FakeRapl::start(40.0, 4.0);
+    let dir = wattprof_tests::tempfile_dir();
+    let (rec, _, _) = record(
+        &dir,
+        "h",
+        &[&rapl.arg(), "--interval", "100ms"],
+        &[&testload(), "window", "a<b>&'\"", "0.4"],
+    );
+    let html = dir.join("report.html");
+    let svg = dir.join("report.svg");
+    let out = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--html")
+        .arg(&html)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).expect("html");
+    // Self-contained: nothing to fetch, nothing to run.
+    for banned in ["<script", "src=", "href=", "@import", "url("] {
+        assert!(!page.contains(banned), "the page has {banned}");
+    }
+    assert!(
+        page.contains("<svg") && page.contains("a&lt;b&gt;&amp;"),
+        "names are escaped"
+    );
+    assert!(
+        std::fs::read_to_string(&svg)
+            .expect("svg")
+            .starts_with("<svg")
+    );
+
+    // The check can fail: a page with a script error is caught.
+    let broken = dir.join("broken.html");
+    std::fs::write(
+        &broken,
+        "<html><body><script>nosuchfn()</script></body></html>",
+    )
+    .expect("write");
+    let (console, _) = open_in_chromium(browser, &broken, None);
+    assert!(
+        !console.is_empty(),
+        "a script error must show on the console"
+    );
+
+    let (console, dom) = open_in_chromium(browser, &html, None);
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(
+        dom.contains("Energy per domain") && dom.contains("<svg"),
+        "{dom}"
+    );
+    // A screenshot a person can look at (the closing note describes it).
+    let png = std::env::temp_dir().join("wattprof-report-screenshot.png");
+    let (console, _) = open_in_chromium(browser, &html, Some(&png));
+    assert!(console.is_empty(), "console: {console:?}");
+    let image = std::fs::read(&png).expect("screenshot");
+    assert_eq!(&image[1..4], b"PNG");
+    let width = u32::from_be_bytes([image[16], image[17], image[18], image[19]]);
+    assert_eq!(width, 1200);
+    eprintln!("screenshot: {} ({} bytes)", png.display(), image.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_files_and_options_get_one_line_and_a_non_zero_exit() {
+    let dir = wattprof_tests::tempfile_dir();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    let cases = [
+        (write("empty.json", ""), "is empty", 1),
+        (write("text.json", "hello\n"), "is not JSON", 1),
+        (
+            write("other.json", "{\"a\": 1}"),
+            "not a wattprof recording",
+            1,
+        ),
+        (
+            write(
+                "future.json",
+                "{\"schema_version\": 99, \"wattprof_version\": \"9.9\"}",
+            ),
+            "schema version 99",
+            1,
+        ),
+        (
+            write(
+                "future.jsonl",
+                "{\"type\":\"header\",\"schema_version\":99}\n",
+            ),
+            "schema version 99",
+            1,
+        ),
+        (dir.join("missing.json"), "cannot read", 1),
+        (dir.clone(), "cannot read", 1),
+    ];
+    for (path, want, code) in &cases {
+        let out = report(&[path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{}: {err}", path.display());
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{}: {err}", path.display());
+        assert!(out.stdout.is_empty());
+    }
+    // Two files cannot be plotted at once: usage, exit 2.
+    let a = &cases[0].0;
+    let out = report(&[a, a, Path::new("--plot"), Path::new("x.svg")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--plot reads one file"));
+    // An unwritable output: one line, exit 1.
+    let header = "{\"type\":\"header\",\"schema_version\":2,\"wattprof_version\":\"0.1.0\",\
+        \"mode\":\"monitor\",\"tracker\":\"iter\",\"start_unix_ns\":0,\"host\":{\"hostname\":\
+        \"h\",\"kernel\":\"k\",\"cpu_model\":\"c\",\"gpus\":[]},\"package_ids\":[0],\
+        \"readers\":[],\"carbon_intensity_g_per_kwh\":475.0,\"carbon_intensity_source\":\"s\",\
+        \"argv\":null}\n";
+    let only_header = write("only-header.jsonl", header);
+    let out = report(&[
+        &only_header,
+        Path::new("--plot"),
+        &dir.join("no/such/dir.svg"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no interval records"), "{err}");
+    // A damaged line in the middle is not a cut: its number is said.
+    let damaged = write(
+        "damaged.jsonl",
+        &format!("{header}{{\"type\":\"interval\",\"t_ns\":\n{header}"),
+    );
+    let out = report(&[&damaged]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    // A header alone is a stream cut before its first interval: read.
+    let out = report(&[&only_header]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
