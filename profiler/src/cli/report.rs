@@ -127,7 +127,7 @@ pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
         } else {
             output::render_comparison(&c)
         };
-        print_out(&text);
+        print_out(&text)?;
         return Ok(0);
     }
     if let Some(csv) = &args.csv {
@@ -143,29 +143,35 @@ pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
         (false, true) => serde_json::to_string_pretty(&loaded.summary)? + "\n",
         (false, false) => output::render_summary(&loaded.summary, args.top),
     };
-    print_out(&text);
+    print_out(&text)?;
     write_files(&args, &loaded)?;
     Ok(0)
 }
 
-/// Prints to stdout; a closed pipe (`| head`) is not an error.
-fn print_out(text: &str) {
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+/// Prints to stdout; a closed pipe (`| head`) is not an error, a full disk
+/// is.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(fail(format!("writing to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
     let plot_err = |e: report::plot::PlotError| fail(e.to_string());
-    let mut said = Vec::new();
-    if let Some(path) = &args.plot {
-        let svg = report::plot::svg(l).map_err(plot_err)?;
-        write_whole(path, svg.as_bytes(), "--plot")?;
-        said.push(format!("plots written to {}", path.display()));
+    // What was written is said even when a later output fails.
+    struct Said(Vec<String>);
+    impl Drop for Said {
+        fn drop(&mut self) {
+            for line in &self.0 {
+                eprintln!("wattprof: {line}");
+            }
+        }
     }
-    if let Some(path) = &args.html {
-        let html = report::plot::html(l).map_err(plot_err)?;
-        write_whole(path, html.as_bytes(), "--html")?;
-        said.push(format!("page written to {}", path.display()));
-    }
+    let mut said = Said(Vec::new());
     if let Some(path) = &args.csv_intervals {
         let s = &l.summary;
         let encode = || -> Result<Vec<u8>, String> {
@@ -183,7 +189,7 @@ fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
         };
         let out = encode().map_err(|e| fail(format!("encoding --csv-intervals: {e}")))?;
         write_whole(path, &out, "--csv-intervals")?;
-        said.push(format!(
+        said.0.push(format!(
             "{} intervals written to {}",
             l.intervals.len(),
             path.display()
@@ -196,10 +202,19 @@ fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
             &output::csv::uuid4(),
         );
         output::csv::append(path, &row).map_err(fail)?;
-        said.push(format!("emissions row appended to {}", path.display()));
+        said.0
+            .push(format!("emissions row appended to {}", path.display()));
     }
-    for line in said {
-        eprintln!("wattprof: {line}");
+    if let Some(path) = &args.plot {
+        let svg = report::plot::svg(l).map_err(plot_err)?;
+        write_whole(path, svg.as_bytes(), "--plot")?;
+        said.0.push(format!("plots written to {}", path.display()));
     }
+    if let Some(path) = &args.html {
+        let html = report::plot::html(l).map_err(plot_err)?;
+        write_whole(path, html.as_bytes(), "--html")?;
+        said.0.push(format!("page written to {}", path.display()));
+    }
+    drop(said);
     Ok(())
 }

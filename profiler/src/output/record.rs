@@ -234,6 +234,10 @@ pub struct HeaderRecord {
     pub carbon_intensity_source: String,
     /// The command (`run`); null in `monitor`.
     pub argv: Option<Vec<String>>,
+    /// wattprof's own pid (its rows are in `run`'s intervals but not in
+    /// the recording's processes); absent from older streams.
+    #[serde(default)]
+    pub profiler_pid: Option<u32>,
 }
 
 /// One process over an interval.

@@ -163,7 +163,8 @@ fn render_energy(s: &mut String, r: &EnergyView<'_>) {
         // Per-step windows can number thousands: the recording has them all.
         const SHOWN: usize = 40;
         for w in r.windows.iter().take(SHOWN) {
-            let name = format!("{}{}", "  ".repeat(w.depth), w.name);
+            // A file's depth is not trusted: at most 8 levels of indent.
+            let name = format!("{}{}", "  ".repeat(w.depth.min(8)), w.name);
             let _ = writeln!(
                 s,
                 "  {:<20} {:>8} {:>10.3} {:>10.3}{}{}",
@@ -589,8 +590,8 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
     if let Some(cut) = &r.cut {
         let _ = writeln!(
             s,
-            "  note: the stream was cut after {} complete lines{}; the figures below are the \
-             sums of its {} intervals",
+            "  note: the stream was cut after {} complete line(s){}; the figures below are the \
+             sums of its {} interval(s)",
             cut.complete_lines,
             if cut.partial_line_bytes > 0 {
                 format!(
@@ -604,14 +605,27 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
         );
         let _ = writeln!(s, "  not in a cut stream: {}", r.missing.join("; "));
     }
-    let _ = writeln!(
-        s,
-        "\n{:>8}  {:<16} {:>10}{}",
-        "PID",
-        "COMMAND",
-        "ON-CPU s",
-        m.header()
-    );
+    if r.unknown_lines > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} line(s) of a record type this wattprof does not know were skipped \
+             (written by a newer wattprof?)",
+            r.unknown_lines
+        );
+    }
+    if r.processes.is_empty() {
+        let _ = writeln!(s, "\n  (no process rows in the file)");
+    }
+    if !r.processes.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n{:>8}  {:<16} {:>10}{}",
+            "PID",
+            "COMMAND",
+            "ON-CPU s",
+            m.header()
+        );
+    }
     for p in r.processes.iter().take(top) {
         let _ = writeln!(
             s,
@@ -763,7 +777,7 @@ pub fn render_comparison(c: &crate::report::compare::Comparison) -> String {
         }
         let _ = writeln!(
             s,
-            "\n  {:<24} {:>11} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+            "\n  {:<24} {:>11} {:>11} {:>11} {:>8} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}",
             title,
             "A J",
             "B J",
@@ -771,13 +785,16 @@ pub fn render_comparison(c: &crate::report::compare::Comparison) -> String {
             "DELTA",
             format!("A {time}"),
             format!("B {time}"),
+            "DELTA",
+            "A W",
+            "B W",
             "DELTA"
         );
         for r in rows.iter().take(limit) {
             let e: &Change = &r.energy_j;
             let _ = writeln!(
                 s,
-                "  {:<24} {} {} {} {} {} {} {}",
+                "  {:<24} {} {} {} {} {} {} {} {} {} {}",
                 left_cut(&r.name, 24),
                 num(e.a, 11, 3),
                 num(e.b, 11, 3),
@@ -786,9 +803,12 @@ pub fn render_comparison(c: &crate::report::compare::Comparison) -> String {
                     None => format!("{:>11}", "-"),
                 },
                 pct(e),
-                num(r.time_s.a, 11, 3),
-                num(r.time_s.b, 11, 3),
+                num(r.time_s.a, 9, 3),
+                num(r.time_s.b, 9, 3),
                 pct(&r.time_s),
+                num(r.power_w.a, 9, 2),
+                num(r.power_w.b, 9, 2),
+                pct(&r.power_w),
             );
         }
         if rows.len() > limit {

@@ -341,6 +341,7 @@ impl Profile {
             carbon_intensity_g_per_kwh: self.cfg.carbon.g_per_kwh,
             carbon_intensity_source: self.cfg.carbon.source.clone(),
             argv: argv.map(<[String]>::to_vec),
+            profiler_pid: Some(std::process::id()),
         };
         if let Some(s) = &mut self.jsonl {
             s.write(&header);

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::output::record::{AveragePower, DomainOf, IntervalRecord, watts};
+use crate::output::record::{AveragePower, DomainOf, IntervalRecord};
 use crate::output::{
     ContainerReport, DomainReport, EnergyJ, GroupEnergy, HostReport, MemoryReport, ProcessReport,
     RunReport, WindowReport,
@@ -81,6 +81,9 @@ pub struct Summary {
     pub cut: Option<Cut>,
     /// What a cut stream cannot tell (only its summary line has it).
     pub missing: Vec<String>,
+    /// Stream lines of a record type this wattprof does not know (written
+    /// by a newer one), skipped.
+    pub unknown_lines: usize,
     /// Layout version.
     pub schema_version: u32,
     /// Who wrote it.
@@ -141,7 +144,10 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, ReadError> {
         },
         read::File::Stream(s) => match (&s.summary, &s.cut) {
             (Some(r), None) => Loaded {
-                summary: Summary::of_report(r, file, Format::Stream, s.intervals.len()),
+                summary: Summary {
+                    unknown_lines: s.unknown_lines,
+                    ..Summary::of_report(r, file, Format::Stream, s.intervals.len())
+                },
                 intervals: s.intervals,
             },
             _ => Loaded {
@@ -171,12 +177,17 @@ fn energy_of(
         dram_j,
         gpu_j,
         total_j,
-        avg_power_w: if span_ns == 0 {
-            0.0
-        } else {
-            total_j / (span_ns as f64 / 1e9)
-        },
+        avg_power_w: per_s(total_j, span_ns),
         co2_g: co2_g(total_j, g),
+    }
+}
+
+/// `j` over `span_ns` (W); 0 over no time.
+fn per_s(j: f64, span_ns: u64) -> f64 {
+    if span_ns == 0 {
+        0.0
+    } else {
+        j / (span_ns as f64 / 1e9)
     }
 }
 
@@ -196,6 +207,7 @@ impl Summary {
             format,
             cut: None,
             missing: Vec::new(),
+            unknown_lines: 0,
             schema_version: r.schema_version,
             wattprof_version: r.wattprof_version.clone(),
             mode: r.mode.clone(),
@@ -267,7 +279,7 @@ impl Summary {
             }
         }
         for d in &mut domains {
-            d.power.avg_power_w = watts((d.measured_j * 1e6).round() as u64, span_ns);
+            d.power.avg_power_w = per_s(d.measured_j, span_ns);
         }
         let mut group_times = GroupTotals::default();
         // package, core, DRAM, GPU, total (J) per group.
@@ -276,11 +288,13 @@ impl Summary {
         // Per pid: the row summed, and the first and last ns it was seen.
         let mut by_pid: BTreeMap<u32, (ProcessReport, u64, u64)> = BTreeMap::new();
         for iv in &s.intervals {
-            busy_ns += iv.busy_ns;
+            // Saturating: a damaged file must not overflow the sums.
+            busy_ns = iv.busy_ns.saturating_add(busy_ns);
             let gr = &iv.groups;
-            group_times.tree_ns += gr.tree.on_cpu_ns;
-            group_times.profiler_ns += gr.profiler.on_cpu_ns;
-            group_times.other_ns += gr.other.on_cpu_ns;
+            let t = &mut group_times;
+            t.tree_ns = t.tree_ns.saturating_add(gr.tree.on_cpu_ns);
+            t.profiler_ns = t.profiler_ns.saturating_add(gr.profiler.on_cpu_ns);
+            t.other_ns = t.other_ns.saturating_add(gr.other.on_cpu_ns);
             for (acc, row) in sums.iter_mut().zip([gr.tree, gr.profiler, gr.other]) {
                 for (a, v) in acc.iter_mut().zip([
                     row.package_j,
@@ -293,7 +307,10 @@ impl Summary {
                 }
             }
             let begin = iv.t_ns.saturating_sub(iv.duration_ns);
-            for p in iv.process_rows() {
+            // In `run`, the rows include wattprof itself, which the
+            // recording's processes do not (its energy is in its group).
+            let own = h.profiler_pid.filter(|_| h.mode == "run");
+            for p in iv.process_rows().iter().filter(|p| Some(p.pid) != own) {
                 let e = by_pid.entry(p.pid).or_insert_with(|| {
                     (
                         ProcessReport {
@@ -314,7 +331,7 @@ impl Summary {
                 });
                 let r = &mut e.0;
                 r.comm.clone_from(&p.comm);
-                r.on_cpu_ns += p.on_cpu_ns;
+                r.on_cpu_ns = r.on_cpu_ns.saturating_add(p.on_cpu_ns);
                 r.energy.package_j += p.package_j;
                 r.energy.core_j += p.core_j;
                 r.energy.dram_j += p.dram_j;
@@ -332,7 +349,7 @@ impl Summary {
             // the total.
             if x[4] > 0.0 && e.total_j == 0.0 {
                 e.total_j = x[4];
-                e.avg_power_w = watts((x[4] * 1e6).round() as u64, span_ns);
+                e.avg_power_w = per_s(x[4], span_ns);
                 e.co2_g = co2_g(x[4], g);
             }
             e
@@ -341,7 +358,8 @@ impl Summary {
             .into_values()
             .map(|(mut r, first, last)| {
                 let e = r.energy;
-                r.energy = energy_of(e.package_j, e.core_j, e.dram_j, e.gpu_j, last - first, g);
+                let span = last.saturating_sub(first);
+                r.energy = energy_of(e.package_j, e.core_j, e.dram_j, e.gpu_j, span, g);
                 r
             })
             .collect();
@@ -356,12 +374,15 @@ impl Summary {
             "containers and cgroups".to_string(),
             "windows still open at the cut".to_string(),
         ];
-        if h.mode == "run" {
+        missing.push(
+            "process lifetimes (a process's average power is over the intervals it ran in)"
+                .to_string(),
+        );
+        if h.mode == "run" && h.profiler_pid.is_none() {
             missing.push(
-                "which processes are wattprof's own (the stream's process rows include it)"
-                    .to_string(),
+                "which process is wattprof itself (this stream's header does not say)".to_string(),
             );
-        } else {
+        } else if h.mode != "run" {
             missing.push(
                 "processes outside each interval's --top rows (their energy is in the groups)"
                     .to_string(),
@@ -372,6 +393,7 @@ impl Summary {
             format: Format::CutStream,
             cut: s.cut.clone(),
             missing,
+            unknown_lines: s.unknown_lines,
             schema_version: h.schema_version,
             wattprof_version: h.wattprof_version.clone(),
             mode: h.mode.clone(),

@@ -7,6 +7,7 @@
 use std::fmt::Write;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::{Loaded, Summary};
@@ -71,6 +72,40 @@ fn x_range(l: &Loaded) -> std::ops::Range<f64> {
     secs(first)..secs(last.max(first + 1))
 }
 
+/// Text for plotters: control characters (a process can name itself
+/// anything) would make the SVG invalid XML.
+fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A panel's chart: `x` by 0 to a little above `y_max`, which must be
+/// finite (values near f64's limit in a damaged file would make plotters
+/// loop for ever).
+fn chart<'a, 'b: 'a>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    x: std::ops::Range<f64>,
+    y_max: f64,
+) -> Result<Chart<'a, 'b>, PlotError> {
+    let y_top = y_max * 1.15;
+    if !y_top.is_finite() || !x.end.is_finite() {
+        return Err(PlotError::Draw(format!(
+            "{caption}: a value too large to plot ({y_max:e}); is the file damaged?"
+        )));
+    }
+    ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x, 0.0..y_top)
+        .map_err(draw_err)
+}
+
 fn color(i: usize) -> RGBColor {
     let c = Palette99::pick(i).to_rgba();
     RGBColor(c.0, c.1, c.2)
@@ -95,13 +130,7 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         .iter()
         .flat_map(|iv| series.iter().map(move |&(d, p)| power(iv, d, p)))
         .fold(1.0f64, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption("Measured power per domain", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(x_range(l), 0.0..top * 1.1)
-        .map_err(draw_err)?;
+    let mut chart = chart(area, "Measured power per domain", x_range(l), top)?;
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
@@ -162,7 +191,7 @@ fn layers(l: &Loaded) -> (String, Vec<(String, Vec<f64>)>) {
             .collect();
         for (pid, comm) in &top {
             out.push((
-                format!("{comm} ({pid})"),
+                format!("{} ({pid})", clean(comm)),
                 ivs.iter()
                     .map(|iv| {
                         iv.process_rows()
@@ -236,13 +265,7 @@ fn stack_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
     let top = cumulative
         .last()
         .map_or(1.0, |c| c.iter().copied().fold(1.0f64, f64::max));
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(x_range(l), 0.0..top * 1.15)
-        .map_err(draw_err)?;
+    let mut chart = chart(area, &title, x_range(l), top)?;
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
@@ -263,8 +286,8 @@ fn stack_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         if l.summary.windows.len() <= 30 {
             chart
                 .draw_series([Text::new(
-                    w.name.clone(),
-                    (b, y_top * (0.98 - 0.05 * w.depth as f64)),
+                    clean(&w.name),
+                    (b, y_top * (0.98 - 0.05 * w.depth.min(8) as f64)),
                     ("sans-serif", 12),
                 )])
                 .map_err(draw_err)?;
@@ -308,14 +331,8 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
     } else {
         "Energy per window".to_string()
     };
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(-0.5..(ws.len().max(1) as f64 - 0.5), 0.0..top * 1.15)
-        .map_err(draw_err)?;
-    let names: Vec<String> = ws.iter().map(|w| w.name.clone()).collect();
+    let mut chart = chart(area, &caption, -0.5..(ws.len().max(1) as f64 - 0.5), top)?;
+    let names: Vec<String> = ws.iter().map(|w| clean(&w.name)).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -468,7 +485,7 @@ pub fn html(l: &Loaded) -> Result<String, PlotError> {
             let _ = writeln!(
                 h,
                 "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td></tr>",
-                "&nbsp;&nbsp;".repeat(w.depth),
+                "&nbsp;&nbsp;".repeat(w.depth.min(8)),
                 esc(&w.name),
                 secs(w.begin_ns),
                 secs(w.end_ns.saturating_sub(w.begin_ns)),

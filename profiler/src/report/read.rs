@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use serde_json::error::Category;
 
 use crate::output::record::{HeaderRecord, IntervalRecord};
 use crate::output::{RUN_SCHEMA_VERSION, RunReport, WindowReport};
@@ -43,7 +44,7 @@ pub enum ReadError {
     },
     /// JSON, but not ours.
     #[error(
-        "{} is JSON but not a wattprof recording or stream (it has no schema_version): give a \
+        "{} is JSON but not a wattprof recording or stream (no schema_version number): give a \
          file written by `wattprof run` or `monitor` with --output FILE or --jsonl FILE",
         path.display()
     )]
@@ -68,7 +69,8 @@ pub enum ReadError {
     },
     /// A stream cut before its first line ended.
     #[error(
-        "{}: the stream was cut before its header line was complete; it holds no interval",
+        "{}: the file ends before its first JSON value does (a stream cut before its header \
+         line was complete holds no interval; a recording is never left half-written)",
         path.display()
     )]
     NoHeader {
@@ -150,50 +152,77 @@ fn check_version(path: &Path, probe: &Probe) -> Result<(), ReadError> {
     }
 }
 
+/// serde's words on one line: control characters (a name with a newline)
+/// become spaces, and a stream line's "line 1" is dropped (the line number
+/// is said).
+fn one_line(e: impl std::fmt::Display, in_line: bool) -> String {
+    let mut text: String = e
+        .to_string()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if in_line {
+        text = text.replace(" at line 1 column ", " at column ");
+    }
+    text
+}
+
 fn bad(path: &Path, line: Option<usize>, e: impl std::fmt::Display) -> ReadError {
     ReadError::Bad {
         path: path.to_path_buf(),
         line,
-        detail: e.to_string(),
+        detail: one_line(e, line.is_some()),
     }
 }
 
 /// Reads `path`: a recording, a stream, or a stream cut short (every
 /// complete line is read, and the cut is said).
 pub fn read(path: &Path) -> Result<File, ReadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+    let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(path, &text)
+    parse(path, &bytes)
 }
 
-/// [`read`] on text already in memory (`path` names it in errors).
-pub fn parse(path: &Path, text: &str) -> Result<File, ReadError> {
-    if text.trim().is_empty() {
+/// [`read`] on bytes already in memory (`path` names it in errors). Bytes,
+/// not text: a stream cut inside a multi-byte character is still read to
+/// its last complete line.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ReadError::Empty {
             path: path.to_path_buf(),
         });
     }
-    let first = text.lines().next().unwrap_or_default();
-    match serde_json::from_str::<Probe>(first) {
+    let first_end = bytes.iter().position(|&b| b == b'\n');
+    let first = &bytes[..first_end.unwrap_or(bytes.len())];
+    match serde_json::from_slice::<Probe>(first) {
         Ok(p) if p.kind.as_deref() == Some("header") => {
             check_version(path, &p)?;
-            return parse_stream(path, text).map(File::Stream);
+            return parse_stream(path, bytes).map(File::Stream);
         }
-        Err(_)
-            if first.trim_start().starts_with("{\"type\":\"header\"") && !text.contains('\n') =>
-        {
+        Err(e) if first_end.is_none() && e.classify() == Category::Eof => {
             return Err(ReadError::NoHeader {
                 path: path.to_path_buf(),
             });
         }
         _ => {}
     }
-    let probe: Probe = serde_json::from_str(text).map_err(|e| ReadError::NotJson {
+    let not_ours = |e: serde_json::Error| match e.classify() {
+        // JSON, but not an object with a numeric schema_version.
+        Category::Data => ReadError::NotRecording {
+            path: path.to_path_buf(),
+        },
+        _ => ReadError::NotJson {
+            path: path.to_path_buf(),
+            detail: one_line(e, false),
+        },
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| ReadError::NotJson {
         path: path.to_path_buf(),
-        detail: e.to_string(),
+        detail: format!("not UTF-8 text: {e}"),
     })?;
+    let probe: Probe = serde_json::from_str(text).map_err(not_ours)?;
     check_version(path, &probe)?;
     let mut report: RunReport = serde_json::from_str(text).map_err(|e| bad(path, None, e))?;
     let intervals = std::mem::take(&mut report.intervals)
@@ -207,7 +236,7 @@ pub fn parse(path: &Path, text: &str) -> Result<File, ReadError> {
     Ok(File::Recording(Box::new(report), intervals))
 }
 
-fn parse_stream(path: &Path, text: &str) -> Result<Stream, ReadError> {
+fn parse_stream(path: &Path, bytes: &[u8]) -> Result<Stream, ReadError> {
     let mut header = None;
     let mut intervals = Vec::new();
     let mut windows = Vec::new();
@@ -215,20 +244,33 @@ fn parse_stream(path: &Path, text: &str) -> Result<Stream, ReadError> {
     let mut unknown_lines = 0;
     let mut complete_lines = 0;
     let mut partial_line_bytes = 0;
-    let ends_whole = text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
+    let ends_whole = bytes.ends_with(b"\n");
+    let pieces: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // After a final newline, split leaves an empty piece: not a line.
+    let n = if ends_whole {
+        pieces.len() - 1
+    } else {
+        pieces.len()
+    };
+    for (i, piece) in pieces[..n].iter().enumerate() {
         let number = i + 1;
-        if line.trim().is_empty() {
+        if piece.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let last = i + 1 == lines.len();
-        let probe = match serde_json::from_str::<Probe>(line) {
-            Ok(p) => p,
-            // A killed wattprof leaves at most its last line partial: each
-            // line is one write.
-            Err(_) if last && !ends_whole => {
-                partial_line_bytes = line.len();
+        // A killed wattprof leaves at most its last line partial (each
+        // line is one write), cut anywhere, even inside a character.
+        let unterminated = i + 1 == n && !ends_whole;
+        let parsed = std::str::from_utf8(piece)
+            .map_err(|e| format!("not UTF-8 text: {e}"))
+            .and_then(|line| {
+                serde_json::from_str::<Probe>(line)
+                    .map(|p| (line, p))
+                    .map_err(|e| one_line(e, true))
+            });
+        let (line, probe) = match parsed {
+            Ok(x) => x,
+            Err(_) if unterminated => {
+                partial_line_bytes = piece.len();
                 break;
             }
             Err(e) => return Err(bad(path, Some(number), e)),
@@ -277,8 +319,10 @@ fn parse_stream(path: &Path, text: &str) -> Result<Stream, ReadError> {
 mod tests {
     use super::*;
 
+    const HEADER: &str = r#"{"type":"header","schema_version":2,"wattprof_version":"0.1.0","mode":"monitor","tracker":"iter","start_unix_ns":0,"host":{"hostname":"h","kernel":"k","cpu_model":"c","gpus":[]},"package_ids":[0],"readers":[],"carbon_intensity_g_per_kwh":475.0,"carbon_intensity_source":"s","argv":null}"#;
+
     fn err(text: &str) -> String {
-        match parse(Path::new("f.json"), text) {
+        match parse(Path::new("f.json"), text.as_bytes()) {
             Ok(_) => panic!("{text:?} was read"),
             Err(e) => e.to_string(),
         }
@@ -293,7 +337,18 @@ mod tests {
             "{}",
             err("hello")
         );
-        assert!(err("{\"a\": 1}").contains("not a wattprof recording"));
+        for other in [
+            "{\"a\": 1}",
+            "[1, 2]",
+            "null",
+            "{\"schema_version\": \"2\"}",
+        ] {
+            assert!(
+                err(other).contains("not a wattprof recording"),
+                "{other}: {}",
+                err(other)
+            );
+        }
         let v = err("{\"schema_version\": 9, \"wattprof_version\": \"9.0.0\"}");
         assert!(
             v.contains("schema version 9 (written by wattprof 9.0.0)")
@@ -302,7 +357,29 @@ mod tests {
         );
         let v = err("{\"type\":\"header\",\"schema_version\":1}\n");
         assert!(v.contains("schema version 1"), "{v}");
-        assert!(err("{\"type\":\"header\",\"schema_ver").contains("cut before its header"));
+        for cut in ["{\"type\":\"header\",\"schema_ver", "{\"type\":\"hea", "{"] {
+            assert!(
+                err(cut).contains("ends before its first JSON value"),
+                "{cut}"
+            );
+        }
         assert!(!err("{\"schema_version\": 2}").contains('\n'));
+        // A control character in a value stays off the error line.
+        let v = err(&format!(
+            "{HEADER}\n{{\"type\":\"interval\",\"domains\":[{{\"domain\":\"a\\nb\"}}]}}\nx\n"
+        ));
+        assert!(!v.contains('\n') && v.contains("line 2"), "{v}");
+    }
+
+    #[test]
+    fn a_stream_cut_inside_a_character_is_read_to_its_last_line() {
+        let mut bytes = format!("{HEADER}\n{{\"type\":\"window\",\"name\":\"é").into_bytes();
+        bytes.pop(); // half of the é
+        let Ok(File::Stream(s)) = parse(Path::new("s.jsonl"), &bytes) else {
+            panic!("not read as a cut stream");
+        };
+        assert_eq!(s.cut.as_ref().map(|c| c.complete_lines), Some(1));
+        assert!(s.cut.is_some_and(|c| c.partial_line_bytes > 0));
+        assert!(s.summary.is_none() && s.windows.is_empty());
     }
 }
