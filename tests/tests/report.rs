@@ -550,3 +550,42 @@ fn bad_files_and_options_get_one_line_and_a_non_zero_exit() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_window_on_a_gpu_shows_its_gpu_energy_read_back() {
+    require_ebpf!();
+    // The command holds all of one GPU's SM at 200 W (an NVML stand-in:
+    // CI has no GPU): each window's GPU energy is 200 W x its length.
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub-A uuid=GPU-A power_mw=200000 energy=counter util=100 \
+         memory_total=85899345920 memory_used=2147483648 procs=child:100:1073741824\n",
+    );
+    let lib_arg = format!("--nvml-lib={}", lib.display());
+    let dir = wattprof_tests::tempfile_dir();
+    let (rec, _, recording) = record(
+        &dir,
+        "gpu",
+        &[
+            &lib_arg,
+            "--energy-sysfs=/nonexistent",
+            "--interval",
+            "100ms",
+        ],
+        &[&testload(), "window", "epoch", "0.5"],
+    );
+    let s = report_json(&[&rec]);
+    assert_eq!(s["windows"], recording["windows"]);
+    let w = &s["windows"][0];
+    let length_s =
+        (w["end_ns"].as_u64().unwrap_or(0) - w["begin_ns"].as_u64().unwrap_or(0)) as f64 / 1e9;
+    let gpu_j = f(w, "/energy/gpu_j");
+    eprintln!("window epoch: {gpu_j:.3} J of GPU over {length_s:.3} s");
+    assert!((gpu_j / (200.0 * length_s) - 1.0).abs() < 0.1, "{w}");
+    let table = report(&[&rec]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("GPU J") && table.contains("epoch"),
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
