@@ -23,16 +23,21 @@ fn report(args: &[&Path]) -> Output {
         .expect("start wattprof report")
 }
 
-fn report_json(args: &[&Path]) -> Value {
-    let mut all: Vec<&Path> = vec![Path::new("--json")];
-    all.extend_from_slice(args);
-    let out = report(&all);
+/// `wattprof report ARGS`, which must succeed.
+fn report_ok(args: &[&Path]) -> Output {
+    let out = report(args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("report --json is JSON")
+    out
+}
+
+fn report_json(args: &[&Path]) -> Value {
+    let mut all: Vec<&Path> = vec![Path::new("--json")];
+    all.extend_from_slice(args);
+    serde_json::from_slice(&report_ok(&all).stdout).expect("report --json is JSON")
 }
 
 /// A `wattprof run` with `--output` and `--jsonl` (and `extra`) in `dir`.
@@ -267,20 +272,13 @@ fn the_csv_files_are_read_by_python_in_codecarbon_s_units_and_live_equals_read_b
     );
     let emissions = dir.join("emissions.csv");
     let intervals = dir.join("intervals.csv");
-    let out = Command::new(wattprof_bin())
-        .arg("report")
-        .arg(&rec)
-        .arg("--csv")
-        .arg(&emissions)
-        .arg("--csv-intervals")
-        .arg(&intervals)
-        .output()
-        .expect("report");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    report_ok(&[
+        &rec,
+        Path::new("--csv"),
+        &emissions,
+        Path::new("--csv-intervals"),
+        &intervals,
+    ]);
     // Written live as each interval ended, or read back from the
     // recording: the same bytes.
     assert_eq!(
@@ -409,20 +407,7 @@ fn the_html_report_loads_in_chromium_with_no_console_message_and_fetches_nothing
     );
     let html = dir.join("report.html");
     let svg = dir.join("report.svg");
-    let out = Command::new(wattprof_bin())
-        .arg("report")
-        .arg(&rec)
-        .arg("--html")
-        .arg(&html)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .expect("report");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    report_ok(&[&rec, Path::new("--html"), &html, Path::new("--plot"), &svg]);
     let page = std::fs::read_to_string(&html).expect("html");
     // Self-contained: nothing to fetch, nothing to run.
     for banned in ["<script", "src=", "href=", "@import", "url("] {

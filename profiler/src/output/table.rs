@@ -53,6 +53,16 @@ impl Measured {
         }
     }
 
+    /// The energy cells without power and CO2 (idle and unattributed
+    /// rows have none of their own).
+    fn energy_cells(&self, e: &EnergyJ) -> String {
+        let cells = self.cells(e);
+        cells
+            .get(..cells.len().saturating_sub(18))
+            .unwrap_or("")
+            .to_string()
+    }
+
     fn cells(&self, e: &EnergyJ) -> String {
         if !self.any() {
             return String::new();
@@ -123,11 +133,7 @@ fn render_energy(s: &mut String, r: &EnergyView<'_>) {
             "DOMAIN", "MEASURED J", "PROCESSES J", "IDLE J", "UNATTRIB. J", "AVG W"
         );
         for d in r.domains {
-            let name = match (d.domain, d.package) {
-                (Domain::Gpu, Some(i)) => format!("gpu {i}"),
-                (dom, Some(p)) => format!("{} {p}", dom.name()),
-                (dom, None) => format!("{} (machine)", dom.name()),
-            };
+            let name = d.domain.label(d.package);
             let _ = writeln!(
                 s,
                 "  {:<16} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>9.2}{}",
@@ -337,15 +343,11 @@ pub fn render_run_table(r: &RunReport) -> String {
     }
     let _ = writeln!(s);
     for (label, ns, e) in rows {
-        let cells = m.cells(&e);
         // Idle and unattributed rows have no power or CO2 of their own.
         let cells = if label == "idle" || label.starts_with("lost") {
-            cells
-                .get(..cells.len().saturating_sub(18))
-                .unwrap_or("")
-                .to_string()
+            m.energy_cells(&e)
         } else {
-            cells
+            m.cells(&e)
         };
         let _ = writeln!(
             s,
@@ -395,25 +397,27 @@ pub fn render_run_table(r: &RunReport) -> String {
             "  note: the switch tracker ran (it costs every context switch) because {why}"
         );
     }
-    if !r.containers.is_empty() {
-        render_sums(
-            &mut s,
-            "CONTAINER / UNIT",
-            r.containers
-                .iter()
-                .take(10)
-                .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
-        );
-        if r.containers.len() > 10 {
-            let _ = writeln!(
-                s,
-                "  ... {} more (in the recording)",
-                r.containers.len() - 10
-            );
-        }
-    }
+    render_containers(&mut s, &r.containers);
     render_energy(&mut s, &EnergyView::of(r));
     s
+}
+
+/// The ten containers with the most energy, and how many more there are.
+fn render_containers(s: &mut String, containers: &[super::ContainerReport]) {
+    if containers.is_empty() {
+        return;
+    }
+    render_sums(
+        s,
+        "CONTAINER / UNIT",
+        containers
+            .iter()
+            .take(10)
+            .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
+    );
+    if containers.len() > 10 {
+        let _ = writeln!(s, "  ... {} more (in the recording)", containers.len() - 10);
+    }
 }
 
 /// What `monitor`'s rows are.
@@ -673,17 +677,10 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
     }
     let _ = writeln!(s);
     for (label, ns, e) in rows {
-        let cells = m.cells(&e);
         let (time, cells) = match ns {
-            Some(ns) => (format!("{:>10.3} s", secs(ns)), cells),
+            Some(ns) => (format!("{:>10.3} s", secs(ns)), m.cells(&e)),
             // Idle and unattributed energy have no time, power or CO2 here.
-            None => (
-                format!("{:>12}", ""),
-                cells
-                    .get(..cells.len().saturating_sub(18))
-                    .unwrap_or("")
-                    .to_string(),
-            ),
+            None => (format!("{:>12}", ""), m.energy_cells(&e)),
         };
         let _ = writeln!(s, "  {label:<34} {time}{cells}");
     }
@@ -696,16 +693,7 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
             secs(window)
         );
     }
-    if !r.containers.is_empty() {
-        render_sums(
-            &mut s,
-            "CONTAINER / UNIT",
-            r.containers
-                .iter()
-                .take(10)
-                .map(|c| (container_label(c), c.on_cpu_ns, &c.energy)),
-        );
-    }
+    render_containers(&mut s, &r.containers);
     render_energy(
         &mut s,
         &EnergyView {

@@ -118,20 +118,12 @@ fn rows_of(a: &[(String, (f64, f64, f64))], b: &[(String, (f64, f64, f64))]) -> 
     out
 }
 
-fn domain_label(d: Domain, package: Option<u32>) -> String {
-    match (d, package) {
-        (Domain::Gpu, Some(i)) => format!("gpu {i}"),
-        (d, Some(p)) => format!("{} {p}", d.name()),
-        (d, None) => format!("{} (machine)", d.name()),
-    }
-}
-
 fn domains(s: &Summary) -> Vec<(String, (f64, f64, f64))> {
     s.domains
         .iter()
         .map(|d| {
             (
-                domain_label(d.domain, d.package),
+                d.domain.label(d.package),
                 (d.measured_j, s.wall_ns as f64 / 1e9, 1.0),
             )
         })

@@ -41,13 +41,11 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// Step points for a per-interval value: flat over each interval.
+/// Step points for per-interval values: flat over each interval.
 fn steps<'a>(
-    intervals: &'a [IntervalRecord],
-    value: impl Fn(&IntervalRecord) -> f64 + 'a,
+    values: impl Iterator<Item = (&'a IntervalRecord, f64)> + 'a,
 ) -> impl Iterator<Item = (f64, f64)> + 'a {
-    intervals.iter().flat_map(move |iv| {
-        let v = value(iv);
+    values.flat_map(|(iv, v)| {
         [
             (secs(iv.t_ns.saturating_sub(iv.duration_ns)), v),
             (secs(iv.t_ns), v),
@@ -55,12 +53,10 @@ fn steps<'a>(
     })
 }
 
-fn label(d: Domain, package: Option<u32>) -> String {
-    match (d, package) {
-        (Domain::Gpu, Some(i)) => format!("gpu {i}"),
-        (d, Some(p)) => format!("{} {p}", d.name()),
-        (d, None) => d.name().to_string(),
-    }
+/// A line of text where a panel has nothing to draw.
+fn note(area: &DrawingArea<SVGBackend<'_>, Shift>, text: &str) -> Result<(), PlotError> {
+    area.draw(&Text::new(text, (80, 60), ("sans-serif", 16)))
+        .map_err(draw_err)
 }
 
 fn x_range(l: &Loaded) -> std::ops::Range<f64> {
@@ -138,22 +134,17 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         .draw()
         .map_err(draw_err)?;
     if series.is_empty() {
-        area.draw(&Text::new(
-            "no energy was measured (see `wattprof sources`)",
-            (80, 60),
-            ("sans-serif", 16),
-        ))
-        .map_err(draw_err)?;
+        note(area, "no energy was measured (see `wattprof sources`)")?;
     }
     for (i, &(d, p)) in series.iter().enumerate() {
         let c = color(i);
         chart
             .draw_series(LineSeries::new(
-                steps(&l.intervals, move |iv| power(iv, d, p)),
+                steps(l.intervals.iter().map(move |iv| (iv, power(iv, d, p)))),
                 c.stroke_width(2),
             ))
             .map_err(draw_err)?
-            .label(label(d, p))
+            .label(d.label(p))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(2)));
     }
     if !series.is_empty() {
@@ -296,17 +287,7 @@ fn stack_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
     // Top layer first, so each lower one is drawn over it.
     for (i, c) in cumulative.iter().enumerate().rev() {
         let col = color(i);
-        let points: Vec<(f64, f64)> = l
-            .intervals
-            .iter()
-            .zip(c)
-            .flat_map(|(iv, &v)| {
-                [
-                    (secs(iv.t_ns.saturating_sub(iv.duration_ns)), v),
-                    (secs(iv.t_ns), v),
-                ]
-            })
-            .collect();
+        let points: Vec<(f64, f64)> = steps(l.intervals.iter().zip(c.iter().copied())).collect();
         chart
             .draw_series(AreaSeries::new(points, 0.0, col.mix(0.75)).border_style(col))
             .map_err(draw_err)?
@@ -350,12 +331,10 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
         .draw()
         .map_err(draw_err)?;
     if ws.is_empty() {
-        area.draw(&Text::new(
+        note(
+            area,
             "no windows in this profile (see README, \"Profiling windows\")",
-            (80, 60),
-            ("sans-serif", 16),
-        ))
-        .map_err(draw_err)?;
+        )?;
         return Ok(());
     }
     chart
@@ -448,7 +427,7 @@ pub fn html(l: &Loaded) -> Result<String, PlotError> {
             h,
             "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
              <td>{:.2}</td></tr>",
-            esc(&label(d.domain, d.package)),
+            esc(&d.domain.label(d.package)),
             if d.estimated { " (estimated)" } else { "" },
             d.measured_j,
             d.attributed_j,

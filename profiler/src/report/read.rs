@@ -222,9 +222,24 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
         path: path.to_path_buf(),
         detail: format!("not UTF-8 text: {e}"),
     })?;
-    let probe: Probe = serde_json::from_str(text).map_err(not_ours)?;
-    check_version(path, &probe)?;
-    let mut report: RunReport = serde_json::from_str(text).map_err(|e| bad(path, None, e))?;
+    // One parse of a large document; only a failed one is parsed again,
+    // shallowly, to say what the file is instead.
+    let mut report: RunReport = match serde_json::from_str(text) {
+        Ok(r) => r,
+        Err(e) => {
+            let probe: Probe = serde_json::from_str(text).map_err(not_ours)?;
+            check_version(path, &probe)?;
+            return Err(bad(path, None, e));
+        }
+    };
+    check_version(
+        path,
+        &Probe {
+            kind: None,
+            schema_version: Some(report.schema_version.into()),
+            wattprof_version: Some(report.wattprof_version.clone()),
+        },
+    )?;
     let intervals = std::mem::take(&mut report.intervals)
         .iter()
         .enumerate()

@@ -36,6 +36,16 @@ pub enum Domain {
 }
 
 impl Domain {
+    /// Its label in tables and plots with its package or GPU index:
+    /// `package 0`, `gpu 1`, `psys (machine)`.
+    pub fn label(self, package: Option<u32>) -> String {
+        match (self, package) {
+            (Self::Gpu, Some(i)) => format!("gpu {i}"),
+            (d, Some(p)) => format!("{} {p}", d.name()),
+            (d, None) => format!("{} (machine)", d.name()),
+        }
+    }
+
     /// Name as the kernel's powercap zones and the reports spell it.
     pub fn name(self) -> &'static str {
         match self {
