@@ -44,7 +44,13 @@ fn assert_conserved(report: &Value) {
     // The groups add up to what was attributed.
     let g = &report["energy"]["groups"];
     let groups = f(g, "/tree/package_j") + f(g, "/profiler/package_j") + f(g, "/other/package_j");
-    let attributed = f(domain(report, "package", Some(0)), "/attributed_j");
+    let attributed: f64 = report["energy"]["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .filter(|d| d["domain"] == "package")
+        .map(|d| f(d, "/attributed_j"))
+        .sum();
     assert!(
         (groups - attributed).abs() < 1e-5,
         "{groups} vs {attributed}"
@@ -233,6 +239,107 @@ fn the_tdp_estimate_is_marked_and_divided_by_busy_time() {
         100.0 * u(report, "/machine/busy_ns") as f64 / 1e9 / u(report, "/machine/cpus") as f64;
     assert!((f(pkg, "/measured_j") / expected - 1.0).abs() < 0.001);
     assert!(run.stderr().contains("[ESTIMATED]"), "{}", run.stderr());
+}
+
+#[test]
+fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
+    require_ebpf!();
+    // No counter (a sysfs with none), figures given: vCPUs × 0.5 W idle,
+    // 2.5 W busy.
+    let run = wattprof_run(
+        &[
+            "--energy-sysfs=/nonexistent",
+            "--vcpu-watts",
+            "0.5,2.5",
+            "--interval",
+            "250ms",
+        ],
+        &[&testload(), "burn", "1", "1.0"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    assert_conserved(report);
+    let pkg = domain(report, "package", None);
+    assert_eq!(pkg["estimated"], true);
+    assert_eq!(pkg["basis"], "cpu_time");
+    // min × all CPU time + (max − min) × task time.
+    let task_ns = u(report, "/machine/window_ns") - u(report, "/machine/idle_ns");
+    let expected = 0.5 * u(report, "/machine/window_ns") as f64 / 1e9 + 2.0 * task_ns as f64 / 1e9;
+    let measured = f(pkg, "/measured_j");
+    assert!(
+        (measured / expected - 1.0).abs() < 0.001,
+        "{measured} J vs {expected} J"
+    );
+    // Idle energy is idle time's share, reported apart.
+    let idle_share = u(report, "/machine/idle_ns") as f64 / u(report, "/machine/window_ns") as f64;
+    assert!(
+        (f(pkg, "/idle_j") / measured - idle_share).abs() < 0.01,
+        "{pkg}"
+    );
+    let cpu = report["energy"]["readers"]
+        .as_array()
+        .expect("readers")
+        .iter()
+        .find(|r| r["kind"] == "cpu")
+        .expect("a cpu reader");
+    assert_eq!(cpu["model"], "vcpu", "{cpu}");
+    assert!(
+        cpu["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("--vcpu-watts 0.5,2.5 given"),
+        "{cpu}"
+    );
+    assert!(run.stderr().contains("[ESTIMATED]"), "{}", run.stderr());
+}
+
+#[test]
+fn with_no_counter_and_no_option_energy_is_estimated_and_sources_says_why() {
+    require_ebpf!();
+    if std::path::Path::new("/sys/class/powercap/intel-rapl:0").exists() {
+        eprintln!("skipping: this machine has RAPL, so no model stands in");
+        return;
+    }
+    // The README's first command, as a new user on a VM types it.
+    let sample = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/sample-workload.sh"
+    );
+    let run = wattprof_run(&[], &[sample]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let pkg = domain(report, "package", None);
+    assert_eq!(pkg["estimated"], true);
+    assert!(f(pkg, "/measured_j") > 0.0 && f(report, "/energy/groups/tree/package_j") > 0.0);
+    let cpu = report["energy"]["readers"]
+        .as_array()
+        .expect("readers")
+        .iter()
+        .find(|r| r["kind"] == "cpu")
+        .expect("a cpu reader");
+    assert_eq!(cpu["name"], "estimate");
+    assert!(cpu["model"] == "vcpu" || cpu["model"] == "tdp", "{cpu}");
+    let detail = cpu["detail"].as_str().expect("detail");
+    assert!(detail.contains("source: "), "{detail}");
+    let table = run.stderr();
+    assert!(
+        table.contains("[ESTIMATED]") && table.contains(" model"),
+        "{table}"
+    );
+    assert!(table.contains("estimated"), "{table}");
+    let sources = std::process::Command::new(wattprof_bin())
+        .arg("sources")
+        .output()
+        .expect("sources");
+    let text = String::from_utf8_lossy(&sources.stdout);
+    assert!(
+        text.contains("estimate  in use") && text.contains("why:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("CPU energy is ESTIMATED with a power model"),
+        "{text}"
+    );
 }
 
 #[test]

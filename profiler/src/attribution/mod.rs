@@ -10,9 +10,11 @@
 //!   the kernel map could not hold) and of any consumer not named is
 //!   *unattributed*. A task that ran only on package 1 gets nothing of
 //!   package 0's energy.
-//! - **Estimated CPU energy** (the TDP model, which has no idle term: its
-//!   energy exists only because tasks ran) goes to consumers by their
-//!   share of busy time.
+//! - **Busy-only energy** (the TDP model, which has no idle term, and a VM
+//!   guest's energy exported by its host, which is its vCPU threads' run
+//!   time: energy that exists only because tasks ran) goes to consumers by
+//!   their share of busy time. A model with an idle term (vCPU watts) is
+//!   divided like a counter.
 //! - **Uncore, psys and wall** energy is machine level: reported, and
 //!   counted as unattributed.
 //! - **GPU energy** goes to the processes that held the GPU in the
@@ -99,7 +101,8 @@ pub enum Basis {
     /// By on-CPU time over all CPU time of the package(s); idle time's share
     /// is idle energy.
     CpuTime,
-    /// By share of busy time (estimated energy with no idle term).
+    /// By share of busy time (energy that exists only because tasks ran:
+    /// a model with no idle term, a host's export to its VM guest).
     BusyTime,
     /// By share of SM utilization among the GPU's processes.
     GpuSm,
@@ -205,8 +208,13 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
         .filter_map(|s| iv.packages.get(*s).copied())
         .collect();
     let consumed: u64 = iv.usage.iter().map(on).sum();
-    if d.estimated && d.domain == Domain::Package {
-        let busy = times.iter().map(|t| t.busy_ns).sum::<u64>().max(consumed);
+    if d.busy_only {
+        // Lost time's share (tasks the map could not hold) is unattributed.
+        let busy = times
+            .iter()
+            .map(|t| t.busy_ns + t.lost_ns)
+            .sum::<u64>()
+            .max(consumed);
         return divide(
             DomainShare {
                 basis: Basis::BusyTime,
@@ -293,6 +301,7 @@ mod tests {
             package,
             energy_uj: uj,
             estimated: false,
+            busy_only: false,
         }
     }
 
@@ -493,8 +502,10 @@ mod tests {
         let energy = vec![DomainEnergy {
             domain: Domain::Package,
             package: None,
-            energy_uj: 2_100_000,
+            // 2.2 s of task time (0.1 s of it lost): 1 µJ per µs.
+            energy_uj: 2_200_000,
             estimated: true,
+            busy_only: true,
         }];
         let shares = attribute(&Interval {
             packages: &packages,
@@ -508,7 +519,29 @@ mod tests {
         assert_eq!(of(&shares[0], 1), 1_500_000);
         assert_eq!(of(&shares[0], 2), 600_000);
         assert_eq!(shares[0].idle_uj, 0);
+        // Lost time's share is unattributed.
+        assert_eq!(shares[0].unattributed_uj, 100_000);
         assert!(shares[0].estimated);
+        // A model with an idle term is divided like a counter: idle time's
+        // share is idle energy.
+        let with_idle = [DomainEnergy {
+            busy_only: false,
+            ..energy[0].clone()
+        }];
+        let shares = attribute(&Interval {
+            packages: &packages,
+            package_ids: &[0, 1],
+            usage: &usage,
+            energy: &with_idle,
+            gpus: &[],
+        });
+        conserved(&shares);
+        assert_eq!(shares[0].basis, Basis::CpuTime);
+        assert!(
+            shares[0].idle_uj > 0 && shares[0].estimated,
+            "{:?}",
+            shares[0]
+        );
     }
 
     #[test]

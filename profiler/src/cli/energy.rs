@@ -8,6 +8,7 @@ use crate::carbon::CarbonIntensity;
 use crate::output::csv::IntervalCsv;
 use crate::output::jsonl::Jsonl;
 use crate::profile::ReaderConfig;
+use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 
 /// Energy and output options of `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -39,10 +40,16 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "ISO3")]
     pub country: Option<String>,
 
-    /// Where no CPU energy counter exists (VMs): estimate CPU energy as
-    /// TDP x measured utilization, with the TDP of all packages together.
-    #[arg(long, value_name = "WATTS")]
-    pub cpu_tdp: Option<f64>,
+    /// How CPU energy is estimated where no counter works.
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// Read CPU energy from this powercap tree (a directory of
+    /// intel-rapl:N zones) instead of looking for counters: in a VM guest,
+    /// the tree its host's `wattprof monitor --vm-export` writes and
+    /// shares in (virtiofs or 9p). Its energy is measured by the host.
+    #[arg(long, value_name = "DIR", conflicts_with = "energy_sysfs")]
+    pub powercap_root: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
@@ -101,7 +108,8 @@ impl EnergyArgs {
     pub fn readers(&self) -> ReaderConfig {
         ReaderConfig {
             sys: self.energy_sysfs.clone(),
-            cpu_tdp_w: self.cpu_tdp,
+            model: self.model.request(),
+            powercap_root: self.powercap_root.clone(),
             no_gpu: self.no_gpu,
             nvml_lib: self.nvml_lib.clone(),
             wattmeter_log: self.wattmeter_log.clone(),
@@ -126,9 +134,14 @@ impl EnergyArgs {
         }
         let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
             .map_err(|e| Fatal::profiler(e.to_string()))?;
-        if let Some(tdp) = self.cpu_tdp {
-            crate::sources::estimate::TdpModel::new(tdp)
-                .map_err(|e| Fatal::profiler(e.to_string()))?;
+        if let Some(root) = &self.powercap_root
+            && !root.is_dir()
+        {
+            return Err(Fatal::profiler(format!(
+                "--powercap-root {}: not a directory (give the directory holding intel-rapl:N \
+                 zones, e.g. the share of a host's --vm-export)",
+                root.display()
+            )));
         }
         if let Some(csv) = &self.csv {
             // Refused now, before anything is measured: a path that cannot
@@ -162,6 +175,63 @@ impl EnergyArgs {
             },
         ))
     }
+}
+
+/// `--power-model`, `--cpu-tdp`, `--vcpu-watts`: `run`, `monitor` and
+/// `sources`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ModelArgs {
+    /// Where no CPU energy counter works (VMs, clouds), estimate CPU energy
+    /// with a power model (every figure is then marked estimated): `auto`
+    /// picks watts per vCPU in a VM guest, the TDP of a CPU model in the
+    /// shipped table on bare metal, else the microarchitecture's (or the
+    /// default) watts per vCPU; `none` reports no CPU energy.
+    #[arg(long, value_name = "MODEL", value_enum, default_value_t = ModelChoice::Auto)]
+    pub power_model: ModelChoice,
+
+    /// The TDP model with this TDP in watts (all CPU packages together,
+    /// from the spec sheet): energy = TDP x CPU utilization.
+    #[arg(long, value_name = "WATTS", value_parser = parse_tdp, conflicts_with = "vcpu_watts")]
+    pub cpu_tdp: Option<f64>,
+
+    /// The vCPU model with these watts per vCPU at 0% and 100%
+    /// utilization: energy = vCPUs x (MIN + utilization x (MAX - MIN)).
+    #[arg(long, value_name = "MIN,MAX", value_parser = parse_vcpu_watts)]
+    pub vcpu_watts: Option<(f64, f64)>,
+}
+
+impl ModelArgs {
+    /// What the registry is asked for.
+    pub fn request(&self) -> ModelRequest {
+        ModelRequest {
+            choice: self.power_model,
+            cpu_tdp_w: self.cpu_tdp,
+            vcpu_watts: self.vcpu_watts,
+        }
+    }
+}
+
+/// `--cpu-tdp WATTS`.
+pub fn parse_tdp(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(w) if TdpModel::new(w).is_ok() => Ok(w),
+        _ => Err(format!(
+            "`{text}` is not a TDP in watts (e.g. 120 or 2x 205 = 410)"
+        )),
+    }
+}
+
+/// `--vcpu-watts MIN,MAX`.
+pub fn parse_vcpu_watts(text: &str) -> Result<(f64, f64), String> {
+    let bad =
+        || format!("`{text}` is not MIN,MAX watts per vCPU with 0 <= MIN <= MAX (e.g. 0.74,3.5)");
+    let (lo, hi) = text.split_once(',').ok_or_else(bad)?;
+    let (lo, hi) = (
+        lo.trim().parse::<f64>().map_err(|_| bad())?,
+        hi.trim().parse::<f64>().map_err(|_| bad())?,
+    );
+    VcpuModel::new(lo, hi).map_err(|_| bad())?;
+    Ok((lo, hi))
 }
 
 /// The files written as each interval ends.

@@ -22,10 +22,9 @@ pub struct SourcesArgs {
     #[arg(long, value_name = "FILE")]
     pub wattmeter_log: Option<std::path::PathBuf>,
 
-    /// TDP in watts of all the machine's CPU packages together (from the
-    /// CPU's spec sheet), for an estimate where no energy counter exists.
-    #[arg(long, value_name = "WATTS", value_parser = parse_tdp)]
-    pub cpu_tdp: Option<f64>,
+    /// How CPU energy is estimated where no counter works.
+    #[command(flatten)]
+    pub model: super::energy::ModelArgs,
 
     /// Load NVML from this file instead of the driver's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
@@ -60,16 +59,6 @@ pub struct WattmeterReport {
     pub energy_j: f64,
     /// Frames and problems.
     pub stats: wattmeter::WattmeterStats,
-}
-
-/// A TDP in watts: a positive number below 100 kW.
-fn parse_tdp(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(w) if w.is_finite() && w > 0.0 && w < 100_000.0 => Ok(w),
-        _ => Err(format!(
-            "`{text}` is not a TDP in watts (e.g. 120 or 2x 205 = 410)"
-        )),
-    }
 }
 
 /// One reader's status.
@@ -164,13 +153,13 @@ fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> Reader
 }
 
 /// Probes every reader on the machine described by `sys`, `msr_root` and
-/// `cpuinfo`; with `cpu_tdp`, the TDP estimate stands in when no counter
+/// `cpuinfo`; the power model `model` asks for stands in when no counter
 /// works.
 pub fn probe(
     sys: &SysRoot,
     msr_root: &msr::MsrRoot,
     cpuinfo: &str,
-    cpu_tdp: Option<f64>,
+    model: estimate::ModelRequest,
 ) -> SourcesReport {
     let machine = CpuMachine {
         sys,
@@ -182,36 +171,48 @@ pub fn probe(
         .map(|(name, opened)| status(name, opened.map(|s| s.info())))
         .collect();
     let measured = readers.iter().any(|r| r.status == "available");
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")?
-                .split_once(':')
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "this CPU".into());
-    readers.push(match (cpu_tdp, measured) {
-        (Some(tdp), _) => status("estimate", estimate::TdpModel::new(tdp).map(|m| m.info())),
-        (None, true) => ReaderStatus {
+    let packages = crate::topology::Topology::read(sys).map_or(1, |t| t.sockets());
+    readers.push(match estimate::choose(model, cpuinfo, packages) {
+        Ok(Some(chosen)) if measured => ReaderStatus {
             name: "estimate",
-            status: "missing",
-            info: None,
-            reason: Some("not needed: energy is measured".into()),
+            status: "available",
+            reason: Some(format!(
+                "not needed: energy is measured (else the {} model: {})",
+                chosen.model.name(),
+                chosen.why
+            )),
+            info: Some(chosen.info()),
             fix: None,
         },
-        (None, false) => ReaderStatus {
+        Ok(Some(chosen)) => ReaderStatus {
+            name: "estimate",
+            status: "available",
+            reason: Some(format!(
+                "no CPU energy counter here: the {} model, because {}; source: {}",
+                chosen.model.name(),
+                chosen.why,
+                chosen.source
+            )),
+            info: Some(chosen.info()),
+            fix: None,
+        },
+        Ok(None) => ReaderStatus {
             name: "estimate",
             status: "missing",
             info: None,
-            reason: Some(format!(
-                "no CPU energy counter here, and no TDP given for {model}"
-            )),
-            fix: Some(
-                "set --cpu-tdp WATTS (the TDP of all CPU packages together, from the spec sheet): \
-                 energy is then estimated as TDP x CPU utilization"
-                    .into(),
-            ),
+            reason: Some("--power-model none".into()),
+            fix: Some("leave --power-model at auto for an estimate where no counter works".into()),
         },
+        Err(e) => {
+            let (reason, fix) = e.reason_and_fix();
+            ReaderStatus {
+                name: "estimate",
+                status: "missing",
+                info: None,
+                reason: Some(reason),
+                fix,
+            }
+        }
     });
     let chosen = readers.iter_mut().find(|r| r.status == "available");
     let cpu_energy_reader = chosen.map(|r| {
@@ -377,6 +378,9 @@ pub fn render(report: &SourcesReport) -> String {
                 let domains = describe_domains(&info.domains);
                 let sep = if domains.is_empty() { "" } else { ": " };
                 out.push_str(&format!(" {}{sep}{domains}{res}\n", info.location));
+                if let Some(why) = &r.reason {
+                    out.push_str(&format!("  {:<19} why: {why}\n", ""));
+                }
             }
             (None, Some(reason)) => {
                 out.push_str(&format!(" {reason}\n"));
@@ -464,10 +468,16 @@ pub fn render(report: &SourcesReport) -> String {
         }
     }
     match report.cpu_energy_reader {
-        Some("estimate") => out.push_str(
-            "CPU energy is ESTIMATED (TDP x CPU utilization; no energy counter here): every \
+        Some("estimate") => out.push_str(&format!(
+            "CPU energy is ESTIMATED with a power model ({}; no energy counter here): every \
              figure from it is marked estimated.\n",
-        ),
+            report
+                .readers
+                .iter()
+                .find(|r| r.name == "estimate")
+                .and_then(|r| r.info.as_ref())
+                .map_or("", |i| i.location.as_str())
+        )),
         Some(name) => out.push_str(&format!("CPU energy is measured with {name}.\n")),
         None => out.push_str(
             "No CPU energy counter is readable on this machine: wattprof cannot measure CPU \
@@ -484,7 +494,7 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         &SysRoot::real(),
         &msr::MsrRoot::real(),
         &cpuinfo,
-        args.cpu_tdp,
+        args.model.request(),
     );
     report.gpu = probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()));
     if let Some(over) = args.check {
@@ -540,7 +550,7 @@ mod tests {
             &sys,
             &msr::MsrRoot::at(dir.path()),
             "vendor_id: GenuineIntel\ncpu family: 6\nmodel: 85\n",
-            Some(150.0),
+            tdp(150.0),
         );
         assert_eq!(report.cpu_energy_reader, Some("powercap"));
         assert_eq!(report.readers[0].status, "in_use");
@@ -593,33 +603,60 @@ mod tests {
         assert!(d[0].b.1 > 150_000, "{:?}", d[0].b);
     }
 
+    fn tdp(w: f64) -> estimate::ModelRequest {
+        estimate::ModelRequest {
+            cpu_tdp_w: Some(w),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn machine_without_rapl_says_why_and_what_to_do() {
+    fn machine_without_rapl_says_why_and_which_model_stands_in() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cpuinfo = "vendor_id: AuthenticAMD\ncpu family: 25\nmodel: 1\nmodel name: AMD EPYC\n";
-        let report = probe(
-            &SysRoot::at(dir.path()),
-            &msr::MsrRoot::at(dir.path()),
-            cpuinfo,
-            None,
-        );
-        assert_eq!(report.cpu_energy_reader, None);
+        let cpuinfo = "vendor_id: AuthenticAMD\ncpu family: 25\nmodel: 1\nmodel name: AMD EPYC\n\
+                       flags: fpu hypervisor\n";
+        let probe_with = |model| {
+            probe(
+                &SysRoot::at(dir.path()),
+                &msr::MsrRoot::at(dir.path()),
+                cpuinfo,
+                model,
+            )
+        };
+        // With no option: the vCPU model of the microarchitecture, and why.
+        let report = probe_with(estimate::ModelRequest::default());
+        assert_eq!(report.cpu_energy_reader, Some("estimate"));
         let text = render(&report);
         assert!(text.contains("modprobe intel_rapl_msr"), "{text}");
-        assert!(text.contains("no TDP given for AMD EPYC"), "{text}");
-        assert!(text.contains("set --cpu-tdp WATTS"), "{text}");
-        assert!(text.contains("cannot measure CPU energy here"), "{text}");
-        // With a TDP, the estimate is used, and said to be an estimate.
-        let report = probe(
-            &SysRoot::at(dir.path()),
-            &msr::MsrRoot::at(dir.path()),
-            cpuinfo,
-            Some(120.0),
-        );
-        assert_eq!(report.cpu_energy_reader, Some("estimate"));
-        assert!(render(&report).contains("CPU energy is ESTIMATED"));
+        assert!(text.contains("vcpu model: vCPUs x (0.45 W"), "{text}");
+        assert!(text.contains("VM guest (hypervisor flag)"), "{text}");
+        assert!(text.contains("AMD EPYC 3rd Gen"), "{text}");
+        assert!(text.contains("Cloud Carbon Footprint"), "{text}");
+        assert!(text.contains("CPU energy is ESTIMATED"), "{text}");
         let json = serde_json::to_value(&report).expect("json");
         assert_eq!(json["readers"][0]["status"], "missing");
         assert!(json["readers"][0]["fix"].is_string());
+        // --power-model none: nothing, and what would give an estimate.
+        let report = probe_with(estimate::ModelRequest {
+            choice: estimate::ModelChoice::None,
+            ..Default::default()
+        });
+        assert_eq!(report.cpu_energy_reader, None);
+        let text = render(&report);
+        assert!(text.contains("cannot measure CPU energy here"), "{text}");
+        assert!(text.contains("--power-model at auto"), "{text}");
+        // --power-model tdp for a CPU not in the table: why, and the fix.
+        let report = probe_with(estimate::ModelRequest {
+            choice: estimate::ModelChoice::Tdp,
+            ..Default::default()
+        });
+        assert_eq!(report.cpu_energy_reader, None);
+        let text = render(&report);
+        assert!(text.contains("AMD EPYC is not in the TDP table"), "{text}");
+        assert!(text.contains("give --cpu-tdp WATTS"), "{text}");
+        // With a TDP, the TDP model.
+        let report = probe_with(tdp(120.0));
+        assert_eq!(report.cpu_energy_reader, Some("estimate"));
+        assert!(render(&report).contains("TDP 120 W x CPU utilization"));
     }
 }

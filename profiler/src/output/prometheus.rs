@@ -175,9 +175,15 @@ pub const CONTAINER_INFO: Metric = gauge(
     None,
     "A container's name (Docker), 1 while its series are exported.",
 );
+/// The energy readers in use.
+pub const ENERGY_READER_INFO: Metric = gauge(
+    "wattprof_energy_reader_info",
+    None,
+    "An energy reader in use, 1: its kind (cpu, gpu, wall), name, power model (tdp, vcpu) and whether its energy is estimated.",
+);
 
 /// Every metric wattprof exports, in exposition order.
-pub const ALL: [&Metric; 15] = [
+pub const ALL: [&Metric; 16] = [
     &ENERGY,
     &IDLE_ENERGY,
     &UNATTRIBUTED_ENERGY,
@@ -193,6 +199,7 @@ pub const ALL: [&Metric; 15] = [
     &PROCESS_POWER,
     &GPU_POWER,
     &CONTAINER_INFO,
+    &ENERGY_READER_INFO,
 ];
 
 /// A metric and its series.
@@ -377,6 +384,7 @@ mod tests {
             "wattprof_process_power_watts",
             "wattprof_gpu_power_watts",
             "wattprof_container_info",
+            "wattprof_energy_reader_info",
         ];
         let snap = Snapshot {
             families: ALL

@@ -464,7 +464,11 @@ impl Profile {
         self.last_ns = sample.at_ns;
         let mut packages = vec![PackageTime::default(); self.package_ids.len().max(1)];
         let mut online = 0;
+        let (mut window_ns, mut busy_ns) = (0, 0);
         for c in &sample.cpus {
+            window_ns += c.window_ns;
+            // Lost time is task time too: a model's energy covers it.
+            busy_ns += c.busy_ns + c.lost_ns;
             if let Some(s) = packages.get_mut(c.package as usize) {
                 s.busy_ns += c.busy_ns;
                 s.idle_ns += c.idle_ns;
@@ -473,7 +477,7 @@ impl Profile {
             online += usize::from(c.window_ns > 0);
         }
         self.readers
-            .add_estimate(&mut read, sample.busy_ns(), online.max(1));
+            .add_estimate(&mut read, busy_ns, window_ns, online.max(1));
         let mut usage = self.table.apply(sample);
         self.machine.add(sample);
         for p in self.readers.take_problems() {
@@ -1085,6 +1089,25 @@ impl Profile {
                 (&m::PROCESS_POWER, power),
                 (&m::GPU_POWER, gpu_power),
                 (&m::CONTAINER_INFO, c_info),
+                (
+                    &m::ENERGY_READER_INFO,
+                    self.readers
+                        .used()
+                        .iter()
+                        .filter(|u| u.name != "none")
+                        .map(|u| {
+                            (
+                                l(&[
+                                    ("kind", u.kind.to_string()),
+                                    ("reader", u.name.to_string()),
+                                    ("model", u.model.clone().unwrap_or_default()),
+                                    ("estimated", u.estimated.to_string()),
+                                ]),
+                                1.0,
+                            )
+                        })
+                        .collect(),
+                ),
             ],
         }
     }

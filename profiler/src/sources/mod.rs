@@ -70,8 +70,12 @@ pub struct DomainEnergy {
     pub package: Option<u32>,
     /// Microjoules since the previous read.
     pub energy_uj: u64,
-    /// Modelled, not measured (TDP estimate, GPU power integration).
+    /// Modelled, not measured (a power model, GPU power integration).
     pub estimated: bool,
+    /// The energy exists only because tasks ran (a model with no idle
+    /// term, or a VM's energy exported by its host, which is its vCPU
+    /// threads' run time): divided by busy time, none of it idle.
+    pub busy_only: bool,
 }
 
 /// Why a reader cannot be used, or a read failed.
@@ -252,6 +256,7 @@ mod tests {
             package,
             energy_uj,
             estimated: false,
+            busy_only: false,
         }
     }
 

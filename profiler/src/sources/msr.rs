@@ -276,6 +276,7 @@ impl Source for Msr {
                 package: r.package,
                 energy_uj: r.counter.advance(raw).unwrap_or(0),
                 estimated: false,
+                busy_only: false,
             });
         }
         Ok(out)

@@ -354,6 +354,7 @@ impl Source for NvmlGpus {
                 package: Some(r.index),
                 energy_uj: r.energy_uj,
                 estimated: r.method == GpuEnergyMethod::PowerIntegration,
+                busy_only: false,
             })
             .collect();
         self.last = readings;

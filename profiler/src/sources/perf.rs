@@ -185,6 +185,7 @@ impl Source for PerfPower {
                 package: e.package,
                 energy_uj: e.energy.advance(raw).unwrap_or(0),
                 estimated: false,
+                busy_only: false,
             })
             .collect())
     }

@@ -57,12 +57,19 @@ pub struct ZoneProblem {
     pub error: SourceError,
 }
 
+/// The file a host's `--vm-export` writes next to a guest's zones: its
+/// presence makes the tree's energy *measured by the host* and busy-only.
+pub const HOST_EXPORT_MARKER: &str = "wattprof-host-export";
+
 /// The powercap reader.
 #[derive(Debug)]
 pub struct Powercap {
     root: PathBuf,
     zones: Vec<Zone>,
     problems: Vec<ZoneProblem>,
+    /// The tree is a host's export to its VM guest (its marker's text).
+    host_export: bool,
+    export_note: Option<String>,
 }
 
 fn read_trimmed(path: &Path) -> std::io::Result<String> {
@@ -94,8 +101,18 @@ impl Powercap {
     /// (the text of `/proc/cpuinfo`) tells AMD, whose `core` zone is left
     /// out.
     pub fn open(sys: &SysRoot, cpuinfo: &str) -> Result<Self, SourceError> {
+        Self::open_dir(sys.join("class/powercap"), cpuinfo)
+    }
+
+    /// Finds every zone in `root`, a directory holding `intel-rapl:*`
+    /// zones as `/sys/class/powercap` does (`--powercap-root`). A tree a
+    /// host exported to its VM guest ([`HOST_EXPORT_MARKER`]) is read as
+    /// energy measured by the host.
+    pub fn open_dir(root: PathBuf, cpuinfo: &str) -> Result<Self, SourceError> {
         let amd = super::msr::detect_vendor(cpuinfo) == Some(super::msr::Vendor::Amd);
-        let root = sys.join("class/powercap");
+        let export_note = std::fs::read_to_string(root.join(HOST_EXPORT_MARKER))
+            .ok()
+            .map(|t| t.lines().next().unwrap_or_default().trim().to_string());
         let entries = std::fs::read_dir(&root).map_err(|_| {
             SourceError::unsupported(
                 format!(
@@ -183,7 +200,14 @@ impl Powercap {
             root,
             zones,
             problems,
+            host_export: export_note.is_some(),
+            export_note,
         })
+    }
+
+    /// What the host said of the tree, where it is a host's export.
+    pub fn host_export(&self) -> Option<&str> {
+        self.export_note.as_deref()
     }
 
     /// Zones that could not be read at the last open or read.
@@ -211,7 +235,10 @@ impl Source for Powercap {
             // powercap reports whole microjoules of a counter whose own
             // step is ~15-61 µJ; the step is not exposed.
             resolution_uj: Some(1.0),
-            location: self.root.display().to_string(),
+            location: match &self.export_note {
+                Some(note) => format!("{} (measured by the host: {note})", self.root.display()),
+                None => self.root.display().to_string(),
+            },
         }
     }
 
@@ -232,6 +259,7 @@ impl Source for Powercap {
                                 package: z.package,
                                 energy_uj,
                                 estimated: false,
+                                busy_only: self.host_export,
                             }),
                         }
                     }

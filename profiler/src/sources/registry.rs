@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::estimate::TdpModel;
+use super::estimate::{self, ModelRequest, PowerModel};
 use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
 use super::wattmeter::Wattmeter;
 use super::{
@@ -64,8 +64,11 @@ pub fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
 pub struct ReaderConfig {
     /// sysfs root for the CPU energy readers (`/sys`; a fixture in tests).
     pub sys: Option<PathBuf>,
-    /// TDP of all CPU packages, for the estimate where no counter works.
-    pub cpu_tdp_w: Option<f64>,
+    /// The power model to use where no counter works.
+    pub model: ModelRequest,
+    /// A powercap tree to read as the CPU counter (a host's export to its
+    /// VM guest, `--powercap-root`), instead of looking for counters.
+    pub powercap_root: Option<PathBuf>,
     /// Skip NVML.
     pub no_gpu: bool,
     /// NVML library to load instead of the driver's.
@@ -91,6 +94,9 @@ pub struct ReaderUse {
     pub estimated: bool,
     /// What would make it work (when `name` is `none`).
     pub fix: Option<String>,
+    /// The power model (`tdp`, `vcpu`) of an `estimate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// The readers of one profile.
@@ -99,8 +105,8 @@ pub struct Readers {
     /// and the wattmeter first, the CPU counter last, nearest the
     /// tracker's read, which divides its energy.
     sources: Vec<Box<dyn Source>>,
-    /// The TDP model, where no CPU counter works and a TDP was given.
-    estimate: Option<TdpModel>,
+    /// The power model, where no CPU counter works.
+    estimate: Option<PowerModel>,
     gpus: Vec<GpuInfo>,
     used: Vec<ReaderUse>,
     problems: Vec<String>,
@@ -130,6 +136,7 @@ fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
         detail,
         estimated: false,
         fix: None,
+        model: None,
     }
 }
 
@@ -140,6 +147,7 @@ fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse
         detail,
         estimated: false,
         fix,
+        model: None,
     }
 }
 
@@ -164,41 +172,69 @@ impl Readers {
             msr_root: &msr_root,
             cpuinfo: &cpuinfo,
         };
-        for name in CPU_COUNTERS {
-            match open_cpu_counter(name, machine) {
-                Ok(source) => {
-                    used.push(in_use(source.as_ref(), source.info().location));
-                    cpu = Some(source);
-                    break;
+        if let Some(root) = &cfg.powercap_root {
+            // Asked for by name: it must work.
+            let p = Powercap::open_dir(root.clone(), &cpuinfo).map_err(|e| {
+                let (reason, _) = e.reason_and_fix();
+                SourceError::Fatal(format!(
+                    "--powercap-root {}: {reason} (give a directory holding intel-rapl:N zones, \
+                     such as one a host's `wattprof monitor --vm-export` writes)",
+                    root.display()
+                ))
+            })?;
+            used.push(in_use(&p, p.info().location));
+            cpu = Some(Box::new(p));
+        } else {
+            for name in CPU_COUNTERS {
+                match open_cpu_counter(name, machine) {
+                    Ok(source) => {
+                        used.push(in_use(source.as_ref(), source.info().location));
+                        cpu = Some(source);
+                        break;
+                    }
+                    Err(e) => reasons.push(format!("{name}: {e}")),
                 }
-                Err(e) => reasons.push(format!("{name}: {e}")),
             }
         }
         let mut estimate = None;
         if cpu.is_none() {
-            match cfg.cpu_tdp_w {
-                Some(tdp) => {
-                    estimate = Some(TdpModel::new(tdp)?);
+            let packages = crate::topology::Topology::read(&sys).map_or(1, |t| t.sockets());
+            match estimate::choose(cfg.model, &cpuinfo, packages) {
+                Ok(Some(chosen)) => {
                     used.push(ReaderUse {
                         kind: "cpu".into(),
                         name: "estimate".into(),
                         detail: format!(
-                            "no energy counter ({}); TDP {tdp} W x measured CPU utilization",
+                            "{} model, {}: {}; source: {} (no energy counter: {})",
+                            chosen.model.name(),
+                            chosen.model.formula(),
+                            chosen.why,
+                            chosen.source,
                             reasons.join("; ")
                         ),
                         estimated: true,
                         fix: None,
+                        model: Some(chosen.model.name().into()),
                     });
+                    estimate = Some(chosen.model);
                 }
-                None => used.push(missing(
+                Ok(None) => used.push(missing(
                     "cpu",
-                    format!("CPU energy not measured: {}", reasons.join("; ")),
+                    format!(
+                        "CPU energy not measured (--power-model none): {}",
+                        reasons.join("; ")
+                    ),
                     Some(
                         "on bare metal load intel_rapl_msr (modprobe) or the msr driver; \
-                         on a VM give --cpu-tdp WATTS for an estimate (see `wattprof sources`)"
+                         otherwise leave --power-model at auto for an estimate (see `wattprof sources`)"
                             .into(),
                     ),
                 )),
+                // A model asked for by name that cannot be used.
+                Err(SourceError::NotSupported { reason, fix }) => {
+                    return Err(SourceError::Fatal(format!("{reason}: {fix}")));
+                }
+                Err(e) => return Err(e),
             }
         }
         let mut sources: Vec<Box<dyn Source>> = Vec::new();
@@ -316,10 +352,16 @@ impl Readers {
         out
     }
 
-    /// Adds the TDP estimate of an interval with `busy_ns` of the
-    /// tracker's exact busy time on `cpus` online CPUs, where the CPU's
-    /// energy is estimated.
-    pub fn add_estimate(&self, energy: &mut IntervalEnergy, busy_ns: u64, cpus: usize) {
+    /// Adds the power model's estimate of an interval with `busy_ns` of
+    /// the tracker's exact busy time out of `window_ns` of CPU time on
+    /// `cpus` online CPUs, where the CPU's energy is estimated.
+    pub fn add_estimate(
+        &self,
+        energy: &mut IntervalEnergy,
+        busy_ns: u64,
+        window_ns: u64,
+        cpus: usize,
+    ) {
         if let Some(model) = &self.estimate {
             // First, where a CPU counter's domains would be.
             energy.energy.insert(
@@ -327,8 +369,9 @@ impl Readers {
                 DomainEnergy {
                     domain: Domain::Package,
                     package: None,
-                    energy_uj: model.energy_uj(busy_ns, cpus),
+                    energy_uj: model.energy_uj(busy_ns, window_ns, cpus),
                     estimated: true,
+                    busy_only: !model.has_idle_term(),
                 },
             );
         }

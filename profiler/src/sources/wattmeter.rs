@@ -470,6 +470,7 @@ fn wall(energy_uj: u64) -> DomainEnergy {
         package: None,
         energy_uj,
         estimated: false,
+        busy_only: false,
     }
 }
 
