@@ -357,7 +357,7 @@ impl Drop for Cgroups {
 /// Starts `wattprof-testload ARGS` (e.g. `cpu 0.2`) inside the cgroup `dir`.
 pub fn burn_in(dir: &Path, seconds: &str) -> std::process::Child {
     let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {} {seconds}",
+        "echo $$ > '{}/cgroup.procs' && exec {} {seconds}",
         dir.display(),
         testload_bin().display()
     );

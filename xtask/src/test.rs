@@ -82,6 +82,52 @@ fn ensure_package(binary: &str, package: &str, why: &str) {
     }
 }
 
+/// codecarbon, pinned, in `target/codecarbon-venv`: the VM export's test
+/// checks that codecarbon's own RAPL reader reads the exported tree.
+/// Without it that part says `skipping:`.
+fn ensure_codecarbon() {
+    const PIN: &str = "codecarbon==3.3.2";
+    let venv = workspace_root().join("target/codecarbon-venv");
+    let python = venv.join("bin/python");
+    let has = || {
+        Command::new(&python)
+            .args(["-c", "import codecarbon.core.cpu"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if has() {
+        return;
+    }
+    eprintln!("installing {PIN} (pip, in target/codecarbon-venv) for the VM export's test");
+    let make_venv = || {
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !make_venv() {
+        // Debian splits venv out of python3.
+        ensure_package(
+            "/usr/share/doc/python3-venv",
+            "python3-venv",
+            "codecarbon's venv",
+        );
+        let _ = std::fs::remove_dir_all(&venv);
+        if !make_venv() {
+            eprintln!("warning: cannot make a Python venv; codecarbon's check will be skipped");
+            return;
+        }
+    }
+    let pip = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", PIN])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !pip || !has() {
+        eprintln!("warning: could not install {PIN}; codecarbon's check will be skipped");
+    }
+}
+
 /// Runs everything; fails if anything fails.
 pub fn run(check_ebpf: bool) -> Result<()> {
     run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -121,6 +167,7 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "chromium",
         "the HTML report's test (headless Chromium opens it)",
     );
+    ensure_codecarbon();
     // Root tests share the kernel and measure CPU time: one at a time.
     ok &= run_tests(
         cargo().args([

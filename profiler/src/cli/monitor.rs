@@ -70,6 +70,15 @@ pub struct MonitorArgs {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub prometheus_grace: Duration,
 
+    /// Write each VM's attributed energy as a powercap tree under
+    /// DIR/<vm>/ (RAPL's layout, energy_uj updated every interval), to be
+    /// shared into the guest (virtiofs, 9p) and read there with `wattprof
+    /// run --powercap-root` or any RAPL reader. VMs: libvirt/machined
+    /// scopes under machine.slice, and qemu-system-*, firecracker and
+    /// cloud-hypervisor processes with their children.
+    #[arg(long, value_name = "DIR")]
+    pub vm_export: Option<PathBuf>,
+
     #[command(flatten)]
     pub tracker: super::TrackerArgs,
 
@@ -80,6 +89,12 @@ pub struct MonitorArgs {
 /// Runs `wattprof monitor`.
 pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let mut vm_export = args
+        .vm_export
+        .as_deref()
+        .map(crate::output::vm_export::VmExport::create)
+        .transpose()
+        .map_err(Fatal::profiler)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
@@ -107,6 +122,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         streams,
     )?;
     let start_ns = tracker.start_ns();
+    if vm_export.is_some() {
+        profile.track_vms();
+    }
     profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let exporter = match args.prometheus {
         Some(addr) => {
@@ -136,6 +154,8 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         live: std::io::stdout().is_terminal(),
         top: args.top as usize,
         by: args.by,
+        vm_export: vm_export.as_mut(),
+        vm_export_failed: false,
     };
     sample_until(
         &mut profile,
@@ -144,6 +164,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         &mut hooks,
     )?;
     profile.tick(&mut tracker, true)?;
+    hooks.export_vms(&profile);
     let report = profile.finish(Ending {
         mode: "monitor",
         command: None,
@@ -167,6 +188,31 @@ struct MonitorLoop<'a> {
     live: bool,
     top: usize,
     by: By,
+    vm_export: Option<&'a mut crate::output::vm_export::VmExport>,
+    /// A write failed (said once; sampling goes on, and later writes try
+    /// again).
+    vm_export_failed: bool,
+}
+
+impl MonitorLoop<'_> {
+    /// Brings every VM's exported counters up to date.
+    fn export_vms(&mut self, profile: &Profile) {
+        let (Some(ex), Some(sums)) = (self.vm_export.as_deref_mut(), profile.vm_sums()) else {
+            return;
+        };
+        match ex.write(sums, profile.measures_dram()) {
+            Ok(()) if self.vm_export_failed => {
+                eprintln!("wattprof: --vm-export written again");
+                self.vm_export_failed = false;
+            }
+            Ok(()) => {}
+            Err(e) if !self.vm_export_failed => {
+                eprintln!("wattprof: warning: {e}; monitoring goes on, retrying each interval");
+                self.vm_export_failed = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 impl Hooks<EbpfTracker> for MonitorLoop<'_> {
@@ -182,6 +228,7 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     }
 
     fn after_interval(&mut self, profile: &mut Profile, now: u64) -> anyhow::Result<()> {
+        self.export_vms(profile);
         // At most once a second: scrapes are far apart, and the snapshot
         // walks every container and cgroup.
         if let Some(shared) = self.exporter

@@ -5,6 +5,7 @@ pub mod jsonl;
 pub mod prometheus;
 pub mod record;
 mod table;
+pub mod vm_export;
 
 pub use table::{
     By, container_label, render_comparison, render_metrics, render_monitor_frame, render_run_table,

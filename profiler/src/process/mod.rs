@@ -8,6 +8,7 @@
 pub mod cgroup;
 pub mod container;
 pub mod docker;
+pub mod vm;
 
 use crate::hash::IntMap;
 use std::path::PathBuf;

@@ -236,6 +236,8 @@ pub struct Profile {
     intervals: Vec<Box<serde_json::value::RawValue>>,
     last: Option<IntervalRecord>,
     scratch: Scratch,
+    /// VMs and their energy (`monitor --vm-export`), when asked for.
+    vms: Option<crate::process::vm::VmTracker>,
     memory: IntMap<ConsumerId, MemoryReport>,
     memory_read_ns: IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
     /// Memory reads left in the current second, and when it began.
@@ -298,6 +300,7 @@ impl Profile {
             intervals: Vec::new(),
             last: None,
             scratch: Scratch::default(),
+            vms: None,
             memory: IntMap::default(),
             memory_read_ns: IntMap::default(),
             memory_budget: (0, 0),
@@ -585,6 +588,37 @@ impl Profile {
                     .cgroup_names
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
+            }
+        }
+
+        if let Some(vms) = &mut self.vms {
+            let table = &self.table;
+            for u in &usage {
+                let e = energy.get(&u.id).copied().unwrap_or_default();
+                let cgroup = self
+                    .cgroups
+                    .get(&u.cgroup_id)
+                    .and_then(|c| c.name.as_deref());
+                let chain = std::iter::successors(table.by_id(u.id), |p| {
+                    p.ppid
+                        .filter(|pp| *pp != p.pid)
+                        .and_then(|pp| table.get(pp))
+                })
+                .map(|p| crate::process::vm::ProcView {
+                    pid: p.pid,
+                    comm: &p.comm,
+                });
+                let cmdline = |pid: u32| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .map(|b| {
+                            b.split(|c| *c == 0)
+                                .filter(|a| !a.is_empty())
+                                .map(|a| String::from_utf8_lossy(a).into_owned())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                vms.add(u.id, cgroup, chain, cmdline, &e, u.on_cpu_ns.iter().sum());
             }
         }
 
@@ -886,6 +920,26 @@ impl Profile {
         cgroups
             .sort_by(|a, b| most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns)));
         cgroups
+    }
+
+    /// Keeps each VM's energy from now on (`monitor --vm-export`).
+    pub fn track_vms(&mut self) {
+        self.vms.get_or_insert_with(Default::default);
+    }
+
+    /// Each VM's energy so far, when tracked.
+    pub fn vm_sums(
+        &self,
+    ) -> Option<&std::collections::BTreeMap<String, crate::process::vm::VmSum>> {
+        self.vms.as_ref().map(|v| v.sums())
+    }
+
+    /// Whether DRAM energy is measured (a DRAM domain has been read).
+    pub fn measures_dram(&self) -> bool {
+        self.ledger
+            .domains()
+            .iter()
+            .any(|d| d.domain == Domain::Dram)
     }
 
     /// Per container and systemd unit so far (from the cgroups), most

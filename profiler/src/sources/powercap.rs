@@ -196,6 +196,13 @@ impl Powercap {
                 ),
             });
         }
+        if export_note.is_some() {
+            // A guest's vCPUs are tied to no host package: its energy is
+            // the whole guest's.
+            for z in &mut zones {
+                z.package = None;
+            }
+        }
         Ok(Self {
             root,
             zones,
