@@ -1,5 +1,6 @@
 //! Command-line interface: one file per subcommand, wiring only.
 
+pub mod calibrate;
 pub mod child;
 pub mod energy;
 pub mod monitor;
@@ -113,6 +114,9 @@ pub enum Command {
     /// Read a recording or stream back: totals, what it holds, two runs
     /// compared, plots, codecarbon's CSV. Needs no root.
     Report(report::ReportArgs),
+    /// Fit the wall power (a wattmeter) to the counters over a load
+    /// staircase, for `run`/`monitor --calibration`.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs the parsed command line; returns the exit code.
@@ -122,5 +126,6 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
         Command::Monitor(args) => monitor::execute(args),
         Command::Sources(args) => sources::execute(args),
         Command::Report(args) => report::execute(args),
+        Command::Calibrate(args) => calibrate::execute(args),
     }
 }

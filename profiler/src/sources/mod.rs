@@ -4,6 +4,7 @@
 //! processes. Every reader reports energy as deltas since its previous
 //! read, with counter wraparound handled once, in [`counter`].
 
+pub mod calibration;
 pub mod counter;
 pub mod estimate;
 pub mod msr;

@@ -1,0 +1,335 @@
+//! `wattprof calibrate`: a load staircase against a wattmeter, and the
+//! wall power fitted as a linear function of the counters (or of CPU
+//! utilization where there is none).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::Fatal;
+use super::setup::parse_interval;
+use crate::profile::ReaderConfig;
+use crate::sources::Domain;
+use crate::sources::calibration::{Calibration, Point, Regressor, fit};
+use crate::sources::estimate::{ModelChoice, ModelRequest};
+use crate::sources::registry::Readers;
+
+/// Arguments of `wattprof calibrate`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    sudo wattprof calibrate --wattmeter-cmd \"wattmetre-read --tty=/dev/ttyUSB0 --nb=6\"\n  \
+    sudo wattprof calibrate --wattmeter-log /var/log/wattmeter.log --step 20s -o node.json\n\n\
+    Keep the machine otherwise quiet while it runs: every watt the wall sees is fitted. \
+    Then `wattprof run --calibration node.json -- CMD` reports wall energy per process.")]
+pub struct CalibrateArgs {
+    /// Follow this OmegaWatt wattmetre-read log being written.
+    #[arg(long, value_name = "FILE", required_unless_present = "wattmeter_cmd")]
+    pub wattmeter_log: Option<PathBuf>,
+
+    /// Start this wattmeter program and read its output.
+    #[arg(long, value_name = "CMD", conflicts_with = "wattmeter_log")]
+    pub wattmeter_cmd: Option<String>,
+
+    /// The wattmeter outlet the machine is plugged into (1-based).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wattmeter_outlet: u32,
+
+    /// How long each step of the staircase lasts (idle, then 1 to N CPUs
+    /// busy, then the GPU load if given). The first quarter of a step
+    /// (at most 2 s) settles and is not fitted.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    pub step: Duration,
+
+    /// A command that keeps the GPUs busy, run alone as the last step
+    /// (e.g. a short training script); without it no GPU step is made.
+    #[arg(long, value_name = "CMD")]
+    pub gpu_load: Option<String>,
+
+    /// Where to write the calibration.
+    #[arg(
+        long,
+        short,
+        value_name = "FILE",
+        default_value = "wattprof-calibration.json"
+    )]
+    pub output: PathBuf,
+
+    /// Do not read NVIDIA GPUs.
+    #[arg(long)]
+    pub no_gpu: bool,
+
+    /// Read CPU energy counters from this copy of /sys (testing).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub energy_sysfs: Option<PathBuf>,
+}
+
+/// `/proc/stat`'s busy and total jiffies over all CPUs.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    // idle + iowait are not busy.
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// Keeps `n` CPUs busy until dropped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    child: Option<std::process::Child>,
+}
+
+impl Load {
+    fn cpus(n: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) + 1);
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            threads,
+            child: None,
+        }
+    }
+
+    fn command(cmd: &str) -> Result<Self, Fatal> {
+        let argv: Vec<&str> = cmd.split_whitespace().collect();
+        let (program, rest) = argv
+            .split_first()
+            .ok_or_else(|| Fatal::profiler("--gpu-load: empty command"))?;
+        let child = std::process::Command::new(program)
+            .args(rest)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| Fatal::profiler(format!("--gpu-load {cmd}: cannot start: {e}")))?;
+        Ok(Self {
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            child: Some(child),
+        })
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One window's reading: counters' energy (µJ), wall energy (µJ), busy
+/// CPUs.
+fn measure(readers: &mut Readers, window: Duration) -> (u64, u64, f64, Vec<String>) {
+    let j0 = cpu_jiffies();
+    let _ = readers.read_counters(false);
+    let _ = readers.take_problems();
+    std::thread::sleep(window);
+    let e = readers.read_counters(false);
+    let j1 = cpu_jiffies();
+    let counters: u64 = e
+        .energy
+        .iter()
+        .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram))
+        .map(|d| d.energy_uj)
+        .sum::<u64>()
+        + e.gpus.iter().map(|g| g.energy_uj).sum::<u64>();
+    let wall: u64 = e
+        .energy
+        .iter()
+        .filter(|d| d.domain == Domain::Wall)
+        .map(|d| d.energy_uj)
+        .sum();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let busy = match (j0, j1) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64 * cpus,
+        _ => 0.0,
+    };
+    (counters, wall, busy, readers.take_problems())
+}
+
+/// Runs `wattprof calibrate`.
+pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
+    let cfg = ReaderConfig {
+        sys: args.energy_sysfs.clone(),
+        // Only what is measured is fitted against: no model.
+        model: ModelRequest {
+            choice: ModelChoice::None,
+            ..Default::default()
+        },
+        powercap_root: None,
+        no_gpu: args.no_gpu,
+        nvml_lib: None,
+        wattmeter_log: args.wattmeter_log.clone(),
+        wattmeter_cmd: args
+            .wattmeter_cmd
+            .as_ref()
+            .map(|c| c.split_whitespace().map(String::from).collect()),
+        wattmeter_outlet: args.wattmeter_outlet,
+    };
+    let out_dir = args
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !out_dir.is_dir() {
+        return Err(Fatal::profiler(format!(
+            "cannot write --output {}: {} is not a directory",
+            args.output.display(),
+            out_dir.display()
+        ))
+        .into());
+    }
+    if let Some(log) = &args.wattmeter_log
+        && let Err(e) = std::fs::File::open(log)
+    {
+        return Err(Fatal::profiler(format!(
+            "cannot read --wattmeter-log {}: {e} (start the wattmeter's logging first)",
+            log.display()
+        ))
+        .into());
+    }
+    let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    let regressor = if readers.has_cpu() {
+        Regressor::CountersW
+    } else {
+        Regressor::BusyCpus
+    };
+    let used: Vec<String> = readers
+        .used()
+        .iter()
+        .filter(|u| u.name != "none")
+        .map(|u| format!("{} {}: {}", u.kind, u.name, u.detail))
+        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut steps: Vec<(String, Option<usize>)> = (0..=cpus)
+        .map(|n| (format!("{n} CPUs busy"), Some(n)))
+        .collect();
+    if let Some(cmd) = &args.gpu_load {
+        steps.push((format!("GPU load: {cmd}"), None));
+    }
+    let settle = (args.step / 4).min(Duration::from_secs(2));
+    let window = ((args.step - settle) / 4).min(Duration::from_secs(1));
+    eprintln!(
+        "wattprof calibrate: {} steps of {:.1} s ({}), fitting wall power against {}",
+        steps.len(),
+        args.step.as_secs_f64(),
+        steps
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        regressor.describe()
+    );
+    let mut points = Vec::new();
+    let mut problems = Vec::new();
+    for (name, load) in &steps {
+        let _load = match load {
+            Some(n) => Load::cpus(*n),
+            None => Load::command(args.gpu_load.as_deref().unwrap_or_default())?,
+        };
+        let end = Instant::now() + args.step;
+        std::thread::sleep(settle);
+        let mut got = 0;
+        while Instant::now() + window <= end {
+            let (counters_uj, wall_uj, busy, p) = measure(&mut readers, window);
+            problems.extend(p);
+            let s = window.as_secs_f64();
+            if wall_uj == 0 {
+                continue;
+            }
+            got += 1;
+            points.push(Point {
+                step: name.clone(),
+                x: match regressor {
+                    Regressor::CountersW => counters_uj as f64 / 1e6 / s,
+                    Regressor::BusyCpus => busy,
+                },
+                wall_w: wall_uj as f64 / 1e6 / s,
+            });
+        }
+        let mean = |f: fn(&Point) -> f64| {
+            let v: Vec<f64> = points.iter().rev().take(got).map(f).collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        if got == 0 {
+            eprintln!("  {name:<16} no wattmeter energy");
+        } else {
+            eprintln!(
+                "  {name:<16} {got} windows: x {:.2}, wall {:.2} W",
+                mean(|p| p.x),
+                mean(|p| p.wall_w)
+            );
+        }
+    }
+    if points.is_empty() {
+        return Err(Fatal::profiler(format!(
+            "the wattmeter gave no energy during the staircase{} (is its log being written, and \
+             is --wattmeter-outlet right? `wattprof sources --wattmeter-log FILE` checks a log)",
+            problems
+                .first()
+                .map(|p| format!(": {p}"))
+                .unwrap_or_default()
+        ))
+        .into());
+    }
+    let f = fit(&points).map_err(|e| Fatal::profiler(format!("cannot fit the wall power: {e}")))?;
+    let calibration = Calibration {
+        kind: "wattprof_calibration".into(),
+        version: 1,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        cpus,
+        created_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        regressor,
+        fit: f.clone(),
+        readers: used,
+        points,
+    };
+    let tmp = args.output.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_string_pretty(&calibration).unwrap_or_default() + "\n",
+    )
+    .and_then(|()| std::fs::rename(&tmp, &args.output))
+    .map_err(|e| {
+        Fatal::profiler(format!(
+            "cannot write --output {}: {e}",
+            args.output.display()
+        ))
+    })?;
+    println!(
+        "wall = {:.4} x {} + {:.2} W; residual {:.2} W RMS ({:.2}% of the mean), R^2 {:.4}",
+        f.a,
+        regressor.describe(),
+        f.b,
+        f.rms_residual_w,
+        f.relative_residual * 100.0,
+        f.r_squared
+    );
+    println!("calibration written to {}", args.output.display());
+    Ok(0)
+}

@@ -1,0 +1,211 @@
+//! `wattprof calibrate` end to end: a RAPL fixture whose package power
+//! follows the machine's real load (10 W idle + 15 W per busy CPU, from
+//! /proc/stat), and a wattmeter log written alongside it by a known law,
+//! wall = 1.35 × (package + DRAM) + 48 W, plus noise. Needs root (the
+//! fixture's writer runs at real-time priority); `--test-threads=1`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+use wattprof_tests::{f, memory_dir, tempfile_dir, wattprof_bin};
+
+const A: f64 = 1.35;
+const B: f64 = 48.0;
+
+fn busy_jiffies() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .expect("cpu line")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    (total - v[3] - v[4], total)
+}
+
+/// A powercap fixture following the load, and the wattmeter log of the
+/// same power by the law; both stop when dropped.
+struct Rig {
+    sys: PathBuf,
+    log: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Rig {
+    fn start(noise_w: f64) -> Self {
+        let sys = memory_dir().join("sys");
+        let zones = [("intel-rapl:0", "package-0"), ("intel-rapl:0:0", "dram")];
+        for (dir, name) in zones {
+            let d = sys.join("class/powercap").join(dir);
+            std::fs::create_dir_all(&d).expect("fixture");
+            std::fs::write(d.join("name"), format!("{name}\n")).expect("name");
+            std::fs::write(d.join("max_energy_range_uj"), "262143328850\n").expect("range");
+            std::fs::write(d.join("energy_uj"), "0\n").expect("energy");
+        }
+        let log = sys.parent().expect("dir").join("wattmeter.log");
+        let mut out = std::fs::File::create(&log).expect("log");
+        writeln!(
+            out,
+            "#timestamp,#frame_is_ok,#U1,#U2,#U3,#current1,#activepow1"
+        )
+        .expect("hdr");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, root) = (stop.clone(), sys.clone());
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let thread = std::thread::spawn(move || {
+            let param = libc::sched_param { sched_priority: 10 };
+            // SAFETY: this thread (0), a valid sched_param.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+            let (mut pkg_uj, mut dram_uj) = (0.0f64, 0.0f64);
+            let mut last = std::time::Instant::now();
+            let mut jiffies = busy_jiffies();
+            let mut busy_cpus = 0.0;
+            let mut frame = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                let now = std::time::Instant::now();
+                let dt = now.duration_since(last).as_secs_f64();
+                last = now;
+                let j = busy_jiffies();
+                if j.1 > jiffies.1 {
+                    busy_cpus = (j.0 - jiffies.0) as f64 / (j.1 - jiffies.1) as f64 * cpus;
+                    jiffies = j;
+                }
+                let (pkg_w, dram_w) = (10.0 + 15.0 * busy_cpus, 2.0 + 0.5 * busy_cpus);
+                pkg_uj += pkg_w * dt * 1e6;
+                dram_uj += dram_w * dt * 1e6;
+                for (dir, uj) in [("intel-rapl:0", pkg_uj), ("intel-rapl:0:0", dram_uj)] {
+                    let d = root.join("class/powercap").join(dir);
+                    let tmp = d.join(".tmp");
+                    if std::fs::write(&tmp, format!("{}\n", uj as u64)).is_ok() {
+                        let _ = std::fs::rename(&tmp, d.join("energy_uj"));
+                    }
+                }
+                // Deterministic noise in [-1, 1].
+                frame += 1;
+                let x = (frame as f64 * 12.9898).sin() * 43_758.545_3;
+                let noise = ((x - x.floor()) * 2.0 - 1.0) * noise_w;
+                let wall = A * (pkg_w + dram_w) + B + noise;
+                let ts = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("time")
+                    .as_secs_f64();
+                let _ = writeln!(out, "{ts:.6},true,230.0,0.0,0.0,0.5,{wall:.3}");
+            }
+        });
+        Self {
+            sys,
+            log,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(dir) = self.sys.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn calibrate(extra: &[&str], log: &Path, sys: Option<&Path>, out: &Path) -> std::process::Output {
+    let mut cmd = Command::new(wattprof_bin());
+    cmd.args(["calibrate", "--no-gpu", "--wattmeter-log"])
+        .arg(log)
+        .arg("--output")
+        .arg(out)
+        .args(extra);
+    if let Some(sys) = sys {
+        cmd.arg(format!("--energy-sysfs={}", sys.display()));
+    }
+    cmd.output().expect("calibrate")
+}
+
+#[test]
+fn a_known_wall_law_is_recovered_from_a_load_staircase() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: the fixture's writer needs root (real-time priority)");
+        return;
+    }
+    let rig = Rig::start(1.0);
+    let out = tempfile_dir().join("cal.json");
+    let run = calibrate(&["--step", "2s"], &rig.log, Some(&rig.sys), &out);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    eprintln!("{stderr}{}", String::from_utf8_lossy(&run.stdout));
+    let cal: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("calibration")).expect("JSON");
+    assert_eq!(cal["type"], "wattprof_calibration");
+    assert_eq!(cal["regressor"], "counters_w");
+    let (a, b) = (f(&cal, "/fit/a"), f(&cal, "/fit/b"));
+    eprintln!("fitted a = {a:.4} (law {A}), b = {b:.3} W (law {B})");
+    assert!((a / A - 1.0).abs() < 0.01, "a = {a}");
+    assert!((b / B - 1.0).abs() < 0.01, "b = {b}");
+    assert!(f(&cal, "/fit/rms_residual_w") < 2.0, "{}", cal["fit"]);
+    // Every step is there: idle, then 1 .. N CPUs busy.
+    let points = cal["points"].as_array().expect("points");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for n in 0..=cpus {
+        let step = format!("{n} CPUs busy");
+        assert!(points.iter().any(|p| p["step"] == step.as_str()), "{step}");
+    }
+    let _ = std::fs::remove_dir_all(out.parent().expect("dir"));
+}
+
+#[test]
+fn bad_wattmeter_logs_are_one_clear_line() {
+    let dir = tempfile_dir();
+    let out = dir.join("cal.json");
+    // Missing file.
+    let run = calibrate(&["--step", "400ms"], &dir.join("none.log"), None, &out);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_ne!(run.status.code(), Some(0), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("none.log"), "{err}");
+    // A log whose frames are all bad: no energy, and what to check.
+    let log = dir.join("bad.log");
+    let mut text = String::from("#timestamp,#frame_is_ok,#U1,#U2,#U3,#current1,#activepow1\n");
+    for i in 0..50 {
+        text.push_str(&format!("{}.0,false,,,,,\n", 1_700_000_000 + i));
+    }
+    std::fs::write(&log, text).expect("log");
+    let run = calibrate(&["--step", "400ms"], &log, None, &out);
+    let err = String::from_utf8_lossy(&run.stderr);
+    let last = err.trim().lines().last().unwrap_or_default().to_string();
+    assert_ne!(run.status.code(), Some(0), "{err}");
+    assert!(last.contains("no energy during the staircase"), "{err}");
+    assert!(last.contains("--wattmeter-outlet"), "{err}");
+    assert!(!out.exists(), "nothing written on failure");
+    // A wrong outlet: good frames, but the header has no #activepow3.
+    let mut text = String::from("#timestamp,#frame_is_ok,#U1,#U2,#U3,#current1,#activepow1\n");
+    for i in 0..50 {
+        text.push_str(&format!("{}.0,true,230,0,0,0.5,100\n", 1_700_000_000 + i));
+    }
+    std::fs::write(&log, text).expect("log");
+    let run = calibrate(
+        &["--step", "400ms", "--wattmeter-outlet", "3"],
+        &log,
+        None,
+        &out,
+    );
+    let err = String::from_utf8_lossy(&run.stderr);
+    let last = err.trim().lines().last().unwrap_or_default().to_string();
+    assert_ne!(run.status.code(), Some(0), "{err}");
+    assert!(last.contains("--wattmeter-outlet"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
