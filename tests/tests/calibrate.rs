@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
-use wattprof_tests::{f, memory_dir, tempfile_dir, wattprof_bin};
+use wattprof_tests::{
+    FakeRapl, domain, f, memory_dir, require_ebpf, tempfile_dir, testload_bin, wattprof_bin,
+    wattprof_run,
+};
 
 const A: f64 = 1.35;
 const B: f64 = 48.0;
@@ -207,5 +210,90 @@ fn bad_wattmeter_logs_are_one_clear_line() {
     let last = err.trim().lines().last().unwrap_or_default().to_string();
     assert_ne!(run.status.code(), Some(0), "{err}");
     assert!(last.contains("--wattmeter-outlet"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn with_a_calibration_every_process_has_wall_energy_and_the_static_power_its_own_row() {
+    require_ebpf!();
+    let rapl = FakeRapl::start(40.0, 4.0);
+    let dir = tempfile_dir();
+    let cal = dir.join("node.json");
+    std::fs::write(
+        &cal,
+        serde_json::json!({
+            "type": "wattprof_calibration", "version": 1, "host": "test", "cpus": 2,
+            "created_unix_ns": 0, "regressor": "counters_w",
+            "fit": {"a": A, "b": B, "rms_residual_w": 0.5, "relative_residual": 0.005,
+                    "r_squared": 0.999},
+            "readers": [], "points": []
+        })
+        .to_string(),
+    )
+    .expect("calibration");
+    let run = wattprof_run(
+        &[
+            &rapl.arg(),
+            "--interval",
+            "250ms",
+            "--calibration",
+            &cal.to_string_lossy(),
+        ],
+        &[&testload_bin().to_string_lossy(), "burn", "1", "1.0"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let wall = domain(report, "wall", None);
+    assert_eq!(wall["basis"], "calibrated");
+    assert_eq!(wall["estimated"], true);
+    // wall = a × (package + DRAM) + b × time.
+    let counters = f(domain(report, "package", Some(0)), "/measured_j")
+        + f(domain(report, "dram", Some(0)), "/measured_j");
+    let secs = f(report, "/wall_ns") / 1e9;
+    let want = A * counters + B * secs;
+    assert!(
+        (f(wall, "/measured_j") / want - 1.0).abs() < 0.002,
+        "{wall} vs {want}"
+    );
+    let sum = f(wall, "/attributed_j") + f(wall, "/idle_j") + f(wall, "/unattributed_j");
+    assert!(
+        (sum - f(wall, "/measured_j")).abs() < 1e-5,
+        "not conserved: {wall}"
+    );
+    // The static power, its own figure, inside idle.
+    assert!(
+        (f(wall, "/static_j") / (B * secs) - 1.0).abs() < 0.002,
+        "{wall}"
+    );
+    assert!(f(wall, "/idle_j") >= f(wall, "/static_j"));
+    // Per process and group: a × its counter energy.
+    let tree = &report["energy"]["groups"]["tree"];
+    let (t_wall, t_total) = (f(tree, "/wall_j"), f(tree, "/total_j"));
+    assert!(
+        t_total > 0.0 && (t_wall / (A * t_total) - 1.0).abs() < 0.001,
+        "{tree}"
+    );
+    for p in report["processes"].as_array().expect("processes") {
+        let e = &p["energy"];
+        let total = f(e, "/total_j");
+        if total > 0.01 {
+            assert!((f(e, "/wall_j") / (A * total) - 1.0).abs() < 0.001, "{p}");
+        }
+    }
+    let table = run.stderr();
+    assert!(
+        table.contains("node static") && table.contains("calibration"),
+        "{table}"
+    );
+    // A file that is not a calibration: one line, before anything runs.
+    std::fs::write(&cal, "{}").expect("bad");
+    let run = wattprof_run(&["--calibration", &cal.to_string_lossy()], &["true"]);
+    assert_eq!(run.output.status.code(), Some(125), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("not a wattprof calibration file"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(run.stderr().trim().lines().count(), 1, "{}", run.stderr());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -16,18 +16,22 @@ pub struct EnergyBy {
     pub dram_uj: u64,
     /// GPU energy, all GPUs.
     pub gpu_uj: u64,
+    /// Wall energy from a calibration (`--calibration`): the same energy
+    /// seen at the wall, so never added to the others.
+    pub wall_uj: u64,
 }
 
 impl EnergyBy {
-    /// Adds `uj` of `domain` (machine-level domains are not kept per
-    /// consumer and are ignored).
+    /// Adds `uj` of `domain` (uncore and psys are not kept per consumer
+    /// and are ignored; wall is, when a calibration divides it).
     pub fn add(&mut self, domain: Domain, uj: u64) {
         match domain {
             Domain::Package => self.package_uj += uj,
             Domain::Core => self.core_uj += uj,
             Domain::Dram => self.dram_uj += uj,
             Domain::Gpu => self.gpu_uj += uj,
-            Domain::Uncore | Domain::Psys | Domain::Wall => {}
+            Domain::Wall => self.wall_uj += uj,
+            Domain::Uncore | Domain::Psys => {}
         }
     }
 
@@ -43,6 +47,7 @@ impl EnergyBy {
             core_uj: f(self.core_uj),
             dram_uj: f(self.dram_uj),
             gpu_uj: f(self.gpu_uj),
+            wall_uj: f(self.wall_uj),
         }
     }
 
@@ -53,6 +58,7 @@ impl EnergyBy {
             core_uj: self.core_uj.saturating_sub(o.core_uj),
             dram_uj: self.dram_uj.saturating_sub(o.dram_uj),
             gpu_uj: self.gpu_uj.saturating_sub(o.gpu_uj),
+            wall_uj: self.wall_uj.saturating_sub(o.wall_uj),
         }
     }
 
@@ -62,6 +68,7 @@ impl EnergyBy {
         self.core_uj += o.core_uj;
         self.dram_uj += o.dram_uj;
         self.gpu_uj += o.gpu_uj;
+        self.wall_uj += o.wall_uj;
     }
 
     /// Package + DRAM + GPU (core is inside package).
@@ -89,6 +96,8 @@ pub struct DomainTotals {
     pub idle_uj: u64,
     /// Neither (µJ).
     pub unattributed_uj: u64,
+    /// The node's static energy within `idle_uj` (calibrated wall).
+    pub static_uj: u64,
 }
 
 /// Energy attributed so far: per domain, and per consumer.
@@ -118,6 +127,7 @@ impl EnergyLedger {
                         attributed_uj: 0,
                         idle_uj: 0,
                         unattributed_uj: 0,
+                        static_uj: 0,
                     });
                     self.domains.sort_by_key(|t| (t.domain, t.package));
                     let i = self
@@ -130,6 +140,7 @@ impl EnergyLedger {
             };
             t.estimated |= s.estimated;
             t.measured_uj += s.measured_uj;
+            t.static_uj += s.static_uj;
             t.attributed_uj += s.attributed_uj();
             t.idle_uj += s.idle_uj;
             t.unattributed_uj += s.unattributed_uj;
@@ -187,6 +198,7 @@ mod tests {
             idle_uj: 6,
             unattributed_uj: 4,
             attributed,
+            static_uj: 0,
         }
     }
 

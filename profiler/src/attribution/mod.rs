@@ -15,8 +15,12 @@
 //!   time: energy that exists only because tasks ran) goes to consumers by
 //!   their share of busy time. A model with an idle term (vCPU watts) is
 //!   divided like a counter.
-//! - **Uncore, psys and wall** energy is machine level: reported, and
-//!   counted as unattributed.
+//! - **Uncore, psys and a wattmeter's wall** energy is machine level:
+//!   reported, and counted as unattributed.
+//! - **Calibrated wall** energy (`--calibration`: `wall = a × x + b`) goes
+//!   to each consumer as `a` times its package + DRAM + GPU energy (or its
+//!   busy time, for a calibration against utilization); the static `b`
+//!   and `a` times the idle energy are idle.
 //! - **GPU energy** goes to the processes that held the GPU in the
 //!   interval, by their share of its SM utilization (equally when none
 //!   reported any); an interval in which no process held the GPU is idle
@@ -92,6 +96,28 @@ pub struct Interval<'a> {
     pub energy: &'a [DomainEnergy],
     /// GPUs.
     pub gpus: &'a [GpuInterval],
+    /// How the wall domain is divided, where a calibration models it.
+    pub wall: Option<WallModel>,
+}
+
+/// A calibration's wall power law over one interval: `wall = a × x + b`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WallModel {
+    /// The slope.
+    pub a: f64,
+    /// What `a` multiplies: the counters' energy, or busy CPU time.
+    pub per: WallPer,
+    /// `b` over the interval (µJ): the node's static energy.
+    pub static_uj: u64,
+}
+
+/// What a calibration's slope multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WallPer {
+    /// Each consumer's package + DRAM + GPU energy (µJ per µJ).
+    CounterEnergy,
+    /// Each consumer's on-CPU time (µJ per µs, i.e. watts per busy CPU).
+    BusyTime,
 }
 
 /// How a domain's energy was divided.
@@ -106,8 +132,12 @@ pub enum Basis {
     BusyTime,
     /// By share of SM utilization among the GPU's processes.
     GpuSm,
-    /// Not divided: machine level (uncore, psys, wall).
+    /// Not divided: machine level (uncore, psys, a wattmeter's wall).
     MachineLevel,
+    /// A calibration's wall energy: the slope times each consumer's
+    /// counter energy (or busy time); the static power and the slope
+    /// times idle energy are idle.
+    Calibrated,
 }
 
 impl Basis {
@@ -118,6 +148,7 @@ impl Basis {
             Self::BusyTime => "busy_time",
             Self::GpuSm => "gpu_sm",
             Self::MachineLevel => "machine_level",
+            Self::Calibrated => "calibrated",
         }
     }
 }
@@ -142,6 +173,9 @@ pub struct DomainShare {
     pub unattributed_uj: u64,
     /// Per consumer (µJ), only non-zero shares.
     pub attributed: Vec<(ConsumerId, u64)>,
+    /// The node's static energy within `idle_uj` (a calibrated wall's
+    /// `b` over the interval; 0 elsewhere).
+    pub static_uj: u64,
 }
 
 impl DomainShare {
@@ -187,6 +221,7 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
         idle_uj: 0,
         unattributed_uj: d.energy_uj,
         attributed: Vec::new(),
+        static_uj: 0,
     };
     // The packages this energy was spent on: one package, or all of them.
     let packages: Vec<usize> = match d.package {
@@ -244,6 +279,7 @@ fn gpu_share(g: &GpuInterval) -> DomainShare {
         idle_uj: 0,
         unattributed_uj: g.energy_uj,
         attributed: Vec::new(),
+        static_uj: 0,
     };
     if g.processes.is_empty() {
         return DomainShare {
@@ -284,11 +320,76 @@ pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
                 idle_uj: 0,
                 unattributed_uj: d.energy_uj,
                 attributed: Vec::new(),
+                static_uj: 0,
             },
         })
         .collect();
     out.extend(iv.gpus.iter().map(gpu_share));
+    if let Some(model) = iv.wall {
+        for i in 0..out.len() {
+            if out[i].domain == Domain::Wall {
+                out[i] = wall_share(iv, &model, out[i].clone(), &out);
+            }
+        }
+    }
     out
+}
+
+/// A calibrated wall domain divided: each consumer gets the slope times
+/// its counter energy (or busy time), idle gets the static energy plus
+/// the slope times the counters' idle energy, the rest is unattributed.
+fn wall_share(
+    iv: &Interval<'_>,
+    m: &WallModel,
+    base: DomainShare,
+    shares: &[DomainShare],
+) -> DomainShare {
+    let e = base.measured_uj;
+    let scale = |uj: u64| (m.a * uj as f64).floor().max(0.0) as u64;
+    let counted =
+        |s: &&DomainShare| matches!(s.domain, Domain::Package | Domain::Dram | Domain::Gpu);
+    let mut per: Vec<(ConsumerId, u64)> = Vec::new();
+    let mut idle_counters = 0u64;
+    match m.per {
+        WallPer::CounterEnergy => {
+            for s in shares.iter().filter(counted) {
+                idle_counters += s.idle_uj;
+                for (id, uj) in &s.attributed {
+                    match per.iter_mut().find(|(c, _)| c == id) {
+                        Some(p) => p.1 += uj,
+                        None => per.push((*id, *uj)),
+                    }
+                }
+            }
+        }
+        WallPer::BusyTime => {
+            // ns / 1e3 = µs: W per busy CPU × µs = µJ.
+            per = iv
+                .usage
+                .iter()
+                .map(|u| (u.id, u.on_cpu_ns.iter().sum::<u64>() / 1000))
+                .collect();
+        }
+    }
+    let mut left = e;
+    let attributed: Vec<(ConsumerId, u64)> = per
+        .into_iter()
+        .map(|(id, w)| {
+            let uj = scale(w).min(left);
+            left -= uj;
+            (id, uj)
+        })
+        .filter(|(_, uj)| *uj > 0)
+        .collect();
+    let idle = m.static_uj.saturating_add(scale(idle_counters)).min(left);
+    DomainShare {
+        basis: Basis::Calibrated,
+        static_uj: m.static_uj.min(idle),
+        idle_uj: idle,
+        unattributed_uj: left - idle,
+        attributed,
+        ..base
+    }
 }
 
 #[cfg(test)]
@@ -372,6 +473,7 @@ mod tests {
             usage: &usage,
             energy: &energy,
             gpus: &[],
+            wall: None,
         });
         conserved(&shares);
         let p0 = get(&shares, Domain::Package, Some(0));
@@ -423,6 +525,7 @@ mod tests {
             usage: &usage,
             energy: &energy,
             gpus: &gpus,
+            wall: None,
         });
         assert_eq!(shares.len(), 7);
         conserved(&shares);
@@ -450,6 +553,7 @@ mod tests {
             usage: &[],
             energy: &energy,
             gpus: &[],
+            wall: None,
         });
         assert_eq!(shares[0].idle_uj, 30_000_000);
         assert!(shares[0].attributed.is_empty());
@@ -481,6 +585,7 @@ mod tests {
             usage: &usage,
             energy: &energy,
             gpus: &[],
+            wall: None,
         });
         assert_eq!(of(&shares[0], 7), 100_000);
         assert_eq!(of(&shares[0], 8), 9_900_000);
@@ -513,6 +618,7 @@ mod tests {
             usage: &usage,
             energy: &energy,
             gpus: &[],
+            wall: None,
         });
         conserved(&shares);
         assert_eq!(shares[0].basis, Basis::BusyTime);
@@ -534,6 +640,7 @@ mod tests {
             usage: &usage,
             energy: &with_idle,
             gpus: &[],
+            wall: None,
         });
         conserved(&shares);
         assert_eq!(shares[0].basis, Basis::CpuTime);
@@ -542,6 +649,65 @@ mod tests {
             "{:?}",
             shares[0]
         );
+    }
+
+    #[test]
+    fn a_calibrated_wall_scales_each_consumer_and_keeps_static_power_idle() {
+        let packages = two_packages();
+        let usage = vec![
+            Usage {
+                id: 1,
+                on_cpu_ns: vec![1_500_000_000, 0],
+            },
+            Usage {
+                id: 2,
+                on_cpu_ns: vec![0, 600_000_000],
+            },
+        ];
+        // 1 J per package, wall = 1.5 × 2 J + 10 J static.
+        let energy = vec![
+            e(Domain::Package, Some(0), 1_000_000),
+            e(Domain::Package, Some(1), 1_000_000),
+            e(Domain::Wall, None, 13_000_000),
+        ];
+        let model = WallModel {
+            a: 1.5,
+            per: WallPer::CounterEnergy,
+            static_uj: 10_000_000,
+        };
+        let iv = |wall| Interval {
+            packages: &packages,
+            package_ids: &[0, 1],
+            usage: &usage,
+            energy: &energy,
+            gpus: &[],
+            wall,
+        };
+        let shares = attribute(&iv(Some(model)));
+        conserved(&shares);
+        let cpu = |id| {
+            of(get(&shares, Domain::Package, Some(0)), id)
+                + of(get(&shares, Domain::Package, Some(1)), id)
+        };
+        let wall = get(&shares, Domain::Wall, None);
+        assert_eq!(wall.basis, Basis::Calibrated);
+        for id in [1, 2] {
+            let want = (1.5 * cpu(id) as f64).floor() as u64;
+            assert_eq!(of(wall, id), want, "consumer {id}");
+        }
+        assert_eq!(wall.static_uj, 10_000_000);
+        assert!(wall.idle_uj >= wall.static_uj);
+        // Without a model the wall is machine level, all unattributed.
+        let shares = attribute(&iv(None));
+        let wall = get(&shares, Domain::Wall, None);
+        assert_eq!(
+            (wall.basis, wall.unattributed_uj),
+            (Basis::MachineLevel, 13_000_000)
+        );
+        // A slope that would give more than was measured never does.
+        let greedy = WallModel { a: 100.0, ..model };
+        let shares = attribute(&iv(Some(greedy)));
+        conserved(&shares);
     }
 
     #[test]
@@ -572,6 +738,7 @@ mod tests {
             usage: &[],
             energy: &[],
             gpus: &gpus,
+            wall: None,
         });
         conserved(&shares);
         let g0 = get(&shares, Domain::Gpu, Some(0));
@@ -604,6 +771,7 @@ mod tests {
             usage: &usage,
             energy: &energy,
             gpus: &[],
+            wall: None,
         });
         assert_eq!(shares[0].unattributed_uj, 1_000);
     }

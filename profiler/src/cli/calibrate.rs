@@ -186,6 +186,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
             .as_ref()
             .map(|c| c.split_whitespace().map(String::from).collect()),
         wattmeter_outlet: args.wattmeter_outlet,
+        calibration: None,
     };
     let out_dir = args
         .output

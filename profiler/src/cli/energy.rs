@@ -8,6 +8,7 @@ use crate::carbon::CarbonIntensity;
 use crate::output::csv::IntervalCsv;
 use crate::output::jsonl::Jsonl;
 use crate::profile::ReaderConfig;
+use crate::sources::calibration::Calibration;
 use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 
 /// Energy and output options of `run` and `monitor`.
@@ -50,6 +51,12 @@ pub struct EnergyArgs {
     /// shares in (virtiofs or 9p). Its energy is measured by the host.
     #[arg(long, value_name = "DIR", conflicts_with = "energy_sysfs")]
     pub powercap_root: Option<PathBuf>,
+
+    /// Report wall energy per process, group and window from this
+    /// calibration (`wattprof calibrate`): wall = a x counters + b. The
+    /// static b is the node's own, reported as idle wall energy.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["wattmeter_log", "wattmeter_cmd"])]
+    pub calibration: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
@@ -105,8 +112,8 @@ impl EnergyArgs {
     }
 
     /// The readers to open.
-    pub fn readers(&self) -> ReaderConfig {
-        ReaderConfig {
+    pub fn readers(&self) -> Result<ReaderConfig, Fatal> {
+        Ok(ReaderConfig {
             sys: self.energy_sysfs.clone(),
             model: self.model.request(),
             powercap_root: self.powercap_root.clone(),
@@ -118,7 +125,13 @@ impl EnergyArgs {
                 .as_ref()
                 .map(|c| c.split_whitespace().map(String::from).collect()),
             wattmeter_outlet: self.wattmeter_outlet,
-        }
+            calibration: self
+                .calibration
+                .as_deref()
+                .map(Calibration::load)
+                .transpose()
+                .map_err(Fatal::profiler)?,
+        })
     }
 
     /// Cheap checks, before anything is loaded or started: the carbon
@@ -134,6 +147,9 @@ impl EnergyArgs {
         }
         let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
             .map_err(|e| Fatal::profiler(e.to_string()))?;
+        if let Some(c) = &self.calibration {
+            Calibration::load(c).map_err(Fatal::profiler)?;
+        }
         if let Some(root) = &self.powercap_root
             && !root.is_dir()
         {

@@ -148,7 +148,7 @@ pub(super) fn start_profile(
     keep: KeepIntervals,
     streams: super::energy::Streams,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
-    let readers = Readers::open(&energy.readers())
+    let readers = Readers::open(&energy.readers()?)
         .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
     let mut tracker =
         EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;

@@ -80,6 +80,15 @@ pub struct EnergyJ {
     pub avg_power_w: f64,
     /// CO2 equivalent (g) at the run's carbon intensity.
     pub co2_g: f64,
+    /// The same energy seen at the wall, from `--calibration` (J): the
+    /// counters' energy scaled by the calibration's slope (absent without
+    /// one).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wall_j: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl EnergyJ {
@@ -95,6 +104,7 @@ impl EnergyJ {
             total_j: j(total),
             avg_power_w: record::watts(total, span_ns),
             co2_g: carbon.grams(total),
+            wall_j: j(e.wall_uj),
         }
     }
 }

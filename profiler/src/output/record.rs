@@ -95,9 +95,17 @@ pub struct DomainOf<P> {
     pub idle_j: f64,
     /// Neither: lost time, unknown processes, machine-level domains (J).
     pub unattributed_j: f64,
+    /// The node's static energy, part of `idle_j` (a calibrated wall's
+    /// `b` over the time; absent elsewhere) (J).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub static_j: f64,
     /// Its power.
     #[serde(flatten)]
     pub power: P,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// An interval's power (`power_w`).
@@ -136,6 +144,8 @@ pub struct DomainUj {
     pub idle: u64,
     /// Neither.
     pub unattributed: u64,
+    /// Static (part of idle).
+    pub static_uj: u64,
 }
 
 impl<P> DomainOf<P> {
@@ -151,6 +161,7 @@ impl<P> DomainOf<P> {
             attributed_j: joules(d.attributed),
             idle_j: joules(d.idle),
             unattributed_j: joules(d.unattributed),
+            static_j: joules(d.static_uj),
             power: power(watts(d.measured, span_ns)),
         }
     }

@@ -145,6 +145,15 @@ fn render_energy(s: &mut String, r: &EnergyView<'_>) {
                 d.power.avg_power_w,
                 if d.estimated { "  estimated" } else { "" }
             );
+            if d.static_j > 0.0 {
+                // The calibration's static power: its own row, inside the
+                // wall's idle energy.
+                let _ = writeln!(
+                    s,
+                    "  {:<16} {:>12.3} {:>12} {:>12.3} {:>12} {:>9}  estimated (in wall's IDLE J)",
+                    "  node static", d.static_j, "-", d.static_j, "-", "",
+                );
+            }
         }
         let _ = writeln!(
             s,

@@ -481,6 +481,7 @@ impl Profile {
         }
         self.readers
             .add_estimate(&mut read, busy_ns, window_ns, online.max(1));
+        let wall = self.readers.add_wall_model(&mut read, busy_ns, duration_ns);
         let mut usage = self.table.apply(sample);
         self.machine.add(sample);
         for p in self.readers.take_problems() {
@@ -513,6 +514,7 @@ impl Profile {
             usage: &cpu_usage,
             energy: &read.energy,
             gpus: &gpus,
+            wall,
         });
         self.ledger.add(&shares);
 
@@ -649,6 +651,7 @@ impl Profile {
                     attributed: s.attributed_uj(),
                     idle: s.idle_uj,
                     unattributed: s.unattributed_uj,
+                    static_uj: s.static_uj,
                 },
                 duration_ns,
                 |power_w| IntervalPower { power_w },
@@ -1249,6 +1252,7 @@ impl Profile {
                         attributed: t.attributed_uj,
                         idle: t.idle_uj,
                         unattributed: t.unattributed_uj,
+                        static_uj: t.static_uj,
                     },
                     span,
                     |avg_power_w| AveragePower { avg_power_w },

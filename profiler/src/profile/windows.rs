@@ -486,6 +486,7 @@ mod tests {
             idle_uj: 0,
             unattributed_uj: uj,
             attributed: vec![(1, uj), (2, uj)],
+            static_uj: 0,
         };
         // Consumer 1 is in pid 10's tree; 2 is not.
         let in_tree = |id: ConsumerId, pid: u32| id == 1 && pid == 10;

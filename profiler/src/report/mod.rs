@@ -179,6 +179,7 @@ fn energy_of(
         total_j,
         avg_power_w: per_s(total_j, span_ns),
         co2_g: co2_g(total_j, g),
+        wall_j: 0.0,
     }
 }
 
@@ -265,6 +266,7 @@ impl Summary {
                             attributed_j: 0.0,
                             idle_j: 0.0,
                             unattributed_j: 0.0,
+                            static_j: 0.0,
                             power: AveragePower { avg_power_w: 0.0 },
                         });
                         domains.len() - 1
@@ -276,6 +278,7 @@ impl Summary {
                 x.attributed_j += d.attributed_j;
                 x.idle_j += d.idle_j;
                 x.unattributed_j += d.unattributed_j;
+                x.static_j += d.static_j;
             }
         }
         for d in &mut domains {

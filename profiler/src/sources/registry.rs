@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use super::calibration::{Calibration, Regressor};
 use super::estimate::{self, ModelRequest, PowerModel};
 use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
 use super::wattmeter::Wattmeter;
@@ -17,6 +18,7 @@ use super::{
     Domain, DomainEnergy, ReaderKind, Source, SourceError, msr::MsrRoot, perf::PerfPower,
     powercap::Powercap,
 };
+use crate::attribution::{WallModel, WallPer};
 use crate::topology::SysRoot;
 
 /// The CPU energy counters, in the order they are tried: powercap (the
@@ -79,6 +81,8 @@ pub struct ReaderConfig {
     pub wattmeter_cmd: Option<Vec<String>>,
     /// The wattmeter outlet the machine is plugged into.
     pub wattmeter_outlet: u32,
+    /// A wall power law from `wattprof calibrate` (`--calibration`).
+    pub calibration: Option<Calibration>,
 }
 
 /// A reader in use, or why a kind of energy is not measured, for reports.
@@ -107,6 +111,8 @@ pub struct Readers {
     sources: Vec<Box<dyn Source>>,
     /// The power model, where no CPU counter works.
     estimate: Option<PowerModel>,
+    /// The wall power law, with `--calibration`.
+    calibration: Option<Calibration>,
     gpus: Vec<GpuInfo>,
     used: Vec<ReaderUse>,
     problems: Vec<String>,
@@ -280,9 +286,28 @@ impl Readers {
             sources.push(Box::new(w));
         }
         sources.extend(cpu);
+        if let Some(c) = &cfg.calibration {
+            used.push(ReaderUse {
+                kind: "wall".into(),
+                name: "calibration".into(),
+                detail: format!(
+                    "wall = {:.4} x {} + {:.2} W, calibrated on {} (residual {:.2} W RMS, {:.1}%)",
+                    c.fit.a,
+                    c.regressor.describe(),
+                    c.fit.b,
+                    c.host,
+                    c.fit.rms_residual_w,
+                    c.fit.relative_residual * 100.0
+                ),
+                estimated: true,
+                fix: None,
+                model: None,
+            });
+        }
         let mut readers = Self {
             sources,
             estimate,
+            calibration: cfg.calibration.clone(),
             gpus,
             used,
             problems: Vec::new(),
@@ -350,6 +375,45 @@ impl Readers {
         // CPU domains first in the list, the wall after them.
         out.energy.sort_by_key(|d| d.domain == Domain::Wall);
         out
+    }
+
+    /// Adds the calibration's wall energy of an interval of `duration_ns`
+    /// with `busy_ns` of task time, from the energy already in `energy`
+    /// (counters and model); returns how attribution divides it.
+    pub fn add_wall_model(
+        &self,
+        energy: &mut IntervalEnergy,
+        busy_ns: u64,
+        duration_ns: u64,
+    ) -> Option<WallModel> {
+        let c = self.calibration.as_ref()?;
+        let static_uj = (c.fit.b * duration_ns as f64 / 1e3).round() as u64;
+        let (per, x) = match c.regressor {
+            Regressor::CountersW => (
+                WallPer::CounterEnergy,
+                energy
+                    .energy
+                    .iter()
+                    .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram))
+                    .map(|d| d.energy_uj)
+                    .sum::<u64>()
+                    + energy.gpus.iter().map(|g| g.energy_uj).sum::<u64>(),
+            ),
+            // W per busy CPU × µs of task time = µJ.
+            Regressor::BusyCpus => (WallPer::BusyTime, busy_ns / 1000),
+        };
+        energy.energy.push(DomainEnergy {
+            domain: Domain::Wall,
+            package: None,
+            energy_uj: static_uj.saturating_add((c.fit.a * x as f64).round() as u64),
+            estimated: true,
+            busy_only: false,
+        });
+        Some(WallModel {
+            a: c.fit.a,
+            per,
+            static_uj,
+        })
     }
 
     /// Adds the power model's estimate of an interval with `busy_ns` of
