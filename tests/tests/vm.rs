@@ -52,16 +52,7 @@ fn a_vm_s_energy_is_exported_read_by_a_guest_wattprof_and_by_codecarbon() {
     let stream = dir.join("host.jsonl");
     let recording = dir.join("host.json");
     let monitor = Command::new(wattprof_bin())
-        .args([
-            "monitor",
-            &rapl.arg(),
-            "--duration",
-            "6s",
-            "--interval",
-            "250ms",
-            "--top",
-            "50",
-        ])
+        .args(["monitor", &rapl.arg(), "--interval", "250ms", "--top", "50"])
         .arg("--vm-export")
         .arg(&export)
         .arg("--jsonl")
@@ -72,8 +63,8 @@ fn a_vm_s_energy_is_exported_read_by_a_guest_wattprof_and_by_codecarbon() {
         .spawn()
         .expect("monitor");
     wait_for_stream_header(&stream);
-    // The VM: a burner in its scope, 0.6 of a CPU for about 4.5 s.
-    let mut vm = burn_in(&vm_cgroup, "burn 4.5 0.6");
+    // The VM: a burner in its scope, 0.6 of a CPU until the test stops it.
+    let mut vm = burn_in(&vm_cgroup, "burn 120 0.6");
     let tree = export.join("testvm");
     let counter = tree.join("intel-rapl:0/energy_uj");
     // The exported counter, sampled as a guest would read it.
@@ -136,7 +127,10 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
         let v: Value = serde_json::from_slice(&out.stdout).expect("codecarbon's JSON");
         (v, before, after)
     });
+    let _ = vm.kill();
     let _ = vm.wait();
+    // SAFETY: kill(2) on the monitor we started.
+    unsafe { libc::kill(monitor.id() as libc::pid_t, libc::SIGINT) };
     let host = monitor.wait_with_output().expect("monitor");
     assert!(
         host.status.success(),

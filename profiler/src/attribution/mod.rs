@@ -32,11 +32,13 @@
 //! `attributed + idle + unattributed == measured`, exactly.
 
 mod ledger;
+pub mod vms;
 
 pub use ledger::{DomainTotals, EnergyBy, EnergyLedger};
 
 use serde::Serialize;
 
+use crate::sources::calibration::{WallModel, WallPer};
 use crate::sources::{Domain, DomainEnergy};
 
 /// Who energy is attributed to: an id the caller chooses (a process record).
@@ -98,26 +100,6 @@ pub struct Interval<'a> {
     pub gpus: &'a [GpuInterval],
     /// How the wall domain is divided, where a calibration models it.
     pub wall: Option<WallModel>,
-}
-
-/// A calibration's wall power law over one interval: `wall = a × x + b`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WallModel {
-    /// The slope.
-    pub a: f64,
-    /// What `a` multiplies: the counters' energy, or busy CPU time.
-    pub per: WallPer,
-    /// `b` over the interval (µJ): the node's static energy.
-    pub static_uj: u64,
-}
-
-/// What a calibration's slope multiplies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WallPer {
-    /// Each consumer's package + DRAM + GPU energy (µJ per µJ).
-    CounterEnergy,
-    /// Each consumer's on-CPU time (µJ per µs, i.e. watts per busy CPU).
-    BusyTime,
 }
 
 /// How a domain's energy was divided.

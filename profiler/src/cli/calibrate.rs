@@ -14,6 +14,7 @@ use crate::sources::Domain;
 use crate::sources::calibration::{Calibration, Point, Regressor, fit};
 use crate::sources::estimate::{ModelChoice, ModelRequest};
 use crate::sources::registry::Readers;
+use crate::sources::wattmeter::{Line, default_power_column, parse_line};
 
 /// Arguments of `wattprof calibrate`.
 #[derive(clap::Args, Debug)]
@@ -139,13 +140,16 @@ impl Drop for Load {
 }
 
 /// One window's reading: counters' energy (µJ), wall energy (µJ), busy
-/// CPUs.
-fn measure(readers: &mut Readers, window: Duration) -> (u64, u64, f64, Vec<String>) {
+/// CPUs, and the seconds that really passed between the two reads (a
+/// loaded machine oversleeps).
+fn measure(readers: &mut Readers, window: Duration) -> (u64, u64, f64, f64, Vec<String>) {
     let j0 = cpu_jiffies();
     let _ = readers.read_counters(false);
+    let t0 = Instant::now();
     let _ = readers.take_problems();
     std::thread::sleep(window);
     let e = readers.read_counters(false);
+    let secs = t0.elapsed().as_secs_f64();
     let j1 = cpu_jiffies();
     let counters: u64 = e
         .energy
@@ -165,7 +169,7 @@ fn measure(readers: &mut Readers, window: Duration) -> (u64, u64, f64, Vec<Strin
         (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64 * cpus,
         _ => 0.0,
     };
-    (counters, wall, busy, readers.take_problems())
+    (counters, wall, busy, secs, readers.take_problems())
 }
 
 /// Runs `wattprof calibrate`.
@@ -201,14 +205,29 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         ))
         .into());
     }
-    if let Some(log) = &args.wattmeter_log
-        && let Err(e) = std::fs::File::open(log)
-    {
-        return Err(Fatal::profiler(format!(
-            "cannot read --wattmeter-log {}: {e} (start the wattmeter's logging first)",
-            log.display()
-        ))
-        .into());
+    if let Some(log) = &args.wattmeter_log {
+        let text = std::fs::read(log).map_err(|e| {
+            Fatal::profiler(format!(
+                "cannot read --wattmeter-log {}: {e} (start the wattmeter's logging first)",
+                log.display()
+            ))
+        })?;
+        let first = String::from_utf8_lossy(&text[..text.len().min(4096)])
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let outlet = args.wattmeter_outlet;
+        if let Line::Header { power_column: None } =
+            parse_line(&first, outlet, default_power_column(outlet))
+        {
+            return Err(Fatal::profiler(format!(
+                "--wattmeter-log {}: its header has no #activepow{outlet} column (give the \
+                 --wattmeter-outlet the machine is plugged into)",
+                log.display()
+            ))
+            .into());
+        }
     }
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let regressor = if readers.has_cpu() {
@@ -222,6 +241,20 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .filter(|u| u.name != "none")
         .map(|u| format!("{} {}: {}", u.kind, u.name, u.detail))
         .collect();
+    if args.gpu_load.is_some() && (args.no_gpu || readers.gpus().is_empty()) {
+        return Err(Fatal::profiler(
+            "--gpu-load needs the GPUs read (NVML found none, or --no-gpu): a GPU step whose \
+             power no counter sees would bend the fit",
+        )
+        .into());
+    }
+    if args.gpu_load.is_some() && regressor == Regressor::BusyCpus {
+        return Err(Fatal::profiler(
+            "--gpu-load needs a CPU energy counter: against busy CPUs, a GPU step's power \
+             is not explained and would bend the fit",
+        )
+        .into());
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut steps: Vec<(String, Option<usize>)> = (0..=cpus)
         .map(|n| (format!("{n} CPUs busy"), Some(n)))
@@ -244,6 +277,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     );
     let mut points = Vec::new();
     let mut problems = Vec::new();
+    let mut wall_seen = false;
     for (name, load) in &steps {
         let _load = match load {
             Some(n) => Load::cpus(*n),
@@ -253,12 +287,15 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         std::thread::sleep(settle);
         let mut got = 0;
         while Instant::now() + window <= end {
-            let (counters_uj, wall_uj, busy, p) = measure(&mut readers, window);
+            let (counters_uj, wall_uj, busy, s, p) = measure(&mut readers, window);
             problems.extend(p);
-            let s = window.as_secs_f64();
-            if wall_uj == 0 {
+            // Until the wattmeter's first energy arrives (a log that starts
+            // late), windows are not points; after it, every window is,
+            // so a log written in bursts averages out.
+            if wall_uj == 0 && !wall_seen {
                 continue;
             }
+            wall_seen = true;
             got += 1;
             points.push(Point {
                 step: name.clone(),
@@ -295,6 +332,18 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .into());
     }
     let f = fit(&points).map_err(|e| Fatal::profiler(format!("cannot fit the wall power: {e}")))?;
+    if !(f.a >= 0.0 && f.b >= 0.0) {
+        return Err(Fatal::profiler(format!(
+            "the fit wall = {:.4} x {} + {:.2} W is no power law (a and b must not be negative; \
+             residual {:.2} W): keep the machine quiet and the wattmeter on this machine's \
+             outlet, and calibrate again with a longer --step",
+            f.a,
+            regressor.describe(),
+            f.b,
+            f.rms_residual_w
+        ))
+        .into());
+    }
     let calibration = Calibration {
         kind: "wattprof_calibration".into(),
         version: 1,

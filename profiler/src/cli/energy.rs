@@ -150,6 +150,13 @@ impl EnergyArgs {
         if let Some(c) = &self.calibration {
             Calibration::load(c).map_err(Fatal::profiler)?;
         }
+        self.model.check().map_err(Fatal::profiler)?;
+        if self.powercap_root.is_some() && self.model.any() {
+            return Err(Fatal::profiler(
+                "--powercap-root reads a counter: no power model (--power-model, --cpu-tdp, \
+                 --vcpu-watts) is used with it",
+            ));
+        }
         if let Some(root) = &self.powercap_root
             && !root.is_dir()
         {
@@ -217,6 +224,33 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// Options that contradict each other (clap cannot see values).
+    pub fn check(&self) -> Result<(), String> {
+        use ModelChoice as M;
+        let given = match (self.cpu_tdp.is_some(), self.vcpu_watts.is_some()) {
+            (true, _) => Some("--cpu-tdp"),
+            (_, true) => Some("--vcpu-watts"),
+            _ => None,
+        };
+        match (self.power_model, given) {
+            (M::None, Some(opt)) => Err(format!(
+                "{opt} gives a power model, but --power-model none asks for none"
+            )),
+            (M::Tdp, Some("--vcpu-watts")) => {
+                Err("--vcpu-watts gives the vCPU model, not --power-model tdp".into())
+            }
+            (M::Vcpu, Some("--cpu-tdp")) => {
+                Err("--cpu-tdp gives the TDP model, not --power-model vcpu".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether any model option was given.
+    pub fn any(&self) -> bool {
+        self.power_model != ModelChoice::Auto || self.cpu_tdp.is_some() || self.vcpu_watts.is_some()
+    }
+
     /// What the registry is asked for.
     pub fn request(&self) -> ModelRequest {
         ModelRequest {

@@ -200,7 +200,7 @@ impl MonitorLoop<'_> {
         let (Some(ex), Some(sums)) = (self.vm_export.as_deref_mut(), profile.vm_sums()) else {
             return;
         };
-        match ex.write(sums, profile.measures_dram()) {
+        match ex.write(sums, profile.measures_dram(), profile.cpu_estimated()) {
             Ok(()) if self.vm_export_failed => {
                 eprintln!("wattprof: --vm-export written again");
                 self.vm_export_failed = false;

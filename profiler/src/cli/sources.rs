@@ -489,6 +489,7 @@ pub fn render(report: &SourcesReport) -> String {
 
 /// Runs `wattprof sources`.
 pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
+    args.model.check().map_err(super::Fatal::profiler)?;
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let mut report = probe(
         &SysRoot::real(),

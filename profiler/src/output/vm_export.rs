@@ -23,23 +23,34 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::process::vm::VmSum;
-use crate::sources::powercap::HOST_EXPORT_MARKER;
+use crate::attribution::vms::VmSum;
+use crate::sources::powercap::{HOST_ESTIMATED, HOST_EXPORT_MARKER, wrap_period};
 
 /// The counter's range, the one most Intel packages report.
 pub const MAX_ENERGY_RANGE_UJ: u64 = 262_143_328_850;
+
+/// One VM's tree: its counter files, held open (a guest that replaces
+/// them, or plants a symlink, changes nothing on the host), and the
+/// energy an earlier wattprof already exported (so a restart never makes
+/// the counter go back).
+#[derive(Debug)]
+struct Tree {
+    package: std::fs::File,
+    dram: Option<std::fs::File>,
+    offset: (u64, u64),
+}
 
 /// The trees being written.
 #[derive(Debug)]
 pub struct VmExport {
     dir: PathBuf,
-    /// VM name → its directory, once created.
-    vms: BTreeMap<String, PathBuf>,
+    /// VM name → its tree, once made.
+    vms: BTreeMap<String, Tree>,
     host: String,
 }
 
 /// A directory name for a VM: its name with anything but letters, digits,
-/// `.`, `_` and `-` replaced by `_` (never `.` or `..`).
+/// `.`, `_` and `-` replaced by `_` (never `.` or `..`, never hidden).
 pub fn dir_name(vm: &str) -> String {
     let s: String = vm
         .chars()
@@ -52,29 +63,39 @@ pub fn dir_name(vm: &str) -> String {
             }
         })
         .collect();
-    if s.is_empty() || s.chars().all(|c| c == '.') {
+    if s.is_empty() || s.starts_with('.') {
         format!("_{s}")
     } else {
         s
     }
 }
 
-fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::write(path, text)
+/// The counter's text: right-aligned in a fixed width, so each rewrite
+/// covers the previous one exactly (one `pwrite`, no truncation: a reader
+/// sees the old value or the new one, never a mix). Readers trim it, as
+/// they do sysfs's newline.
+fn counter_text(value: u64) -> String {
+    format!("{value:>20}\n")
 }
 
-/// Rewrites a counter file in place: the new value over the old, then
-/// cut to its length (values only grow between wraps, so a reader sees
-/// the old or the new value).
-fn rewrite_in_place(path: &Path, value: u64) -> std::io::Result<()> {
-    let text = format!("{value}\n");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?;
-    f.write_all_at(text.as_bytes(), 0)?;
-    f.set_len(text.len() as u64)
+fn open_no_follow(path: &Path, create: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(!create)
+        .write(create)
+        .create_new(create)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// What a previous wattprof left in a counter file (0 if none).
+fn previous(path: &Path) -> u64 {
+    let mut text = String::new();
+    open_no_follow(path, false)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .ok()
+        .and_then(|_| text.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 impl VmExport {
@@ -104,65 +125,102 @@ impl VmExport {
         })
     }
 
-    fn zone(&self, root: &Path, rel: &str, name: &str) -> std::io::Result<()> {
+    /// One zone in a tree being built; returns its open counter file.
+    fn zone(root: &Path, rel: &str, name: &str) -> std::io::Result<std::fs::File> {
         let z = root.join("intel-rapl").join(rel);
         std::fs::create_dir_all(&z)?;
-        write_file(&z.join("name"), &format!("{name}\n"))?;
-        write_file(&z.join("enabled"), "1\n")?;
-        write_file(
-            &z.join("max_energy_range_uj"),
-            &format!("{MAX_ENERGY_RANGE_UJ}\n"),
+        std::fs::write(z.join("name"), format!("{name}\n"))?;
+        std::fs::write(z.join("enabled"), "1\n")?;
+        std::fs::write(
+            z.join("max_energy_range_uj"),
+            format!("{MAX_ENERGY_RANGE_UJ}\n"),
         )?;
-        rewrite_in_place(&z.join("energy_uj"), 0)?;
+        let counter = open_no_follow(&z.join("energy_uj"), true)?;
+        counter.write_all_at(counter_text(0).as_bytes(), 0)?;
         let link = root.join(Path::new(rel).file_name().unwrap_or_default());
-        if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink(Path::new("intel-rapl").join(rel), link)?;
-        }
-        Ok(())
+        std::os::unix::fs::symlink(Path::new("intel-rapl").join(rel), link)?;
+        Ok(counter)
     }
 
-    fn make(&self, vm: &str, root: &Path, dram: bool) -> std::io::Result<()> {
-        self.zone(root, "intel-rapl:0", "package-0")?;
-        if dram {
-            self.zone(root, "intel-rapl:0/intel-rapl:0:0", "dram")?;
-        }
-        write_file(
-            &root.join(HOST_EXPORT_MARKER),
-            &format!(
+    /// Makes a VM's tree: built whole in a private directory (the marker
+    /// first), then renamed into place, so a guest never sees half a tree.
+    /// A tree an earlier wattprof left is replaced, its counts carried on.
+    fn make(&self, vm: &str, dram: bool, estimated: bool) -> std::io::Result<Tree> {
+        let root = self.dir.join(dir_name(vm));
+        let zone0 = root.join("intel-rapl/intel-rapl:0");
+        let offset = (
+            previous(&zone0.join("energy_uj")),
+            previous(&zone0.join("intel-rapl:0:0/energy_uj")),
+        );
+        let pid = std::process::id();
+        let tmp = self.dir.join(format!(".building-{}-{pid}", dir_name(vm)));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp)?;
+        std::fs::write(
+            tmp.join(HOST_EXPORT_MARKER),
+            format!(
                 "VM {vm} on host {}, energy attributed to its processes by wattprof {} \
-                 monitor --vm-export\n",
+                 monitor --vm-export\n{}",
                 self.host,
-                env!("CARGO_PKG_VERSION")
+                env!("CARGO_PKG_VERSION"),
+                if estimated {
+                    format!("{HOST_ESTIMATED}\n")
+                } else {
+                    String::new()
+                }
             ),
-        )
+        )?;
+        let package = Self::zone(&tmp, "intel-rapl:0", "package-0")?;
+        let dram = if dram {
+            Some(Self::zone(&tmp, "intel-rapl:0/intel-rapl:0:0", "dram")?)
+        } else {
+            None
+        };
+        if std::fs::symlink_metadata(&root).is_ok() {
+            // remove_dir_all does not follow symlinks a guest may have left.
+            let old = self.dir.join(format!(".old-{}-{pid}", dir_name(vm)));
+            std::fs::rename(&root, &old)?;
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        std::fs::rename(&tmp, &root)?;
+        Ok(Tree {
+            package,
+            dram,
+            offset,
+        })
     }
 
     /// Writes every VM's counters: `sums` from the profile; `dram` when
-    /// the host measures DRAM. A VM seen for the first time gets its tree.
-    pub fn write(&mut self, sums: &BTreeMap<String, VmSum>, dram: bool) -> Result<(), String> {
+    /// the host measures DRAM; `estimated` when the host's own CPU energy
+    /// is a model's (the guest then says so). A VM seen for the first time
+    /// gets its tree.
+    pub fn write(
+        &mut self,
+        sums: &BTreeMap<String, VmSum>,
+        dram: bool,
+        estimated: bool,
+    ) -> Result<(), String> {
+        let wrap = wrap_period(MAX_ENERGY_RANGE_UJ);
         for (vm, sum) in sums {
-            let root = match self.vms.get(vm) {
-                Some(r) => r.clone(),
-                None => {
-                    let root = self.dir.join(dir_name(vm));
-                    self.make(vm, &root, dram)
-                        .map_err(|e| format!("--vm-export {}: {e}", root.display()))?;
-                    self.vms.insert(vm.clone(), root.clone());
-                    root
-                }
+            if !self.vms.contains_key(vm) {
+                let tree = self.make(vm, dram, estimated).map_err(|e| {
+                    format!("--vm-export {}: {e}", self.dir.join(dir_name(vm)).display())
+                })?;
+                self.vms.insert(vm.clone(), tree);
+            }
+            let Some(tree) = self.vms.get(vm) else {
+                continue;
             };
-            let wrap = MAX_ENERGY_RANGE_UJ + 1;
-            let zones = [
-                ("intel-rapl:0", sum.energy.package_uj),
-                ("intel-rapl:0/intel-rapl:0:0", sum.energy.dram_uj),
-            ];
-            for (rel, uj) in zones {
-                let z = root.join("intel-rapl").join(rel);
-                if rel.ends_with(":0:0") && !z.is_dir() {
-                    continue;
-                }
-                rewrite_in_place(&z.join("energy_uj"), uj % wrap)
-                    .map_err(|e| format!("--vm-export {}: {e}", z.display()))?;
+            let write = |f: &std::fs::File, uj: u64| {
+                f.write_all_at(counter_text(uj % wrap).as_bytes(), 0)
+                    .map_err(|e| format!("--vm-export {}: {e}", dir_name(vm)))
+            };
+            write(
+                &tree.package,
+                tree.offset.0.wrapping_add(sum.energy.package_uj),
+            )?;
+            if let Some(d) = &tree.dram {
+                write(d, tree.offset.1.wrapping_add(sum.energy.dram_uj))?;
             }
         }
         Ok(())
@@ -197,7 +255,7 @@ mod tests {
             on_cpu_ns: 1,
         };
         sums.insert("web/1".to_string(), sum.clone());
-        ex.write(&sums, true).expect("write");
+        ex.write(&sums, true, false).expect("write");
         let root = dir.path().join("web_1");
         let mut p = Powercap::open_dir(root.clone(), "").expect("a powercap tree");
         assert!(p.host_export().is_some_and(|n| n.contains("VM web/1")));
@@ -206,7 +264,7 @@ mod tests {
         sum.energy.package_uj += 2_000_000;
         sum.energy.dram_uj += 100_000;
         sums.insert("web/1".to_string(), sum);
-        ex.write(&sums, true).expect("write");
+        ex.write(&sums, true, false).expect("write");
         let read = p.read().expect("read");
         let pkg = read
             .iter()
@@ -232,15 +290,30 @@ mod tests {
             "web/1".into(),
             VmSum {
                 energy: EnergyBy {
-                    package_uj: MAX_ENERGY_RANGE_UJ + 10,
+                    package_uj: MAX_ENERGY_RANGE_UJ + 100,
                     ..Default::default()
                 },
                 on_cpu_ns: 1,
             },
         );
-        ex.write(&sums, true).expect("write");
+        ex.write(&sums, true, false).expect("write");
         let text = std::fs::read_to_string(root.join("intel-rapl:0/energy_uj")).expect("read");
-        assert_eq!(text, "9\n");
+        let period = wrap_period(MAX_ENERGY_RANGE_UJ);
+        assert_eq!(
+            text.trim(),
+            (MAX_ENERGY_RANGE_UJ + 100 - period).to_string()
+        );
+        assert_eq!(text.len(), 21, "fixed width: {text:?}");
+        // A restarted wattprof carries the counter on: it never goes back.
+        let mut again = VmExport::create(dir.path()).expect("export");
+        let mut sums = BTreeMap::new();
+        sums.insert("web/1".to_string(), VmSum::default());
+        again.write(&sums, true, true).expect("write");
+        let after = std::fs::read_to_string(root.join("intel-rapl:0/energy_uj")).expect("read");
+        assert_eq!(after.trim(), text.trim());
+        // A host whose CPU energy is a model's says so to the guest.
+        let p = Powercap::open_dir(root.clone(), "").expect("tree");
+        assert!(p.host_estimated());
     }
 
     #[test]

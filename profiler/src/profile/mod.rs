@@ -237,7 +237,7 @@ pub struct Profile {
     last: Option<IntervalRecord>,
     scratch: Scratch,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
-    vms: Option<crate::process::vm::VmTracker>,
+    vms: Option<crate::attribution::vms::VmTracker>,
     memory: IntMap<ConsumerId, MemoryReport>,
     memory_read_ns: IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
     /// Memory reads left in the current second, and when it began.
@@ -606,7 +606,7 @@ impl Profile {
                         .filter(|pp| *pp != p.pid)
                         .and_then(|pp| table.get(pp))
                 })
-                .map(|p| crate::process::vm::ProcView {
+                .map(|p| crate::attribution::vms::ProcView {
                     pid: p.pid,
                     comm: &p.comm,
                 });
@@ -933,8 +933,16 @@ impl Profile {
     /// Each VM's energy so far, when tracked.
     pub fn vm_sums(
         &self,
-    ) -> Option<&std::collections::BTreeMap<String, crate::process::vm::VmSum>> {
+    ) -> Option<&std::collections::BTreeMap<String, crate::attribution::vms::VmSum>> {
         self.vms.as_ref().map(|v| v.sums())
+    }
+
+    /// Whether the CPU's energy is a power model's estimate.
+    pub fn cpu_estimated(&self) -> bool {
+        self.ledger
+            .domains()
+            .iter()
+            .any(|d| d.domain == Domain::Package && d.estimated)
     }
 
     /// Whether DRAM energy is measured (a DRAM domain has been read).

@@ -27,6 +27,26 @@ impl Regressor {
     }
 }
 
+/// A calibration's wall power law over one interval: `wall = a × x + b`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WallModel {
+    /// The slope.
+    pub a: f64,
+    /// What `a` multiplies: the counters' energy, or busy CPU time.
+    pub per: WallPer,
+    /// `b` over the interval (µJ): the node's static energy.
+    pub static_uj: u64,
+}
+
+/// What a calibration's slope multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WallPer {
+    /// Each consumer's package + DRAM + GPU energy (µJ per µJ).
+    CounterEnergy,
+    /// Each consumer's on-CPU time (µJ per µs, i.e. watts per busy CPU).
+    BusyTime,
+}
+
 /// One point of the staircase: a window's mean regressor and wall power.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Point {

@@ -260,7 +260,9 @@ impl CpuId {
                 0xad | 0xae => "Granite Rapids",
                 _ => return None,
             }),
-            "AuthenticAMD" | "HygonGenuine" => match (family, model) {
+            // Hygon's Dhyana (family 0x18) is AMD's first Zen.
+            "HygonGenuine" if family == 0x18 => Some("AMD EPYC 1st Gen"),
+            "AuthenticAMD" => match (family, model) {
                 (0x17, m) if m < 0x30 => Some("AMD EPYC 1st Gen"),
                 (0x17, _) => Some("AMD EPYC 2nd Gen"),
                 (0x19, 0x10..=0x1f | 0x60..=0x7f | 0xa0..=0xaf) => Some("EPYC 4th Gen"),
@@ -293,10 +295,19 @@ fn model_tokens(name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The TDP table's entry for a CPU model name: the entry whose words all
-/// appear in the name, including a model number, with the most words.
+/// The TDP table's entry for a CPU model name: an entry whose words all
+/// appear in the name, that names a vendor or brand (not a bare model
+/// number, which other vendors' parts share), and that has every word of
+/// the name holding a digit (so `E5-2680 v3` never takes the plain
+/// `E5-2680` row, nor `i5 CPU 750` the Phenom row `750`). The most
+/// specific such entry wins.
 pub fn lookup_tdp(model_name: &str) -> Option<(&'static str, f64)> {
     let have = model_tokens(model_name);
+    let digits = |w: &String| w.chars().any(|c| c.is_ascii_digit());
+    let numbered: Vec<&String> = have.iter().filter(|w| digits(w)).collect();
+    if numbered.is_empty() {
+        return None;
+    }
     let mut best: Option<(usize, &'static str, f64)> = None;
     for line in TDP_TABLE.lines().filter(|l| !l.starts_with('#')) {
         let Some((name, tdp)) = line.split_once('\t') else {
@@ -306,11 +317,13 @@ pub fn lookup_tdp(model_name: &str) -> Option<(&'static str, f64)> {
             continue;
         };
         let want = model_tokens(name);
-        // A model number must match: "AMD EPYC" alone names no CPU.
-        if !want.iter().any(|w| w.chars().any(|c| c.is_ascii_digit())) {
+        if !want.iter().any(|w| !digits(w)) {
             continue;
         }
-        if want.iter().all(|w| have.contains(w)) && best.is_none_or(|b| want.len() > b.0) {
+        if want.iter().all(|w| have.contains(w))
+            && numbered.iter().all(|w| want.contains(w))
+            && best.is_none_or(|b| want.len() > b.0)
+        {
             best = Some((want.len(), name, tdp));
         }
     }
@@ -434,8 +447,8 @@ pub fn choose(
         };
         let what = if arch == "default" {
             match id.microarchitecture() {
-                Some(a) => format!("{a} is not in the vCPU table: its average"),
-                None => format!("the microarchitecture of {name} is not known: the average"),
+                Some(a) => format!("{a} is not in the vCPU table: the average of all"),
+                None => format!("the microarchitecture of {name} is not known: the average of all"),
             }
         } else {
             match (id.family, id.model) {
@@ -554,6 +567,26 @@ mod tests {
             "sse",
         ));
         assert_eq!(amd.model, PowerModel::Tdp(TdpModel { tdp_w: 280.0 }));
+    }
+
+    #[test]
+    fn bare_model_numbers_and_missing_revisions_never_match() {
+        // First-generation Core names share numbers with Phenom rows
+        // ("460", "750") that name no vendor.
+        for name in [
+            "Intel(R) Core(TM) i5 CPU       M 460  @ 2.53GHz",
+            "Intel(R) Core(TM) i5 CPU         750  @ 2.67GHz",
+            "Intel(R) Core(TM) i7 CPU         965  @ 3.20GHz",
+            // A revision the table may lack must not take the first one's.
+            "Intel(R) Xeon(R) CPU E5-2680 v9 @ 2.40GHz",
+            "AMD EPYC",
+        ] {
+            assert_eq!(lookup_tdp(name), None, "{name}");
+        }
+        assert_eq!(
+            lookup_tdp("Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz"),
+            Some(("Intel Core i7-8700K", 95.0))
+        );
     }
 
     #[test]

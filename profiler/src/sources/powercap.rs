@@ -32,7 +32,7 @@ type TopZone = ((bool, u32), Domain, Option<u32>, u32);
 
 /// The counter's period: the range plus one step. The step (the RAPL
 /// energy unit) is not published; `max_energy_range_uj` is 2^32 - 1 steps.
-fn wrap_period(range_uj: u64) -> u64 {
+pub fn wrap_period(range_uj: u64) -> u64 {
     let step = (range_uj as f64 / 4_294_967_295.0).round() as u64;
     range_uj.saturating_add(step.max(1))
 }
@@ -61,6 +61,10 @@ pub struct ZoneProblem {
 /// presence makes the tree's energy *measured by the host* and busy-only.
 pub const HOST_EXPORT_MARKER: &str = "wattprof-host-export";
 
+/// The marker's line saying the host's own CPU energy is a power model's:
+/// the guest then reports the tree's energy as estimated.
+pub const HOST_ESTIMATED: &str = "estimated: true";
+
 /// The powercap reader.
 #[derive(Debug)]
 pub struct Powercap {
@@ -70,6 +74,8 @@ pub struct Powercap {
     /// The tree is a host's export to its VM guest (its marker's text).
     host_export: bool,
     export_note: Option<String>,
+    /// The host's export is itself an estimate.
+    host_estimated: bool,
 }
 
 fn read_trimmed(path: &Path) -> std::io::Result<String> {
@@ -110,9 +116,11 @@ impl Powercap {
     /// energy measured by the host.
     pub fn open_dir(root: PathBuf, cpuinfo: &str) -> Result<Self, SourceError> {
         let amd = super::msr::detect_vendor(cpuinfo) == Some(super::msr::Vendor::Amd);
-        let export_note = std::fs::read_to_string(root.join(HOST_EXPORT_MARKER))
-            .ok()
-            .map(|t| t.lines().next().unwrap_or_default().trim().to_string());
+        let marker = std::fs::read_to_string(root.join(HOST_EXPORT_MARKER)).ok();
+        let host_estimated = marker
+            .as_deref()
+            .is_some_and(|t| t.lines().any(|l| l.trim() == HOST_ESTIMATED));
+        let export_note = marker.map(|t| t.lines().next().unwrap_or_default().trim().to_string());
         let entries = std::fs::read_dir(&root).map_err(|_| {
             SourceError::unsupported(
                 format!(
@@ -209,7 +217,13 @@ impl Powercap {
             problems,
             host_export: export_note.is_some(),
             export_note,
+            host_estimated,
         })
+    }
+
+    /// Whether the host's exported energy is itself a model's estimate.
+    pub fn host_estimated(&self) -> bool {
+        self.host_estimated
     }
 
     /// What the host said of the tree, where it is a host's export.
@@ -243,6 +257,10 @@ impl Source for Powercap {
             // step is ~15-61 µJ; the step is not exposed.
             resolution_uj: Some(1.0),
             location: match &self.export_note {
+                Some(note) if self.host_estimated => format!(
+                    "{} (estimated by the host, which has no energy counter: {note})",
+                    self.root.display()
+                ),
                 Some(note) => format!("{} (measured by the host: {note})", self.root.display()),
                 None => self.root.display().to_string(),
             },
@@ -265,7 +283,7 @@ impl Source for Powercap {
                                 domain: z.domain,
                                 package: z.package,
                                 energy_uj,
-                                estimated: false,
+                                estimated: self.host_estimated,
                                 busy_only: self.host_export,
                             }),
                         }

@@ -1,6 +1,6 @@
 //! The registry of energy readers: the CPU counters in the order they are
 //! tried ([`CPU_COUNTERS`]), and the readers a profile uses: the first CPU
-//! counter that works (or the TDP model), NVML when there are GPUs, and
+//! counter that works (or a power model), NVML when there are GPUs, and
 //! a wattmeter when one is given. `run`, `monitor` and `sources` all open
 //! readers through here, and every reader is read through [`Source`].
 
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::calibration::{Calibration, Regressor};
+use super::calibration::{Calibration, Regressor, WallModel, WallPer};
 use super::estimate::{self, ModelRequest, PowerModel};
 use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
 use super::wattmeter::Wattmeter;
@@ -18,7 +18,6 @@ use super::{
     Domain, DomainEnergy, ReaderKind, Source, SourceError, msr::MsrRoot, perf::PerfPower,
     powercap::Powercap,
 };
-use crate::attribution::{WallModel, WallPer};
 use crate::topology::SysRoot;
 
 /// The CPU energy counters, in the order they are tried: powercap (the
