@@ -72,15 +72,21 @@ impl Rig {
             let mut jiffies = busy_jiffies();
             let mut busy_cpus = 0.0;
             let mut frame = 0u64;
+            let mut tick = 0u64;
             while !flag.load(Ordering::Relaxed) {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                // The counters advance every millisecond, as RAPL's do; the
+                // load is sampled and a wattmeter frame written every 10.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                tick += 1;
                 let now = std::time::Instant::now();
                 let dt = now.duration_since(last).as_secs_f64();
                 last = now;
-                let j = busy_jiffies();
-                if j.1 > jiffies.1 {
-                    busy_cpus = (j.0 - jiffies.0) as f64 / (j.1 - jiffies.1) as f64 * cpus;
-                    jiffies = j;
+                if tick.is_multiple_of(10) {
+                    let j = busy_jiffies();
+                    if j.1 > jiffies.1 {
+                        busy_cpus = (j.0 - jiffies.0) as f64 / (j.1 - jiffies.1) as f64 * cpus;
+                        jiffies = j;
+                    }
                 }
                 let (pkg_w, dram_w) = (10.0 + 15.0 * busy_cpus, 2.0 + 0.5 * busy_cpus);
                 pkg_uj += pkg_w * dt * 1e6;
@@ -91,6 +97,9 @@ impl Rig {
                     if std::fs::write(&tmp, format!("{}\n", uj as u64)).is_ok() {
                         let _ = std::fs::rename(&tmp, d.join("energy_uj"));
                     }
+                }
+                if !tick.is_multiple_of(10) {
+                    continue;
                 }
                 // Deterministic noise in [-1, 1].
                 frame += 1;
@@ -147,7 +156,7 @@ fn a_known_wall_law_is_recovered_from_a_load_staircase() {
     }
     let rig = Rig::start(1.0);
     let out = tempfile_dir().join("cal.json");
-    let run = calibrate(&["--step", "3s"], &rig.log, Some(&rig.sys), &out);
+    let run = calibrate(&["--step", "4s"], &rig.log, Some(&rig.sys), &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     eprintln!("{stderr}{}", String::from_utf8_lossy(&run.stdout));

@@ -11,10 +11,11 @@ use super::Fatal;
 use super::setup::parse_interval;
 use crate::profile::ReaderConfig;
 use crate::sources::Domain;
+use crate::sources::Source;
 use crate::sources::calibration::{Calibration, Point, Regressor, fit};
 use crate::sources::estimate::{ModelChoice, ModelRequest};
 use crate::sources::registry::Readers;
-use crate::sources::wattmeter::{Line, default_power_column, parse_line};
+use crate::sources::wattmeter::{Line, Wattmeter, default_power_column, parse_line};
 
 /// Arguments of `wattprof calibrate`.
 #[derive(clap::Args, Debug)]
@@ -139,37 +140,65 @@ impl Drop for Load {
     }
 }
 
-/// One window's reading: counters' energy (µJ), wall energy (µJ), busy
-/// CPUs, and the seconds that really passed between the two reads (a
-/// loaded machine oversleeps).
-fn measure(readers: &mut Readers, window: Duration) -> (u64, u64, f64, f64, Vec<String>) {
+/// One window's reading: counters' energy (µJ) over the seconds that
+/// really passed between their two reads (a loaded machine oversleeps),
+/// the wall's mean power over the span of the frames integrated in the
+/// window (exact whatever the frames' arrival), busy CPUs, and problems.
+struct Window {
+    counters_uj: u64,
+    counter_s: f64,
+    wall_w: Option<f64>,
+    busy: f64,
+    problems: Vec<String>,
+}
+
+fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration) -> Window {
+    // Each counter read is timed by the middle of the read: a read that
+    // is preempted on a loaded machine then skews nothing.
+    let timed_read = |readers: &mut Readers| {
+        let before = Instant::now();
+        let e = readers.read_counters(false);
+        (e, before + before.elapsed() / 2)
+    };
     let j0 = cpu_jiffies();
-    let _ = readers.read_counters(false);
-    let t0 = Instant::now();
+    let _ = meter.read();
+    let f0 = meter.last_frame_s();
+    let (_, t0) = timed_read(readers);
     let _ = readers.take_problems();
     std::thread::sleep(window);
-    let e = readers.read_counters(false);
-    let secs = t0.elapsed().as_secs_f64();
+    let (e, t1) = timed_read(readers);
+    let counter_s = t1.duration_since(t0).as_secs_f64();
+    let mut problems = readers.take_problems();
+    let read = meter.read();
+    if let Err(err) = &read {
+        problems.push(format!("wattmeter: {err}"));
+    }
+    let wall_uj = read.map_or(0, |d| d.iter().map(|x| x.energy_uj).sum::<u64>());
+    let f1 = meter.last_frame_s();
     let j1 = cpu_jiffies();
-    let counters: u64 = e
+    let counters_uj: u64 = e
         .energy
         .iter()
         .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram))
         .map(|d| d.energy_uj)
         .sum::<u64>()
         + e.gpus.iter().map(|g| g.energy_uj).sum::<u64>();
-    let wall: u64 = e
-        .energy
-        .iter()
-        .filter(|d| d.domain == Domain::Wall)
-        .map(|d| d.energy_uj)
-        .sum();
+    let wall_w = match (f0, f1) {
+        (Some(a), Some(b)) if b > a && wall_uj > 0 => Some(wall_uj as f64 / 1e6 / (b - a)),
+        _ => None,
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let busy = match (j0, j1) {
         (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64 * cpus,
         _ => 0.0,
     };
-    (counters, wall, busy, secs, readers.take_problems())
+    Window {
+        counters_uj,
+        counter_s,
+        wall_w,
+        busy,
+        problems,
+    }
 }
 
 /// Runs `wattprof calibrate`.
@@ -184,11 +213,9 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         powercap_root: None,
         no_gpu: args.no_gpu,
         nvml_lib: None,
-        wattmeter_log: args.wattmeter_log.clone(),
-        wattmeter_cmd: args
-            .wattmeter_cmd
-            .as_ref()
-            .map(|c| c.split_whitespace().map(String::from).collect()),
+        // The wattmeter is read here, for its frames' times.
+        wattmeter_log: None,
+        wattmeter_cmd: None,
         wattmeter_outlet: args.wattmeter_outlet,
         calibration: None,
     };
@@ -230,17 +257,27 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         }
     }
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    let mut meter = match (&args.wattmeter_log, &args.wattmeter_cmd) {
+        (Some(log), _) => Wattmeter::open_file(log, args.wattmeter_outlet),
+        (None, Some(cmd)) => Wattmeter::spawn(
+            &cmd.split_whitespace().map(String::from).collect::<Vec<_>>(),
+            args.wattmeter_outlet,
+        ),
+        (None, None) => unreachable!("clap requires one"),
+    }
+    .map_err(|e| Fatal::profiler(e.to_string()))?;
     let regressor = if readers.has_cpu() {
         Regressor::CountersW
     } else {
         Regressor::BusyCpus
     };
-    let used: Vec<String> = readers
+    let mut used: Vec<String> = readers
         .used()
         .iter()
         .filter(|u| u.name != "none")
         .map(|u| format!("{} {}: {}", u.kind, u.name, u.detail))
         .collect();
+    used.push(format!("wall wattmeter: {}", meter.info().location));
     if args.gpu_load.is_some() && (args.no_gpu || readers.gpus().is_empty()) {
         return Err(Fatal::profiler(
             "--gpu-load needs the GPUs read (NVML found none, or --no-gpu): a GPU step whose \
@@ -277,7 +314,6 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     );
     let mut points = Vec::new();
     let mut problems = Vec::new();
-    let mut wall_seen = false;
     for (name, load) in &steps {
         let _load = match load {
             Some(n) => Load::cpus(*n),
@@ -287,23 +323,20 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         std::thread::sleep(settle);
         let mut got = 0;
         while Instant::now() + window <= end {
-            let (counters_uj, wall_uj, busy, s, p) = measure(&mut readers, window);
-            problems.extend(p);
-            // Until the wattmeter's first energy arrives (a log that starts
-            // late), windows are not points; after it, every window is,
-            // so a log written in bursts averages out.
-            if wall_uj == 0 && !wall_seen {
+            let w = measure(&mut readers, &mut meter, window);
+            problems.extend(w.problems);
+            // A window with no good frame span is no point.
+            let Some(wall_w) = w.wall_w else {
                 continue;
-            }
-            wall_seen = true;
+            };
             got += 1;
             points.push(Point {
                 step: name.clone(),
                 x: match regressor {
-                    Regressor::CountersW => counters_uj as f64 / 1e6 / s,
-                    Regressor::BusyCpus => busy,
+                    Regressor::CountersW => w.counters_uj as f64 / 1e6 / w.counter_s,
+                    Regressor::BusyCpus => w.busy,
                 },
-                wall_w: wall_uj as f64 / 1e6 / s,
+                wall_w,
             });
         }
         let mean = |f: fn(&Point) -> f64| {

@@ -222,6 +222,13 @@ pub struct Wattmeter {
 }
 
 impl Wattmeter {
+    /// The time (the log's clock, s) of the last good frame integrated:
+    /// the energy read so far covers the frames up to it, so energy over
+    /// the span between two of these is exact whatever the read timing.
+    pub fn last_frame_s(&self) -> Option<f64> {
+        self.integrator.last.map(|(t, _)| t)
+    }
+
     /// Follows a log file being written, from its beginning.
     pub fn open_file(path: impl Into<PathBuf>, outlet: u32) -> Result<Self, SourceError> {
         let path = path.into();
