@@ -399,7 +399,32 @@ fn bad_energy_options_fail_before_anything_starts() {
             &["run", "--carbon-intensity", "-5", "--", "touch", m],
             "--carbon-intensity -5",
         ),
-        (&["run", "--cpu-tdp", "0", "--", "touch", m], "--cpu-tdp 0"),
+        (
+            &[
+                "run",
+                "--power-model",
+                "none",
+                "--cpu-tdp",
+                "100",
+                "--",
+                "touch",
+                m,
+            ],
+            "--power-model none asks for none",
+        ),
+        (
+            &[
+                "run",
+                "--power-model",
+                "tdp",
+                "--vcpu-watts",
+                "1,3",
+                "--",
+                "touch",
+                m,
+            ],
+            "not --power-model tdp",
+        ),
         (
             &[
                 "run",
@@ -433,6 +458,16 @@ fn bad_energy_options_fail_before_anything_starts() {
     }
     let out = wattprof(&["monitor", "--duration", "5x"]);
     assert_eq!(out.status.code(), Some(2));
+    // Values no model takes are usage errors, before anything starts.
+    for args in [
+        &["run", "--cpu-tdp", "0", "--", "touch", m][..],
+        &["run", "--vcpu-watts", "3,1", "--", "touch", m],
+        &["run", "--power-model", "magic", "--", "touch", m],
+    ] {
+        let out = wattprof(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!marker.exists(), "{args:?}: the command must not have run");
+    }
     let help = wattprof(&["monitor", "--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     for needle in [
