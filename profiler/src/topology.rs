@@ -135,6 +135,13 @@ impl Topology {
     }
 }
 
+/// This machine's host name (empty when unreadable).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// Parses a kernel CPU list file such as `0-3,8,10-11`.
 pub fn read_cpu_list(path: &Path) -> Result<Vec<u32>, TopologyError> {
     let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {

@@ -307,12 +307,11 @@ pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
         })
         .collect();
     out.extend(iv.gpus.iter().map(gpu_share));
-    if let Some(model) = iv.wall {
-        for i in 0..out.len() {
-            if out[i].domain == Domain::Wall {
-                out[i] = wall_share(iv, &model, out[i].clone(), &out);
-            }
-        }
+    // The calibrated wall is divided after the domains it scales.
+    if let Some(model) = iv.wall
+        && let Some(i) = out.iter().position(|s| s.domain == Domain::Wall)
+    {
+        out[i] = wall_share(iv, &model, out[i].clone(), &out);
     }
     out
 }

@@ -152,7 +152,7 @@ struct Window {
     problems: Vec<String>,
 }
 
-fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration) -> Window {
+fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration, cpus: f64) -> Window {
     // Each counter read is timed by the middle of the read: a read that
     // is preempted on a loaded machine then skews nothing.
     let timed_read = |readers: &mut Readers| {
@@ -187,7 +187,6 @@ fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration) -> Wi
         (Some(a), Some(b)) if b > a && wall_uj > 0 => Some(wall_uj as f64 / 1e6 / (b - a)),
         _ => None,
     };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let busy = match (j0, j1) {
         (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64 * cpus,
         _ => 0.0,
@@ -259,10 +258,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let mut meter = match (&args.wattmeter_log, &args.wattmeter_cmd) {
         (Some(log), _) => Wattmeter::open_file(log, args.wattmeter_outlet),
-        (None, Some(cmd)) => Wattmeter::spawn(
-            &cmd.split_whitespace().map(String::from).collect::<Vec<_>>(),
-            args.wattmeter_outlet,
-        ),
+        (None, Some(cmd)) => Wattmeter::spawn(&super::split_command(cmd), args.wattmeter_outlet),
         (None, None) => unreachable!("clap requires one"),
     }
     .map_err(|e| Fatal::profiler(e.to_string()))?;
@@ -323,7 +319,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         std::thread::sleep(settle);
         let mut got = 0;
         while Instant::now() + window <= end {
-            let w = measure(&mut readers, &mut meter, window);
+            let w = measure(&mut readers, &mut meter, window, cpus as f64);
             problems.extend(w.problems);
             // A window with no good frame span is no point.
             let Some(wall_w) = w.wall_w else {
@@ -380,9 +376,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     let calibration = Calibration {
         kind: "wattprof_calibration".into(),
         version: 1,
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default(),
+        host: crate::topology::hostname(),
         cpus,
         created_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -120,10 +120,7 @@ impl EnergyArgs {
             no_gpu: self.no_gpu,
             nvml_lib: self.nvml_lib.clone(),
             wattmeter_log: self.wattmeter_log.clone(),
-            wattmeter_cmd: self
-                .wattmeter_cmd
-                .as_ref()
-                .map(|c| c.split_whitespace().map(String::from).collect()),
+            wattmeter_cmd: self.wattmeter_cmd.as_ref().map(|c| super::split_command(c)),
             wattmeter_outlet: self.wattmeter_outlet,
             calibration: self
                 .calibration

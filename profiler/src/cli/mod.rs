@@ -18,6 +18,12 @@ pub const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the command is not found.
 pub const EXIT_NOT_FOUND: i32 = 127;
 
+/// A command given as one option value (`--wattmeter-cmd "wattmetre-read
+/// --tty=/dev/ttyUSB0"`), split into its argv at whitespace.
+pub fn split_command(cmd: &str) -> Vec<String> {
+    cmd.split_whitespace().map(String::from).collect()
+}
+
 /// An error with the exit code wattprof should end with.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]

@@ -171,8 +171,7 @@ pub fn probe(
         .map(|(name, opened)| status(name, opened.map(|s| s.info())))
         .collect();
     let measured = readers.iter().any(|r| r.status == "available");
-    let packages = crate::topology::Topology::read(sys).map_or(1, |t| t.sockets());
-    readers.push(match estimate::choose(model, cpuinfo, packages) {
+    readers.push(match estimate::choose_on(model, sys, cpuinfo) {
         Ok(Some(chosen)) if measured => ReaderStatus {
             name: "estimate",
             status: "available",
@@ -297,7 +296,7 @@ pub fn read_wattmeter_cmd(
     outlet: u32,
     over: std::time::Duration,
 ) -> Result<WattmeterReport, SourceError> {
-    let argv: Vec<String> = cmd.split_whitespace().map(String::from).collect();
+    let argv = super::split_command(cmd);
     let mut wm = wattmeter::Wattmeter::spawn(&argv, outlet)?;
     let deadline = std::time::Instant::now() + over;
     let mut energy_uj = 0;

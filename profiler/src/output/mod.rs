@@ -83,12 +83,8 @@ pub struct EnergyJ {
     /// The same energy seen at the wall, from `--calibration` (J): the
     /// counters' energy scaled by the calibration's slope (absent without
     /// one).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "record::is_zero")]
     pub wall_j: f64,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
 }
 
 impl EnergyJ {

@@ -104,7 +104,8 @@ pub struct DomainOf<P> {
     pub power: P,
 }
 
-fn is_zero(x: &f64) -> bool {
+/// For `skip_serializing_if`: a figure that is absent when 0.
+pub(crate) fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 

@@ -115,13 +115,10 @@ impl VmExport {
                     dir.display()
                 )
             })?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into());
         Ok(Self {
             dir: dir.to_path_buf(),
             vms: BTreeMap::new(),
-            host,
+            host: crate::topology::hostname(),
         })
     }
 

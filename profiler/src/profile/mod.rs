@@ -167,7 +167,7 @@ pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
         })
         .unwrap_or_default();
     HostReport {
-        hostname: read("/proc/sys/kernel/hostname"),
+        hostname: crate::topology::hostname(),
         kernel: read("/proc/sys/kernel/osrelease"),
         cpu_model,
         gpus,

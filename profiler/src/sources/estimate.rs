@@ -376,6 +376,17 @@ impl Chosen {
     }
 }
 
+/// Picks the model for the machine `sys` describes (its packages) with
+/// `cpuinfo`: [`choose`] with the package count from the topology.
+pub fn choose_on(
+    req: ModelRequest,
+    sys: &crate::topology::SysRoot,
+    cpuinfo: &str,
+) -> Result<Option<Chosen>, SourceError> {
+    let packages = crate::topology::Topology::read(sys).map_or(1, |t| t.sockets());
+    choose(req, cpuinfo, packages)
+}
+
 /// Picks the model for a machine with `cpuinfo` and `packages` CPU
 /// packages. `Ok(None)`: `--power-model none`. An error says why the model
 /// asked for cannot be used and what would make it work.

@@ -203,8 +203,7 @@ impl Readers {
         }
         let mut estimate = None;
         if cpu.is_none() {
-            let packages = crate::topology::Topology::read(&sys).map_or(1, |t| t.sockets());
-            match estimate::choose(cfg.model, &cpuinfo, packages) {
+            match estimate::choose_on(cfg.model, &sys, &cpuinfo) {
                 Ok(Some(chosen)) => {
                     used.push(ReaderUse {
                         kind: "cpu".into(),
