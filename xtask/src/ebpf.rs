@@ -20,9 +20,13 @@ const LLVM_PACKAGES: &[&str] = &[
     "libzstd-dev",
 ];
 
-/// Where the committed object lives.
-pub fn committed_object() -> PathBuf {
-    workspace_root().join("profiler/ebpf/wattprof.bpf.o")
+/// The objects the eBPF crate builds: its binary names, each committed as
+/// `profiler/ebpf/NAME.bpf.o`.
+pub const OBJECTS: [&str; 2] = ["wattprof", "wattprof-stacks"];
+
+/// Where the committed objects live.
+pub fn committed_dir() -> PathBuf {
+    workspace_root().join("profiler/ebpf")
 }
 
 fn output_of(cmd: &mut Command) -> Option<String> {
@@ -105,7 +109,7 @@ pub fn ensure_toolchain() -> Result<()> {
     Ok(())
 }
 
-/// Builds the eBPF object into `out`.
+/// Builds the eBPF objects into the directory `out`.
 ///
 /// Reproducible from any checkout: the workspace, cargo home and sysroot
 /// paths are remapped, so the debug info (from which BTF is made) names
@@ -131,12 +135,13 @@ pub fn build(out: &Path) -> Result<()> {
             .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
             .env("PATH", path),
     )?;
-    let built = target_dir.join("bpfel-unknown-none/release/wattprof");
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(out)?;
+    for name in OBJECTS {
+        let built = target_dir.join("bpfel-unknown-none/release").join(name);
+        let to = out.join(format!("{name}.bpf.o"));
+        std::fs::copy(&built, &to)
+            .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
     }
-    std::fs::copy(&built, out)
-        .with_context(|| format!("copying {} to {}", built.display(), out.display()))?;
     Ok(())
 }
 
@@ -176,21 +181,24 @@ fn nightly_bpf(subcommand: &str, target_dir: &Path) -> Command {
     c
 }
 
-/// Rebuilds the object and fails when it differs from the committed one.
+/// Rebuilds the objects and fails when one differs from the committed one.
 pub fn check_fresh() -> Result<()> {
-    let fresh = workspace_root().join("target/ebpf/fresh.bpf.o");
+    let fresh = workspace_root().join("target/ebpf/fresh");
     build(&fresh)?;
-    let committed =
-        std::fs::read(committed_object()).context("reading the committed eBPF object")?;
-    let rebuilt = std::fs::read(&fresh)?;
-    if committed != rebuilt {
-        bail!(
-            "profiler/ebpf/wattprof.bpf.o does not match its sources ({} vs {} bytes): \
-             run `cargo xtask build-ebpf` and commit the object",
-            committed.len(),
-            rebuilt.len()
-        );
+    for name in OBJECTS {
+        let file = format!("{name}.bpf.o");
+        let committed = std::fs::read(committed_dir().join(&file))
+            .with_context(|| format!("reading the committed eBPF object {file}"))?;
+        let rebuilt = std::fs::read(fresh.join(&file))?;
+        if committed != rebuilt {
+            bail!(
+                "profiler/ebpf/{file} does not match its sources ({} vs {} bytes): \
+                 run `cargo xtask build-ebpf` and commit the objects",
+                committed.len(),
+                rebuilt.len()
+            );
+        }
+        println!("eBPF object {file} is fresh ({} bytes)", committed.len());
     }
-    println!("eBPF object is fresh ({} bytes)", committed.len());
     Ok(())
 }

@@ -16,10 +16,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Rebuild the committed eBPF object (profiler/ebpf/wattprof.bpf.o) with
-    /// nightly Rust, installing rust-src, LLVM and bpf-linker when missing.
+    /// Rebuild the committed eBPF objects (profiler/ebpf/wattprof.bpf.o and
+    /// wattprof-stacks.bpf.o) with nightly Rust, installing rust-src, LLVM
+    /// and bpf-linker when missing.
     BuildEbpf {
-        /// Write the object here instead of the committed path.
+        /// Write the objects into this directory instead of profiler/ebpf.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
@@ -40,9 +41,9 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::BuildEbpf { out } => {
-            let out = out.unwrap_or_else(ebpf::committed_object);
+            let out = out.unwrap_or_else(ebpf::committed_dir);
             ebpf::build(&out)?;
-            println!("eBPF object written to {}", out.display());
+            println!("eBPF objects written to {}", out.display());
             Ok(())
         }
         Command::Test { no_ebpf_check } => test::run(!no_ebpf_check),

@@ -32,6 +32,7 @@
 //! `attributed + idle + unattributed == measured`, exactly.
 
 mod ledger;
+pub mod stacks;
 pub mod vms;
 
 pub use ledger::{DomainTotals, EnergyBy, EnergyLedger};

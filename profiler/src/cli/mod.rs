@@ -8,6 +8,7 @@ pub mod report;
 pub mod run;
 pub mod setup;
 pub mod sources;
+pub mod stacks;
 
 use clap::{Parser, Subcommand};
 

@@ -84,11 +84,15 @@ pub struct MonitorArgs {
 
     #[command(flatten)]
     pub energy: EnergyArgs,
+
+    #[command(flatten)]
+    pub stacks: super::stacks::StackArgs,
 }
 
 /// Runs `wattprof monitor`.
 pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let stack_outputs = args.stacks.open()?;
     let mut vm_export = args
         .vm_export
         .as_deref()
@@ -122,6 +126,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         streams,
     )?;
     let start_ns = tracker.start_ns();
+    if let Some(s) = &stack_outputs {
+        s.start(&mut profile)?;
+    }
     if vm_export.is_some() {
         profile.track_vms();
     }
@@ -165,6 +172,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     )?;
     profile.tick(&mut tracker, true)?;
     hooks.export_vms(&profile);
+    // Written before the recording; a failure is reported after it, so
+    // nothing already recorded is lost.
+    let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&profile, "monitor"));
     let report = profile.finish(Ending {
         mode: "monitor",
         command: None,
@@ -172,6 +182,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&report, pending_output, args.energy.csv.as_deref())?;
+    stacks_written?;
     Ok(0)
 }
 

@@ -39,6 +39,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub energy: EnergyArgs,
 
+    #[command(flatten)]
+    pub stacks: super::stacks::StackArgs,
+
     /// Run the command as root even when wattprof was started with sudo
     /// (by default it runs as the user who invoked sudo).
     #[arg(long)]
@@ -82,6 +85,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         child::sudo_user(|k| std::env::var_os(k))?
     };
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let stack_outputs = args.stacks.open()?;
     // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
     // signal that comes meanwhile is held and given to the command once it
     // runs, never lost or fatal to wattprof.
@@ -107,6 +111,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         streams,
     )?;
     profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
+    if let Some(s) = &stack_outputs {
+        s.start(&mut profile)?;
+    }
 
     let socket = WindowSocket::bind(
         &std::env::temp_dir(),
@@ -172,6 +179,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Window messages sent just before the command exited.
     window_boundary(&socket, &mut tracker, &mut profile)?;
     profile.tick(&mut tracker, true)?;
+    // Written before the recording; a failure is reported after it, so
+    // nothing already recorded is lost.
+    let stacks_written = stack_outputs.map_or(Ok(()), |s| {
+        s.write(&profile, &format!("`{}`", argv.join(" ")))
+    });
 
     let report = profile.finish(Ending {
         mode: "run",
@@ -185,6 +197,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&report, pending_output, args.energy.csv.as_deref())?;
+    stacks_written?;
     Ok(child::exit_code(status))
 }
 

@@ -80,12 +80,17 @@ pub(super) struct PendingOutput {
 
 impl PendingOutput {
     pub(super) fn create(dest: &Path) -> Result<Self, Fatal> {
+        Self::create_for("--output", dest)
+    }
+
+    /// As [`PendingOutput::create`], for the option `option`.
+    pub(super) fn create_for(option: &str, dest: &Path) -> Result<Self, Fatal> {
         let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
         let name = dest.file_name().ok_or_else(|| {
-            Fatal::profiler(format!("--output {}: not a file name", dest.display()))
+            Fatal::profiler(format!("{option} {}: not a file name", dest.display()))
         })?;
         let mut tmp_name = OsString::from(".");
         tmp_name.push(name);
@@ -93,7 +98,7 @@ impl PendingOutput {
         let tmp = dir.join(tmp_name);
         let file = std::fs::File::create(&tmp).map_err(|e| {
             Fatal::profiler(format!(
-                "cannot write --output {}: {e} (check that {} exists and is writable)",
+                "cannot write {option} {}: {e} (check that {} exists and is writable)",
                 dest.display(),
                 dir.display()
             ))
@@ -107,7 +112,12 @@ impl PendingOutput {
 
     pub(super) fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
         self.file.write_all(json)?;
-        self.file.write_all(b"\n")?;
+        self.commit_raw(b"\n")
+    }
+
+    /// Writes `bytes` as they are and puts the file in place.
+    pub(super) fn commit_raw(mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)?;
         self.file.sync_all()?;
         std::fs::rename(&self.tmp, &self.dest)
     }

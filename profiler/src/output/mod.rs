@@ -1,6 +1,7 @@
 //! What a run reports: the JSON document and the table printed at the end.
 
 pub mod csv;
+pub mod flamegraph;
 pub mod jsonl;
 pub mod prometheus;
 pub mod record;
@@ -389,6 +390,9 @@ pub struct RunReport {
     pub lost_ns: u64,
     /// wattprof's own cost and health.
     pub profiler: ProfilerReport,
+    /// Energy per stack and function (`--stacks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<flamegraph::StackReport>,
     /// Per-interval series (see docs/recording.md); absent from the
     /// stream's summary.
     #[serde(default)]

@@ -408,7 +408,53 @@ pub fn render_run_table(r: &RunReport) -> String {
     }
     render_containers(&mut s, &r.containers);
     render_energy(&mut s, &EnergyView::of(r));
+    if let Some(st) = &r.stacks {
+        render_functions(&mut s, st, 10);
+    }
     s
+}
+
+/// The functions with the most energy (`--stacks`).
+fn render_functions(s: &mut String, st: &super::flamegraph::StackReport, top: usize) {
+    let lost = if st.lost_samples + st.merged_samples > 0 {
+        format!(
+            "; {} lost (ring full), {} merged into [other stacks]",
+            st.lost_samples, st.merged_samples
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "\n  stacks: {} samples at {} Hz on {} CPUs, {} distinct stacks{lost}",
+        st.samples, st.hz, st.cpus, st.stacks
+    );
+    if st.functions.is_empty() {
+        return;
+    }
+    let wall = st
+        .functions
+        .iter()
+        .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0);
+    let j = |e: &super::EnergyJ| if wall { e.wall_j } else { e.total_j };
+    let _ = writeln!(
+        s,
+        "  top functions by energy{}:\n  {:>12} {:>12} {:>8}  function",
+        if wall { " (wall)" } else { "" },
+        "total J",
+        "self J",
+        "samples"
+    );
+    for f in st.functions.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "  {:>12.3} {:>12.3} {:>8}  {}",
+            j(&f.energy),
+            j(&f.self_energy),
+            f.samples,
+            f.function
+        );
+    }
 }
 
 /// The ten containers with the most energy, and how many more there are.
@@ -715,6 +761,9 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
             window_errors: &[],
         },
     );
+    if let Some(st) = &r.stacks {
+        render_functions(&mut s, st, top.max(10));
+    }
     s
 }
 

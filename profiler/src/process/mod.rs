@@ -8,6 +8,7 @@
 pub mod cgroup;
 pub mod container;
 pub mod docker;
+pub mod symbols;
 pub mod vm;
 
 use crate::hash::IntMap;

@@ -7,6 +7,7 @@
 //! `sources` measure energy, `attribution` divides, `output` renders.
 
 pub mod sampling;
+pub mod stacks;
 pub mod windows;
 
 pub use crate::sources::registry::{ReaderConfig, ReaderUse, Readers};
@@ -238,6 +239,8 @@ pub struct Profile {
     scratch: Scratch,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
     vms: Option<crate::attribution::vms::VmTracker>,
+    /// Stack sampling (`--stacks`), when asked for.
+    stacks: Option<stacks::StackProfile>,
     memory: IntMap<ConsumerId, MemoryReport>,
     memory_read_ns: IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
     /// Memory reads left in the current second, and when it began.
@@ -301,6 +304,7 @@ impl Profile {
             last: None,
             scratch: Scratch::default(),
             vms: None,
+            stacks: None,
             memory: IntMap::default(),
             memory_read_ns: IntMap::default(),
             memory_budget: (0, 0),
@@ -436,6 +440,25 @@ impl Profile {
     /// Starts counting: the energy counters' starting point, taken by the
     /// tracker right before its own (nothing that can sleep between).
     /// Returns the monotonic time counting starts.
+    /// Samples stacks too (`--stacks`): each interval's energy of each
+    /// reported process is divided over its stacks.
+    pub fn set_stacks(&mut self, stacks: stacks::StackProfile) {
+        self.stacks = Some(stacks);
+    }
+
+    /// The stack sampling, if on.
+    pub fn stacks(&self) -> Option<&stacks::StackProfile> {
+        self.stacks.as_ref()
+    }
+
+    /// Takes the stack samples waiting (the sampling loop calls this on
+    /// every pass, so the ring never fills however long the interval).
+    pub fn drain_stacks(&mut self) {
+        if let Some(s) = &mut self.stacks {
+            s.drain(None);
+        }
+    }
+
     pub fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
         let readers = &mut self.readers;
         let start_ns = sampler.begin(&mut || readers.rebase())?;
@@ -549,6 +572,24 @@ impl Profile {
             }
         }
         self.v1_cgroups(&mut usage);
+        if self.stacks.is_some() {
+            let tree_only = matches!(self.cfg.scope, Scope::Tree);
+            let consumers: Vec<(u32, &str, EnergyBy)> = usage
+                .iter()
+                .filter(|u| (!tree_only || u.role == Role::Tree) && self.wanted(u.id, u.cgroup_id))
+                .map(|u| {
+                    (
+                        u.pid,
+                        self.table.by_id(u.id).map_or("", |p| p.comm.as_str()),
+                        energy.get(&u.id).copied().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            if let Some(st) = self.stacks.as_mut() {
+                st.drain(Some(sample.at_ns));
+                st.close(consumers.into_iter());
+            }
+        }
         let mut interval_groups: [EnergyBy; 3] = Default::default();
         for (id, e) in &energy {
             // A consumer the table no longer knows was an exited process
@@ -1319,6 +1360,13 @@ impl Profile {
             machine: self.machine.report(self.package_ids.clone(), attributed_ns),
             lost_ns: self.machine.lost_ns(),
             profiler,
+            stacks: self
+                .stacks
+                .as_ref()
+                .map(|st| crate::output::flamegraph::StackReport {
+                    functions: crate::output::flamegraph::functions(st.ledger(), 20, span, carbon),
+                    ..st.report()
+                }),
             intervals: Vec::new(),
         };
         if let Some(s) = &mut self.jsonl {

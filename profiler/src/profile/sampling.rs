@@ -124,6 +124,7 @@ pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
             return Ok(());
         }
         sampler.drain();
+        profile.drain_stacks();
         if n > 0 && ring.is_some() && fds[0].revents != 0 {
             let wait = DRAIN_BATCH.min(ticker.until(monotonic_ns()));
             let mut watch: Vec<libc::pollfd> = extra

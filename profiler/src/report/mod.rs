@@ -123,6 +123,8 @@ pub struct Summary {
     pub carbon_intensity_source: String,
     /// Reader failures.
     pub problems: Vec<String>,
+    /// Energy per function (`--stacks`; not in a cut stream).
+    pub stacks: Option<crate::output::flamegraph::StackReport>,
 }
 
 /// A file read back: its summary and its intervals.
@@ -238,6 +240,7 @@ impl Summary {
             carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
             carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
             problems: r.energy.problems.clone(),
+            stacks: r.stacks.clone(),
         }
     }
 
@@ -430,6 +433,7 @@ impl Summary {
             carbon_intensity_g_per_kwh: g,
             carbon_intensity_source: h.carbon_intensity_source.clone(),
             problems: Vec::new(),
+            stacks: None,
         }
     }
 

@@ -210,7 +210,9 @@ pub(super) fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Trac
     }
 }
 
-fn attach_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> TrackerError + '_ {
+pub(super) fn attach_err(
+    program: &str,
+) -> impl Fn(aya::programs::ProgramError) -> TrackerError + '_ {
     move |e| TrackerError::Attach {
         program: program.to_string(),
         reason: e.to_string(),
@@ -219,7 +221,7 @@ fn attach_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> TrackerE
 
 /// Whether an error comes from a syscall the kernel refused for want of
 /// privilege (EPERM, EACCES), anywhere down its chain of causes.
-fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(super) fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(e);
     while let Some(err) = cause {
         if let Some(io) = err.downcast_ref::<std::io::Error>()
@@ -1065,7 +1067,7 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
     Ok(ExitTracking::ExitTracepoint)
 }
 
-fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, TrackerError> {
+pub(super) fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, TrackerError> {
     ebpf.take_map(name).ok_or(TrackerError::Map {
         map: name,
         reason: "missing from the object".into(),
@@ -1073,7 +1075,7 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, TrackerError> {
 }
 
 /// Program `prog` of the object, as its type.
-fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut P, TrackerError>
+pub(super) fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut P, TrackerError>
 where
     &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
@@ -1114,7 +1116,7 @@ static MEMLOCK_PROBLEM: std::sync::OnceLock<std::io::Error> = std::sync::OnceLoc
 
 /// Kernels before 5.11 charge eBPF maps to RLIMIT_MEMLOCK. A failure is
 /// harmless on later kernels; on earlier ones the load error says it.
-fn raise_memlock_limit() {
+pub(super) fn raise_memlock_limit() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,

@@ -10,6 +10,7 @@ mod ebpf;
 mod forks;
 mod iter;
 pub mod runtime;
+pub mod stacks;
 mod sys;
 mod threads;
 pub mod tracefs;

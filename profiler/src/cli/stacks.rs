@@ -1,0 +1,170 @@
+//! `--stacks` and its outputs, shared by `run` and `monitor`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::Fatal;
+use super::setup::PendingOutput;
+use crate::output::flamegraph;
+use crate::profile::Profile;
+use crate::profile::stacks::{DEFAULT_MAX_ENTRIES, StackProfile};
+use crate::tracker::stacks::{MAX_HZ, StackSampler};
+
+/// Energy flame graphs: options shared by `run` and `monitor`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StackArgs {
+    /// Sample user and kernel stacks on every CPU (software cpu-clock
+    /// event: works in VMs) and divide each process's energy over its
+    /// stacks by their samples, interval by interval. Implied by
+    /// --stacks-out and --flamegraph. User stacks need frame pointers
+    /// (see README).
+    #[arg(long, help_heading = "Energy flame graphs")]
+    pub stacks: bool,
+
+    /// Stack samples per second per CPU (1 to 10000). 99 costs a
+    /// CPU-bound program under 1% (BENCHMARKS.md).
+    #[arg(long, default_value_t = 99, value_name = "HZ", value_parser = parse_hz,
+          help_heading = "Energy flame graphs")]
+    pub stack_hz: u32,
+
+    /// Write folded stacks weighted in microjoules to FILE, one line per
+    /// domain, process and stack: `package;python3;main;train 123456`
+    /// (flamegraph.pl, inferno, speedscope read it; keep one domain with
+    /// `grep '^package;' FILE | cut -d';' -f2-`).
+    #[arg(long, value_name = "FILE", help_heading = "Energy flame graphs")]
+    pub stacks_out: Option<PathBuf>,
+
+    /// Draw an interactive SVG energy flame graph to FILE (width = energy;
+    /// hover for joules, click to zoom, Ctrl-F to search).
+    #[arg(long, value_name = "FILE.svg", help_heading = "Energy flame graphs")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// The domain the flame graph shows (default: package where it has
+    /// energy, else the first domain that has).
+    #[arg(long, value_name = "DOMAIN", value_parser = ["package", "core", "dram", "gpu", "wall"],
+          help_heading = "Energy flame graphs")]
+    pub flamegraph_domain: Option<String>,
+
+    /// Most distinct (process, stack) entries kept; past it new stacks are
+    /// merged into one `[other stacks]` frame per process and counted.
+    /// About 300 bytes each with typical stacks.
+    #[arg(long, default_value_t = DEFAULT_MAX_ENTRIES as u64, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000),
+          help_heading = "Energy flame graphs")]
+    pub stacks_max: u64,
+}
+
+fn parse_hz(s: &str) -> Result<u32, String> {
+    let hz: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number of samples per second"))?;
+    if hz == 0 || hz > MAX_HZ {
+        return Err(format!(
+            "{hz} Hz is out of range: give 1 to {MAX_HZ} (99 is the usual choice)"
+        ));
+    }
+    Ok(hz)
+}
+
+/// The stack outputs, opened before anything starts.
+pub(super) struct StackOutputs {
+    folded: Option<PendingOutput>,
+    svg: Option<PendingOutput>,
+    domain: Option<String>,
+    hz: u32,
+    max: usize,
+}
+
+impl StackArgs {
+    /// Whether stacks are sampled.
+    pub fn enabled(&self) -> bool {
+        self.stacks || self.stacks_out.is_some() || self.flamegraph.is_some()
+    }
+
+    /// Opens the outputs (an unwritable one fails here, before anything
+    /// runs); `None` without `--stacks`.
+    pub(super) fn open(&self) -> Result<Option<StackOutputs>, Fatal> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        Ok(Some(StackOutputs {
+            folded: self
+                .stacks_out
+                .as_deref()
+                .map(|p| PendingOutput::create_for("--stacks-out", p))
+                .transpose()?,
+            svg: self
+                .flamegraph
+                .as_deref()
+                .map(|p| PendingOutput::create_for("--flamegraph", p))
+                .transpose()?,
+            domain: self.flamegraph_domain.clone(),
+            hz: self.stack_hz,
+            max: self.stacks_max as usize,
+        }))
+    }
+}
+
+impl StackOutputs {
+    /// Starts the sampler into `profile`.
+    pub(super) fn start(&self, profile: &mut Profile) -> Result<(), Fatal> {
+        let sampler =
+            StackSampler::start(self.hz).map_err(|e| Fatal::profiler(format!("--stacks: {e}")))?;
+        profile.set_stacks(StackProfile::new(sampler, self.max));
+        Ok(())
+    }
+
+    /// Writes the folded stacks and the flame graph; `what` names the
+    /// profile in the graph's title.
+    pub(super) fn write(self, profile: &Profile, what: &str) -> Result<(), Fatal> {
+        let Some(st) = profile.stacks() else {
+            return Ok(());
+        };
+        let ledger = st.ledger();
+        let mut stderr = std::io::stderr().lock();
+        if let Some(out) = self.folded {
+            let (bytes, lines) = flamegraph::folded(ledger);
+            let dest = out.dest.clone();
+            out.commit_raw(&bytes).map_err(|e| {
+                Fatal::profiler(format!("cannot write --stacks-out {}: {e}", dest.display()))
+            })?;
+            let _ = writeln!(
+                stderr,
+                "  folded stacks ({lines} lines, µJ) written to {}",
+                dest.display()
+            );
+        }
+        if let Some(out) = self.svg {
+            let domain = self
+                .domain
+                .as_deref()
+                .unwrap_or_else(|| flamegraph::default_domain(ledger));
+            let dest = out.dest.clone();
+            let bytes = flamegraph::svg(ledger, domain, what)
+                .map_err(|e| Fatal::profiler(format!("cannot draw --flamegraph: {e}")))?;
+            out.commit_raw(&bytes).map_err(|e| {
+                Fatal::profiler(format!("cannot write --flamegraph {}: {e}", dest.display()))
+            })?;
+            let _ = writeln!(
+                stderr,
+                "  {domain} energy flame graph written to {}",
+                dest.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_hz;
+
+    #[test]
+    fn a_rate_outside_1_to_10_khz_is_refused_with_the_range() {
+        assert_eq!(parse_hz("99"), Ok(99));
+        assert_eq!(parse_hz("10000"), Ok(10_000));
+        assert!(parse_hz("0").expect_err("0").contains("1 to 10000"));
+        assert!(parse_hz("10001").expect_err("big").contains("out of range"));
+        assert!(parse_hz("fast").expect_err("word").contains("whole number"));
+    }
+}

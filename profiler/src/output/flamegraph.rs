@@ -1,0 +1,255 @@
+//! Energy flame graphs: folded stacks weighted in microjoules, an SVG drawn
+//! by inferno, and the stack section of the recording.
+
+use serde::{Deserialize, Serialize};
+
+use super::EnergyJ;
+use crate::attribution::EnergyBy;
+use crate::attribution::stacks::StackLedger;
+use crate::carbon::CarbonIntensity;
+
+/// A domain's energy in a sum.
+pub type DomainOf = fn(&EnergyBy) -> u64;
+
+/// The domains a flame graph can weigh by: the name used as the folded
+/// file's first frame and by `--flamegraph-domain`, and its energy.
+pub const DOMAINS: [(&str, DomainOf); 5] = [
+    ("package", |e| e.package_uj),
+    ("core", |e| e.core_uj),
+    ("dram", |e| e.dram_uj),
+    ("gpu", |e| e.gpu_uj),
+    ("wall", |e| e.wall_uj),
+];
+
+/// The energy of `domain` in `e` (0 for an unknown name).
+pub fn domain_uj(domain: &str, e: &EnergyBy) -> u64 {
+    DOMAINS
+        .iter()
+        .find(|(n, _)| *n == domain)
+        .map_or(0, |(_, f)| f(e))
+}
+
+/// A frame name as folded stacks can carry it: `;` separates frames and a
+/// line ends the stack.
+fn clean(frame: &str) -> std::borrow::Cow<'_, str> {
+    if frame.contains([';', '\n', '\r']) {
+        frame.replace(';', ":").replace(['\n', '\r'], " ").into()
+    } else {
+        frame.into()
+    }
+}
+
+/// Folded lines (`[domain;]process;frame;...;frame µJ`), sorted, for one
+/// domain (no prefix) or for every domain with energy (each line prefixed
+/// by its domain). Entries with no energy in a domain are left out of it.
+pub fn folded_lines(ledger: &StackLedger, domain: Option<&str>) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (name, f) in DOMAINS {
+        if domain.is_some_and(|d| d != name) {
+            continue;
+        }
+        for (process, stack, w) in ledger.entries() {
+            let uj = f(&w.energy);
+            if uj == 0 {
+                continue;
+            }
+            let mut line = String::new();
+            if domain.is_none() {
+                line.push_str(name);
+                line.push(';');
+            }
+            line.push_str(&clean(process));
+            for frame in ledger.table.frames(stack) {
+                line.push(';');
+                line.push_str(&clean(frame));
+            }
+            line.push(' ');
+            line.push_str(&uj.to_string());
+            lines.push(line);
+        }
+    }
+    lines.sort_unstable();
+    lines
+}
+
+/// The folded stacks of every domain (each line starts with its domain),
+/// as a file's bytes; and how many lines.
+pub fn folded(ledger: &StackLedger) -> (Vec<u8>, usize) {
+    let lines = folded_lines(ledger, None);
+    let mut out = Vec::new();
+    for l in &lines {
+        out.extend_from_slice(l.as_bytes());
+        out.push(b'\n');
+    }
+    (out, lines.len())
+}
+
+/// The domain a flame graph shows when none is asked for: package where it
+/// has energy, else the first domain that has any.
+pub fn default_domain(ledger: &StackLedger) -> &'static str {
+    let has = |f: fn(&EnergyBy) -> u64| ledger.entries().any(|(_, _, w)| f(&w.energy) > 0);
+    DOMAINS
+        .iter()
+        .find(|(_, f)| has(*f))
+        .map_or("package", |(n, _)| n)
+}
+
+/// The energy flame graph of `domain` (an interactive SVG: hover for a
+/// frame's joules, click to zoom, Ctrl-F to search); `what` is said in
+/// the title (the command, or "monitor").
+pub fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Vec<u8>> {
+    let lines = folded_lines(ledger, Some(domain));
+    let total_uj: u64 = ledger
+        .entries()
+        .map(|(_, _, w)| domain_uj(domain, &w.energy))
+        .sum();
+    let mut opt = inferno::flamegraph::Options::default();
+    opt.title = format!(
+        "Energy flame graph: {domain}, {:.3} J ({what})",
+        total_uj as f64 / 1e6
+    );
+    opt.subtitle =
+        Some("width = energy; hover for joules, click to zoom, Ctrl-F to search (wattprof)".into());
+    opt.count_name = "J".into();
+    opt.factor = 1e-6;
+    opt.name_type = "Function:".into();
+    opt.deterministic = true;
+    opt.hash = true;
+    let mut out = Vec::new();
+    if lines.is_empty() {
+        // inferno refuses to draw nothing; say why in an SVG instead.
+        out.extend_from_slice(
+            format!(
+                r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="60"><text x="10" y="35" font-family="Verdana" font-size="14">No {domain} energy was attributed to any sampled stack ({what}).</text></svg>"#
+            )
+            .as_bytes(),
+        );
+    } else {
+        inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut out)
+            .map_err(std::io::Error::other)?;
+    }
+    Ok(out)
+}
+
+/// The recording's stack section (`stacks`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackReport {
+    /// Samples per second per CPU.
+    pub hz: u32,
+    /// CPUs sampled.
+    pub cpus: usize,
+    /// Samples of tasks the kernel took (all processes).
+    pub samples: u64,
+    /// Samples of idle CPUs (not reported).
+    pub idle_samples: u64,
+    /// Samples lost because the ring buffer was full.
+    pub lost_samples: u64,
+    /// Execs lost (their files may be named `[unknown]`).
+    pub lost_execs: u64,
+    /// Samples of stacks merged into `[other stacks]` (the bound was
+    /// reached).
+    pub merged_samples: u64,
+    /// Distinct stacks.
+    pub stacks: usize,
+    /// (process, stack) entries held.
+    pub entries: usize,
+    /// Memory those took (bytes, estimated).
+    pub memory_bytes: u64,
+    /// The functions with the most energy (whole stacks: `energy`; as the
+    /// innermost frame: `self_energy`).
+    pub functions: Vec<FunctionReport>,
+}
+
+/// One function's energy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionReport {
+    /// The frame's name.
+    pub function: String,
+    /// Samples with it anywhere on the stack.
+    pub samples: u64,
+    /// Samples with it innermost.
+    pub self_samples: u64,
+    /// Energy of the stacks it is on.
+    pub energy: EnergyJ,
+    /// Energy of the stacks it is innermost in.
+    pub self_energy: EnergyJ,
+}
+
+/// The top `top` functions of a ledger, by total energy (then samples).
+pub fn functions(
+    ledger: &StackLedger,
+    top: usize,
+    span_ns: u64,
+    carbon: &CarbonIntensity,
+) -> Vec<FunctionReport> {
+    ledger
+        .functions(top, |w| {
+            w.energy.total_uj().max(w.energy.wall_uj) * 1_000 + w.samples.min(999)
+        })
+        .into_iter()
+        .map(|f| FunctionReport {
+            function: f.function,
+            samples: f.total.samples,
+            self_samples: f.self_w.samples,
+            energy: EnergyJ::new(&f.total.energy, span_ns, carbon),
+            self_energy: EnergyJ::new(&f.self_w.energy, span_ns, carbon),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> StackLedger {
+        let mut l = StackLedger::new(100);
+        let a = l.table.intern(&["main".into(), "a;b".into()]);
+        let k = l.table.intern(&["main".into(), "write_[k]".into()]);
+        l.add(
+            "burner",
+            &[(a, 3), (k, 1)],
+            &EnergyBy {
+                package_uj: 4_000,
+                dram_uj: 400,
+                ..EnergyBy::default()
+            },
+        );
+        l
+    }
+
+    #[test]
+    fn folded_lines_carry_domain_process_frames_and_microjoules() {
+        let l = ledger();
+        assert_eq!(
+            folded_lines(&l, None),
+            vec![
+                "dram;burner;main;a:b 300",
+                "dram;burner;main;write_[k] 100",
+                "package;burner;main;a:b 3000",
+                "package;burner;main;write_[k] 1000",
+            ]
+        );
+        assert_eq!(
+            folded_lines(&l, Some("dram")),
+            vec!["burner;main;a:b 300", "burner;main;write_[k] 100"]
+        );
+        assert_eq!(default_domain(&l), "package");
+    }
+
+    #[test]
+    fn the_svg_is_titled_with_domain_and_energy_and_names_the_frames() {
+        let text =
+            String::from_utf8(svg(&ledger(), "package", "test").expect("svg")).expect("utf8");
+        assert!(
+            text.contains("Energy flame graph: package, 0.004 J"),
+            "{text}"
+        );
+        assert!(text.contains("write"));
+        assert!(text.contains("a:b"));
+        let empty = String::from_utf8(svg(&ledger(), "gpu", "test").expect("svg")).expect("utf8");
+        assert!(empty.contains("No gpu energy"));
+        let (bytes, n) = folded(&ledger());
+        assert_eq!(n, 4);
+        assert!(bytes.ends_with(b"write_[k] 1000\n"));
+    }
+}
