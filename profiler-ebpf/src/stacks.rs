@@ -11,15 +11,16 @@
 //! `sched_process_exec` program reports the path of each executed file,
 //! which is how userspace finds a file from its build id.
 //!
-//! Bounds: `SAMPLES` is `STACK_RING_BYTES` (userspace may resize it at
-//! load time) and is drained several times a second; a record that does
-//! not fit is counted in `STATS`, never dropped silently.
+//! Bounds: `SAMPLES` is sized by userspace for a second of samples at the
+//! chosen rate (`STACK_RING_BYTES` here) and drained at least ten times a
+//! second; a record that does not fit is counted in `STATS`, never
+//! dropped silently.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_BUILD_ID, BPF_F_USER_STACK},
+    bindings::{BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack,
         bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
@@ -54,6 +55,11 @@ static STATS: PerCpuArray<StackStats> = PerCpuArray::with_max_entries(1, 0);
 /// `sched:sched_process_exec` record; userspace reads it from tracefs.
 #[unsafe(no_mangle)]
 static EXEC_FILENAME_OFFSET: u32 = 8;
+
+/// Never wake userspace: it drains the ring on a timer (a wake-up per
+/// sample would cost more than the sample, and a BPF ring buffer polls
+/// readable whenever it holds anything).
+const NO_WAKEUP: u64 = BPF_RB_NO_WAKEUP as u64;
 
 /// One sample: the running task's stacks, or a count for the idle task.
 #[perf_event]
@@ -122,7 +128,7 @@ pub fn wattprof_stack_sample(ctx: PerfEventContext) -> u32 {
         );
         let len = HEAD + kernel + user;
         let bytes = core::slice::from_raw_parts(buf, len.min(STACK_SCRATCH_BYTES));
-        if SAMPLES.output::<[u8]>(bytes, 0).is_err() {
+        if SAMPLES.output::<[u8]>(bytes, NO_WAKEUP).is_err() {
             stats.ring_full += 1;
         }
     }
@@ -171,7 +177,7 @@ pub fn wattprof_stack_exec(ctx: TracePointContext) -> u32 {
             let _ = bpf_probe_read_kernel_str_bytes(src, &mut (*rec).path);
         }
     }
-    entry.submit(0);
+    entry.submit(NO_WAKEUP);
     0
 }
 

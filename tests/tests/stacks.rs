@@ -16,7 +16,13 @@ fn energyfns() -> &'static Path {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("stacks/energyfns.c");
         let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/energyfns");
         let status = Command::new("cc")
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+            .args([
+                "-O1",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-Wl,--build-id",
+                "-o",
+            ])
             .arg(&out)
             .arg(&src)
             .status()
@@ -80,6 +86,12 @@ fn two_functions_at_2_to_1_cpu_get_2_to_1_energy_and_stacks_add_up_to_the_proces
     let dir = tempfile_dir();
     let svg = dir.join("flame.svg");
     let bin = energyfns().display().to_string();
+    // Another program burns CPU meanwhile: `run` profiles only its command.
+    let mut other = Command::new(testload_bin())
+        .args(["cpu", "6"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("burner");
     let (out, report) = run(
         &dir,
         &[
@@ -93,8 +105,13 @@ fn two_functions_at_2_to_1_cpu_get_2_to_1_energy_and_stacks_add_up_to_the_proces
         ],
         &[&bin, "alternate", "4"],
     );
+    let _ = other.kill();
+    let _ = other.wait();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    let all = folded(&dir, "package");
+    assert!(all.iter().all(|(fr, _)| fr[0] == "energyfns"), "{all:?}");
+    assert!(f(&report, "/stacks/profiled_samples") < f(&report, "/stacks/samples"));
     for (domain, field) in [("package", "package_j"), ("dram", "dram_j")] {
         let lines: Vec<(Vec<String>, u64)> = folded(&dir, domain)
             .into_iter()
@@ -127,13 +144,24 @@ fn two_functions_at_2_to_1_cpu_get_2_to_1_energy_and_stacks_add_up_to_the_proces
             "{lines:?}"
         );
     }
-    // The recording's functions, and the table's.
+    // The recording's functions (valid against the schema), and the table's.
+    wattprof_tests::schema::assert_valid("recording", &report);
     let functions = report["stacks"]["functions"].as_array().expect("functions");
     assert!(functions.iter().any(|f| f["function"] == "energy_fn_a"));
     assert!(f(&report, "/stacks/samples") > 0.0);
     assert_eq!(f(&report, "/stacks/hz"), 999.0);
     assert!(stderr.contains("top functions by energy"), "{stderr}");
     assert!(stderr.contains("energy_fn_a"), "{stderr}");
+    // `report` shows them from the recording.
+    let shown = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(dir.join("run.json"))
+        .output()
+        .expect("report");
+    let table = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.status.success(), "{table}");
+    assert!(table.contains("top functions by energy"), "{table}");
+    assert!(table.contains("energy_fn_b"), "{table}");
     // The SVG, titled with its domain and energy.
     let text = std::fs::read_to_string(&svg).expect("svg");
     assert!(text.contains("Energy flame graph: package,"), "{text}");
@@ -267,7 +295,7 @@ fn a_full_ledger_merges_stacks_and_says_so() {
 
 #[test]
 fn bad_stack_options_get_one_line_and_nothing_runs() {
-    require_ebpf!();
+    // Refused before anything loads: no root needed.
     let dir = tempfile_dir();
     let marker = dir.join("ran");
     let touch = format!("touch {}", marker.display());
@@ -283,6 +311,11 @@ fn bad_stack_options_get_one_line_and_nothing_runs() {
             vec!["--stacks-out", "/nonexistent/dir/s.folded"],
             125,
             "cannot write --stacks-out",
+        ),
+        (
+            vec!["--stacks-out", "/tmp/same.out", "--output", "/tmp/same.out"],
+            125,
+            "name the same file",
         ),
     ] {
         let out = Command::new(wattprof_bin())
@@ -335,5 +368,6 @@ fn monitor_samples_stacks_of_every_process() {
         serde_json::from_slice(&std::fs::read(dir.join("m.json")).expect("recording"))
             .expect("json");
     assert!(f(&report, "/stacks/memory_bytes") > 0.0);
+    wattprof_tests::schema::assert_valid("recording", &report);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,6 +39,27 @@ pub enum Which {
         #[arg(long, default_value_t = 1000)]
         processes: usize,
     },
+    /// Energy flame graphs' cost: a CPU-bound workload on every CPU alone,
+    /// under `wattprof run`, and under `wattprof run --stacks` at HZ, in
+    /// paired rounds (rotating order); the slowdown --stacks adds, and
+    /// wattprof's own CPU time with and without it.
+    Stacks {
+        /// Paired rounds (each round runs all three).
+        #[arg(long, default_value_t = 40)]
+        rounds: usize,
+        /// Stack samples per second per CPU.
+        #[arg(long, default_value_t = 99)]
+        hz: u32,
+        /// Work per thread (millions of loop iterations; about 1 s at 300).
+        #[arg(long, default_value_t = 300)]
+        work: u64,
+    },
+    /// (helper) CPU-bound work on every CPU; prints its seconds.
+    #[command(hide = true)]
+    Spin {
+        /// Millions of loop iterations per thread.
+        work: u64,
+    },
     /// (helper) N processes that each wake every 50 ms and spin ~20 us.
     #[command(hide = true)]
     BusyProcs {
@@ -80,6 +101,21 @@ pub fn run(which: Which) -> Result<()> {
             seconds,
         } => overhead(rounds, round_trips, seconds),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
+        Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
+        Which::Spin { work } => {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let start = Instant::now();
+            let handles: Vec<_> = (0..threads)
+                .map(|t| std::thread::spawn(move || spin_outer(work * 1_000_000, t as u64)))
+                .collect();
+            let mut sum = 0u64;
+            for h in handles {
+                sum = sum.wrapping_add(h.join().unwrap_or(0));
+            }
+            println!("{}", start.elapsed().as_secs_f64());
+            eprintln!("checksum {sum}");
+            Ok(())
+        }
         Which::BusyProcs { n, seconds } => busy_procs(n, seconds),
         Which::BusyThreads { n, seconds } => {
             let end = Instant::now() + std::time::Duration::from_secs(seconds);
@@ -193,14 +229,17 @@ fn wattprof_release() -> Result<PathBuf> {
 /// start-up is not in it).
 fn timed(
     wattprof: &Path,
-    tracker: Option<&str>,
+    options: Option<&[&str]>,
     cmd: &[String],
     parse: fn(&str) -> Option<f64>,
 ) -> Result<f64> {
-    let mut c = match tracker {
-        Some(t) => {
+    let mut c = match options {
+        Some(options) => {
             let mut c = Command::new(wattprof);
-            c.args(["run", "--as-root", "--tracker", t, "--"]).args(cmd);
+            c.args(["run", "--as-root"])
+                .args(options)
+                .arg("--")
+                .args(cmd);
             c
         }
         None => {
@@ -261,39 +300,163 @@ fn paired(
     if rounds == 0 {
         return Ok(());
     }
-    const VARIANTS: [Option<&str>; 3] = [None, Some("switch"), Some("iter")];
-    let mut times: Vec<Vec<f64>> = (0..3).map(|_| Vec::with_capacity(rounds)).collect();
+    let variants: [Option<&[&str]>; 3] = [
+        None,
+        Some(&["--tracker", "switch"]),
+        Some(&["--tracker", "iter"]),
+    ];
+    let times = rotate(wattprof, cmd, rounds, &variants, parse)?;
+    let base_median = print_base(name, rounds, &times[0], "untracked");
+    for (v, label) in [(1, "switch"), (2, "iter")] {
+        let (m, text) = paired_ratio(&times[v], &times[0]);
+        println!(
+            "  --tracker {label:<6}  {text}, {:+.0} ns per context switch",
+            (m - 1.0) * base_median * 1e9 / switches,
+        );
+    }
+    Ok(())
+}
+
+/// Runs `cmd` under each variant (`None`: alone; else `wattprof run` with
+/// those options) in each of `rounds` rounds, the order rotating so drift
+/// and warm-up fall on all alike; the timings per variant.
+fn rotate(
+    wattprof: &Path,
+    cmd: &[String],
+    rounds: usize,
+    variants: &[Option<&[&str]>],
+    parse: fn(&str) -> Option<f64>,
+) -> Result<Vec<Vec<f64>>> {
+    let n = variants.len();
+    let mut times: Vec<Vec<f64>> = (0..n).map(|_| Vec::with_capacity(rounds)).collect();
     for round in 0..rounds {
-        for k in 0..3 {
-            let v = (round + k) % 3;
-            times[v].push(timed(wattprof, VARIANTS[v], cmd, parse)?);
+        for k in 0..n {
+            let v = (round + k) % n;
+            times[v].push(timed(wattprof, variants[v], cmd, parse)?);
         }
     }
-    let mut base = times[0].clone();
+    Ok(times)
+}
+
+/// Prints the baseline's median and IQR; returns the median.
+fn print_base(name: &str, rounds: usize, base: &[f64], what: &str) -> f64 {
+    let mut base = base.to_vec();
     base.sort_by(f64::total_cmp);
-    let base_median = quantile(&base, 0.5);
+    let median = quantile(&base, 0.5);
     println!(
-        "{name}: {rounds} rounds; untracked median {base_median:.4} s (IQR {:.4}-{:.4} s)",
+        "{name}: {rounds} rounds; {what} median {median:.4} s (IQR {:.4}-{:.4} s)",
         quantile(&base, 0.25),
         quantile(&base, 0.75)
     );
-    for v in 1..3 {
-        let mut ratios: Vec<f64> = times[v].iter().zip(&times[0]).map(|(t, b)| t / b).collect();
-        ratios.sort_by(f64::total_cmp);
-        let m = quantile(&ratios, 0.5);
-        let (lo, hi) = median_ci(&ratios);
-        println!(
-            "  --tracker {:<6}  median paired ratio {m:.4} ({:+.2}%, 95% CI {:+.2}% to \
-             {:+.2}%), IQR {:.4}-{:.4}, {:+.0} ns per context switch",
-            VARIANTS[v].unwrap_or(""),
+    median
+}
+
+/// The median of the round-by-round ratios `times / base`, and it said
+/// with its 95% CI and IQR.
+fn paired_ratio(times: &[f64], base: &[f64]) -> (f64, String) {
+    let mut ratios: Vec<f64> = times.iter().zip(base).map(|(t, b)| t / b).collect();
+    ratios.sort_by(f64::total_cmp);
+    let m = quantile(&ratios, 0.5);
+    let (lo, hi) = median_ci(&ratios);
+    (
+        m,
+        format!(
+            "median paired ratio {m:.4} ({:+.2}%, 95% CI {:+.2}% to {:+.2}%), IQR {:.4}-{:.4}",
             (m - 1.0) * 100.0,
             (lo - 1.0) * 100.0,
             (hi - 1.0) * 100.0,
             quantile(&ratios, 0.25),
             quantile(&ratios, 0.75),
-            (m - 1.0) * base_median * 1e9 / switches,
+        ),
+    )
+}
+
+/// A call chain of a few frames, so sampled stacks have depth.
+#[inline(never)]
+fn spin_outer(iterations: u64, seed: u64) -> u64 {
+    std::hint::black_box(spin_middle(iterations, seed))
+}
+
+#[inline(never)]
+fn spin_middle(iterations: u64, seed: u64) -> u64 {
+    std::hint::black_box(spin_inner(iterations, seed))
+}
+
+#[inline(never)]
+fn spin_inner(iterations: u64, seed: u64) -> u64 {
+    let mut x = seed | 1;
+    for i in 0..iterations {
+        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
+    }
+    x
+}
+
+/// `cargo xtask bench stacks`.
+fn stacks(rounds: usize, hz: u32, work: u64) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the stacks benchmark loads eBPF: run it as root");
+    }
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    print_machine();
+    let hz_text = hz.to_string();
+    let cmd: Vec<String> = vec![
+        xtask.to_string_lossy().into_owned(),
+        "bench".into(),
+        "spin".into(),
+        work.to_string(),
+    ];
+    let with: [&str; 3] = ["--stacks", "--stack-hz", &hz_text];
+    let variants: [Option<&[&str]>; 3] = [None, Some(&[]), Some(&with)];
+    let times = rotate(&wattprof, &cmd, rounds, &variants, |t| {
+        t.trim().parse().ok()
+    })?;
+    print_base(
+        &format!("CPU-bound work on every CPU, {work}M iterations per thread"),
+        rounds,
+        &times[0],
+        "alone",
+    );
+    let (_, text) = paired_ratio(&times[1], &times[0]);
+    println!("  wattprof run                 vs alone:        {text}");
+    let (_, text) = paired_ratio(&times[2], &times[0]);
+    println!("  wattprof run --stacks {hz:>5} Hz vs alone:       {text}");
+    let (_, text) = paired_ratio(&times[2], &times[1]);
+    println!("  --stacks {hz:>5} Hz vs wattprof run without: {text}");
+    // wattprof's own CPU, as it measured itself, with and without stacks.
+    let dir = std::env::temp_dir().join(format!("wattprof-bench-stacks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    for (label, options) in [("without --stacks", &[][..]), ("with --stacks", &with[..])] {
+        let mut own: Vec<f64> = Vec::new();
+        for _ in 0..5 {
+            let out = dir.join("run.json");
+            let status = Command::new(&wattprof)
+                .args(["run", "--as-root", "--output"])
+                .arg(&out)
+                .args(options)
+                .arg("--")
+                .args(&cmd)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?;
+            if !status.success() {
+                bail!("wattprof run {options:?} failed: {status}");
+            }
+            let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+            let own_ns = r["groups"]["profiler_ns"].as_f64().unwrap_or(0.0);
+            let wall_ns = r["wall_ns"].as_f64().unwrap_or(1.0);
+            own.push(own_ns / wall_ns * 100.0);
+        }
+        own.sort_by(f64::total_cmp);
+        println!(
+            "  wattprof's own CPU {label:<16}: median {:.3}% of one CPU (range {:.3}-{:.3}%, 5 runs)",
+            quantile(&own, 0.5),
+            own[0],
+            own[own.len() - 1]
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -394,20 +557,7 @@ fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
     }
     let wattprof = wattprof_release()?;
     let xtask = workspace_root().join("target/release/xtask");
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    println!(
-        "machine: {cpu}, {} CPUs, Linux {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        kernel.trim()
-    );
+    print_machine();
     if rounds == 0 {
         println!("paired workloads skipped (--rounds 0)");
     }
@@ -470,6 +620,24 @@ fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Prints the CPU model, CPU count and kernel.
+fn print_machine() {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!(
+        "machine: {cpu}, {} CPUs, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    );
 }
 
 /// N children that each wake every 50 ms and spin about 20 us, for

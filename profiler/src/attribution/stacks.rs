@@ -22,6 +22,10 @@ pub const NO_SAMPLES: &str = "[no samples]";
 /// The frame stacks are merged into once the ledger is full.
 pub const OTHER_STACKS: &str = "[other stacks]";
 
+/// The process name processes are merged into once the ledger holds as
+/// many names as entries.
+pub const OTHER_PROCESSES: &str = "[other processes]";
+
 /// Interned frame names and stacks (each a list of frames, outermost
 /// first).
 #[derive(Debug, Default)]
@@ -176,6 +180,15 @@ impl StackLedger {
         if let Some(id) = self.process_ids.get(name) {
             return *id;
         }
+        // Names are bounded like stacks: past the bound, one more.
+        let name = if self.process_names.len() >= self.max_entries {
+            OTHER_PROCESSES
+        } else {
+            name
+        };
+        if let Some(id) = self.process_ids.get(name) {
+            return *id;
+        }
         let id = self.process_names.len() as u32;
         self.process_names.push(name.into());
         self.process_ids.insert(name.into(), id);
@@ -194,11 +207,13 @@ impl StackLedger {
 
     fn put(&mut self, process: u32, stack: StackId, w: StackWeight) {
         let full = self.totals.len() >= self.max_entries;
-        let key = if full && !self.totals.contains_key(&(process, stack)) {
-            (process, self.other)
-        } else {
-            (process, stack)
-        };
+        // `[no samples]` stays itself: one entry per process name at most.
+        let key =
+            if full && stack != self.no_samples && !self.totals.contains_key(&(process, stack)) {
+                (process, self.other)
+            } else {
+                (process, stack)
+            };
         if key.1 == self.other {
             self.merged += w.samples;
         }
@@ -233,6 +248,29 @@ impl StackLedger {
         }
     }
 
+    /// Renames every frame through `rename` (one frame may become several,
+    /// e.g. a code address its function and the functions inlined there)
+    /// and merges the stacks that become the same, with their weights.
+    /// Returns each old stack id's new id.
+    pub fn rename(&mut self, mut rename: impl FnMut(&str) -> Vec<String>) -> Vec<StackId> {
+        let mut table = StackTable::default();
+        let remap: Vec<StackId> = (0..self.table.len() as StackId)
+            .map(|id| {
+                let frames: Vec<String> = self.table.frames(id).flat_map(&mut rename).collect();
+                table.intern(&frames)
+            })
+            .collect();
+        let old = std::mem::take(&mut self.totals);
+        for ((p, s), w) in old {
+            let s = remap.get(s as usize).copied().unwrap_or(s);
+            self.totals.entry((p, s)).or_default().merge(&w);
+        }
+        self.no_samples = remap[self.no_samples as usize];
+        self.other = remap[self.other as usize];
+        self.table = table;
+        remap
+    }
+
     /// Every entry: process name, stack, what it got.
     pub fn entries(&self) -> impl Iterator<Item = (&str, StackId, &StackWeight)> + '_ {
         self.totals.iter().filter_map(|((p, s), w)| {
@@ -242,7 +280,8 @@ impl StackLedger {
         })
     }
 
-    /// Per function, most `key` first (at most `top`).
+    /// Per function, most `key` of their own (as the innermost frame)
+    /// first, then most in all (at most `top`).
     pub fn functions(&self, top: usize, key: impl Fn(&StackWeight) -> u64) -> Vec<FunctionWeight> {
         let mut by: HashMap<&str, FunctionWeight> = HashMap::new();
         for (_, stack, w) in self.entries() {
@@ -267,9 +306,9 @@ impl StackLedger {
             })
             .collect();
         v.sort_by(|a, b| {
-            key(&b.total)
-                .cmp(&key(&a.total))
-                .then_with(|| key(&b.self_w).cmp(&key(&a.self_w)))
+            key(&b.self_w)
+                .cmp(&key(&a.self_w))
+                .then_with(|| key(&b.total).cmp(&key(&a.total)))
                 .then_with(|| a.function.cmp(&b.function))
         });
         v.truncate(top);
@@ -381,20 +420,48 @@ mod tests {
     }
 
     #[test]
+    fn renaming_merges_stacks_that_become_the_same_and_keeps_every_joule() {
+        let mut l = StackLedger::new(100);
+        let a1 = l.intern(&["main".into(), "@a+1".into()]);
+        let a2 = l.intern(&["main".into(), "@a+2".into()]);
+        let b = l.intern(&["main".into(), "@b+1".into()]);
+        l.add("p", &[(a1, 1), (a2, 1), (b, 2)], &e(400, 4));
+        l.add("q", &[], &e(7, 0));
+        let remap = l.rename(|f| match f.strip_prefix('@') {
+            Some(k) if k.starts_with('a') => vec!["a".into()],
+            Some(_) => vec!["b_outer".into(), "b_inlined".into()],
+            None => vec![f.to_string()],
+        });
+        assert_eq!(remap[a1 as usize], remap[a2 as usize]);
+        let a = remap[a1 as usize];
+        assert_eq!(l.table.frames(a).collect::<Vec<_>>(), ["main", "a"]);
+        assert_eq!(
+            l.table.frames(remap[b as usize]).collect::<Vec<_>>(),
+            ["main", "b_outer", "b_inlined"]
+        );
+        assert_eq!(of(&l, "p", a).energy.package_uj, 200);
+        assert_eq!(of(&l, "p", a).samples, 2);
+        assert_eq!(of(&l, "q", l.no_samples).energy.package_uj, 7);
+        let sum: u64 = l.entries().map(|(_, _, w)| w.energy.package_uj).sum();
+        assert_eq!(sum, 407);
+        assert_eq!(l.len(), 3);
+    }
+
+    #[test]
     fn functions_have_self_and_total_energy_with_recursion_counted_once() {
         let mut l = StackLedger::new(100);
         let r = l.table.intern(&["main".into(), "f".into(), "f".into()]);
         let g = l.table.intern(&["main".into(), "g".into()]);
         l.add("p", &[(r, 3), (g, 1)], &e(400, 0));
         let f = l.functions(10, |w| w.energy.package_uj);
-        assert_eq!(f[0].function, "main");
-        assert_eq!(f[0].total.energy.package_uj, 400);
-        assert_eq!(f[0].self_w.energy.package_uj, 0);
-        assert_eq!(f[1].function, "f");
-        assert_eq!(f[1].total.energy.package_uj, 300);
-        assert_eq!(f[1].self_w.energy.package_uj, 300);
-        assert_eq!(f[2].function, "g");
-        assert_eq!(f[2].total.samples, 1);
+        assert_eq!(f[0].function, "f");
+        assert_eq!(f[0].total.energy.package_uj, 300);
+        assert_eq!(f[0].self_w.energy.package_uj, 300);
+        assert_eq!(f[1].function, "g");
+        assert_eq!(f[1].total.samples, 1);
+        assert_eq!(f[2].function, "main");
+        assert_eq!(f[2].total.energy.package_uj, 400);
+        assert_eq!(f[2].self_w.energy.package_uj, 0);
         assert_eq!(l.functions(1, |w| w.samples).len(), 1);
     }
 }

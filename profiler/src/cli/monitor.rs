@@ -92,7 +92,7 @@ pub struct MonitorArgs {
 /// Runs `wattprof monitor`.
 pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
-    let stack_outputs = args.stacks.open()?;
+    let stack_outputs = args.stacks.open(args.output.as_deref())?;
     let mut vm_export = args
         .vm_export
         .as_deref()
@@ -174,7 +174,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     hooks.export_vms(&profile);
     // Written before the recording; a failure is reported after it, so
     // nothing already recorded is lost.
-    let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&profile, "monitor"));
+    let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&mut profile, "monitor"));
     let report = profile.finish(Ending {
         mode: "monitor",
         command: None,

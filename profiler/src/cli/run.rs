@@ -85,7 +85,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         child::sudo_user(|k| std::env::var_os(k))?
     };
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
-    let stack_outputs = args.stacks.open()?;
+    let stack_outputs = args.stacks.open(args.output.as_deref())?;
     // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
     // signal that comes meanwhile is held and given to the command once it
     // runs, never lost or fatal to wattprof.
@@ -182,7 +182,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Written before the recording; a failure is reported after it, so
     // nothing already recorded is lost.
     let stacks_written = stack_outputs.map_or(Ok(()), |s| {
-        s.write(&profile, &format!("`{}`", argv.join(" ")))
+        s.write(&mut profile, &format!("`{}`", argv.join(" ")))
     });
 
     let report = profile.finish(Ending {

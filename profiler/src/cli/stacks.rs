@@ -21,11 +21,11 @@ pub struct StackArgs {
     #[arg(long, help_heading = "Energy flame graphs")]
     pub stacks: bool,
 
-    /// Stack samples per second per CPU (1 to 10000). 99 costs a
-    /// CPU-bound program under 1% (BENCHMARKS.md).
-    #[arg(long, default_value_t = 99, value_name = "HZ", value_parser = parse_hz,
+    /// Stack samples per second per CPU (1 to 10000; default 99, whose
+    /// cost is in BENCHMARKS.md). Implies --stacks.
+    #[arg(long, value_name = "HZ", value_parser = parse_hz,
           help_heading = "Energy flame graphs")]
-    pub stack_hz: u32,
+    pub stack_hz: Option<u32>,
 
     /// Write folded stacks weighted in microjoules to FILE, one line per
     /// domain, process and stack: `package;python3;main;train 123456`
@@ -40,19 +40,24 @@ pub struct StackArgs {
     pub flamegraph: Option<PathBuf>,
 
     /// The domain the flame graph shows (default: package where it has
-    /// energy, else the first domain that has).
+    /// energy, else the first domain that has). Implies --stacks.
     #[arg(long, value_name = "DOMAIN", value_parser = ["package", "core", "dram", "gpu", "wall"],
           help_heading = "Energy flame graphs")]
     pub flamegraph_domain: Option<String>,
 
-    /// Most distinct (process, stack) entries kept; past it new stacks are
-    /// merged into one `[other stacks]` frame per process and counted.
-    /// About 300 bytes each with typical stacks.
-    #[arg(long, default_value_t = DEFAULT_MAX_ENTRIES as u64, value_name = "N",
+    /// Most distinct (process, stack) entries kept (default 100000); past
+    /// it new stacks are merged into one `[other stacks]` frame per
+    /// process and counted. About 300 bytes each with typical stacks.
+    /// Implies --stacks.
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=10_000_000),
           help_heading = "Energy flame graphs")]
-    pub stacks_max: u64,
+    pub stacks_max: Option<u64>,
 }
+
+/// Stack samples per second per CPU by default: off the beat of periodic
+/// work at 100 Hz, the usual choice of `perf record -F 99`.
+pub const DEFAULT_HZ: u32 = 99;
 
 fn parse_hz(s: &str) -> Result<u32, String> {
     let hz: u32 = s
@@ -78,14 +83,40 @@ pub(super) struct StackOutputs {
 impl StackArgs {
     /// Whether stacks are sampled.
     pub fn enabled(&self) -> bool {
-        self.stacks || self.stacks_out.is_some() || self.flamegraph.is_some()
+        self.stacks
+            || self.stacks_out.is_some()
+            || self.flamegraph.is_some()
+            || self.stack_hz.is_some()
+            || self.stacks_max.is_some()
+            || self.flamegraph_domain.is_some()
     }
 
     /// Opens the outputs (an unwritable one fails here, before anything
-    /// runs); `None` without `--stacks`.
-    pub(super) fn open(&self) -> Result<Option<StackOutputs>, Fatal> {
+    /// runs); `None` without `--stacks`. `output` is the recording's path,
+    /// which no stack output may share.
+    pub(super) fn open(
+        &self,
+        output: Option<&std::path::Path>,
+    ) -> Result<Option<StackOutputs>, Fatal> {
         if !self.enabled() {
             return Ok(None);
+        }
+        let paths = [
+            ("--output", output),
+            ("--stacks-out", self.stacks_out.as_deref()),
+            ("--flamegraph", self.flamegraph.as_deref()),
+        ];
+        for (i, (a, pa)) in paths.iter().enumerate() {
+            for (b, pb) in &paths[i + 1..] {
+                if let (Some(pa), Some(pb)) = (pa, pb)
+                    && (pa == pb || std::path::absolute(pa).ok() == std::path::absolute(pb).ok())
+                {
+                    return Err(Fatal::profiler(format!(
+                        "{a} and {b} name the same file {}: give each its own",
+                        pa.display()
+                    )));
+                }
+            }
         }
         Ok(Some(StackOutputs {
             folded: self
@@ -99,8 +130,8 @@ impl StackArgs {
                 .map(|p| PendingOutput::create_for("--flamegraph", p))
                 .transpose()?,
             domain: self.flamegraph_domain.clone(),
-            hz: self.stack_hz,
-            max: self.stacks_max as usize,
+            hz: self.stack_hz.unwrap_or(DEFAULT_HZ),
+            max: self.stacks_max.map_or(DEFAULT_MAX_ENTRIES, |n| n as usize),
         }))
     }
 }
@@ -116,23 +147,33 @@ impl StackOutputs {
 
     /// Writes the folded stacks and the flame graph; `what` names the
     /// profile in the graph's title.
-    pub(super) fn write(self, profile: &Profile, what: &str) -> Result<(), Fatal> {
+    pub(super) fn write(self, profile: &mut Profile, what: &str) -> Result<(), Fatal> {
         let Some(st) = profile.stacks() else {
             return Ok(());
         };
         let ledger = st.ledger();
         let mut stderr = std::io::stderr().lock();
+        // Each output is tried whatever happened to the other; the first
+        // failure is returned.
+        let mut first_error: Option<Fatal> = None;
         if let Some(out) = self.folded {
             let (bytes, lines) = flamegraph::folded(ledger);
             let dest = out.dest.clone();
-            out.commit_raw(&bytes).map_err(|e| {
-                Fatal::profiler(format!("cannot write --stacks-out {}: {e}", dest.display()))
-            })?;
-            let _ = writeln!(
-                stderr,
-                "  folded stacks ({lines} lines, µJ) written to {}",
-                dest.display()
-            );
+            match out.commit_raw(&bytes) {
+                Ok(()) => {
+                    let _ = writeln!(
+                        stderr,
+                        "  folded stacks ({lines} lines, µJ) written to {}",
+                        dest.display()
+                    );
+                }
+                Err(e) => {
+                    first_error.get_or_insert(Fatal::profiler(format!(
+                        "cannot write --stacks-out {}: {e}",
+                        dest.display()
+                    )));
+                }
+            }
         }
         if let Some(out) = self.svg {
             let domain = self
@@ -140,18 +181,23 @@ impl StackOutputs {
                 .as_deref()
                 .unwrap_or_else(|| flamegraph::default_domain(ledger));
             let dest = out.dest.clone();
-            let bytes = flamegraph::svg(ledger, domain, what)
-                .map_err(|e| Fatal::profiler(format!("cannot draw --flamegraph: {e}")))?;
-            out.commit_raw(&bytes).map_err(|e| {
-                Fatal::profiler(format!("cannot write --flamegraph {}: {e}", dest.display()))
-            })?;
-            let _ = writeln!(
-                stderr,
-                "  {domain} energy flame graph written to {}",
-                dest.display()
-            );
+            match flamegraph::svg(ledger, domain, what).and_then(|b| out.commit_raw(&b)) {
+                Ok(()) => {
+                    let _ = writeln!(
+                        stderr,
+                        "  {domain} energy flame graph written to {}",
+                        dest.display()
+                    );
+                }
+                Err(e) => {
+                    first_error.get_or_insert(Fatal::profiler(format!(
+                        "cannot write --flamegraph {}: {e}",
+                        dest.display()
+                    )));
+                }
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -110,14 +110,25 @@ pub fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Ve
     );
     opt.subtitle =
         Some("width = energy; hover for joules, click to zoom, Ctrl-F to search (wattprof)".into());
-    opt.count_name = "J".into();
-    opt.factor = 1e-6;
+    // inferno shows count x factor rounded to a whole number: millijoules
+    // where there is a joule or more, else microjoules.
+    let (unit, factor) = if total_uj >= 1_000_000 {
+        ("mJ", 1e-3)
+    } else {
+        ("µJ", 1.0)
+    };
+    opt.count_name = unit.into();
+    opt.factor = factor;
     opt.name_type = "Function:".into();
     opt.deterministic = true;
     opt.hash = true;
     let mut out = Vec::new();
     if lines.is_empty() {
         // inferno refuses to draw nothing; say why in an SVG instead.
+        let what = what
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
         out.extend_from_slice(
             format!(
                 r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="60"><text x="10" y="35" font-family="Verdana" font-size="14">No {domain} energy was attributed to any sampled stack ({what}).</text></svg>"#
@@ -140,6 +151,11 @@ pub struct StackReport {
     pub cpus: usize,
     /// Samples of tasks the kernel took (all processes).
     pub samples: u64,
+    /// Samples of the processes profiled (the command's tree in `run`).
+    pub profiled_samples: u64,
+    /// Samples of processes that came and went unseen by the tracker
+    /// (their energy too is the rest of the machine's).
+    pub unknown_samples: u64,
     /// Samples of idle CPUs (not reported).
     pub idle_samples: u64,
     /// Samples lost because the ring buffer was full.
@@ -175,7 +191,8 @@ pub struct FunctionReport {
     pub self_energy: EnergyJ,
 }
 
-/// The top `top` functions of a ledger, by total energy (then samples).
+/// The top `top` functions of a ledger, by their own energy (as the
+/// innermost frame: the code to change), then by total energy.
 pub fn functions(
     ledger: &StackLedger,
     top: usize,
@@ -183,9 +200,7 @@ pub fn functions(
     carbon: &CarbonIntensity,
 ) -> Vec<FunctionReport> {
     ledger
-        .functions(top, |w| {
-            w.energy.total_uj().max(w.energy.wall_uj) * 1_000 + w.samples.min(999)
-        })
+        .functions(top, |w| w.energy.total_uj().max(w.energy.wall_uj))
         .into_iter()
         .map(|f| FunctionReport {
             function: f.function,
@@ -246,8 +261,10 @@ mod tests {
         );
         assert!(text.contains("write"));
         assert!(text.contains("a:b"));
-        let empty = String::from_utf8(svg(&ledger(), "gpu", "test").expect("svg")).expect("utf8");
+        let empty =
+            String::from_utf8(svg(&ledger(), "gpu", "`a && b <c>`").expect("svg")).expect("utf8");
         assert!(empty.contains("No gpu energy"));
+        assert!(empty.contains("`a &amp;&amp; b &lt;c&gt;`"), "{empty}");
         let (bytes, n) = folded(&ledger());
         assert_eq!(n, 4);
         assert!(bytes.ends_with(b"write_[k] 1000\n"));

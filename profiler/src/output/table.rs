@@ -416,18 +416,18 @@ pub fn render_run_table(r: &RunReport) -> String {
 
 /// The functions with the most energy (`--stacks`).
 fn render_functions(s: &mut String, st: &super::flamegraph::StackReport, top: usize) {
-    let lost = if st.lost_samples + st.merged_samples > 0 {
+    let lost = if st.lost_samples + st.merged_samples + st.lost_execs > 0 {
         format!(
-            "; {} lost (ring full), {} merged into [other stacks]",
-            st.lost_samples, st.merged_samples
+            "; {} samples lost (ring full), {} merged into [other stacks], {} execs lost",
+            st.lost_samples, st.merged_samples, st.lost_execs
         )
     } else {
         String::new()
     };
     let _ = writeln!(
         s,
-        "\n  stacks: {} samples at {} Hz on {} CPUs, {} distinct stacks{lost}",
-        st.samples, st.hz, st.cpus, st.stacks
+        "\n  stacks: {} samples profiled ({} taken) at {} Hz on {} CPUs, {} distinct stacks{lost}",
+        st.profiled_samples, st.samples, st.hz, st.cpus, st.stacks
     );
     if st.functions.is_empty() {
         return;
@@ -439,18 +439,18 @@ fn render_functions(s: &mut String, st: &super::flamegraph::StackReport, top: us
     let j = |e: &super::EnergyJ| if wall { e.wall_j } else { e.total_j };
     let _ = writeln!(
         s,
-        "  top functions by energy{}:\n  {:>12} {:>12} {:>8}  function",
+        "  top functions by energy{} (self: as the innermost frame; total: with what it called):\n  {:>12} {:>12} {:>8}  function",
         if wall { " (wall)" } else { "" },
-        "total J",
         "self J",
+        "total J",
         "samples"
     );
     for f in st.functions.iter().take(top) {
         let _ = writeln!(
             s,
             "  {:>12.3} {:>12.3} {:>8}  {}",
-            j(&f.energy),
             j(&f.self_energy),
+            j(&f.energy),
             f.samples,
             f.function
         );

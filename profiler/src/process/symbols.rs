@@ -23,6 +23,11 @@ use crate::tracker::stacks::UserFrame;
 /// The suffix of kernel frames (flame graph tools colour them apart).
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
+/// Starts the key of a frame in a file: build id and offset, in hex.
+const FILE_KEY: char = '\u{1}';
+/// Starts the key of a kernel frame: its address, in hex.
+const KERNEL_KEY: char = '\u{2}';
+
 /// Most processes whose maps are remembered as read, and most cached
 /// frame names; past it the caches start again (names are only
 /// recomputed, never lost).
@@ -40,6 +45,9 @@ pub struct Symbols {
     /// Names of file frames already found.
     names: HashMap<([u8; 20], u64), Vec<String>>,
     kernel_names: HashMap<u64, String>,
+    /// Files of build ids found only inside a process (a container),
+    /// held open so they can be read after it exits.
+    held: Vec<std::fs::File>,
     /// Parsed perf maps of exited processes.
     perf_maps: HashMap<u32, Vec<(u64, u64, String)>>,
     /// Where `/proc` is (tests point it elsewhere).
@@ -58,10 +66,8 @@ impl Symbols {
     /// Symbols for processes under `proc_root`, with perf maps in `tmp`.
     pub fn new(proc_root: impl Into<PathBuf>, tmp: impl Into<PathBuf>) -> Self {
         let mut s = Self {
-            symbolizer: Symbolizer::builder()
-                .enable_inlined_fns(true)
-                .enable_code_info(false)
-                .build(),
+            symbolizer: new_symbolizer(),
+            held: Vec::new(),
             files: HashMap::new(),
             read: HashSet::new(),
             scanned: HashSet::new(),
@@ -78,42 +84,88 @@ impl Symbols {
 
     /// Files `tgid` executed: `path` as given to execve.
     pub fn saw_exec(&mut self, tgid: u32, path: &str) {
+        // A new image: its maps are worth reading again.
+        self.scanned.remove(&tgid);
         let p = Path::new(path);
-        if p.is_absolute() {
-            // In the process's own mount namespace first (a container).
-            let root = self.proc_root.join(tgid.to_string()).join("root");
-            let inside = root.join(p.strip_prefix("/").unwrap_or(p));
-            if !self.index_file(&inside) {
-                self.index_file(p);
-            }
+        let dir = self.proc_root.join(tgid.to_string());
+        let inside = if p.is_absolute() {
+            // In the process's own mount namespace (a container).
+            dir.join("root").join(p.strip_prefix("/").unwrap_or(p))
         } else {
-            let cwd = self.proc_root.join(tgid.to_string()).join("cwd");
-            if !self.index_file(&cwd.join(p)) {
-                self.index_file(p);
-            }
+            dir.join("cwd").join(p)
+        };
+        if !self.index(&inside, p) {
+            self.index(p, p);
         }
     }
 
-    /// Records the build id of `path`; whether the file could be read.
-    fn index_file(&mut self, path: &Path) -> bool {
-        if self.read.contains(path) {
+    /// Records the build id of the file at `inside` (a path through the
+    /// process, valid while it lives); the path kept is one that outlives
+    /// it: `host` when it is the same file, else the file held open.
+    /// Returns whether the file could be read.
+    fn index(&mut self, inside: &Path, host: &Path) -> bool {
+        if self.read.contains(inside) {
             return true;
         }
-        match blazesym::helper::read_elf_build_id(path) {
-            Ok(id) => {
-                if self.read.len() >= CACHE_LIMIT {
-                    self.read.clear();
-                }
-                self.read.insert(path.to_path_buf());
-                if let Some(id) = id {
-                    self.files
-                        .entry(pad(&id))
-                        .or_insert_with(|| path.to_path_buf());
-                }
-                true
-            }
-            Err(_) => false,
+        let Ok(id) = blazesym::helper::read_elf_build_id(inside) else {
+            return false;
+        };
+        if self.read.len() >= CACHE_LIMIT {
+            self.read.clear();
         }
+        self.read.insert(inside.to_path_buf());
+        let Some(id) = id else {
+            return true;
+        };
+        let key = pad(&id);
+        if self.files.contains_key(&key) {
+            return true;
+        }
+        let same_on_host = inside == host
+            || blazesym::helper::read_elf_build_id(host)
+                .ok()
+                .flatten()
+                .is_some_and(|h| pad(&h) == key);
+        let stable = if same_on_host {
+            Some(host.to_path_buf())
+        } else {
+            self.hold(inside)
+        };
+        if let Some(path) = stable {
+            self.files.insert(key, path);
+        }
+        true
+    }
+
+    /// Keeps `path` open and returns a path to it that outlives its
+    /// process (`/proc/self/fd/N`); past HELD_FILES, `path` itself.
+    fn hold(&mut self, path: &Path) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        if self.held.len() >= HELD_FILES {
+            return Some(path.to_path_buf());
+        }
+        let f = std::fs::File::open(path).ok()?;
+        let fd = f.as_raw_fd();
+        self.held.push(f);
+        Some(PathBuf::from(format!("/proc/self/fd/{fd}")))
+    }
+
+    /// Drops what naming cached (blazesym's parsed files, perf maps, frame
+    /// names), so a long `monitor` stays bounded; the build-id index stays.
+    pub fn trim(&mut self) {
+        self.symbolizer = new_symbolizer();
+        self.perf_maps.clear();
+        self.names.clear();
+        self.kernel_names.clear();
+    }
+
+    /// Bytes held, roughly (the caches and the index).
+    pub fn bytes(&self) -> usize {
+        self.files.len() * 120
+            + self.read.len() * 100
+            + self.names.len() * 120
+            + self.kernel_names.len() * 80
+            + self.perf_maps.values().map(|m| m.len() * 64).sum::<usize>()
     }
 
     /// Indexes every file process `pid` ("self" for wattprof) maps.
@@ -131,14 +183,17 @@ impl Symbols {
         paths.dedup();
         for p in paths {
             let inside = dir.join("root").join(&p[1..]);
-            if !self.index_file(&inside) {
-                self.index_file(Path::new(p));
+            if !self.index(&inside, Path::new(p)) {
+                self.index(Path::new(p), Path::new(p));
             }
         }
     }
 
     /// The frames of one sample, outermost first: the user stack, then the
-    /// kernel stack (each kernel frame ends in [`KERNEL_SUFFIX`]).
+    /// kernel stack. Frames of files and of the kernel come as keys (see
+    /// [`Symbols::resolve`]): naming them can wait until the profiled
+    /// program is done, so the work does not compete with it. Frames given
+    /// as bare addresses are named now, while their process lives.
     pub fn frames(&mut self, tgid: u32, user: &[UserFrame], kernel: &[u64]) -> Vec<String> {
         let mut out: Vec<String> = Vec::with_capacity(user.len() + kernel.len());
         for (i, f) in user.iter().enumerate().rev() {
@@ -147,7 +202,19 @@ impl Symbols {
             let back = u64::from(i > 0);
             match *f {
                 UserFrame::File { build_id, offset } => {
-                    out.extend(self.file_frame(tgid, build_id, offset.saturating_sub(back)));
+                    if !self.files.contains_key(&build_id) && !self.scanned.contains(&tgid) {
+                        // Find the file while the process still maps it.
+                        if self.scanned.len() >= CACHE_LIMIT {
+                            self.scanned.clear();
+                        }
+                        self.scanned.insert(tgid);
+                        self.scan_maps(&tgid.to_string());
+                    }
+                    out.push(format!(
+                        "{FILE_KEY}{}:{:x}",
+                        hex(&build_id),
+                        offset.saturating_sub(back)
+                    ));
                 }
                 UserFrame::Addr(addr) => {
                     out.extend(self.addr_frame(tgid, addr.saturating_sub(back)))
@@ -156,25 +223,43 @@ impl Symbols {
         }
         for (i, addr) in kernel.iter().enumerate().rev() {
             let back = u64::from(i > 0);
-            let name = self.kernel_frame(addr.saturating_sub(back));
-            out.push(format!("{name}{KERNEL_SUFFIX}"));
+            out.push(format!("{KERNEL_KEY}{:x}", addr.saturating_sub(back)));
         }
         out
     }
 
-    fn file_frame(&mut self, tgid: u32, build_id: [u8; 20], offset: u64) -> Vec<String> {
+    /// The names of a frame [`Symbols::frames`] gave: a key is named (one
+    /// name, or several where functions were inlined, outermost first;
+    /// kernel names end in [`KERNEL_SUFFIX`]); a name is itself.
+    pub fn resolve(&mut self, frame: &str) -> Vec<String> {
+        if let Some(rest) = frame.strip_prefix(FILE_KEY) {
+            let parsed = rest
+                .split_once(':')
+                .and_then(|(id, off)| Some((unhex(id)?, u64::from_str_radix(off, 16).ok()?)));
+            if let Some((build_id, offset)) = parsed {
+                return self.file_frame(build_id, offset);
+            }
+        } else if let Some(addr) = frame
+            .strip_prefix(KERNEL_KEY)
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+        {
+            return vec![format!("{}{KERNEL_SUFFIX}", self.kernel_frame(addr))];
+        }
+        vec![frame.to_string()]
+    }
+
+    /// Whether a frame is a key still to be named.
+    pub fn is_key(frame: &str) -> bool {
+        frame.starts_with(FILE_KEY) || frame.starts_with(KERNEL_KEY)
+    }
+
+    fn file_frame(&mut self, build_id: [u8; 20], offset: u64) -> Vec<String> {
         if let Some(n) = self.names.get(&(build_id, offset)) {
             return n.clone();
         }
-        if !self.files.contains_key(&build_id) && !self.scanned.contains(&tgid) {
-            if self.scanned.len() >= CACHE_LIMIT {
-                self.scanned.clear();
-            }
-            self.scanned.insert(tgid);
-            self.scan_maps(&tgid.to_string());
-        }
         let names = match self.files.get(&build_id) {
-            None => vec![format!("[unknown] (build id {})", hex(&build_id[..8]))],
+            // Not cached: the file may be found later.
+            None => return vec![format!("[unknown] (build id {})", hex(&build_id[..8]))],
             Some(path) => {
                 let src = Source::Elf(Elf::new(path));
                 let module = module_name(path);
@@ -282,11 +367,32 @@ impl Symbols {
     }
 }
 
+fn new_symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_inlined_fns(true)
+        .enable_code_info(false)
+        .build()
+}
+
+/// Most files held open for their build ids.
+const HELD_FILES: usize = 256;
+
 fn pad(id: &[u8]) -> [u8; 20] {
     let mut out = [0u8; 20];
     let n = id.len().min(20);
     out[..n].copy_from_slice(&id[..n]);
     out
+}
+
+fn unhex(text: &str) -> Option<[u8; 20]> {
+    let mut out = [0u8; 20];
+    if text.len() != 40 {
+        return None;
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -337,7 +443,7 @@ mod tests {
         let proc_root = dir.path().join("proc");
         std::fs::create_dir_all(&proc_root).expect("mkdir");
         let mut s = Symbols::new(&proc_root, dir.path());
-        let frames = s.frames(
+        let keys = s.frames(
             999_999,
             &[
                 UserFrame::Addr(0x1010),
@@ -347,16 +453,20 @@ mod tests {
                     offset: 10,
                 },
             ],
-            &[],
+            &[0xffff_ffff_8100_0010],
         );
+        let frames: Vec<String> = keys.iter().flat_map(|k| s.resolve(k)).collect();
         assert_eq!(
             frames,
             vec![
                 "[unknown] (build id 0909090909090909)".to_string(),
                 "[unknown] ([unknown])".to_string(),
                 "jitted_fn".to_string(),
+                "[unknown] ([kernel])_[k]".to_string(),
             ]
         );
+        // The file frame was a key until resolved, the address frames names.
+        assert!(Symbols::is_key(&keys[0]) && !Symbols::is_key(&keys[2]));
     }
 
     /// A function whose file offset the test looks up by name.
@@ -386,12 +496,54 @@ mod tests {
             .expect("the probe's file offset");
         let mut s = Symbols::new("/nonexistent", "/nonexistent");
         // Unknown until the file is seen executed.
-        assert!(s.file_frame(1, pad(&id), offset + 2)[0].starts_with("[unknown] (build id"));
+        assert!(s.file_frame(pad(&id), offset + 2)[0].starts_with("[unknown] (build id"));
         s.names.clear();
         s.saw_exec(1, &exe.display().to_string());
+        // As a sample gives it: an inner frame (offset as is), through its key.
+        let keys = s.frames(
+            1,
+            &[UserFrame::File {
+                build_id: pad(&id),
+                offset: offset + 2,
+            }],
+            &[],
+        );
         assert_eq!(
-            s.file_frame(1, pad(&id), offset + 2),
+            s.resolve(&keys[0]),
             vec!["wattprof_symbols_probe".to_string()]
         );
+
+        // Executed inside a container (its /proc/PID/root), then gone
+        // before the frame is named: on the host at the same path, and at a
+        // path only the container had (the file is held open).
+        for (exec_path, held) in [
+            (exe.clone(), false),
+            (PathBuf::from("/opt/wp-only-in/probe"), true),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let inside = dir
+                .path()
+                .join("7/root")
+                .join(exec_path.strip_prefix("/").expect("absolute"));
+            std::fs::create_dir_all(inside.parent().expect("parent")).expect("mkdir");
+            std::os::unix::fs::symlink(&exe, &inside).expect("symlink");
+            let mut s = Symbols::new(dir.path(), "/nonexistent");
+            s.saw_exec(7, &exec_path.display().to_string());
+            let keys = s.frames(
+                7,
+                &[UserFrame::File {
+                    build_id: pad(&id),
+                    offset: offset + 2,
+                }],
+                &[],
+            );
+            drop(dir);
+            assert_eq!(
+                s.resolve(&keys[0]),
+                vec!["wattprof_symbols_probe".to_string()],
+                "held: {held}"
+            );
+            assert_eq!(s.held.len(), usize::from(held));
+        }
     }
 }

@@ -437,28 +437,49 @@ impl Profile {
         }
     }
 
-    /// Starts counting: the energy counters' starting point, taken by the
-    /// tracker right before its own (nothing that can sleep between).
-    /// Returns the monotonic time counting starts.
     /// Samples stacks too (`--stacks`): each interval's energy of each
     /// reported process is divided over its stacks.
     pub fn set_stacks(&mut self, stacks: stacks::StackProfile) {
         self.stacks = Some(stacks);
     }
 
-    /// The stack sampling, if on.
-    pub fn stacks(&self) -> Option<&stacks::StackProfile> {
-        self.stacks.as_ref()
+    /// The stack sampling, if on, its frames named (the outputs' view).
+    pub fn stacks(&mut self) -> Option<&stacks::StackProfile> {
+        let st = self.stacks.as_mut()?;
+        st.resolve();
+        Some(st)
+    }
+
+    /// The longest the sampling loop may sleep: the stack sampler's ring
+    /// is drained on a timer (it never wakes the loop).
+    pub fn max_sleep_ms(&self) -> i32 {
+        if self.stacks.is_some() { 100 } else { i32::MAX }
     }
 
     /// Takes the stack samples waiting (the sampling loop calls this on
     /// every pass, so the ring never fills however long the interval).
     pub fn drain_stacks(&mut self) {
+        let want = self.stack_filter();
         if let Some(s) = &mut self.stacks {
-            s.drain(None);
+            s.drain(None, |pid| want(&self.table, pid));
         }
     }
 
+    /// Whose stacks are profiled: the command's tree in `run` (within
+    /// `--container`/`--cgroup`), every process in `monitor`.
+    fn stack_filter(&self) -> impl Fn(&ProcessTable<ProcFs>, u32) -> stacks::Wanted + use<> {
+        let tree_only = matches!(self.cfg.scope, Scope::Tree);
+        move |table, pid| match table.get(pid) {
+            None if tree_only => stacks::Wanted::NotKnownYet,
+            None => stacks::Wanted::Yes,
+            Some(p) if !tree_only || p.role == Role::Tree => stacks::Wanted::Yes,
+            Some(_) => stacks::Wanted::No,
+        }
+    }
+
+    /// Starts counting: the energy counters' starting point, taken by the
+    /// tracker right before its own (nothing that can sleep between).
+    /// Returns the monotonic time counting starts.
     pub fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
         let readers = &mut self.readers;
         let start_ns = sampler.begin(&mut || readers.rebase())?;
@@ -585,8 +606,9 @@ impl Profile {
                     )
                 })
                 .collect();
+            let want = self.stack_filter();
             if let Some(st) = self.stacks.as_mut() {
-                st.drain(Some(sample.at_ns));
+                st.drain(Some(sample.at_ns), |pid| want(&self.table, pid));
                 st.close(consumers.into_iter());
             }
         }

@@ -100,6 +100,7 @@ pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
         }
         let timeout_ms = (ticker.until(now).as_millis() as i32)
             .min(hooks.max_sleep_ms(now))
+            .min(profile.max_sleep_ms())
             .max(1);
         let extra = hooks.fds();
         let ring = sampler.ring_fd();
@@ -116,7 +117,7 @@ pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
         // ends the wait.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         let offset = usize::from(ring.is_some());
-        let ready: Vec<bool> = fds[offset..]
+        let ready: Vec<bool> = fds[offset..offset + extra.len()]
             .iter()
             .map(|p| n > 0 && p.revents != 0)
             .collect();

@@ -10,7 +10,7 @@ use crate::output::flamegraph::StackReport;
 use crate::process::symbols::Symbols;
 use crate::tracker::stacks::{Drained, StackSampler, UserFrame};
 
-/// Default bound on (process, stack) entries: about 40 MB at the bound
+/// Default bound on (process, stack) entries: about 30 MB at the bound
 /// with typical stacks (see README).
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
@@ -32,11 +32,38 @@ pub struct StackProfile {
     /// Thread names seen per process (for processes the table does not
     /// know).
     comms: HashMap<u32, String>,
+    /// Counts of the interval before, not yet matched with energy.
+    carried: HashMap<u32, HashMap<StackId, u64>>,
+    /// Samples of processes not known yet (bounded).
+    pending: Vec<crate::tracker::stacks::StackSample>,
+    unknown_dropped: u64,
+    /// Samples counted for profiled processes.
+    profiled: u64,
     drained: Drained,
+    /// Stacks were added whose frames are still keys.
+    unresolved: bool,
+    /// Name the frames once the ledger holds this many stacks (keys of
+    /// the same function at other offsets then merge).
+    resolve_at: usize,
+    max_entries: usize,
 }
 
 /// How many raw stacks are remembered before the cache starts again.
 const RAW_CACHE: usize = 20_000;
+
+/// Most samples held for processes the table does not know yet.
+const PENDING_LIMIT: usize = 100_000;
+
+/// Whether a process's samples are profiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// Yes (the command's tree in `run`, any process in `monitor`).
+    Yes,
+    /// No (another process in `run`).
+    No,
+    /// Not known yet (started since the last read).
+    NotKnownYet,
+}
 
 impl StackProfile {
     /// Around a started sampler, holding at most `max_entries` (process,
@@ -50,26 +77,90 @@ impl StackProfile {
             tally: HashMap::new(),
             next: HashMap::new(),
             comms: HashMap::new(),
+            carried: HashMap::new(),
+            pending: Vec::new(),
+            unknown_dropped: 0,
+            profiled: 0,
             drained: Drained::default(),
+            unresolved: false,
+            resolve_at: (max_entries / 2).max(1),
+            max_entries,
         }
     }
 
-    /// The ledger (for the folded stacks and the flame graph).
+    /// Names every frame still a key, merging stacks that name the same
+    /// functions. Done when the ledger is half full and before anything
+    /// is written, never while a `run`'s command is sampled otherwise:
+    /// the first naming reads kallsyms and debug info (100 ms of CPU on
+    /// this project's VM), which would compete with the program measured.
+    pub fn resolve(&mut self) {
+        if !self.unresolved {
+            return;
+        }
+        let symbols = &mut self.symbols;
+        let remap = self.ledger.rename(|f| {
+            if Symbols::is_key(f) {
+                symbols.resolve(f)
+            } else {
+                vec![f.to_string()]
+            }
+        });
+        for tally in [&mut self.tally, &mut self.next, &mut self.carried] {
+            for counts in tally.values_mut() {
+                let old = std::mem::take(counts);
+                for (id, n) in old {
+                    let id = remap.get(id as usize).copied().unwrap_or(id);
+                    *counts.entry(id).or_default() += n;
+                }
+            }
+        }
+        self.raw.clear();
+        self.unresolved = false;
+        // If naming did not shrink it much, wait for another quarter.
+        self.resolve_at = (self.ledger.table.len() + self.max_entries / 4)
+            .max(self.max_entries / 2)
+            .max(1);
+    }
+
+    /// The ledger (for the folded stacks and the flame graph): its frames
+    /// are names once [`StackProfile::resolve`] ran.
     pub fn ledger(&self) -> &StackLedger {
         &self.ledger
     }
 
-    /// Takes what the ring holds: execs index their files, new stacks are
-    /// named while their processes live, and samples are counted in the
+    /// Takes what the ring holds: execs index their files, and the
+    /// samples of processes `wanted` says are profiled are counted in the
     /// current interval, or in the next one when taken after `end_ns`.
-    pub fn drain(&mut self, end_ns: Option<u64>) {
+    /// Samples of processes not known yet wait (bounded) for the next
+    /// call; those `wanted` refuses are dropped (other processes in `run`).
+    pub fn drain(&mut self, end_ns: Option<u64>, wanted: impl Fn(u32) -> Wanted) {
         self.drained.samples.clear();
         self.drained.execs.clear();
         self.sampler.drain(&mut self.drained);
         for e in &self.drained.execs {
             self.symbols.saw_exec(e.tgid, &e.path);
         }
-        for s in std::mem::take(&mut self.drained.samples) {
+        let mut samples = std::mem::take(&mut self.pending);
+        samples.append(&mut self.drained.samples);
+        for s in samples {
+            match wanted(s.tgid) {
+                Wanted::No => continue,
+                Wanted::NotKnownYet if end_ns.is_none() => {
+                    if self.pending.len() < PENDING_LIMIT {
+                        self.pending.push(s);
+                    } else {
+                        self.unknown_dropped += 1;
+                    }
+                    continue;
+                }
+                // Still unknown when an interval closes: a process that came
+                // and went between two reads without the tracker seeing it.
+                Wanted::NotKnownYet => {
+                    self.unknown_dropped += 1;
+                    continue;
+                }
+                Wanted::Yes => {}
+            }
             let has_addr = s.user.iter().any(|f| matches!(f, UserFrame::Addr(_)));
             let key: RawKey = (if has_addr { s.tgid } else { 0 }, s.kernel, s.user);
             let id = match self.raw.get(&key) {
@@ -77,6 +168,7 @@ impl StackProfile {
                 None => {
                     let frames = self.symbols.frames(s.tgid, &key.2, &key.1);
                     let id = self.ledger.intern(&frames);
+                    self.unresolved = true;
                     if self.raw.len() >= RAW_CACHE {
                         self.raw.clear();
                     }
@@ -90,31 +182,47 @@ impl StackProfile {
                 &mut self.tally
             };
             *bucket.entry(s.tgid).or_default().entry(id).or_default() += 1;
+            self.profiled += 1;
             self.comms.entry(s.tgid).or_insert(s.comm);
+        }
+        if self.ledger.table.len() >= self.resolve_at {
+            self.resolve();
+            self.symbols.trim();
         }
     }
 
     /// Closes an interval: `consumers` are the processes reported (pid,
     /// name, energy this interval); each one's energy goes to its stacks.
-    /// Samples of processes not reported are dropped with the interval
-    /// (they are other processes in `run`).
+    /// Counts of a process with no energy this interval are carried to the
+    /// next one once (its last run time can come with its exit, an
+    /// interval later), then dropped.
     pub fn close<'a>(&mut self, consumers: impl Iterator<Item = (u32, &'a str, EnergyBy)>) {
-        let mut counts: Vec<(StackId, u64)> = Vec::new();
+        let mut counts: HashMap<StackId, u64> = HashMap::new();
+        let mut carried = std::mem::take(&mut self.carried);
         for (pid, name, energy) in consumers {
             counts.clear();
-            if let Some(t) = self.tally.remove(&pid) {
-                counts.extend(t);
-                counts.sort_unstable();
+            for t in [self.tally.remove(&pid), carried.remove(&pid)]
+                .into_iter()
+                .flatten()
+            {
+                for (id, n) in t {
+                    *counts.entry(id).or_default() += n;
+                }
             }
+            let mut v: Vec<(StackId, u64)> = counts.iter().map(|(k, v)| (*k, *v)).collect();
+            v.sort_unstable();
             let name = if name.is_empty() {
                 self.comms.get(&pid).map_or("[unknown]", String::as_str)
             } else {
                 name
             };
-            self.ledger.add(name, &counts, &energy);
+            self.ledger.add(name, &v, &energy);
         }
+        self.carried = std::mem::take(&mut self.tally);
         self.tally = std::mem::take(&mut self.next);
-        self.comms.retain(|pid, _| self.tally.contains_key(pid));
+        let (tally, carried) = (&self.tally, &self.carried);
+        self.comms
+            .retain(|pid, _| tally.contains_key(pid) || carried.contains_key(pid));
     }
 
     /// The recording's section (without functions: the caller adds them).
@@ -124,13 +232,18 @@ impl StackProfile {
             hz: self.sampler.hz(),
             cpus: self.sampler.cpus(),
             samples: s.samples,
+            profiled_samples: self.profiled,
+            unknown_samples: self.unknown_dropped,
             idle_samples: s.idle,
             lost_samples: s.ring_full,
             lost_execs: s.exec_lost,
             merged_samples: self.ledger.merged_samples(),
             stacks: self.ledger.table.len(),
             entries: self.ledger.len(),
-            memory_bytes: self.ledger.bytes() as u64,
+            memory_bytes: (self.ledger.bytes()
+                + self.symbols.bytes()
+                + self.raw.len() * 600
+                + self.pending.len() * 600) as u64,
             functions: Vec::new(),
         }
     }

@@ -107,8 +107,22 @@ impl StackSampler {
         let tracefs = super::tracefs::ensure_mounted()?;
         let filename =
             super::tracefs::field_offset(&tracefs, "sched", "sched_process_exec", "filename")?;
+        let online =
+            crate::topology::read_cpu_list(std::path::Path::new("/sys/devices/system/cpu/online"))?;
+        if let Some(max) = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|max| hz > *max)
+        {
+            return Err(TrackerError::Load(format!(
+                "--stack-hz {hz} is above this kernel's perf_event_max_sample_rate ({max}), \
+                 which would throttle the samples: choose {max} or less"
+            )));
+        }
+        let ring_bytes = ring_bytes(hz, online.len());
         let mut ebpf = EbpfLoader::new()
             .override_global("EXEC_FILENAME_OFFSET", &filename, true)
+            .map_max_entries("SAMPLES", ring_bytes)
             .load(OBJECT)
             .map_err(|e| {
                 if is_permission(&e) {
@@ -191,6 +205,16 @@ impl StackSampler {
         }
         sum
     }
+}
+
+/// The ring's size: a second of samples at `hz` on `cpus` CPUs (2 KiB
+/// each, more than a typical stack takes), a power of two between 1 MiB
+/// and 256 MiB. It is drained ten times a second.
+pub fn ring_bytes(hz: u32, cpus: usize) -> u32 {
+    let want = u64::from(hz) * cpus.max(1) as u64 * 2048;
+    want.clamp(1 << 20, 256 << 20)
+        .next_power_of_two()
+        .min(256 << 20) as u32
 }
 
 enum Record {
@@ -331,6 +355,14 @@ mod tests {
         bytes.truncate(bytes.len() - 4);
         assert!(decode(&bytes).is_none());
         assert!(decode(&bytes[..10]).is_none());
+    }
+
+    #[test]
+    fn the_ring_holds_a_second_of_samples_within_bounds() {
+        assert_eq!(ring_bytes(99, 2), 1 << 20);
+        assert_eq!(ring_bytes(99, 64), 16 << 20);
+        assert_eq!(ring_bytes(10_000, 512), 256 << 20);
+        assert!(ring_bytes(999, 16).is_power_of_two());
     }
 
     #[test]
