@@ -108,8 +108,10 @@ pub fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Ve
         "Energy flame graph: {domain}, {:.3} J ({what})",
         total_uj as f64 / 1e6
     );
-    opt.subtitle =
-        Some("width = energy; hover for joules, click to zoom, Ctrl-F to search (wattprof)".into());
+    opt.subtitle = Some(
+        "width = energy; hover for a function's energy, click to zoom, Ctrl-F to search (wattprof)"
+            .into(),
+    );
     // inferno shows count x factor rounded to a whole number: millijoules
     // where there is a joule or more, else microjoules.
     let (unit, factor) = if total_uj >= 1_000_000 {

@@ -54,6 +54,8 @@ pub struct Symbols {
     proc_root: PathBuf,
     /// Where perf maps are written.
     tmp: PathBuf,
+    /// When naming started (perf maps older than this are not ours).
+    started: std::time::SystemTime,
 }
 
 impl Default for Symbols {
@@ -76,6 +78,7 @@ impl Symbols {
             perf_maps: HashMap::new(),
             proc_root: proc_root.into(),
             tmp: tmp.into(),
+            started: std::time::SystemTime::now() - std::time::Duration::from_secs(1),
         };
         // Our own libraries are the system's: index them up front.
         s.scan_maps("self");
@@ -305,8 +308,14 @@ impl Symbols {
         let entries = match self.perf_maps.get(&tgid) {
             Some(e) => e,
             None => {
-                let text =
-                    std::fs::read_to_string(self.tmp.join(format!("perf-{tgid}.map"))).ok()?;
+                let path = self.tmp.join(format!("perf-{tgid}.map"));
+                // A map left by an earlier process with this pid is not
+                // this one's.
+                let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+                if modified < self.started {
+                    return None;
+                }
+                let text = std::fs::read_to_string(&path).ok()?;
                 if self.perf_maps.len() >= 1024 {
                     self.perf_maps.clear();
                 }
@@ -434,6 +443,22 @@ mod tests {
                 (0x7f10, 0x20, "[interp] a b".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn a_perf_map_older_than_the_profile_is_not_used() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let map = dir.path().join("perf-999998.map");
+        std::fs::write(&map, "1000 100 stale_fn\n").expect("write");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&map)
+            .and_then(|f| f.set_modified(old))
+            .expect("mtime");
+        let mut s = Symbols::new(dir.path().join("proc"), dir.path());
+        let keys = s.frames(999_998, &[UserFrame::Addr(0x1010)], &[]);
+        assert_eq!(keys, vec!["[unknown] ([unknown])".to_string()]);
     }
 
     #[test]
