@@ -69,6 +69,20 @@ fn folded(dir: &Path, domain: &str) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// µJ of the lines whose frames `pick` takes.
+fn uj_where(lines: &[(Vec<String>, u64)], pick: impl Fn(&[String]) -> bool) -> u64 {
+    lines
+        .iter()
+        .filter(|(fr, _)| pick(fr))
+        .map(|(_, uj)| uj)
+        .sum()
+}
+
+/// µJ of the lines of process `comm`.
+fn uj_of(lines: &[(Vec<String>, u64)], comm: &str) -> u64 {
+    uj_where(lines, |fr| fr[0] == comm)
+}
+
 fn process_energy_j(report: &Value, comm: &str, field: &str) -> f64 {
     report["processes"]
         .as_array()
@@ -117,13 +131,7 @@ fn two_functions_at_2_to_1_cpu_get_2_to_1_energy_and_stacks_add_up_to_the_proces
             .into_iter()
             .filter(|(frames, _)| frames[0] == "energyfns")
             .collect();
-        let on = |name: &str| -> u64 {
-            lines
-                .iter()
-                .filter(|(frames, _)| frames.iter().any(|f| f == name))
-                .map(|(_, uj)| uj)
-                .sum()
-        };
+        let on = |name: &str| uj_where(&lines, |fr| fr.iter().any(|f| f == name));
         let (a, b) = (on("energy_fn_a") as f64, on("energy_fn_b") as f64);
         let ratio = a / b;
         assert!(
@@ -200,16 +208,10 @@ fn a_process_that_lives_20_ms_is_named_after_it_is_gone() {
         assert!((0.015..0.2).contains(&s), "lived {s} s of CPU");
     }
     let lines = folded(&dir, "package");
-    let named: u64 = lines
-        .iter()
-        .filter(|(fr, _)| fr[0] == "energyfns" && fr.iter().any(|f| f == "short_lived_named_fn"))
-        .map(|(_, uj)| uj)
-        .sum();
-    let all: u64 = lines
-        .iter()
-        .filter(|(fr, _)| fr[0] == "energyfns")
-        .map(|(_, uj)| uj)
-        .sum();
+    let named = uj_where(&lines, |fr| {
+        fr[0] == "energyfns" && fr.iter().any(|f| f == "short_lived_named_fn")
+    });
+    let all = uj_of(&lines, "energyfns");
     assert!(named > 0, "{lines:?}");
     // Most of their energy is in the named function.
     assert!(
@@ -232,19 +234,11 @@ fn a_kernel_heavy_workload_shows_kernel_frames() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lines = folded(&dir, "package");
-    let kernel: u64 = lines
-        .iter()
-        .filter(|(fr, _)| {
-            fr.iter()
-                .any(|f| f.ends_with("_[k]") && (f.contains("pipe_") || f.contains("vfs_")))
-        })
-        .map(|(_, uj)| uj)
-        .sum();
-    let all: u64 = lines
-        .iter()
-        .filter(|(fr, _)| fr[0] == "energyfns")
-        .map(|(_, uj)| uj)
-        .sum();
+    let kernel = uj_where(&lines, |fr| {
+        fr.iter()
+            .any(|f| f.ends_with("_[k]") && (f.contains("pipe_") || f.contains("vfs_")))
+    });
+    let all = uj_of(&lines, "energyfns");
     assert!(
         kernel as f64 > 0.3 * all as f64,
         "{kernel} of {all} µJ: {lines:?}"
@@ -280,11 +274,7 @@ fn a_full_ledger_merges_stacks_and_says_so() {
             .any(|(fr, _)| fr.iter().any(|f| f == "[other stacks]"))
     );
     // Merged, not lost: the stacks still add up to the process.
-    let sum: u64 = lines
-        .iter()
-        .filter(|(fr, _)| fr[0] == "energyfns")
-        .map(|(_, uj)| uj)
-        .sum();
+    let sum = uj_of(&lines, "energyfns");
     let process_uj = process_energy_j(&report, "energyfns", "package_j") * 1e6;
     assert!(
         (sum as f64 / process_uj - 1.0).abs() < 0.001,

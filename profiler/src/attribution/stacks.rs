@@ -26,71 +26,99 @@ pub const OTHER_STACKS: &str = "[other stacks]";
 /// many names as entries.
 pub const OTHER_PROCESSES: &str = "[other processes]";
 
+/// Values numbered in the order first seen.
+#[derive(Debug)]
+struct Interner<K> {
+    items: Vec<K>,
+    ids: HashMap<K, u32>,
+}
+
+impl<K> Default for Interner<K> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            ids: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Interner<K> {
+    /// The number of `k`, given it if new.
+    fn id(&mut self, k: K) -> u32 {
+        if let Some(id) = self.ids.get(&k) {
+            return *id;
+        }
+        let id = self.items.len() as u32;
+        self.items.push(k.clone());
+        self.ids.insert(k, id);
+        id
+    }
+
+    fn get<Q: std::hash::Hash + Eq + ?Sized>(&self, k: &Q) -> Option<u32>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        self.ids.get(k).copied()
+    }
+}
+
 /// Interned frame names and stacks (each a list of frames, outermost
 /// first).
 #[derive(Debug, Default)]
 pub struct StackTable {
-    names: Vec<Box<str>>,
-    name_ids: HashMap<Box<str>, u32>,
-    stacks: Vec<Box<[u32]>>,
-    stack_ids: HashMap<Box<[u32]>, StackId>,
+    names: Interner<Box<str>>,
+    stacks: Interner<Box<[u32]>>,
 }
 
 impl StackTable {
-    fn name(&mut self, n: &str) -> u32 {
-        if let Some(id) = self.name_ids.get(n) {
-            return *id;
-        }
-        let id = self.names.len() as u32;
-        self.names.push(n.into());
-        self.name_ids.insert(n.into(), id);
-        id
-    }
-
     /// The id of this stack, outermost frame first.
     pub fn intern(&mut self, frames: &[String]) -> StackId {
-        let ids: Box<[u32]> = frames.iter().map(|f| self.name(f)).collect();
-        if let Some(id) = self.stack_ids.get(&ids) {
-            return *id;
-        }
-        let id = self.stacks.len() as StackId;
-        self.stacks.push(ids.clone());
-        self.stack_ids.insert(ids, id);
-        id
+        let ids: Box<[u32]> = frames
+            .iter()
+            .map(|f| self.names.id(f.as_str().into()))
+            .collect();
+        self.stacks.id(ids)
     }
 
     /// The id of this stack if it was interned.
     pub fn find(&self, frames: &[String]) -> Option<StackId> {
-        let ids: Option<Box<[u32]>> = frames
-            .iter()
-            .map(|f| self.name_ids.get(f.as_str()).copied())
-            .collect();
-        self.stack_ids.get(&ids?).copied()
+        let ids: Option<Box<[u32]>> = frames.iter().map(|f| self.names.get(f.as_str())).collect();
+        self.stacks.get(&ids?)
     }
 
     /// The frames of a stack, outermost first.
     pub fn frames(&self, id: StackId) -> impl Iterator<Item = &str> + '_ {
         self.stacks
+            .items
             .get(id as usize)
             .into_iter()
             .flat_map(|s| s.iter())
-            .filter_map(|n| self.names.get(*n as usize).map(|b| &**b))
+            .filter_map(|n| self.names.items.get(*n as usize).map(|b| &**b))
     }
 
     /// Distinct stacks.
     pub fn len(&self) -> usize {
-        self.stacks.len()
+        self.stacks.items.len()
     }
 
     /// Whether no stack was interned.
     pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
+        self.stacks.items.is_empty()
     }
 
     /// Bytes the table holds, roughly (for the memory figure).
     pub fn bytes(&self) -> usize {
-        self.names.iter().map(|n| 2 * n.len() + 48).sum::<usize>()
-            + self.stacks.iter().map(|s| 8 * s.len() + 64).sum::<usize>()
+        self.names
+            .items
+            .iter()
+            .map(|n| 2 * n.len() + 48)
+            .sum::<usize>()
+            + self
+                .stacks
+                .items
+                .iter()
+                .map(|s| 8 * s.len() + 64)
+                .sum::<usize>()
     }
 }
 
@@ -116,8 +144,7 @@ pub struct StackLedger {
     /// The stacks.
     pub table: StackTable,
     totals: HashMap<(u32, StackId), StackWeight>,
-    process_names: Vec<Box<str>>,
-    process_ids: HashMap<Box<str>, u32>,
+    processes: Interner<Box<str>>,
     max_entries: usize,
     merged: u64,
     no_samples: StackId,
@@ -146,8 +173,7 @@ impl StackLedger {
         Self {
             table,
             totals: HashMap::new(),
-            process_names: Vec::new(),
-            process_ids: HashMap::new(),
+            processes: Interner::default(),
             max_entries: max_entries.max(1),
             merged: 0,
             no_samples,
@@ -177,22 +203,16 @@ impl StackLedger {
     }
 
     fn process(&mut self, name: &str) -> u32 {
-        if let Some(id) = self.process_ids.get(name) {
-            return *id;
+        if let Some(id) = self.processes.get(name) {
+            return id;
         }
         // Names are bounded like stacks: past the bound, one more.
-        let name = if self.process_names.len() >= self.max_entries {
+        let name = if self.processes.items.len() >= self.max_entries {
             OTHER_PROCESSES
         } else {
             name
         };
-        if let Some(id) = self.process_ids.get(name) {
-            return *id;
-        }
-        let id = self.process_names.len() as u32;
-        self.process_names.push(name.into());
-        self.process_ids.insert(name.into(), id);
-        id
+        self.processes.id(name.into())
     }
 
     /// The id of a stack (outermost frame first); once the ledger holds
@@ -274,7 +294,8 @@ impl StackLedger {
     /// Every entry: process name, stack, what it got.
     pub fn entries(&self) -> impl Iterator<Item = (&str, StackId, &StackWeight)> + '_ {
         self.totals.iter().filter_map(|((p, s), w)| {
-            self.process_names
+            self.processes
+                .items
                 .get(*p as usize)
                 .map(|name| (&**name, *s, w))
         })
