@@ -74,6 +74,14 @@ fn bad_arguments_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+    // An unknown option before `--` is an unknown option, with the usage,
+    // not a command to run (it once answered "command not found", 127);
+    // after `--`, or after the command, options are the command's.
+    let out = wattprof(&["run", "--bogus", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("unexpected argument '--bogus'"), "{err}");
+    assert!(err.contains("Usage: wattprof run"), "{err}");
     let help = wattprof(&["run", "--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     for needle in [
@@ -82,6 +90,8 @@ fn bad_arguments_are_usage_errors() {
         "--as-root",
         "--max-tasks",
         "Exit status",
+        "--stacks",
+        "--flamegraph",
     ] {
         assert!(text.contains(needle), "help lacks {needle}: {text}");
     }

@@ -33,7 +33,12 @@ pub struct EnergyArgs {
 
     /// Grams of CO2eq per kWh for the CO2 figures (default: the world
     /// average, 475).
-    #[arg(long, value_name = "G_PER_KWH", conflicts_with = "country")]
+    #[arg(
+        long,
+        value_name = "G_PER_KWH",
+        conflicts_with = "country",
+        allow_negative_numbers = true
+    )]
     pub carbon_intensity: Option<f64>,
 
     /// Take the carbon intensity of this country's electricity from the
