@@ -1,6 +1,5 @@
 //! `--stacks` and its outputs, shared by `run` and `monitor`.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use super::Fatal;
@@ -152,53 +151,47 @@ impl StackOutputs {
             return Ok(());
         };
         let ledger = st.ledger();
-        let mut stderr = std::io::stderr().lock();
         // Each output is tried whatever happened to the other; the first
         // failure is returned.
-        let mut first_error: Option<Fatal> = None;
-        if let Some(out) = self.folded {
+        let folded = self.folded.map(|out| {
             let (bytes, lines) = flamegraph::folded(ledger);
-            let dest = out.dest.clone();
-            match out.commit_raw(&bytes) {
-                Ok(()) => {
-                    let _ = writeln!(
-                        stderr,
-                        "  folded stacks ({lines} lines, µJ) written to {}",
-                        dest.display()
-                    );
-                }
-                Err(e) => {
-                    first_error.get_or_insert(Fatal::profiler(format!(
-                        "cannot write --stacks-out {}: {e}",
-                        dest.display()
-                    )));
-                }
-            }
-        }
-        if let Some(out) = self.svg {
+            commit(
+                out,
+                "--stacks-out",
+                Ok(bytes),
+                &format!("folded stacks ({lines} lines, µJ)"),
+            )
+        });
+        let svg = self.svg.map(|out| {
             let domain = self
                 .domain
                 .as_deref()
                 .unwrap_or_else(|| flamegraph::default_domain(ledger));
-            let dest = out.dest.clone();
-            match flamegraph::svg(ledger, domain, what).and_then(|b| out.commit_raw(&b)) {
-                Ok(()) => {
-                    let _ = writeln!(
-                        stderr,
-                        "  {domain} energy flame graph written to {}",
-                        dest.display()
-                    );
-                }
-                Err(e) => {
-                    first_error.get_or_insert(Fatal::profiler(format!(
-                        "cannot write --flamegraph {}: {e}",
-                        dest.display()
-                    )));
-                }
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+            let bytes = flamegraph::svg(ledger, domain, what);
+            commit(
+                out,
+                "--flamegraph",
+                bytes,
+                &format!("{domain} energy flame graph"),
+            )
+        });
+        folded.unwrap_or(Ok(())).and(svg.unwrap_or(Ok(())))
     }
+}
+
+/// Puts `bytes` in place as `option`'s file and says so on stderr, or
+/// says why not.
+fn commit(
+    out: PendingOutput,
+    option: &str,
+    bytes: std::io::Result<Vec<u8>>,
+    what: &str,
+) -> Result<(), Fatal> {
+    let dest = out.dest.clone();
+    bytes
+        .and_then(|b| out.commit_raw(&b))
+        .map(|()| eprintln!("  {what} written to {}", dest.display()))
+        .map_err(|e| Fatal::profiler(format!("cannot write {option} {}: {e}", dest.display())))
 }
 
 #[cfg(test)]

@@ -7,8 +7,6 @@
 //! not resolve (no build id, anonymous memory such as JIT code) is an
 //! address.
 
-use std::os::fd::AsRawFd;
-
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
@@ -176,11 +174,6 @@ impl StackSampler {
         self.cpus
     }
 
-    /// The ring's descriptor (readable when records wait).
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        self.ring.as_raw_fd()
-    }
-
     /// Takes every record waiting in the ring.
     pub fn drain(&mut self, out: &mut Drained) {
         while let Some(item) = self.ring.next() {
@@ -222,11 +215,6 @@ enum Record {
     Exec(ExecSeen),
 }
 
-fn comm_of(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// One ring record, as the eBPF program laid it out.
 fn decode(bytes: &[u8]) -> Option<Record> {
     let head_len = std::mem::size_of::<StackRecord>();
@@ -240,7 +228,7 @@ fn decode(bytes: &[u8]) -> Option<Record> {
             let path = rest.get(..STACK_EXEC_PATH_LEN.min(rest.len()))?;
             Some(Record::Exec(ExecSeen {
                 tgid: head.tgid,
-                path: comm_of(path),
+                path: super::comm_to_string(path),
             }))
         }
         STACK_RECORD_SAMPLE => {
@@ -260,7 +248,7 @@ fn decode(bytes: &[u8]) -> Option<Record> {
             Some(Record::Sample(StackSample {
                 tgid: head.tgid,
                 ts_ns: head.ts_ns,
-                comm: comm_of(&head.comm),
+                comm: super::comm_to_string(&head.comm),
                 kernel,
                 user,
             }))
