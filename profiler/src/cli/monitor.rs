@@ -12,7 +12,7 @@ use anyhow::Context;
 use super::Fatal;
 use super::energy::EnergyArgs;
 use super::setup::{
-    deliver, open_outputs, parse_duration, parse_interval, start_profile, tracker_facts,
+    deliver, open_outputs, outputs_complete, parse_duration, parse_interval, start_profile, tracker_facts,
 };
 use crate::output::{By, render_monitor_frame};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
@@ -183,6 +183,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     });
     deliver(&report, pending_output, args.energy.csv.as_deref())?;
     stacks_written?;
+    outputs_complete(&report)?;
     Ok(0)
 }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::setup::{deliver, open_outputs, parse_interval, start_profile, tracker_facts};
+use super::setup::{
+    deliver, open_outputs, outputs_complete, parse_interval, start_profile, tracker_facts,
+};
 use super::{Fatal, child, energy::EnergyArgs};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::windows::WindowSocket;
@@ -193,7 +195,13 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     });
     deliver(&report, pending_output, args.energy.csv.as_deref())?;
     stacks_written?;
-    Ok(child::exit_code(status))
+    // The command's failure is its own exit status; a command that
+    // succeeded exits 125 when an output of wattprof's stopped early.
+    let code = child::exit_code(status);
+    if code == 0 {
+        outputs_complete(&report)?;
+    }
+    Ok(code)
 }
 
 /// The `run` loop's part: the window socket, and the command's end.

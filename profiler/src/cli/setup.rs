@@ -110,8 +110,15 @@ impl PendingOutput {
         })
     }
 
-    pub(super) fn commit(mut self, json: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(json)?;
+    /// Writes `value` as pretty JSON, streamed (a long run's intervals are
+    /// read back from their temporary file one at a time), then a newline,
+    /// and puts the file in place.
+    pub(super) fn commit_json(mut self, value: &impl serde::Serialize) -> std::io::Result<()> {
+        {
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut self.file);
+            serde_json::to_writer_pretty(&mut w, value).map_err(std::io::Error::other)?;
+            w.flush()?;
+        }
         self.commit_raw(b"\n")
     }
 
@@ -219,6 +226,22 @@ pub(super) fn tracker_facts(
         events_lost: 0,
         discarded_ns: 0,
         unmatched_forks: 0,
+        output_errors: Vec::new(),
+    }
+}
+
+/// An error (exit status 125) when an output stopped early, a full disk
+/// under `--jsonl` or `--csv-intervals`: what was written before stays
+/// valid, and the failure was said when it happened.
+pub(super) fn outputs_complete(report: &output::RunReport) -> anyhow::Result<()> {
+    match report.profiler.output_errors.as_slice() {
+        [] => Ok(()),
+        errors => Err(Fatal::profiler(format!(
+            "an output stopped early: {} (the rest of the profile was recorded; free space and \
+             run again for a complete stream)",
+            errors.join("; ")
+        ))
+        .into()),
     }
 }
 
@@ -231,9 +254,8 @@ pub(super) fn deliver(
 ) -> anyhow::Result<()> {
     let written = match pending_output {
         Some(out) => {
-            let json = serde_json::to_vec_pretty(report).context("encoding the report")?;
             let dest = out.dest.clone();
-            out.commit(&json)
+            out.commit_json(report)
                 .with_context(|| format!("writing {}", dest.display()))?;
             Some(dest)
         }

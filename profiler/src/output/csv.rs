@@ -310,15 +310,19 @@ pub fn interval_rows(
     })
 }
 
-/// A per-interval CSV being written (`--csv-intervals`): rows are flushed
-/// as each interval ends, so a killed wattprof leaves every interval it
-/// finished. A failed write stops it (said once); the rest of the profile
-/// goes on.
+/// A per-interval CSV being written (`--csv-intervals`): rows are written
+/// as each interval ends, an interval's rows in one `write`, so a killed
+/// wattprof leaves every interval it finished. A failed write (a full
+/// disk) stops it, said once, and cuts off what it wrote in part; the rest
+/// of the profile goes on.
 #[derive(Debug)]
 pub struct IntervalCsv {
-    w: csv::Writer<std::fs::File>,
+    file: std::fs::File,
+    rows: Vec<u8>,
+    /// Bytes of complete intervals written.
+    len: u64,
     path: std::path::PathBuf,
-    failed: bool,
+    failed: Option<String>,
 }
 
 impl IntervalCsv {
@@ -332,35 +336,63 @@ impl IntervalCsv {
             )
         };
         let file = std::fs::File::create(path).map_err(|e| err(&e))?;
-        let mut w = csv::WriterBuilder::new().from_writer(file);
-        w.write_record(INTERVAL_COLUMNS).map_err(|e| err(&e))?;
-        w.flush().map_err(|e| err(&e))?;
-        Ok(Self {
-            w,
+        let mut out = Self {
+            file,
+            rows: Vec::new(),
+            len: 0,
             path: path.to_path_buf(),
-            failed: false,
-        })
+            failed: None,
+        };
+        out.append(std::iter::once(INTERVAL_COLUMNS))
+            .map_err(|e| err(&e))?;
+        Ok(out)
+    }
+
+    /// Why the file stopped early, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Appends rows in one write; on failure, cuts the file back to its
+    /// last complete interval.
+    fn append<R, T>(&mut self, rows: impl Iterator<Item = R>) -> std::io::Result<()>
+    where
+        R: IntoIterator<Item = T>,
+        T: AsRef<[u8]>,
+    {
+        use std::io::Write;
+        self.rows.clear();
+        {
+            let mut w = csv::WriterBuilder::new().from_writer(&mut self.rows);
+            for row in rows {
+                w.write_record(row).map_err(std::io::Error::other)?;
+            }
+            w.flush()?;
+        }
+        match self.file.write_all(&self.rows) {
+            Ok(()) => {
+                self.len += self.rows.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                Err(e)
+            }
+        }
     }
 
     /// Writes one interval's rows.
     pub fn write(&mut self, iv: &IntervalRecord, start_unix_ns: u64, g_per_kwh: f64) {
-        if self.failed {
+        if self.failed.is_some() {
             return;
         }
-        let mut write = || -> csv::Result<()> {
-            for row in interval_rows(iv, start_unix_ns, g_per_kwh) {
-                self.w.write_record(&row)?;
-            }
-            self.w.flush()?;
-            Ok(())
-        };
-        if let Err(e) = write() {
-            self.failed = true;
-            eprintln!(
-                "wattprof: writing --csv-intervals {}: {e}; that file stops here, the rest of \
-                 the profile goes on",
+        if let Err(e) = self.append(interval_rows(iv, start_unix_ns, g_per_kwh)) {
+            let why = format!(
+                "writing --csv-intervals {}: {e}; that file stops after its last complete interval",
                 self.path.display()
             );
+            eprintln!("wattprof: {why}; sampling goes on");
+            self.failed = Some(why);
         }
     }
 }

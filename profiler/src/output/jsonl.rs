@@ -13,7 +13,10 @@ pub struct Jsonl {
     file: std::fs::File,
     path: PathBuf,
     line: Vec<u8>,
-    failed: bool,
+    /// Bytes of complete lines written.
+    len: u64,
+    /// Why the stream stopped, once it did.
+    failed: Option<String>,
 }
 
 impl Jsonl {
@@ -23,16 +26,23 @@ impl Jsonl {
             file: std::fs::File::create(path)?,
             path: path.to_path_buf(),
             line: Vec::new(),
-            failed: false,
+            len: 0,
+            failed: None,
         })
+    }
+
+    /// Why the stream stopped early (a failed write), if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// Writes one record as a single `write` of a whole line, so a killed
     /// wattprof leaves complete lines only (but for, at worst, the last).
-    /// A failed write stops the stream (said once); the final report is
-    /// still written.
+    /// A failed write (a full disk) stops the stream, said once: a line
+    /// written in part is cut off, so the file still ends with its last
+    /// complete record, and the final report is still written.
     pub fn write(&mut self, record: &impl Serialize) {
-        if self.failed {
+        if self.failed.is_some() {
             return;
         }
         self.line.clear();
@@ -41,13 +51,19 @@ impl Jsonl {
             return;
         }
         self.line.push(b'\n');
-        if let Err(e) = self.file.write_all(&self.line) {
-            self.failed = true;
-            eprintln!(
-                "wattprof: writing --jsonl {}: {e}; the stream stops here, the final report is \
-                 still written",
-                self.path.display()
-            );
+        match self.file.write_all(&self.line) {
+            Ok(()) => self.len += self.line.len() as u64,
+            Err(e) => {
+                let cut = self.file.set_len(self.len).is_ok();
+                let why = format!(
+                    "writing --jsonl {}: {e}; the stream stops after its {} complete bytes{}",
+                    self.path.display(),
+                    self.len,
+                    if cut { "" } else { " (a partial last line could not be cut off)" }
+                );
+                eprintln!("wattprof: {why}; sampling goes on and the final report is still written");
+                self.failed = Some(why);
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod flamegraph;
 pub mod jsonl;
 pub mod prometheus;
 pub mod record;
+pub mod spill;
 mod table;
 pub mod vm_export;
 
@@ -225,6 +226,10 @@ pub struct ProfilerReport {
     pub discarded_ns: u64,
     /// Fork records whose task never showed up.
     pub unmatched_forks: u64,
+    /// Outputs that stopped early (`--jsonl`, `--csv-intervals` on a full
+    /// disk): one line each. wattprof then exits non-zero.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_errors: Vec<String>,
 }
 
 /// One energy domain over the whole profile (J).
@@ -396,7 +401,7 @@ pub struct RunReport {
     /// Per-interval series (see docs/recording.md); absent from the
     /// stream's summary.
     #[serde(default)]
-    pub intervals: Vec<Box<serde_json::value::RawValue>>,
+    pub intervals: spill::Intervals,
 }
 
 impl MachineTimes {

@@ -3,15 +3,17 @@
 //! Lookups run on a background thread: asking for a name never blocks
 //! (the id stands in until the answer comes), each id is asked once, and a
 //! lookup that fails (no answer within the timeout, no such container) is
-//! tried again 30 s later.
+//! tried again 30 s later. A daemon that starts after wattprof is found:
+//! the socket is looked for again at most every [`SOCKET_RECHECK`] until
+//! it appears.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// What one request may take.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -34,13 +36,20 @@ enum Lookup {
 /// Time before a failed lookup is tried again.
 const RETRY: Duration = Duration::from_secs(30);
 
+/// How often a missing socket is looked for again.
+pub const SOCKET_RECHECK: Duration = Duration::from_secs(5);
+
 type Names = Arc<Mutex<HashMap<String, Lookup>>>;
 
 /// Cached Docker names.
 #[derive(Debug)]
 pub struct DockerNames {
     names: Names,
-    ask: Option<Sender<String>>,
+    socket: PathBuf,
+    /// The lookup thread's queue, once the socket has been seen.
+    ask: OnceLock<Sender<String>>,
+    /// When the socket was last looked for (while it has not been seen).
+    looked: Mutex<Option<Instant>>,
 }
 
 /// The `Name` of a container from the Engine API's `GET /containers/ID/json`
@@ -83,24 +92,69 @@ fn serve(socket: PathBuf, rx: Receiver<String>, names: Names) {
 }
 
 impl DockerNames {
-    /// Names from the daemon at `socket` (normally `/var/run/docker.sock`);
-    /// with no socket there, every lookup answers `None` at once.
+    /// Names from the daemon at `socket` (normally `/var/run/docker.sock`).
+    /// While there is no socket there, every lookup answers `None` at once
+    /// (the socket is looked for again every [`SOCKET_RECHECK`]).
     pub fn new(socket: &Path) -> Self {
-        let names = Arc::new(Mutex::new(HashMap::new()));
-        let ask = socket.exists().then(|| {
+        let names = Self {
+            names: Arc::new(Mutex::new(HashMap::new())),
+            socket: socket.to_path_buf(),
+            ask: OnceLock::new(),
+            looked: Mutex::new(None),
+        };
+        names.queue();
+        names
+    }
+
+    /// The lookup thread's queue, started when the socket exists.
+    fn queue(&self) -> Option<&Sender<String>> {
+        if let Some(q) = self.ask.get() {
+            return Some(q);
+        }
+        {
+            let mut looked = self.looked.lock().unwrap_or_else(PoisonError::into_inner);
+            if looked.is_some_and(|at| at.elapsed() < SOCKET_RECHECK) {
+                return None;
+            }
+            *looked = Some(Instant::now());
+        }
+        if !self.socket.exists() {
+            return None;
+        }
+        let q = self.ask.get_or_init(|| {
             let (tx, rx) = channel();
-            let (path, shared) = (socket.to_path_buf(), names.clone());
+            let (path, shared) = (self.socket.clone(), self.names.clone());
             let _ = std::thread::Builder::new()
                 .name("wattprof-docker".into())
                 .spawn(move || serve(path, rx, shared));
             tx
         });
-        Self { names, ask }
+        Some(q)
+    }
+
+    /// Waits (at most `limit`) for the lookups asked for to be answered:
+    /// called before a final report, so a container first seen in the
+    /// last second still has its name there.
+    pub fn settle(&self, limit: Duration) {
+        if self.ask.get().is_none() {
+            return;
+        }
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline
+            && self
+                .names
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .any(|l| matches!(l, Lookup::Pending))
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The name of container `id`, if known yet; asks for it otherwise.
     pub fn name(&self, id: &str) -> Option<String> {
-        let ask = self.ask.as_ref()?;
+        let ask = self.queue()?;
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         match names.get(id) {
             Some(Lookup::Named(n)) => return Some(n.clone()),
@@ -165,5 +219,36 @@ mod tests {
             DockerNames::new(&dir.path().join("none.sock")).name("x"),
             None
         );
+    }
+
+    #[test]
+    fn a_daemon_that_starts_later_is_found() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let sock = dir.path().join("docker.sock");
+        let names = DockerNames::new(&sock);
+        assert_eq!(names.name("abc"), None, "no socket yet");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        // Not looked for again before SOCKET_RECHECK: no thread yet.
+        assert_eq!(names.name("abc"), None);
+        assert!(names.ask.get().is_none());
+        *names.looked.lock().expect("lock") = Some(Instant::now() - SOCKET_RECHECK);
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            let mut req = [0u8; 512];
+            let _ = c.read(&mut req).expect("request");
+            let body = r#"{"Name":"/late"}"#;
+            let _ = write!(
+                c,
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        });
+        assert_eq!(names.name("abc"), None, "asked now");
+        server.join().expect("server");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while names.name("abc").is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(names.name("abc").as_deref(), Some("late"));
     }
 }

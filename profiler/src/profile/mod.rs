@@ -208,6 +208,8 @@ struct CgroupSum {
     name: Option<String>,
     /// When a process of it last ran (monotonic ns).
     last_ns: u64,
+    /// Docker was asked for its container's name (if it is one).
+    docker_asked: bool,
 }
 
 /// Per-interval maps, kept to be reused.
@@ -234,7 +236,7 @@ pub struct Profile {
     v1_cgroup: IntMap<ConsumerId, Option<u64>>,
     docker: DockerNames,
     windows: windows::Windows,
-    intervals: Vec<Box<serde_json::value::RawValue>>,
+    intervals: crate::output::spill::Intervals,
     last: Option<IntervalRecord>,
     scratch: Scratch,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
@@ -300,7 +302,7 @@ impl Profile {
             v1_cgroup: IntMap::default(),
             docker: DockerNames::new(&cfg.docker_socket),
             windows: windows::Windows::default(),
-            intervals: Vec::new(),
+            intervals: Default::default(),
             last: None,
             scratch: Scratch::default(),
             vms: None,
@@ -646,13 +648,27 @@ impl Profile {
             c.on_cpu_ns += rest;
             c.last_ns = sample.at_ns;
         }
-        // Name new cgroups while they still exist.
+        // Name new cgroups while they still exist, and ask Docker for a
+        // new container's name now: the recording has it even when no
+        // exporter or screen asks, and even if the container is gone by
+        // the end.
         for (id, entry) in &mut self.cgroups {
             if entry.name.is_none() {
                 entry.name = self
                     .cgroup_names
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
+            }
+            if !entry.docker_asked && entry.name.is_some() {
+                entry.docker_asked = true;
+                if let Some(c) = entry
+                    .name
+                    .as_deref()
+                    .and_then(crate::process::container::from_cgroup_path)
+                    .filter(|c| c.runtime == crate::process::container::Runtime::Docker)
+                {
+                    let _ = self.docker.name(&c.id);
+                }
             }
         }
 
@@ -765,7 +781,12 @@ impl Profile {
             }
             KeepIntervals::Nothing => None,
         };
-        self.intervals.extend(kept);
+        if let Some(kept) = kept {
+            self.intervals.push(kept);
+        }
+        if let Some(p) = self.intervals.take_problem() {
+            self.problem(p);
+        }
         self.last = Some(record);
         self.scratch.energy = energy;
         self.scratch.index = index;
@@ -777,6 +798,13 @@ impl Profile {
         self.v1_cgroup.retain(|id, _| table.by_id(*id).is_some());
         self.memory_read_ns
             .retain(|id, _| table.by_id(*id).is_some());
+    }
+
+    /// Outputs that stopped early (a failed write), one line each.
+    pub fn output_errors(&self) -> Vec<String> {
+        let jsonl = self.jsonl.as_ref().and_then(|s| s.failure());
+        let csv = self.interval_csv.as_ref().and_then(|c| c.failure());
+        jsonl.into_iter().chain(csv).map(str::to_string).collect()
     }
 
     /// Tasks in the cgroup v2 root on a host whose units and containers
@@ -1331,6 +1359,9 @@ impl Profile {
             })
             .collect();
         let cgroups = self.cgroup_reports(None);
+        // Names asked for in the last intervals (each lookup takes at most
+        // 0.5 s).
+        self.docker.settle(std::time::Duration::from_millis(600));
         let containers = self.container_reports(None);
         let mut problems = self.problems.clone();
         if self.problem_count > problems.len() as u64 {
@@ -1389,7 +1420,7 @@ impl Profile {
                     functions: crate::output::flamegraph::functions(st.ledger(), 20, span, carbon),
                     ..st.report()
                 }),
-            intervals: Vec::new(),
+            intervals: Default::default(),
         };
         if let Some(s) = &mut self.jsonl {
             let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
@@ -1399,10 +1430,12 @@ impl Profile {
             }
             s.write(&summary);
         }
-        RunReport {
+        let mut report = RunReport {
             intervals: std::mem::take(&mut self.intervals),
             ..report
-        }
+        };
+        report.profiler.output_errors = self.output_errors();
+        report
     }
 }
 

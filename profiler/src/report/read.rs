@@ -244,7 +244,10 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
         .iter()
         .enumerate()
         .map(|(i, raw)| {
-            serde_json::from_str::<IntervalRecord>(raw.get())
+            raw.map_err(|e| e.to_string())
+                .and_then(|raw| {
+                    serde_json::from_str::<IntervalRecord>(raw.get()).map_err(|e| e.to_string())
+                })
                 .map_err(|e| bad(path, None, format!("intervals[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
