@@ -112,8 +112,13 @@ pub(crate) fn is_zero(x: &f64) -> bool {
 /// An interval's power (`power_w`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IntervalPower {
-    /// Measured over the interval (W).
+    /// Measured over the interval (W), or over `covers_ns`.
     pub power_w: f64,
+    /// The time this energy covers when it is longer than the interval
+    /// (ns): the read of earlier intervals failed, and this one's covers
+    /// them too (its energy is divided over that whole span).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub covers_ns: Option<u64>,
 }
 
 /// The whole profile's average power (`avg_power_w`).

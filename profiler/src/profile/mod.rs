@@ -6,6 +6,7 @@
 //! This is the only place the pieces meet: `tracker` measures time,
 //! `sources` measure energy, `attribution` divides, `output` renders.
 
+mod held;
 pub mod sampling;
 pub mod stacks;
 pub mod windows;
@@ -239,6 +240,8 @@ pub struct Profile {
     intervals: crate::output::spill::Intervals,
     last: Option<IntervalRecord>,
     scratch: Scratch,
+    /// CPU time of intervals whose energy read failed.
+    held: held::HeldReads,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
     vms: Option<crate::attribution::vms::VmTracker>,
     /// Stack sampling (`--stacks`), when asked for.
@@ -305,6 +308,7 @@ impl Profile {
             intervals: Default::default(),
             last: None,
             scratch: Scratch::default(),
+            held: held::HeldReads::default(),
             vms: None,
             stacks: None,
             memory: IntMap::default(),
@@ -554,7 +558,7 @@ impl Profile {
                 on_cpu_ns: u.on_cpu_ns.clone(),
             })
             .collect();
-        let shares = attribution::attribute(&Interval {
+        let mut shares = attribution::attribute(&Interval {
             packages: &packages,
             package_ids: &self.package_ids,
             usage: &cpu_usage,
@@ -562,6 +566,21 @@ impl Profile {
             gpus: &gpus,
             wall,
         });
+        // Domains whose read failed hold this interval's CPU time; a
+        // read after failed ones is divided over the whole span.
+        let span = held::Span {
+            packages: &packages,
+            package_ids: &self.package_ids,
+            usage: &cpu_usage,
+            start_ns: sample.at_ns.saturating_sub(duration_ns),
+            end_ns: sample.at_ns,
+        };
+        let held_problems = self.held.hold(&read.missed, &span);
+        let caught = self.held.catch_up(&read.caught_up, &span);
+        for p in held_problems {
+            self.problem(p);
+        }
+        shares.extend(caught.shares);
         self.ledger.add(&shares);
 
         // This interval's energy per consumer, and the groups it goes to
@@ -732,8 +751,19 @@ impl Profile {
                     unattributed: s.unattributed_uj,
                     static_uj: s.static_uj,
                 },
-                duration_ns,
-                |power_w| IntervalPower { power_w },
+                caught
+                    .covers_ns
+                    .iter()
+                    .find(|(k, _)| *k == (s.domain, s.package))
+                    .map_or(duration_ns, |(_, ns)| *ns),
+                |power_w| IntervalPower {
+                    power_w,
+                    covers_ns: caught
+                        .covers_ns
+                        .iter()
+                        .find(|(k, _)| *k == (s.domain, s.package))
+                        .map(|(_, ns)| *ns),
+                },
             )
         }));
         record.gpus.clear();

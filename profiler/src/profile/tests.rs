@@ -55,6 +55,8 @@ struct Rig {
     profile: Profile,
     /// cgroup ids by path.
     cgroups: HashMap<&'static str, u64>,
+    /// The package counter cannot be read in the next intervals.
+    unreadable: bool,
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -128,6 +130,7 @@ impl Rig {
             script,
             profile,
             cgroups,
+            unreadable: false,
         }
     }
 
@@ -139,10 +142,13 @@ impl Rig {
     /// (pid, cgroup id, ns); the busy time fills CPU 0, then CPU 1.
     fn interval(&mut self, joules: f64, tasks: &[(u32, u64, u64)], last: bool) {
         self.energy_uj += (joules * 1e6) as u64;
-        write(
-            &self.dir.join("sys/class/powercap/intel-rapl:0/energy_uj"),
-            &format!("{}\n", self.energy_uj),
-        );
+        let counter = self.dir.join("sys/class/powercap/intel-rapl:0/energy_uj");
+        if self.unreadable {
+            // The counter runs on, but cannot be read in this interval.
+            let _ = std::fs::remove_file(&counter);
+        } else {
+            write(&counter, &format!("{}\n", self.energy_uj));
+        }
         self.at_ns += WINDOW_NS;
         let busy: u64 = tasks.iter().map(|t| t.2).sum();
         assert!(busy <= 2 * WINDOW_NS);
@@ -296,6 +302,53 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
     )
     .expect("kept interval");
     assert_eq!(&kept, iv);
+}
+
+#[test]
+fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
+    let mut rig = Rig::new("failed-read", Scope::Tree, KeepIntervals::All, Filter::default());
+    rig.profile.table.set_root(5001001);
+    let user = rig.cgroup("user.slice");
+    rig.interval(10.0, &[(5001001, user, 500_000_000)], false);
+    // The counter cannot be read while another program, 5002002, runs...
+    rig.unreadable = true;
+    rig.interval(30.0, &[(5002002, user, 1_000_000_000)], false);
+    rig.unreadable = false;
+    // ... and the next read covers both intervals: 30 + 10 J over 4 s of
+    // CPU time, of which 5002002 ran 1.0 s, and the root 0.2 s.
+    rig.interval(10.0, &[(5001001, user, 200_000_000)], true);
+    let (report, stream) = rig.finish();
+    let pkg = &report.energy.domains[0];
+    assert!(close(pkg.measured_j, 50.0), "{pkg:?}");
+    // 10 J x 0.5/2, then 40 J x 0.2/4 (not 40 J x 0.2/2, as if the
+    // failed interval's energy were the next interval's).
+    assert!(
+        close(process(&report, 5001001).energy.package_j, 2.5 + 2.0),
+        "{:?}",
+        process(&report, 5001001).energy
+    );
+    assert!(close(report.energy.groups.other.package_j, 10.0), "{:?}", report.energy.groups);
+    assert!(close(pkg.idle_j, 10.0 * 1.5 / 2.0 + 40.0 * 2.8 / 4.0), "{pkg:?}");
+    let ivs: Vec<&Value> = stream.iter().filter(|r| r["type"] == "interval").collect();
+    assert_eq!(ivs.len(), 3, "no interval is missing");
+    assert_eq!(ivs[1]["domains"].as_array().map(Vec::len), Some(0), "{}", ivs[1]);
+    let d = &ivs[2]["domains"][0];
+    assert_eq!(d["covers_ns"], 2 * WINDOW_NS, "{d}");
+    assert!(close(d["power_w"].as_f64().unwrap_or(0.0), 20.0), "{d}");
+    for iv in &ivs {
+        for d in iv["domains"].as_array().into_iter().flatten() {
+            let f = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);
+            assert!(
+                close(f("attributed_j") + f("idle_j") + f("unattributed_j"), f("measured_j")),
+                "{d}"
+            );
+        }
+    }
+    assert!(
+        report.energy.problems.iter().any(|p| p.contains("energy_uj")),
+        "{:?}",
+        report.energy.problems
+    );
 }
 
 #[test]

@@ -38,6 +38,16 @@ impl WrappingCounter {
         }
     }
 
+    /// The last reading, within the range.
+    pub fn last(&self) -> Option<u64> {
+        self.last
+    }
+
+    /// The range: readings are below it.
+    pub fn modulus(&self) -> u64 {
+        self.modulus
+    }
+
     /// Forgets the last reading (the counter vanished): the next one is a
     /// new starting point. The range is kept.
     pub fn reset(&mut self) {

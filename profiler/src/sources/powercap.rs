@@ -25,6 +25,8 @@ struct Zone {
     package: Option<u32>,
     die: u32,
     counter: WrappingCounter,
+    /// Its last read failed (the zone vanished or could not be read).
+    gone: bool,
 }
 
 /// A top-level zone: ((mmio?, zone id), domain, package, die).
@@ -187,6 +189,7 @@ impl Powercap {
                     package,
                     die,
                     counter: WrappingCounter::new(wrap_period(range)),
+                    gone: false,
                 }),
                 (Err(e), _) | (_, Err(e)) => problems.push(ZoneProblem {
                     domain,
@@ -273,7 +276,34 @@ impl Source for Powercap {
         for z in &mut self.zones {
             match read_u64(&z.dir.join("energy_uj")) {
                 Ok(raw) => {
-                    if let Some(energy_uj) = z.counter.advance(raw) {
+                    // The hardware counter runs on while the zone is gone
+                    // (a driver reload, a read refused for a while): its
+                    // first reading back covers the time it was missed. A
+                    // lower reading then is a restart, not a wrap: that
+                    // time's energy is not known, and 0 is reported for it
+                    // rather than a guess.
+                    let restarted = std::mem::take(&mut z.gone)
+                        && z
+                            .counter
+                            .last()
+                            .is_some_and(|last| raw % z.counter.modulus() < last);
+                    let energy = if restarted {
+                        z.counter.reset();
+                        z.counter.advance(raw);
+                        self.problems.push(ZoneProblem {
+                            domain: z.domain,
+                            package: z.package,
+                            error: SourceError::Retryable(format!(
+                                "{}/energy_uj came back lower than before it vanished: its \
+                                 energy while it was gone is not known (counted as 0)",
+                                z.dir.display()
+                            )),
+                        });
+                        Some(0)
+                    } else {
+                        z.counter.advance(raw)
+                    };
+                    if let Some(energy_uj) = energy {
                         // Dies of one package add up to the package.
                         match out.iter_mut().find(|e: &&mut DomainEnergy| {
                             e.domain == z.domain && e.package == z.package
@@ -290,9 +320,9 @@ impl Source for Powercap {
                     }
                 }
                 Err(e) => {
-                    // The zone is gone or unreadable for now: if it comes
-                    // back, its first reading is a new starting point.
-                    z.counter.reset();
+                    // The zone is gone or unreadable for now: its counter
+                    // keeps its last reading for when it comes back.
+                    z.gone = true;
                     self.problems.push(ZoneProblem {
                         domain: z.domain,
                         package: z.package,
@@ -459,15 +489,31 @@ mod tests {
         assert_eq!(energy(&r, Domain::Dram, Some(0)), None);
         assert_eq!(r.len(), 8);
         assert!(matches!(pc.problems()[0].error, SourceError::Retryable(_)));
-        // It comes back with a lower counter: a new starting point, not a wrap.
+        // It comes back with a lower counter: a new starting point, not a
+        // wrap; the time it was gone is reported as 0, with a problem.
         copy_dir(saved.path(), &dram);
         set(dir.path(), "intel-rapl:0:2", 10);
         let r = pc.read().expect("back");
-        assert_eq!(energy(&r, Domain::Dram, Some(0)), None, "baseline again");
+        assert_eq!(energy(&r, Domain::Dram, Some(0)), Some(0), "baseline again");
+        assert!(
+            pc.problems().iter().any(|p| p.error.to_string().contains("not known")),
+            "{:?}",
+            pc.problems()
+        );
         set(dir.path(), "intel-rapl:0:2", 25);
         assert_eq!(
             energy(&pc.read().expect("read"), Domain::Dram, Some(0)),
             Some(15)
+        );
+        // Gone again, and back higher: the growth covers the time it was
+        // gone.
+        std::fs::remove_dir_all(&dram).expect("remove");
+        pc.read().expect("other zones");
+        copy_dir(saved.path(), &dram);
+        set(dir.path(), "intel-rapl:0:2", 125);
+        assert_eq!(
+            energy(&pc.read().expect("back"), Domain::Dram, Some(0)),
+            Some(100)
         );
     }
 

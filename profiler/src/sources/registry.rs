@@ -115,6 +115,10 @@ pub struct Readers {
     gpus: Vec<GpuInfo>,
     used: Vec<ReaderUse>,
     problems: Vec<String>,
+    /// CPU and wall domains read so far.
+    seen: Vec<DomainKey>,
+    /// Those whose last read failed.
+    missed: Vec<DomainKey>,
 }
 
 impl std::fmt::Debug for Readers {
@@ -125,6 +129,9 @@ impl std::fmt::Debug for Readers {
     }
 }
 
+/// A CPU or wall domain: its domain and package.
+pub type DomainKey = (Domain, Option<u32>);
+
 /// One interval's energy from every reader.
 #[derive(Debug, Default)]
 pub struct IntervalEnergy {
@@ -132,6 +139,12 @@ pub struct IntervalEnergy {
     pub energy: Vec<DomainEnergy>,
     /// GPUs.
     pub gpus: Vec<GpuReading>,
+    /// Domains read before whose read failed now: their counters did not
+    /// advance, so this interval's energy comes with their next good read.
+    pub missed: Vec<DomainKey>,
+    /// Energy of domains whose earlier reads failed: it covers this
+    /// interval and those missed ones (not in `energy`).
+    pub caught_up: Vec<DomainEnergy>,
 }
 
 fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
@@ -309,6 +322,8 @@ impl Readers {
             gpus,
             used,
             problems: Vec::new(),
+            seen: Vec::new(),
+            missed: Vec::new(),
         };
         // A first read of every reader now, so the one at the profile's
         // start (Profile::begin) is a steady-state read.
@@ -321,6 +336,7 @@ impl Readers {
     pub fn rebase(&mut self) {
         let _ = self.read_counters(false);
         self.problems.clear();
+        self.missed.clear();
     }
 
     /// The GPUs read.
@@ -372,7 +388,33 @@ impl Readers {
         }
         // CPU domains first in the list, the wall after them.
         out.energy.sort_by_key(|d| d.domain == Domain::Wall);
+        self.catch_up(&mut out);
         out
+    }
+
+    /// Sorts out domains whose read failed: one read before that is
+    /// missing now was missed (its counter did not advance), and the first
+    /// good read after a miss covers the missed intervals too.
+    fn catch_up(&mut self, out: &mut IntervalEnergy) {
+        let key = |d: &DomainEnergy| (d.domain, d.package);
+        let (caught, fresh): (Vec<DomainEnergy>, Vec<DomainEnergy>) = std::mem::take(&mut out.energy)
+            .into_iter()
+            .partition(|d| self.missed.contains(&key(d)));
+        out.energy = fresh;
+        out.caught_up = caught;
+        for d in out.energy.iter().chain(&out.caught_up) {
+            if !self.seen.contains(&key(d)) {
+                self.seen.push(key(d));
+            }
+        }
+        let present = |k: &DomainKey| {
+            out.energy
+                .iter()
+                .chain(&out.caught_up)
+                .any(|d| key(d) == *k)
+        };
+        self.missed = self.seen.iter().copied().filter(|k| !present(k)).collect();
+        out.missed.clone_from(&self.missed);
     }
 
     /// Adds the calibration's wall energy of an interval of `duration_ns`
