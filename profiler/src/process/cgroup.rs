@@ -102,9 +102,21 @@ impl CgroupNames {
         {
             self.walked_at_ns = Some(now_ns);
             let root = self.root.clone();
+            // Only cgroups that exist now: the map stays the size of the
+            // mount, however many come and go.
+            self.names.clear();
             self.walk(&root, "", 0, None);
         }
         self.names.get(&id).map(String::as_str)
+    }
+}
+
+impl CgroupNames {
+    /// Forgets cgroup `id` (pruned: its processes have not run for a
+    /// while); asked again, it is looked up again.
+    pub fn forget(&mut self, id: u64) {
+        self.names.remove(&id);
+        self.first_asked_ns.remove(&id);
     }
 }
 

@@ -148,6 +148,18 @@ const MEMORY_READS_PER_S: u64 = 20;
 /// Problems kept for the report.
 const MAX_PROBLEMS: usize = 20;
 
+/// A cgroup whose processes have not run for this long is folded into its
+/// path's sums (and looked up again if they run again): a host that
+/// creates cgroups all day keeps one entry per path, not per cgroup.
+const PRUNE_AFTER_NS: u64 = 120_000_000_000;
+
+/// How often cgroups are pruned.
+const PRUNE_EVERY_NS: u64 = 10_000_000_000;
+
+/// Paths of pruned cgroups kept one by one (those that ran least recently
+/// beyond this are summed together, `[N older cgroups]`).
+pub const MAX_PRUNED_PATHS: usize = 10_000;
+
 /// Report order: most energy first, then most on-CPU time.
 fn most_energy_first(a: (&EnergyJ, u64), b: (&EnergyJ, u64)) -> std::cmp::Ordering {
     b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
@@ -202,7 +214,7 @@ pub struct Ending {
 
 /// One cgroup's sums.
 #[derive(Clone, Debug, Default)]
-struct CgroupSum {
+pub(crate) struct CgroupSum {
     on_cpu_ns: u64,
     energy: EnergyBy,
     /// Its path, once found.
@@ -211,6 +223,17 @@ struct CgroupSum {
     last_ns: u64,
     /// Docker was asked for its container's name (if it is one).
     docker_asked: bool,
+}
+
+/// Adds `c`'s sums to `into` (its path kept, its last run the later).
+fn fold(into: &mut CgroupSum, c: &CgroupSum) {
+    into.on_cpu_ns += c.on_cpu_ns;
+    into.energy.merge(&c.energy);
+    into.last_ns = into.last_ns.max(c.last_ns);
+    if into.name.is_none() {
+        into.name.clone_from(&c.name);
+    }
+    into.docker_asked |= c.docker_asked;
 }
 
 /// Per-interval maps, kept to be reused.
@@ -232,6 +255,13 @@ pub struct Profile {
     ledger: EnergyLedger,
     groups: [EnergyBy; 3],
     cgroups: IntMap<u64, CgroupSum>,
+    /// Sums of cgroups pruned from `cgroups`, per path.
+    pruned: HashMap<String, CgroupSum>,
+    /// Paths pruned from `pruned` past [`MAX_PRUNED_PATHS`]: how many, and
+    /// their sums together.
+    older: (u64, CgroupSum),
+    /// When cgroups were last pruned (monotonic ns).
+    pruned_at_ns: u64,
     cgroup_names: CgroupNames,
     cgroup_root: Option<u64>,
     v1_cgroup: IntMap<ConsumerId, Option<u64>>,
@@ -293,6 +323,9 @@ impl Profile {
             ledger: EnergyLedger::default(),
             groups: Default::default(),
             cgroups: IntMap::default(),
+            pruned: HashMap::new(),
+            older: (0, CgroupSum::default()),
+            pruned_at_ns: 0,
             cgroup_names: cfg.cgroupfs.as_ref().map_or_else(
                 || CgroupNames::real(1_000_000_000),
                 |root| CgroupNames::new(root, 1_000_000_000),
@@ -828,6 +861,60 @@ impl Profile {
         self.v1_cgroup.retain(|id, _| table.by_id(*id).is_some());
         self.memory_read_ns
             .retain(|id, _| table.by_id(*id).is_some());
+        self.prune_cgroups(sample.at_ns);
+    }
+
+    /// Folds cgroups whose processes have not run for [`PRUNE_AFTER_NS`]
+    /// into their path's sums (every [`PRUNE_EVERY_NS`]); keeps at most
+    /// [`MAX_PRUNED_PATHS`] paths, summing the least recently run beyond.
+    /// Per-path and per-container figures, and so the exporter's counters,
+    /// are unchanged by it.
+    fn prune_cgroups(&mut self, now_ns: u64) {
+        if now_ns.saturating_sub(self.pruned_at_ns) < PRUNE_EVERY_NS {
+            return;
+        }
+        self.pruned_at_ns = now_ns;
+        let cutoff = now_ns.saturating_sub(PRUNE_AFTER_NS);
+        // A live process's v1 key names its cgroup only once: kept.
+        let v1_live: crate::hash::IntSet<u64> = self.v1_cgroup.values().flatten().copied().collect();
+        let stale: Vec<u64> = self
+            .cgroups
+            .iter()
+            .filter(|(id, c)| c.last_ns < cutoff && !v1_live.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            let Some(c) = self.cgroups.remove(&id) else {
+                continue;
+            };
+            self.cgroup_names.forget(id);
+            match &c.name {
+                Some(path) => fold(self.pruned.entry(path.clone()).or_default(), &c),
+                None => {
+                    self.older.0 += 1;
+                    fold(&mut self.older.1, &c);
+                }
+            }
+        }
+        if self.pruned.len() > MAX_PRUNED_PATHS {
+            let mut by_age: Vec<(u64, String)> = self
+                .pruned
+                .iter()
+                .map(|(p, c)| (c.last_ns, p.clone()))
+                .collect();
+            by_age.sort_unstable();
+            for (_, path) in by_age.into_iter().take(self.pruned.len() - MAX_PRUNED_PATHS) {
+                if let Some(c) = self.pruned.remove(&path) {
+                    self.older.0 += 1;
+                    fold(&mut self.older.1, &c);
+                }
+            }
+        }
+    }
+
+    /// Every cgroup sum: those kept by id, then the pruned ones by path.
+    fn cgroup_sums(&self) -> impl Iterator<Item = &CgroupSum> {
+        self.cgroups.values().chain(self.pruned.values())
     }
 
     /// Outputs that stopped early (a failed write), one line each.
@@ -1030,13 +1117,36 @@ impl Profile {
     /// whose processes ran since then.
     pub fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
         let span = self.last_ns.saturating_sub(self.start_ns);
-        let mut cgroups: Vec<CgroupReport> = self
+        let recent = |c: &CgroupSum| since_ns.is_none_or(|t| c.last_ns >= t);
+        // One row per path: a pruned cgroup's sums go to the row of the
+        // cgroup now at its path (a restarted unit), or stand alone.
+        let mut rows: Vec<(String, u64, CgroupSum)> = self
             .cgroups
             .iter()
-            .filter(|(_, c)| since_ns.is_none_or(|t| c.last_ns >= t))
-            .map(|(id, c)| CgroupReport {
-                path: c.name.clone().unwrap_or_else(|| format!("id:{id}")),
-                id: *id,
+            .map(|(id, c)| {
+                let path = c.name.clone().unwrap_or_else(|| format!("id:{id}"));
+                (path, *id, c.clone())
+            })
+            .collect();
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for (i, (path, _, _)) in rows.iter().enumerate() {
+            at.entry(path.clone()).or_insert(i);
+        }
+        for (path, c) in &self.pruned {
+            match at.get(path) {
+                Some(i) => fold(&mut rows[*i].2, c),
+                None => rows.push((path.clone(), 0, c.clone())),
+            }
+        }
+        if self.older.0 > 0 {
+            rows.push((format!("[{} older cgroups]", self.older.0), 0, self.older.1.clone()));
+        }
+        let mut cgroups: Vec<CgroupReport> = rows
+            .into_iter()
+            .filter(|(_, _, c)| recent(c))
+            .map(|(path, id, c)| CgroupReport {
+                path,
+                id,
                 on_cpu_ns: c.on_cpu_ns,
                 energy: EnergyJ::new(&c.energy, span, &self.cfg.carbon),
             })
@@ -1081,7 +1191,7 @@ impl Profile {
         let mut by: HashMap<crate::process::container::Container, (u64, EnergyBy, Vec<String>)> =
             HashMap::new();
         let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
-        for cg in self.cgroups.values() {
+        for cg in self.cgroup_sums() {
             let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
             let Some(path) = &cg.name else { continue };
             let Some(c) = from_cgroup_path(path) else {
@@ -1186,7 +1296,7 @@ impl Profile {
         // one of them ran within the grace period.
         let mut by_path: std::collections::BTreeMap<&str, (u64, EnergyBy, u64)> =
             std::collections::BTreeMap::new();
-        for c in self.cgroups.values() {
+        for c in self.cgroup_sums() {
             let Some(path) = c.name.as_deref() else {
                 continue;
             };

@@ -488,6 +488,66 @@ fn cgroup_and_container_sums_follow_their_processes() {
 }
 
 #[test]
+fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
+    let scope = Scope::Machine {
+        top: 10,
+        pids: Vec::new(),
+    };
+    let mut rig = Rig::new("prune", scope, KeepIntervals::Nothing, Filter::default());
+    let docker_path: &str = rig
+        .cgroups
+        .keys()
+        .find(|k| k.contains("docker-"))
+        .copied()
+        .expect("docker cgroup");
+    let docker = rig.cgroup(docker_path);
+    let user = rig.cgroup("user.slice");
+    rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], false);
+    let cpu_series = |rig: &Rig| -> Option<f64> {
+        let snap = rig.profile.snapshot(10, u64::MAX);
+        let (_, series) = snap
+            .families
+            .iter()
+            .find(|(m, _)| m.name == "wattprof_container_cpu")?;
+        series
+            .iter()
+            .find(|(l, _)| l.iter().any(|(_, x)| x == DOCKER_ID))
+            .map(|(_, v)| *v)
+    };
+    // Only user.slice runs for 130 s: the container's cgroup is pruned.
+    for _ in 0..130 {
+        rig.interval(1.0, &[(5001001, user, 100_000_000)], false);
+    }
+    assert!(!rig.profile.cgroups.contains_key(&docker), "pruned");
+    assert!(rig.profile.pruned.keys().any(|p| p.contains(DOCKER_ID)));
+    let container = |rig: &Rig| {
+        rig.profile
+            .container_reports(None)
+            .into_iter()
+            .find(|c| c.id == DOCKER_ID)
+            .expect("the container is still reported")
+    };
+    assert_eq!(container(&rig).on_cpu_ns, 1_000_000_000);
+    assert!(close(container(&rig).energy.package_j, 10.0));
+    assert_eq!(cpu_series(&rig), Some(1.0), "the counter keeps its value");
+    // It runs again (same cgroup): its sums go on from there.
+    rig.interval(20.0, &[(5005005, docker, 500_000_000)], true);
+    assert_eq!(container(&rig).on_cpu_ns, 1_500_000_000);
+    assert!(close(container(&rig).energy.package_j, 15.0));
+    assert_eq!(cpu_series(&rig), Some(1.5), "monotonic");
+    let rows: Vec<_> = rig
+        .profile
+        .cgroup_reports(None)
+        .into_iter()
+        .filter(|g| g.path.contains(DOCKER_ID))
+        .collect();
+    assert_eq!(rows.len(), 1, "one row per path: {rows:?}");
+    assert_eq!(rows[0].on_cpu_ns, 1_500_000_000);
+    let (report, _) = rig.finish();
+    assert!(report.containers.iter().any(|c| c.id == DOCKER_ID && c.on_cpu_ns == 1_500_000_000));
+}
+
+#[test]
 fn the_keep_policy_decides_what_the_recording_holds() {
     let scope = || Scope::Machine {
         top: 10,
