@@ -71,16 +71,17 @@ impl Intervals {
     pub fn push(&mut self, record: Box<RawValue>) {
         self.mem_bytes += record.get().len();
         self.mem.push(record);
-        if self.mem_bytes > self.limit && self.problem.is_none() {
-            if let Err(e) = self.spill() {
-                // Kept in memory from here on: nothing is lost, and the
-                // file is not tried again.
-                self.limit = usize::MAX;
-                self.problem = Some(format!(
-                    "the recording's intervals stay in memory: their temporary file failed \
-                     ({e}; set TMPDIR to a file system with room)"
-                ));
-            }
+        if self.mem_bytes > self.limit
+            && self.problem.is_none()
+            && let Err(e) = self.spill()
+        {
+            // Kept in memory from here on: nothing is lost, and the file is
+            // not tried again.
+            self.limit = usize::MAX;
+            self.problem = Some(format!(
+                "the recording's intervals stay in memory: their temporary file failed \
+                 ({e}; set TMPDIR to a file system with room)"
+            ));
         }
     }
 

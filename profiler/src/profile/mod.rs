@@ -291,6 +291,9 @@ pub struct Profile {
     problems: Vec<String>,
     problem_count: u64,
     host: HostReport,
+    /// The wall clock's offset from the monotonic clock at the last
+    /// check, relative to the start (ns): a change is a clock jump.
+    clock_skew_ns: i128,
 }
 
 /// What a window message did.
@@ -357,6 +360,7 @@ impl Profile {
             problems: Vec::new(),
             problem_count: 0,
             host,
+            clock_skew_ns: 0,
         }
     }
 
@@ -543,9 +547,38 @@ impl Profile {
         Ok(sample.at_ns)
     }
 
+    /// Says when the wall clock jumped (`date -s`, a VM resumed, NTP
+    /// stepping it): intervals are timed on the monotonic clock, which does
+    /// not jump, and timestamps are the start's wall-clock time plus
+    /// monotonic time, so they do not jump either; the report says it did.
+    fn watch_clock(&mut self, at_ns: u64) {
+        if self.start_unix_ns == 0 {
+            return;
+        }
+        let wall_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let since_ns = i128::from(at_ns.saturating_sub(self.start_ns));
+        let skew = wall_ns - i128::from(self.start_unix_ns) - since_ns;
+        let jump = skew - self.clock_skew_ns;
+        if jump.abs() > 1_000_000_000 {
+            self.clock_skew_ns = skew;
+            let p = format!(
+                "the wall clock jumped {:+.1} s about {:.1} s into the profile (intervals are \
+                 timed on the monotonic clock; timestamps are the start's wall-clock time plus \
+                 monotonic time, so they do not jump)",
+                jump as f64 / 1e9,
+                since_ns as f64 / 1e9
+            );
+            eprintln!("wattprof: {p}");
+            self.problem(p);
+        }
+    }
+
     /// Folds in one interval: the tracker's sample and the energy read
     /// just before it.
     fn step(&mut self, sample: &CpuSample, mut read: IntervalEnergy) {
+        self.watch_clock(sample.at_ns);
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
         let mut packages = vec![PackageTime::default(); self.package_ids.len().max(1)];

@@ -73,6 +73,8 @@ pub struct Powercap {
     root: PathBuf,
     zones: Vec<Zone>,
     problems: Vec<ZoneProblem>,
+    /// Changes to tell people (a zone gone, a zone back), once each.
+    said: Vec<String>,
     /// The tree is a host's export to its VM guest (its marker's text).
     host_export: bool,
     export_note: Option<String>,
@@ -218,6 +220,7 @@ impl Powercap {
             root,
             zones,
             problems,
+            said: Vec::new(),
             host_export: export_note.is_some(),
             export_note,
             host_estimated,
@@ -243,6 +246,12 @@ impl Powercap {
 impl Source for Powercap {
     fn name(&self) -> &'static str {
         "powercap"
+    }
+
+    /// A zone that vanished, came back, or came back restarted: said once
+    /// when it happens, not at every read.
+    fn take_problems(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.said)
     }
 
     fn kind(&self) -> super::ReaderKind {
@@ -282,6 +291,14 @@ impl Source for Powercap {
                     // lower reading then is a restart, not a wrap: that
                     // time's energy is not known, and 0 is reported for it
                     // rather than a guess.
+                    let was_gone = z.gone;
+                    if was_gone {
+                        self.said.push(format!(
+                            "powercap {}/energy_uj is back: its energy while it was gone comes \
+                             with this read",
+                            z.dir.display()
+                        ));
+                    }
                     let restarted = std::mem::take(&mut z.gone)
                         && z
                             .counter
@@ -290,14 +307,16 @@ impl Source for Powercap {
                     let energy = if restarted {
                         z.counter.reset();
                         z.counter.advance(raw);
+                        let error = SourceError::Retryable(format!(
+                            "{}/energy_uj came back lower than before it vanished: its energy \
+                             while it was gone is not known (counted as 0)",
+                            z.dir.display()
+                        ));
+                        self.said.push(format!("powercap {error}"));
                         self.problems.push(ZoneProblem {
                             domain: z.domain,
                             package: z.package,
-                            error: SourceError::Retryable(format!(
-                                "{}/energy_uj came back lower than before it vanished: its \
-                                 energy while it was gone is not known (counted as 0)",
-                                z.dir.display()
-                            )),
+                            error,
                         });
                         Some(0)
                     } else {
@@ -322,15 +341,16 @@ impl Source for Powercap {
                 Err(e) => {
                     // The zone is gone or unreadable for now: its counter
                     // keeps its last reading for when it comes back.
+                    let error =
+                        classify_io(&format!("{}/energy_uj", z.dir.display()), &e, PERMISSION_FIX);
+                    if !z.gone {
+                        self.said.push(format!("powercap {error}"));
+                    }
                     z.gone = true;
                     self.problems.push(ZoneProblem {
                         domain: z.domain,
                         package: z.package,
-                        error: classify_io(
-                            &format!("{}/energy_uj", z.dir.display()),
-                            &e,
-                            PERMISSION_FIX,
-                        ),
+                        error,
                     });
                 }
             }
@@ -489,6 +509,9 @@ mod tests {
         assert_eq!(energy(&r, Domain::Dram, Some(0)), None);
         assert_eq!(r.len(), 8);
         assert!(matches!(pc.problems()[0].error, SourceError::Retryable(_)));
+        assert_eq!(pc.take_problems().len(), 1, "said when it vanished");
+        pc.read().expect("still gone");
+        assert!(pc.take_problems().is_empty(), "said once");
         // It comes back with a lower counter: a new starting point, not a
         // wrap; the time it was gone is reported as 0, with a problem.
         copy_dir(saved.path(), &dram);
