@@ -54,6 +54,21 @@ pub enum Which {
         #[arg(long, default_value_t = 300)]
         work: u64,
     },
+    /// A day of churn in minutes: `monitor --prometheus --jsonl` and a
+    /// `run` with windows while ~200 processes a second start and exit,
+    /// thread pools grow and shrink, cgroups come and go and /metrics is
+    /// scraped 10 times a second; samples wattprof's RSS, fds, threads
+    /// and CPU every 10 s, checks every interval of both streams (none
+    /// missing, every joule accounted for), and writes target/soak/
+    /// (series.csv, soak.svg, summary.txt).
+    Soak {
+        /// Minutes of churn.
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Minutes of warm-up left out of the growth figures.
+        #[arg(long, default_value_t = 5.0)]
+        warmup: f64,
+    },
     /// (helper) CPU-bound work on every CPU; prints its seconds.
     #[command(hide = true)]
     Spin {
@@ -102,6 +117,25 @@ pub fn run(which: Which) -> Result<()> {
         } => overhead(rounds, round_trips, seconds),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
+        Which::Soak { minutes, warmup } => {
+            let wattprof = wattprof_release()?;
+            let root = workspace_root();
+            run_cmd(Command::new("cargo").current_dir(&root).args([
+                "build",
+                "--release",
+                "--locked",
+                "-p",
+                "wattprof-tests",
+                "--bin",
+                "wattprof-testload",
+            ]))?;
+            crate::soak::soak(
+                &wattprof,
+                &root.join("target/release/wattprof-testload"),
+                minutes,
+                warmup,
+            )
+        }
         Which::Spin { work } => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let start = Instant::now();

@@ -2,6 +2,7 @@
 
 mod bench;
 mod ebpf;
+mod soak;
 mod test;
 
 use anyhow::Result;

@@ -1,0 +1,559 @@
+//! `cargo xtask bench soak --minutes N`: a day of churn in minutes.
+//!
+//! Runs `wattprof monitor --prometheus --jsonl` and a `wattprof run` whose
+//! command opens and closes profiling windows, while this process churns
+//! the machine: about 200 short processes a second, thread pools growing
+//! and shrinking, cgroups created and removed every few seconds (and Docker
+//! containers where `dockerd` answers), and `/metrics` scraped 10 times a
+//! second. Every 10 s it samples both wattprof processes' RSS, open fds,
+//! threads and CPU time. At the end it checks both streams: no interval
+//! missing, and attributed + idle + unattributed = measured in every
+//! interval and domain. It writes the series (CSV), a plot (SVG) and a
+//! summary with the growth per hour after the warm-up.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// One sample of one wattprof process.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    rss_kib: u64,
+    fds: u64,
+    threads: u64,
+    cpu_s: f64,
+}
+
+fn usage(pid: u32) -> Usage {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
+    // utime + stime, fields 14 and 15 of stat, after the comm's ')'.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ticks: u64 = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Usage {
+        rss_kib: field("VmRSS:"),
+        fds,
+        threads: field("Threads:"),
+        cpu_s: ticks as f64 / hz,
+    }
+}
+
+/// Least-squares slope of `y` over `x`.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx == 0.0 { 0.0 } else { sxy / sxx }
+}
+
+/// What a stream's check found.
+#[derive(Debug, Default)]
+struct StreamCheck {
+    intervals: usize,
+    /// Intervals that do not start where the previous one ended.
+    gaps: usize,
+    /// Interval domains where the parts do not add up to the measured.
+    unbalanced: usize,
+    /// The largest |attributed + idle + unattributed - measured| (J).
+    worst_j: f64,
+    /// Domain rows checked.
+    rows: usize,
+    summary: Option<Value>,
+}
+
+fn check_stream(path: &Path) -> Result<StreamCheck> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let mut c = StreamCheck::default();
+    let mut last_t: Option<u64> = None;
+    for (i, line) in text.lines().enumerate() {
+        let v: Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        match v["type"].as_str() {
+            Some("interval") => {
+                c.intervals += 1;
+                let t = v["t_ns"].as_u64().unwrap_or(0);
+                let d = v["duration_ns"].as_u64().unwrap_or(0);
+                if last_t.is_some_and(|l| t.saturating_sub(d) != l) {
+                    c.gaps += 1;
+                }
+                last_t = Some(t);
+                for d in v["domains"].as_array().into_iter().flatten() {
+                    let g = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);
+                    let off = (g("attributed_j") + g("idle_j") + g("unattributed_j")
+                        - g("measured_j"))
+                    .abs();
+                    c.rows += 1;
+                    // Each figure is whole µJ printed in J: 3 roundings.
+                    if off.is_nan() || off > 3e-6 {
+                        c.unbalanced += 1;
+                    }
+                    c.worst_j = c.worst_j.max(off);
+                }
+            }
+            Some("summary") => c.summary = Some(v),
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+fn cgroup2_root() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split_whitespace().next() != Some("cgroup2") {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// Starts `f` on a thread that runs until `stop`.
+fn churn(
+    name: &str,
+    stop: &Arc<AtomicBool>,
+    f: impl FnOnce(Arc<AtomicBool>) + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>> {
+    let stop = stop.clone();
+    Ok(std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || f(stop))?)
+}
+
+fn scrape(addr: &str) -> bool {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if write!(s, "GET /metrics HTTP/1.0\r\nHost: soak\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).is_ok() && body.starts_with(b"HTTP/1.1 200")
+}
+
+fn plot(path: &Path, rows: &[(f64, Usage, Usage)]) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(300);
+    let t_max = rows.last().map_or(1.0, |r| r.0 / 60.0).max(1.0);
+    let rss_max = rows
+        .iter()
+        .map(|r| r.1.rss_kib.max(r.2.rss_kib))
+        .max()
+        .unwrap_or(1) as f64
+        / 1024.0
+        * 1.2;
+    let mut chart = ChartBuilder::on(&top)
+        .caption("wattprof RSS under churn (MiB)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..t_max, 0.0..rss_max)?;
+    chart.configure_mesh().x_desc("minutes").draw()?;
+    for (label, color, pick) in [
+        ("monitor", BLUE, 1usize),
+        ("run", RED, 2usize),
+    ] {
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().map(|r| {
+                    let u = if pick == 1 { r.1 } else { r.2 };
+                    (r.0 / 60.0, u.rss_kib as f64 / 1024.0)
+                }),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    let fd_max = rows
+        .iter()
+        .map(|r| r.1.fds.max(r.2.fds).max(r.1.threads))
+        .max()
+        .unwrap_or(1) as f64
+        * 1.3;
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption("open fds and threads", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..t_max, 0.0..fd_max)?;
+    chart.configure_mesh().x_desc("minutes").draw()?;
+    let series: [(&str, RGBColor, fn(&(f64, Usage, Usage)) -> u64); 3] = [
+        ("monitor fds", BLUE, |r| r.1.fds),
+        ("monitor threads", GREEN, |r| r.1.threads),
+        ("run fds", RED, |r| r.2.fds),
+    ];
+    for (label, color, pick) in series {
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().map(|r| (r.0 / 60.0, pick(r) as f64)),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Runs the soak for `minutes`, judging growth after `warmup_minutes`.
+pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64) -> Result<()> {
+    let out = crate::workspace_root().join("target/soak");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let mut monitor = Command::new(wattprof)
+        .args(["monitor", "--interval", "1s", "--prometheus", &addr])
+        .arg("--jsonl")
+        .arg(out.join("monitor.jsonl"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(out.join("monitor.stderr"))?)
+        .spawn()
+        .context("starting wattprof monitor")?;
+    // The run's command: a window of ~50 ms of CPU every second, named
+    // after a counter, until the stop file appears.
+    let stop_file = out.join("stop");
+    let script = format!(
+        "i=0; while [ ! -e '{stop}' ]; do i=$((i+1)); '{tl}' window w$((i % 50)) 0.05 >/dev/null; \
+         sleep 1; done",
+        stop = stop_file.display(),
+        tl = testload.display()
+    );
+    let mut run = Command::new(wattprof)
+        .args(["run", "--interval", "1s"])
+        .arg("--jsonl")
+        .arg(out.join("run.jsonl"))
+        .arg("--output")
+        .arg(out.join("run.json"))
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(out.join("run.stderr"))?)
+        .spawn()
+        .context("starting wattprof run")?;
+    std::thread::sleep(Duration::from_secs(3));
+    for (name, child) in [("monitor", &mut monitor), ("run", &mut run)] {
+        if let Some(status) = child.try_wait()? {
+            bail!("wattprof {name} ended at once ({status}): see target/soak/{name}.stderr");
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawned = Arc::new(AtomicU64::new(0));
+    let scrapes = Arc::new(AtomicU64::new(0));
+    let failed_scrapes = Arc::new(AtomicU64::new(0));
+    let cgroups_made = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    // ~200 short processes a second.
+    {
+        let spawned = spawned.clone();
+        threads.push(churn("procs", &stop, move |stop| {
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let due = (start.elapsed().as_secs_f64() * 200.0) as u64;
+                if spawned.load(Ordering::Relaxed) >= due {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                if let Ok(mut c) = Command::new("/bin/true").spawn() {
+                    let _ = c.wait();
+                    spawned.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })?);
+    }
+    // Thread pools growing and shrinking: 1 to 64 threads, each living
+    // 0.2-2 s with a little work.
+    threads.push(churn("pools", &stop, move |stop| {
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let n = 1 + next() % 64;
+            let pool: Vec<_> = (0..n)
+                .map(|_| {
+                    let life = Duration::from_millis(200 + next() % 1800);
+                    std::thread::spawn(move || {
+                        let end = Instant::now() + life;
+                        while Instant::now() < end {
+                            let t = Instant::now();
+                            while t.elapsed() < Duration::from_micros(100) {
+                                std::hint::spin_loop();
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    })
+                })
+                .collect();
+            for t in pool {
+                let _ = t.join();
+            }
+        }
+    })?);
+    // A cgroup every 3 s: a process burns 0.1 s in it, then it is removed.
+    let cgroup_note = match cgroup2_root() {
+        Some(root) => {
+            let base = root.join(format!("wattprof-soak-{}", std::process::id()));
+            std::fs::create_dir_all(&base).context("creating the soak's cgroup")?;
+            let made = cgroups_made.clone();
+            let tl = testload.to_path_buf();
+            let base2 = base.clone();
+            threads.push(churn("cgroups", &stop, move |stop| {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let dir = base2.join(format!("c{n}"));
+                    if std::fs::create_dir(&dir).is_ok() {
+                        let script = format!(
+                            "echo $$ > '{}/cgroup.procs' && exec '{}' cpu 0.1",
+                            dir.display(),
+                            tl.display()
+                        );
+                        if let Ok(mut c) = Command::new("sh")
+                            .args(["-c", &script])
+                            .stdout(Stdio::null())
+                            .spawn()
+                        {
+                            let _ = c.wait();
+                        }
+                        // The burner has exited: the cgroup is empty.
+                        for _ in 0..50 {
+                            if std::fs::remove_dir(&dir).is_ok() {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        made.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_secs(3));
+                }
+                let _ = std::fs::remove_dir(&base2);
+            })?);
+            format!("cgroups under {}", base.display())
+        }
+        None => "no cgroup2 mount: no cgroups created".into(),
+    };
+    let docker_note = if Command::new("docker")
+        .arg("info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        // Containers need an image; the soak does not build one (see #14).
+        "dockerd answers, but the soak starts no containers (no local image)".to_string()
+    } else {
+        "dockerd not running: no containers".to_string()
+    };
+    // /metrics 10 times a second.
+    {
+        let (ok, bad, addr) = (scrapes.clone(), failed_scrapes.clone(), addr.clone());
+        threads.push(churn("scrape", &stop, move |stop| {
+            while !stop.load(Ordering::Relaxed) {
+                if scrape(&addr) {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })?);
+    }
+    eprintln!(
+        "soak: {minutes} min of churn ({cgroup_note}; {docker_note}); samples every 10 s \
+         to target/soak/series.csv"
+    );
+    let start = Instant::now();
+    let mut rows: Vec<(f64, Usage, Usage)> = Vec::new();
+    let mut csv = std::fs::File::create(out.join("series.csv"))?;
+    writeln!(
+        csv,
+        "t_s,monitor_rss_kib,monitor_fds,monitor_threads,monitor_cpu_s,run_rss_kib,run_fds,\
+         run_threads,run_cpu_s,processes_spawned,scrapes"
+    )?;
+    let end = Duration::from_secs_f64(minutes * 60.0);
+    while start.elapsed() < end {
+        std::thread::sleep(Duration::from_secs(10).min(end.saturating_sub(start.elapsed())));
+        let t = start.elapsed().as_secs_f64();
+        let (m, r) = (usage(monitor.id()), usage(run.id()));
+        writeln!(
+            csv,
+            "{t:.1},{},{},{},{:.2},{},{},{},{:.2},{},{}",
+            m.rss_kib,
+            m.fds,
+            m.threads,
+            m.cpu_s,
+            r.rss_kib,
+            r.fds,
+            r.threads,
+            r.cpu_s,
+            spawned.load(Ordering::Relaxed),
+            scrapes.load(Ordering::Relaxed)
+        )?;
+        rows.push((t, m, r));
+        for (name, child) in [("monitor", &mut monitor), ("run", &mut run)] {
+            if let Some(status) = child.try_wait()? {
+                stop.store(true, Ordering::Relaxed);
+                bail!("wattprof {name} ended during the soak ({status})");
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    std::fs::write(&stop_file, "")?;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(monitor.id() as i32, libc::SIGINT) };
+    let m_status = monitor.wait()?;
+    let r_status = wait_timeout(&mut run, Duration::from_secs(30))?;
+    plot(&out.join("soak.svg"), &rows)?;
+
+    let after = |pick: fn(&(f64, Usage, Usage)) -> f64| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|r| r.0 >= warmup_minutes * 60.0)
+            .map(|r| (r.0 / 3600.0, pick(r)))
+            .collect()
+    };
+    let growth = |pick: fn(&(f64, Usage, Usage)) -> f64| slope(&after(pick));
+    let range = |pick: fn(&(f64, Usage, Usage)) -> f64| {
+        let v = after(pick);
+        let lo = v.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+        let hi = v.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let (m_check, r_check) = (
+        check_stream(&out.join("monitor.jsonl"))?,
+        check_stream(&out.join("run.jsonl"))?,
+    );
+    let cpu = |pick: fn(&(f64, Usage, Usage)) -> f64| {
+        let (first, last) = (rows.first().map_or(0.0, pick), rows.last().map_or(0.0, pick));
+        let span = rows.last().map_or(1.0, |r| r.0) - rows.first().map_or(0.0, |r| r.0);
+        100.0 * (last - first) / span.max(1.0)
+    };
+    let mut summary = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        summary,
+        "soak: {:.1} min; {} processes spawned ({:.0}/s), {} cgroups made and removed, {} scrapes \
+         ({} failed), {docker_note}",
+        elapsed / 60.0,
+        spawned.load(Ordering::Relaxed),
+        spawned.load(Ordering::Relaxed) as f64 / elapsed,
+        cgroups_made.load(Ordering::Relaxed),
+        scrapes.load(Ordering::Relaxed),
+        failed_scrapes.load(Ordering::Relaxed),
+    );
+    for (name, rss, fds, threads, cpu_pct, check, status) in [
+        (
+            "monitor",
+            growth(|r| r.1.rss_kib as f64),
+            growth(|r| r.1.fds as f64),
+            range(|r| r.1.threads as f64),
+            cpu(|r| r.1.cpu_s),
+            &m_check,
+            m_status.to_string(),
+        ),
+        (
+            "run",
+            growth(|r| r.2.rss_kib as f64),
+            growth(|r| r.2.fds as f64),
+            range(|r| r.2.threads as f64),
+            cpu(|r| r.2.cpu_s),
+            &r_check,
+            r_status.clone(),
+        ),
+    ] {
+        let rss_range = if name == "monitor" {
+            range(|r| r.1.rss_kib as f64)
+        } else {
+            range(|r| r.2.rss_kib as f64)
+        };
+        let _ = writeln!(
+            summary,
+            "  {name}: RSS {:.1}-{:.1} MiB after {warmup_minutes} min, growth {:+.0} KiB/h; fds \
+             growth {:+.1}/h; threads {:.0}-{:.0}; CPU {cpu_pct:.2}% of one CPU; {} intervals, \
+             {} missing, {} of {} domain rows unbalanced (worst {:.1e} J); exit {status}",
+            rss_range.0 / 1024.0,
+            rss_range.1 / 1024.0,
+            rss,
+            fds,
+            threads.0,
+            threads.1,
+            check.intervals,
+            check.gaps,
+            check.unbalanced,
+            check.rows,
+            check.worst_j,
+        );
+        if let Some(s) = &check.summary {
+            let _ = writeln!(
+                summary,
+                "    events lost {}, lost CPU time {} ns, kernel memory {} KiB, problems {}",
+                s["profiler"]["events_lost"],
+                s["lost_ns"],
+                s["profiler"]["kernel_memory_bytes"].as_u64().unwrap_or(0) / 1024,
+                s["energy"]["problems"]
+            );
+        }
+    }
+    print!("{summary}");
+    std::fs::write(out.join("summary.txt"), &summary)?;
+    eprintln!("series: target/soak/series.csv, plot: target/soak/soak.svg");
+    if m_check.gaps + r_check.gaps + m_check.unbalanced + r_check.unbalanced > 0 {
+        bail!("an interval is missing or does not add up (see above)");
+    }
+    Ok(())
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Result<String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s.to_string());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Ok("killed after 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
