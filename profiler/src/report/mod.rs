@@ -138,8 +138,17 @@ pub struct Loaded {
 
 /// Reads `path` (a recording, a stream, or a stream cut short).
 pub fn load(path: &std::path::Path) -> Result<Loaded, ReadError> {
+    into_loaded(path, read::read(path)?)
+}
+
+/// [`load`] on bytes already in memory (`path` names them).
+pub fn load_bytes(path: &std::path::Path, bytes: &[u8]) -> Result<Loaded, ReadError> {
+    into_loaded(path, read::parse(path, bytes)?)
+}
+
+fn into_loaded(path: &std::path::Path, read: read::File) -> Result<Loaded, ReadError> {
     let file = path.display().to_string();
-    Ok(match read::read(path)? {
+    Ok(match read {
         read::File::Recording(r, intervals) => Loaded {
             summary: Summary::of_report(&r, file, Format::Recording, intervals.len()),
             intervals,
