@@ -481,3 +481,91 @@ impl Readers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::SourceInfo;
+
+    /// A CPU counter that fails on the reads it is told to, advancing no
+    /// counter then, as the MSR reader does.
+    struct Flaky {
+        /// The counter's total, and whether reads fail now (set by the test).
+        now: std::rc::Rc<std::cell::Cell<(u64, bool)>>,
+        last_uj: u64,
+    }
+
+    impl Source for Flaky {
+        fn name(&self) -> &'static str {
+            "msr"
+        }
+        fn kind(&self) -> ReaderKind {
+            ReaderKind::Cpu
+        }
+        fn info(&self) -> SourceInfo {
+            SourceInfo {
+                domains: vec![(Domain::Package, Some(0))],
+                resolution_uj: None,
+                location: "test".into(),
+            }
+        }
+        fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+            let (total_uj, fail) = self.now.get();
+            if fail {
+                return Err(SourceError::Retryable("MSR 0x611: read refused".into()));
+            }
+            let e = total_uj - self.last_uj;
+            self.last_uj = total_uj;
+            Ok(vec![DomainEnergy {
+                domain: Domain::Package,
+                package: Some(0),
+                energy_uj: e,
+                estimated: false,
+                busy_only: false,
+            }])
+        }
+    }
+
+    #[test]
+    fn a_read_after_failed_ones_is_caught_up_energy() {
+        let now = std::rc::Rc::new(std::cell::Cell::new((0, false)));
+        let mut readers = Readers {
+            sources: vec![Box::new(Flaky {
+                now: now.clone(),
+                last_uj: 0,
+            })],
+            estimate: None,
+            calibration: None,
+            gpus: Vec::new(),
+            used: Vec::new(),
+            problems: Vec::new(),
+            seen: Vec::new(),
+            missed: Vec::new(),
+        };
+        let flaky = |_: &mut Readers, total_uj: u64, fail: bool| now.set((total_uj, fail));
+        readers.rebase();
+        flaky(&mut readers, 10, false);
+        let r = readers.read_counters(false);
+        assert_eq!(r.energy[0].energy_uj, 10);
+        assert!(r.missed.is_empty() && r.caught_up.is_empty());
+        // Two failed reads: missed, no energy.
+        for total in [30, 60] {
+            flaky(&mut readers, total, true);
+            let r = readers.read_counters(false);
+            assert!(r.energy.is_empty());
+            assert_eq!(r.missed, vec![(Domain::Package, Some(0))]);
+        }
+        assert_eq!(readers.take_problems().len(), 2);
+        // The good read covers all three intervals: caught up, not fresh.
+        flaky(&mut readers, 100, false);
+        let r = readers.read_counters(false);
+        assert!(r.energy.is_empty() && r.missed.is_empty());
+        assert_eq!(r.caught_up.len(), 1);
+        assert_eq!(r.caught_up[0].energy_uj, 90);
+        // And then fresh again.
+        flaky(&mut readers, 105, false);
+        let r = readers.read_counters(false);
+        assert_eq!(r.energy[0].energy_uj, 5);
+        assert!(r.caught_up.is_empty());
+    }
+}
