@@ -161,70 +161,73 @@ fn scrape(addr: &str) -> bool {
     s.read_to_end(&mut body).is_ok() && body.starts_with(b"HTTP/1.1 200")
 }
 
-fn plot(path: &Path, rows: &[(f64, Usage, Usage)]) -> Result<()> {
+/// One sample: seconds since the start, the monitor's usage, the run's.
+type Row = (f64, Usage, Usage);
+
+/// A line of a chart: its label, colour, and value of a row.
+type Line = (&'static str, plotters::style::RGBColor, fn(&Row) -> f64);
+
+/// One chart of `lines` over time, in `area`.
+fn chart(
+    area: &plotters::drawing::DrawingArea<
+        plotters::prelude::SVGBackend<'_>,
+        plotters::coord::Shift,
+    >,
+    caption: &str,
+    rows: &[Row],
+    lines: &[Line],
+) -> Result<()> {
+    use plotters::prelude::*;
+    let t_max = rows.last().map_or(1.0, |r| r.0 / 60.0).max(1.0);
+    let y_max = rows
+        .iter()
+        .flat_map(|r| lines.iter().map(move |l| (l.2)(r)))
+        .fold(1.0, f64::max)
+        * 1.25;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
+    chart.configure_mesh().x_desc("minutes").draw()?;
+    for &(label, color, value) in lines {
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().map(|r| (r.0 / 60.0, value(r))),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    Ok(())
+}
+
+fn plot(path: &Path, rows: &[Row]) -> Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(300);
-    let t_max = rows.last().map_or(1.0, |r| r.0 / 60.0).max(1.0);
-    let rss_max = rows
-        .iter()
-        .map(|r| r.1.rss_kib.max(r.2.rss_kib))
-        .max()
-        .unwrap_or(1) as f64
-        / 1024.0
-        * 1.2;
-    let mut chart = ChartBuilder::on(&top)
-        .caption("wattprof RSS under churn (MiB)", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..t_max, 0.0..rss_max)?;
-    chart.configure_mesh().x_desc("minutes").draw()?;
-    for (label, color, pick) in [
-        ("monitor", BLUE, 1usize),
-        ("run", RED, 2usize),
-    ] {
-        chart
-            .draw_series(LineSeries::new(
-                rows.iter().map(|r| {
-                    let u = if pick == 1 { r.1 } else { r.2 };
-                    (r.0 / 60.0, u.rss_kib as f64 / 1024.0)
-                }),
-                color.stroke_width(2),
-            ))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    chart.configure_series_labels().border_style(BLACK).draw()?;
-    let fd_max = rows
-        .iter()
-        .map(|r| r.1.fds.max(r.2.fds).max(r.1.threads))
-        .max()
-        .unwrap_or(1) as f64
-        * 1.3;
-    let mut chart = ChartBuilder::on(&bottom)
-        .caption("open fds and threads", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..t_max, 0.0..fd_max)?;
-    chart.configure_mesh().x_desc("minutes").draw()?;
-    let series: [(&str, RGBColor, fn(&(f64, Usage, Usage)) -> u64); 3] = [
-        ("monitor fds", BLUE, |r| r.1.fds),
-        ("monitor threads", GREEN, |r| r.1.threads),
-        ("run fds", RED, |r| r.2.fds),
-    ];
-    for (label, color, pick) in series {
-        chart
-            .draw_series(LineSeries::new(
-                rows.iter().map(|r| (r.0 / 60.0, pick(r) as f64)),
-                color.stroke_width(2),
-            ))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    chart.configure_series_labels().border_style(BLACK).draw()?;
+    chart(
+        &top,
+        "wattprof RSS under churn (MiB)",
+        rows,
+        &[
+            ("monitor", BLUE, |r| r.1.rss_kib as f64 / 1024.0),
+            ("run", RED, |r| r.2.rss_kib as f64 / 1024.0),
+        ],
+    )?;
+    chart(
+        &bottom,
+        "open fds and threads",
+        rows,
+        &[
+            ("monitor fds", BLUE, |r| r.1.fds as f64),
+            ("monitor threads", GREEN, |r| r.1.threads as f64),
+            ("run fds", RED, |r| r.2.fds as f64),
+        ],
+    )?;
     root.present()?;
     Ok(())
 }
@@ -302,7 +305,9 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     threads.push(churn("pools", &stop, move |stop| {
         let mut seed = 12345u64;
         let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             seed >> 33
         };
         while !stop.load(Ordering::Relaxed) {
@@ -401,7 +406,7 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
          to target/soak/series.csv"
     );
     let start = Instant::now();
-    let mut rows: Vec<(f64, Usage, Usage)> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     let mut csv = std::fs::File::create(out.join("series.csv"))?;
     writeln!(
         csv,
@@ -447,14 +452,14 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     let r_status = wait_timeout(&mut run, Duration::from_secs(30))?;
     plot(&out.join("soak.svg"), &rows)?;
 
-    let after = |pick: fn(&(f64, Usage, Usage)) -> f64| -> Vec<(f64, f64)> {
+    let after = |pick: fn(&Row) -> f64| -> Vec<(f64, f64)> {
         rows.iter()
             .filter(|r| r.0 >= warmup_minutes * 60.0)
             .map(|r| (r.0 / 3600.0, pick(r)))
             .collect()
     };
-    let growth = |pick: fn(&(f64, Usage, Usage)) -> f64| slope(&after(pick));
-    let range = |pick: fn(&(f64, Usage, Usage)) -> f64| {
+    let growth = |pick: fn(&Row) -> f64| slope(&after(pick));
+    let range = |pick: fn(&Row) -> f64| {
         let v = after(pick);
         let lo = v.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
         let hi = v.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
@@ -464,8 +469,11 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         check_stream(&out.join("monitor.jsonl"))?,
         check_stream(&out.join("run.jsonl"))?,
     );
-    let cpu = |pick: fn(&(f64, Usage, Usage)) -> f64| {
-        let (first, last) = (rows.first().map_or(0.0, pick), rows.last().map_or(0.0, pick));
+    let cpu = |pick: fn(&Row) -> f64| {
+        let (first, last) = (
+            rows.first().map_or(0.0, pick),
+            rows.last().map_or(0.0, pick),
+        );
         let span = rows.last().map_or(1.0, |r| r.0) - rows.first().map_or(0.0, |r| r.0);
         100.0 * (last - first) / span.max(1.0)
     };
@@ -540,6 +548,29 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     eprintln!("series: target/soak/series.csv, plot: target/soak/soak.svg");
     if m_check.gaps + r_check.gaps + m_check.unbalanced + r_check.unbalanced > 0 {
         bail!("an interval is missing or does not add up (see above)");
+    }
+    if m_check.rows == 0 || r_check.rows == 0 {
+        bail!("a stream has no energy rows to check");
+    }
+    if !m_status.success() || !r_status.starts_with("exit status: 0") {
+        bail!("wattprof did not exit cleanly (see above)");
+    }
+    // Flat after warm-up: RSS within 4 MiB/h, fds within 10/h.
+    for (name, rss, fds) in [
+        (
+            "monitor",
+            growth(|r| r.1.rss_kib as f64),
+            growth(|r| r.1.fds as f64),
+        ),
+        (
+            "run",
+            growth(|r| r.2.rss_kib as f64),
+            growth(|r| r.2.fds as f64),
+        ),
+    ] {
+        if rss > 4096.0 || fds > 10.0 {
+            bail!("{name} grows after warm-up: {rss:+.0} KiB/h, {fds:+.1} fds/h");
+        }
     }
     Ok(())
 }

@@ -12,7 +12,8 @@ use anyhow::Context;
 use super::Fatal;
 use super::energy::EnergyArgs;
 use super::setup::{
-    deliver, open_outputs, outputs_complete, parse_duration, parse_interval, start_profile, tracker_facts,
+    deliver, open_outputs, outputs_complete, parse_duration, parse_interval, start_profile,
+    tracker_facts,
 };
 use crate::output::{By, render_monitor_frame};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
@@ -131,6 +132,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     }
     if vm_export.is_some() {
         profile.track_vms();
+    }
+    if let Some(out) = &pending_output {
+        profile.set_spill_dir(out.dir());
     }
     profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let exporter = match args.prometheus {

@@ -107,6 +107,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         KeepIntervals::All,
         streams,
     )?;
+    if let Some(out) = &pending_output {
+        profile.set_spill_dir(out.dir());
+    }
     profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
     if let Some(s) = &stack_outputs {
         s.start(&mut profile)?;

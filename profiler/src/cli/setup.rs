@@ -110,6 +110,14 @@ impl PendingOutput {
         })
     }
 
+    /// The directory the recording goes to.
+    pub(super) fn dir(&self) -> PathBuf {
+        match self.dest.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
     /// Writes `value` as pretty JSON, streamed (a long run's intervals are
     /// read back from their temporary file one at a time), then a newline,
     /// and puts the file in place.

@@ -59,9 +59,15 @@ impl Jsonl {
                     "writing --jsonl {}: {e}; the stream stops after its {} complete bytes{}",
                     self.path.display(),
                     self.len,
-                    if cut { "" } else { " (a partial last line could not be cut off)" }
+                    if cut {
+                        ""
+                    } else {
+                        " (a partial last line could not be cut off)"
+                    }
                 );
-                eprintln!("wattprof: {why}; sampling goes on and the final report is still written");
+                eprintln!(
+                    "wattprof: {why}; sampling goes on and the final report is still written"
+                );
                 self.failed = Some(why);
             }
         }

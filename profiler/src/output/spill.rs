@@ -25,6 +25,8 @@ pub struct Intervals {
     mem: Vec<Box<RawValue>>,
     mem_bytes: usize,
     limit: usize,
+    /// Where the temporary file goes (`None`: `$TMPDIR`).
+    dir: Option<std::path::PathBuf>,
     /// Why the file could not be used (records then stay in memory).
     problem: Option<String>,
 }
@@ -43,8 +45,15 @@ impl Intervals {
             mem: Vec::new(),
             mem_bytes: 0,
             limit,
+            dir: None,
             problem: None,
         }
+    }
+
+    /// Puts the temporary file in `dir` (the recording's directory: a disk,
+    /// where `$TMPDIR` is often memory).
+    pub fn set_dir(&mut self, dir: std::path::PathBuf) {
+        self.dir = Some(dir);
     }
 
     /// Number of records.
@@ -80,7 +89,7 @@ impl Intervals {
             self.limit = usize::MAX;
             self.problem = Some(format!(
                 "the recording's intervals stay in memory: their temporary file failed \
-                 ({e}; set TMPDIR to a file system with room)"
+                 ({e}; it goes next to --output: give that file system room)"
             ));
         }
     }
@@ -88,7 +97,11 @@ impl Intervals {
     /// Moves the records in memory to the end of the temporary file.
     fn spill(&mut self) -> std::io::Result<()> {
         if self.spilled.is_none() {
-            self.spilled = Some((Arc::new(tempfile::tempfile()?), 0, 0));
+            let file = match &self.dir {
+                Some(dir) => tempfile::tempfile_in(dir)?,
+                None => tempfile::tempfile()?,
+            };
+            self.spilled = Some((Arc::new(file), 0, 0));
         }
         let Some((file, bytes, count)) = self.spilled.as_mut() else {
             return Ok(());
@@ -115,9 +128,7 @@ impl Intervals {
                 end: *bytes,
             })
             .lines()
-            .map(|line| {
-                line.and_then(|l| RawValue::from_string(l).map_err(std::io::Error::other))
-            })
+            .map(|line| line.and_then(|l| RawValue::from_string(l).map_err(std::io::Error::other)))
         });
         from_file.chain(self.mem.iter().map(|r| Ok(r.clone())))
     }
@@ -165,6 +176,7 @@ impl<'de> Deserialize<'de> for Intervals {
             mem,
             spilled: None,
             limit: usize::MAX,
+            dir: None,
             problem: None,
         })
     }
@@ -175,8 +187,7 @@ mod tests {
     use super::*;
 
     fn raw(i: usize) -> Box<RawValue> {
-        serde_json::value::to_raw_value(&serde_json::json!({"t_ns": i, "s": "x\ny"}))
-            .expect("raw")
+        serde_json::value::to_raw_value(&serde_json::json!({"t_ns": i, "s": "x\ny"})).expect("raw")
     }
 
     #[test]
@@ -188,10 +199,8 @@ mod tests {
         assert_eq!(iv.len(), 50);
         assert!(iv.spilled() >= 45, "{}", iv.spilled());
         assert!(iv.mem_bytes <= 100 + 30, "memory stays bounded");
-        let back: Vec<serde_json::Value> = serde_json::from_str(
-            &serde_json::to_string(&iv).expect("serialize"),
-        )
-        .expect("parse");
+        let back: Vec<serde_json::Value> =
+            serde_json::from_str(&serde_json::to_string(&iv).expect("serialize")).expect("parse");
         assert_eq!(back.len(), 50);
         for (i, v) in back.iter().enumerate() {
             assert_eq!(v["t_ns"], i, "{v}");
@@ -199,8 +208,8 @@ mod tests {
         }
         // A clone reads the same file.
         assert_eq!(iv.clone().iter().count(), 50);
-        let again: Intervals = serde_json::from_str(&serde_json::to_string(&iv).expect("ser"))
-            .expect("deserialize");
+        let again: Intervals =
+            serde_json::from_str(&serde_json::to_string(&iv).expect("ser")).expect("deserialize");
         assert_eq!(again.len(), 50);
         assert!(iv.take_problem().is_none());
     }

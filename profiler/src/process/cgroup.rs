@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 pub struct CgroupNames {
     root: PathBuf,
     names: HashMap<u64, String>,
+    /// The walk before: a cgroup removed since is still named until the
+    /// next walk.
+    previous: HashMap<u64, String>,
     mounted: bool,
     first_asked_ns: HashMap<u64, u64>,
     walked_at_ns: Option<u64>,
@@ -30,6 +33,7 @@ impl CgroupNames {
         Self {
             root: root.into(),
             names: HashMap::new(),
+            previous: HashMap::new(),
             mounted: true,
             first_asked_ns: HashMap::new(),
             walked_at_ns: None,
@@ -96,18 +100,22 @@ impl CgroupNames {
         if id != 0
             && !gone
             && !self.names.contains_key(&id)
+            && !self.previous.contains_key(&id)
             && self
                 .walked_at_ns
                 .is_none_or(|t| now_ns.saturating_sub(t) >= self.refresh_ns)
         {
             self.walked_at_ns = Some(now_ns);
             let root = self.root.clone();
-            // Only cgroups that exist now: the map stays the size of the
-            // mount, however many come and go.
-            self.names.clear();
+            // Cgroups that exist now, and those of the walk before: the
+            // maps stay the size of the mount, however many come and go.
+            self.previous = std::mem::take(&mut self.names);
             self.walk(&root, "", 0, None);
         }
-        self.names.get(&id).map(String::as_str)
+        self.names
+            .get(&id)
+            .or_else(|| self.previous.get(&id))
+            .map(String::as_str)
     }
 }
 
@@ -116,6 +124,7 @@ impl CgroupNames {
     /// while); asked again, it is looked up again.
     pub fn forget(&mut self, id: u64) {
         self.names.remove(&id);
+        self.previous.remove(&id);
         self.first_asked_ns.remove(&id);
     }
 }

@@ -67,12 +67,10 @@ fn lookup(socket: &Path, id: &str) -> Option<String> {
     let mut s = UnixStream::connect(socket).ok()?;
     s.set_read_timeout(Some(TIMEOUT)).ok()?;
     s.set_write_timeout(Some(TIMEOUT)).ok()?;
-    // HTTP/1.0: the daemon closes the connection after the answer.
-    write!(
-        s,
-        "GET /containers/{id}/json HTTP/1.0\r\nHost: docker\r\n\r\n"
-    )
-    .ok()?;
+    // HTTP/1.0: the daemon closes the connection after the answer. One
+    // write for the whole request.
+    s.write_all(format!("GET /containers/{id}/json HTTP/1.0\r\nHost: docker\r\n\r\n").as_bytes())
+        .ok()?;
     let mut answer = String::new();
     s.take(MAX_ANSWER).read_to_string(&mut answer).ok()?;
     parse_name(&answer)
@@ -130,6 +128,11 @@ impl DockerNames {
             tx
         });
         Some(q)
+    }
+
+    /// Whether the daemon's socket has been found (names can be asked for).
+    pub fn available(&self) -> bool {
+        self.queue().is_some()
     }
 
     /// Waits (at most `limit`) for the lookups asked for to be answered:
@@ -229,13 +232,21 @@ mod tests {
         assert_eq!(names.name("abc"), None, "no socket yet");
         let listener = UnixListener::bind(&sock).expect("bind");
         // Not looked for again before SOCKET_RECHECK: no thread yet.
+        *names.looked.lock().expect("lock") = Some(Instant::now());
         assert_eq!(names.name("abc"), None);
         assert!(names.ask.get().is_none());
         *names.looked.lock().expect("lock") = Some(Instant::now() - SOCKET_RECHECK);
         let server = std::thread::spawn(move || {
             let (mut c, _) = listener.accept().expect("accept");
-            let mut req = [0u8; 512];
-            let _ = c.read(&mut req).expect("request");
+            let mut req = Vec::new();
+            let mut buf = [0u8; 512];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = c.read(&mut buf).expect("request");
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&buf[..n]);
+            }
             let body = r#"{"Name":"/late"}"#;
             let _ = write!(
                 c,

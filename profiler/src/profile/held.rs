@@ -10,10 +10,11 @@ use crate::hash::IntMap;
 use crate::sources::DomainEnergy;
 use crate::sources::registry::DomainKey;
 
-/// Longest span held: a domain gone for longer than this has its held time
-/// dropped (memory stays bounded), and its energy, when it comes back,
-/// is counted as unattributed rather than given to the wrong processes.
-pub const HELD_MAX_NS: u64 = 600_000_000_000;
+/// Longest span held: a domain unread for longer than this has its held
+/// time dropped (memory stays bounded), and its first read back counts 0:
+/// a RAPL counter can wrap in a few minutes, and one reading cannot tell
+/// one wrap from two (the powercap reader applies the same limit).
+pub const HELD_MAX_NS: u64 = 60_000_000_000;
 
 /// CPU time of the intervals one domain missed.
 #[derive(Debug, Default)]
@@ -83,7 +84,6 @@ pub struct CaughtUp {
 
 impl HeldReads {
     /// Whether nothing is held.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
@@ -117,10 +117,12 @@ impl HeldReads {
                     ..Held::default()
                 };
                 problems.push(format!(
-                    "{} energy{} unread for over {} s: when it comes back, its energy for that \
-                     time is counted as unattributed",
+                    "{} energy{} unread for over {} s: its energy for that time is not known \
+                     (a counter may wrap more than once), and is counted as 0",
                     key.0.name(),
-                    key.1.map(|p| format!(" of package {p}")).unwrap_or_default(),
+                    key.1
+                        .map(|p| format!(" of package {p}"))
+                        .unwrap_or_default(),
                     HELD_MAX_NS / 1_000_000_000
                 ));
             } else {
@@ -146,12 +148,15 @@ impl HeldReads {
                 .push((key, span.end_ns.saturating_sub(since_ns)));
             let one = std::slice::from_ref(d);
             let shares = match held {
-                // Dropped: no time to divide by, all of it unattributed.
+                // Too long: what the counter says cannot be trusted.
                 Some(h) if h.expired => attribution::attribute(&Interval {
                     packages: &vec![PackageTime::default(); span.packages.len()],
                     package_ids: span.package_ids,
                     usage: &[],
-                    energy: one,
+                    energy: &[DomainEnergy {
+                        energy_uj: 0,
+                        ..d.clone()
+                    }],
                     gpus: &[],
                     wall: None,
                 }),
@@ -234,7 +239,13 @@ mod tests {
             lost_ns: 0,
         }];
         let u1 = [usage(1, 300_000_000)];
-        assert!(held.hold(&[(Domain::Package, Some(0))], &span(&p1, &u1, 0, 1_000_000_000)).is_empty());
+        assert!(
+            held.hold(
+                &[(Domain::Package, Some(0))],
+                &span(&p1, &u1, 0, 1_000_000_000)
+            )
+            .is_empty()
+        );
         // Interval 2 (read good, covers both): process 2 ran 100 ms.
         let p2 = [PackageTime {
             busy_ns: 100_000_000,
@@ -242,20 +253,29 @@ mod tests {
             lost_ns: 0,
         }];
         let u2 = [usage(2, 100_000_000)];
-        let c = held.catch_up(&[pkg(20_000_000)], &span(&p2, &u2, 1_000_000_000, 2_000_000_000));
+        let c = held.catch_up(
+            &[pkg(20_000_000)],
+            &span(&p2, &u2, 1_000_000_000, 2_000_000_000),
+        );
         assert!(held.is_empty());
-        assert_eq!(c.covers_ns, vec![((Domain::Package, Some(0)), 2_000_000_000)]);
+        assert_eq!(
+            c.covers_ns,
+            vec![((Domain::Package, Some(0)), 2_000_000_000)]
+        );
         let s = &c.shares[0];
         let of = |id| s.attributed.iter().find(|(i, _)| *i == id).map(|(_, e)| *e);
         // 20 J over 2 s of CPU time: 300 ms is 3 J, 100 ms is 1 J.
         assert_eq!(of(1), Some(3_000_000), "{s:?}");
         assert_eq!(of(2), Some(1_000_000), "{s:?}");
         assert_eq!(s.idle_uj, 16_000_000);
-        assert_eq!(s.attributed_uj() + s.idle_uj + s.unattributed_uj, s.measured_uj);
+        assert_eq!(
+            s.attributed_uj() + s.idle_uj + s.unattributed_uj,
+            s.measured_uj
+        );
     }
 
     #[test]
-    fn a_domain_gone_too_long_comes_back_unattributed() {
+    fn a_domain_unread_too_long_comes_back_as_0() {
         let mut held = HeldReads::default();
         let p = [PackageTime {
             busy_ns: 1_000_000_000,
@@ -268,9 +288,12 @@ mod tests {
         let late = HELD_MAX_NS + 2_000_000_000;
         let said = held.hold(&key, &span(&p, &u, late - 1_000_000_000, late));
         assert_eq!(said.len(), 1, "{said:?}");
-        assert!(held.hold(&key, &span(&p, &u, late, late + 1)).is_empty(), "said once");
+        assert!(
+            held.hold(&key, &span(&p, &u, late, late + 1)).is_empty(),
+            "said once"
+        );
         let c = held.catch_up(&[pkg(5_000)], &span(&p, &u, late + 1, late + 2));
-        assert_eq!(c.shares[0].unattributed_uj, 5_000);
+        assert_eq!(c.shares[0].measured_uj, 0);
         assert!(c.shares[0].attributed.is_empty());
     }
 }

@@ -272,6 +272,8 @@ pub struct Profile {
     scratch: Scratch,
     /// CPU time of intervals whose energy read failed.
     held: held::HeldReads,
+    /// The cgroup and role of each process that ran while reads are held.
+    held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
     vms: Option<crate::attribution::vms::VmTracker>,
     /// Stack sampling (`--stacks`), when asked for.
@@ -345,6 +347,7 @@ impl Profile {
             last: None,
             scratch: Scratch::default(),
             held: held::HeldReads::default(),
+            held_origin: IntMap::default(),
             vms: None,
             stacks: None,
             memory: IntMap::default(),
@@ -362,6 +365,12 @@ impl Profile {
             host,
             clock_skew_ns: 0,
         }
+    }
+
+    /// Keeps the recording's intervals past 16 MiB in a temporary file in
+    /// `dir` (the recording's own directory).
+    pub fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
+        self.intervals.set_dir(dir);
     }
 
     /// Also writes each interval's rows to this CSV (`--csv-intervals`).
@@ -555,10 +564,13 @@ impl Profile {
         if self.start_unix_ns == 0 {
             return;
         }
+        // Both clocks read back to back: a delay since the sample (a
+        // SIGSTOP, a slow read) is not a jump.
         let wall_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
-        let since_ns = i128::from(at_ns.saturating_sub(self.start_ns));
+        let now_ns = crate::tracker::monotonic_ns().max(at_ns);
+        let since_ns = i128::from(now_ns.saturating_sub(self.start_ns));
         let skew = wall_ns - i128::from(self.start_unix_ns) - since_ns;
         let jump = skew - self.clock_skew_ns;
         if jump.abs() > 1_000_000_000 {
@@ -704,7 +716,10 @@ impl Profile {
             // A consumer the table no longer knows was an exited process
             // outside the tree.
             let u = index.get(id).map(|i| &usage[*i]);
-            let role = u.map_or(Role::Other, |u| u.role);
+            // A process forgotten since it ran in an interval whose read
+            // failed: its role and cgroup as they were then.
+            let origin = self.held_origin.get(id).copied();
+            let role = u.map_or_else(|| origin.map_or(Role::Other, |o| o.1), |u| u.role);
             self.groups[role as usize].merge(e);
             interval_groups[role as usize].merge(e);
             // A process that was in several cgroups in this interval: each
@@ -718,8 +733,16 @@ impl Profile {
                     self.cgroups.entry(*cgroup).or_default().energy.merge(&part);
                 }
             }
-            let cgroup = u.map_or(0, |u| u.cgroup_id);
+            let cgroup = u.map_or_else(|| origin.map_or(0, |o| o.0), |u| u.cgroup_id);
             self.cgroups.entry(cgroup).or_default().energy.merge(&rest);
+        }
+        // While reads are held, where each process that ran was (its
+        // record may be forgotten before the read that covers it comes).
+        if self.held.is_empty() {
+            self.held_origin.clear();
+        } else {
+            self.held_origin
+                .extend(usage.iter().map(|u| (u.id, (u.cgroup_id, u.role))));
         }
         for u in &usage {
             let mut rest: u64 = u.on_cpu_ns.iter().sum();
@@ -744,7 +767,7 @@ impl Profile {
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
             }
-            if !entry.docker_asked && entry.name.is_some() {
+            if !entry.docker_asked && entry.name.is_some() && self.docker.available() {
                 entry.docker_asked = true;
                 if let Some(c) = entry
                     .name
@@ -908,12 +931,22 @@ impl Profile {
         }
         self.pruned_at_ns = now_ns;
         let cutoff = now_ns.saturating_sub(PRUNE_AFTER_NS);
-        // A live process's v1 key names its cgroup only once: kept.
-        let v1_live: crate::hash::IntSet<u64> = self.v1_cgroup.values().flatten().copied().collect();
+        // Cgroups of processes the table still holds (alive, or in the
+        // tree) are kept: their reports name them. So are v1 keys of live
+        // processes (named only once), and cgroup 0 (energy of processes
+        // with no cgroup).
+        let kept: crate::hash::IntSet<u64> = self
+            .v1_cgroup
+            .values()
+            .flatten()
+            .copied()
+            .chain(self.table.processes().map(|p| p.cgroup_id))
+            .chain(std::iter::once(0))
+            .collect();
         let stale: Vec<u64> = self
             .cgroups
             .iter()
-            .filter(|(id, c)| c.last_ns < cutoff && !v1_live.contains(id))
+            .filter(|(id, c)| c.last_ns < cutoff && !kept.contains(id))
             .map(|(id, _)| *id)
             .collect();
         for id in stale {
@@ -936,7 +969,10 @@ impl Profile {
                 .map(|(p, c)| (c.last_ns, p.clone()))
                 .collect();
             by_age.sort_unstable();
-            for (_, path) in by_age.into_iter().take(self.pruned.len() - MAX_PRUNED_PATHS) {
+            for (_, path) in by_age
+                .into_iter()
+                .take(self.pruned.len() - MAX_PRUNED_PATHS)
+            {
                 if let Some(c) = self.pruned.remove(&path) {
                     self.older.0 += 1;
                     fold(&mut self.older.1, &c);
@@ -1172,7 +1208,11 @@ impl Profile {
             }
         }
         if self.older.0 > 0 {
-            rows.push((format!("[{} older cgroups]", self.older.0), 0, self.older.1.clone()));
+            rows.push((
+                format!("[{} older cgroups]", self.older.0),
+                0,
+                self.older.1.clone(),
+            ));
         }
         let mut cgroups: Vec<CgroupReport> = rows
             .into_iter()
@@ -1532,8 +1572,10 @@ impl Profile {
             })
             .collect();
         let cgroups = self.cgroup_reports(None);
-        // Names asked for in the last intervals (each lookup takes at most
-        // 0.5 s).
+        // Every container's name asked for (those first seen while the
+        // daemon was not there yet too), and the answers waited for (each
+        // lookup takes at most 0.5 s).
+        let _ = self.container_reports(None);
         self.docker.settle(std::time::Duration::from_millis(600));
         let containers = self.container_reports(None);
         let mut problems = self.problems.clone();
@@ -1595,6 +1637,8 @@ impl Profile {
                 }),
             intervals: Default::default(),
         };
+        let mut report = report;
+        report.profiler.output_errors = self.output_errors();
         if let Some(s) = &mut self.jsonl {
             let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
             if let Some(o) = summary.as_object_mut() {

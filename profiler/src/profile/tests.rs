@@ -57,6 +57,8 @@ struct Rig {
     cgroups: HashMap<&'static str, u64>,
     /// The package counter cannot be read in the next intervals.
     unreadable: bool,
+    /// These pids exit at the end of the next interval.
+    exiting: Vec<u32>,
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -131,6 +133,7 @@ impl Rig {
             profile,
             cgroups,
             unreadable: false,
+            exiting: Vec::new(),
         }
     }
 
@@ -176,7 +179,7 @@ impl Rig {
                     cgroup_id: *cgroup_id,
                     comm: format!("p{pid}"),
                     on_cpu_ns: vec![*ns],
-                    exit_ns: None,
+                    exit_ns: self.exiting.contains(pid).then_some(self.at_ns - 1),
                 })
                 .collect(),
             ..CpuSample::default()
@@ -298,7 +301,13 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
     // The recording keeps every interval as streamed.
     assert_eq!(report.intervals.len(), 2);
     let kept: Value = serde_json::from_str(
-        report.intervals.iter().next().expect("one").expect("read").get(),
+        report
+            .intervals
+            .iter()
+            .next()
+            .expect("one")
+            .expect("read")
+            .get(),
     )
     .expect("kept interval");
     assert_eq!(&kept, iv);
@@ -306,7 +315,12 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
 
 #[test]
 fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
-    let mut rig = Rig::new("failed-read", Scope::Tree, KeepIntervals::All, Filter::default());
+    let mut rig = Rig::new(
+        "failed-read",
+        Scope::Tree,
+        KeepIntervals::All,
+        Filter::default(),
+    );
     rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
     rig.interval(10.0, &[(5001001, user, 500_000_000)], false);
@@ -327,11 +341,23 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
         "{:?}",
         process(&report, 5001001).energy
     );
-    assert!(close(report.energy.groups.other.package_j, 10.0), "{:?}", report.energy.groups);
-    assert!(close(pkg.idle_j, 10.0 * 1.5 / 2.0 + 40.0 * 2.8 / 4.0), "{pkg:?}");
+    assert!(
+        close(report.energy.groups.other.package_j, 10.0),
+        "{:?}",
+        report.energy.groups
+    );
+    assert!(
+        close(pkg.idle_j, 10.0 * 1.5 / 2.0 + 40.0 * 2.8 / 4.0),
+        "{pkg:?}"
+    );
     let ivs: Vec<&Value> = stream.iter().filter(|r| r["type"] == "interval").collect();
     assert_eq!(ivs.len(), 3, "no interval is missing");
-    assert_eq!(ivs[1]["domains"].as_array().map(Vec::len), Some(0), "{}", ivs[1]);
+    assert_eq!(
+        ivs[1]["domains"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        ivs[1]
+    );
     let d = &ivs[2]["domains"][0];
     assert_eq!(d["covers_ns"], 2 * WINDOW_NS, "{d}");
     assert!(close(d["power_w"].as_f64().unwrap_or(0.0), 20.0), "{d}");
@@ -339,16 +365,70 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
         for d in iv["domains"].as_array().into_iter().flatten() {
             let f = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);
             assert!(
-                close(f("attributed_j") + f("idle_j") + f("unattributed_j"), f("measured_j")),
+                close(
+                    f("attributed_j") + f("idle_j") + f("unattributed_j"),
+                    f("measured_j")
+                ),
                 "{d}"
             );
         }
     }
     assert!(
-        report.energy.problems.iter().any(|p| p.contains("energy_uj")),
+        report
+            .energy
+            .problems
+            .iter()
+            .any(|p| p.contains("energy_uj")),
         "{:?}",
         report.energy.problems
     );
+}
+
+#[test]
+fn caught_up_energy_of_a_process_forgotten_meanwhile_goes_to_its_container() {
+    let scope = Scope::Machine {
+        top: 10,
+        pids: Vec::new(),
+    };
+    let mut rig = Rig::new(
+        "held-origin",
+        scope,
+        KeepIntervals::Nothing,
+        Filter::default(),
+    );
+    let docker_path: &str = rig
+        .cgroups
+        .keys()
+        .find(|k| k.contains("docker-"))
+        .copied()
+        .expect("docker cgroup");
+    let docker = rig.cgroup(docker_path);
+    let user = rig.cgroup("user.slice");
+    rig.interval(10.0, &[(5001001, user, 100_000_000)], false);
+    // The container's process runs 1 s and exits while the counter cannot
+    // be read; the table forgets it three intervals later.
+    rig.unreadable = true;
+    rig.exiting = vec![5005005];
+    rig.interval(10.0, &[(5005005, docker, 1_000_000_000)], false);
+    rig.exiting.clear();
+    for _ in 0..4 {
+        rig.interval(10.0, &[(5001001, user, 100_000_000)], false);
+    }
+    assert!(
+        rig.profile.table.processes().all(|p| p.pid != 5005005),
+        "forgotten"
+    );
+    rig.unreadable = false;
+    rig.interval(10.0, &[(5001001, user, 100_000_000)], true);
+    // 60 J over 12 CPU-s: its 1 s is 5 J, in its container.
+    let c = rig
+        .profile
+        .container_reports(None)
+        .into_iter()
+        .find(|c| c.id == DOCKER_ID)
+        .expect("the container");
+    assert!(close(c.energy.package_j, 5.0), "{c:?}");
+    let _ = rig.finish();
 }
 
 #[test]
@@ -502,7 +582,11 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
         .expect("docker cgroup");
     let docker = rig.cgroup(docker_path);
     let user = rig.cgroup("user.slice");
+    // The container's process runs, then exits (a container process
+    // still alive keeps its cgroup, whatever it does).
+    rig.exiting = vec![5005005];
     rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], false);
+    rig.exiting.clear();
     let cpu_series = |rig: &Rig| -> Option<f64> {
         let snap = rig.profile.snapshot(10, u64::MAX);
         let (_, series) = snap
@@ -530,8 +614,8 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     assert_eq!(container(&rig).on_cpu_ns, 1_000_000_000);
     assert!(close(container(&rig).energy.package_j, 10.0));
     assert_eq!(cpu_series(&rig), Some(1.0), "the counter keeps its value");
-    // It runs again (same cgroup): its sums go on from there.
-    rig.interval(20.0, &[(5005005, docker, 500_000_000)], true);
+    // A new process runs in it (same cgroup): its sums go on from there.
+    rig.interval(20.0, &[(5005007, docker, 500_000_000)], true);
     assert_eq!(container(&rig).on_cpu_ns, 1_500_000_000);
     assert!(close(container(&rig).energy.package_j, 15.0));
     assert_eq!(cpu_series(&rig), Some(1.5), "monotonic");
@@ -544,7 +628,12 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     assert_eq!(rows.len(), 1, "one row per path: {rows:?}");
     assert_eq!(rows[0].on_cpu_ns, 1_500_000_000);
     let (report, _) = rig.finish();
-    assert!(report.containers.iter().any(|c| c.id == DOCKER_ID && c.on_cpu_ns == 1_500_000_000));
+    assert!(
+        report
+            .containers
+            .iter()
+            .any(|c| c.id == DOCKER_ID && c.on_cpu_ns == 1_500_000_000)
+    );
 }
 
 #[test]
@@ -569,9 +658,14 @@ fn the_keep_policy_decides_what_the_recording_holds() {
             None => assert!(report.intervals.is_empty(), "{keep:?}"),
             Some(with_processes) => {
                 assert_eq!(report.intervals.len(), 2, "{keep:?}");
-                let kept: Value =
-                    serde_json::from_str(
-                    report.intervals.iter().nth(1).expect("two").expect("read").get(),
+                let kept: Value = serde_json::from_str(
+                    report
+                        .intervals
+                        .iter()
+                        .nth(1)
+                        .expect("two")
+                        .expect("read")
+                        .get(),
                 )
                 .expect("kept interval");
                 assert_eq!(kept["type"], "interval");

@@ -17,6 +17,11 @@ use crate::topology::SysRoot;
 const PERMISSION_FIX: &str =
     "run wattprof as root (energy_uj is readable by root only since Linux 5.10)";
 
+/// A zone back after this long gets no energy for its absence: RAPL
+/// counters can wrap in a few minutes (a 32-bit counter of 15.3 µJ steps
+/// at 400 W in under 3), and a reading cannot tell one wrap from two.
+pub const RESTART_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One zone being read.
 #[derive(Debug)]
 struct Zone {
@@ -25,8 +30,8 @@ struct Zone {
     package: Option<u32>,
     die: u32,
     counter: WrappingCounter,
-    /// Its last read failed (the zone vanished or could not be read).
-    gone: bool,
+    /// Since when its reads fail (the zone vanished or cannot be read).
+    gone: Option<std::time::Instant>,
 }
 
 /// A top-level zone: ((mmio?, zone id), domain, package, die).
@@ -191,7 +196,7 @@ impl Powercap {
                     package,
                     die,
                     counter: WrappingCounter::new(wrap_period(range)),
-                    gone: false,
+                    gone: None,
                 }),
                 (Err(e), _) | (_, Err(e)) => problems.push(ZoneProblem {
                     domain,
@@ -291,26 +296,31 @@ impl Source for Powercap {
                     // lower reading then is a restart, not a wrap: that
                     // time's energy is not known, and 0 is reported for it
                     // rather than a guess.
-                    let was_gone = z.gone;
-                    if was_gone {
-                        self.said.push(format!(
-                            "powercap {}/energy_uj is back: its energy while it was gone comes \
-                             with this read",
-                            z.dir.display()
-                        ));
-                    }
-                    let restarted = std::mem::take(&mut z.gone)
-                        && z
-                            .counter
-                            .last()
-                            .is_some_and(|last| raw % z.counter.modulus() < last);
-                    let energy = if restarted {
+                    // The hardware counter runs on while the zone is gone
+                    // (a driver reload, a read refused for a while): its
+                    // first reading back covers the time it was missed. A
+                    // lower reading is a wrap when the gap was shorter than
+                    // a wrap can take (RESTART_AFTER); after a longer gap
+                    // the counter may have wrapped more than once, so that
+                    // time's energy is not known, and 0 is reported for it
+                    // rather than a guess.
+                    let gone_for = z.gone.take().map(|since| since.elapsed());
+                    let lower = z
+                        .counter
+                        .last()
+                        .is_some_and(|last| raw % z.counter.modulus() < last);
+                    let unknown =
+                        gone_for.is_some_and(|d| d >= RESTART_AFTER) && z.counter.last().is_some();
+                    let energy = if unknown {
                         z.counter.reset();
                         z.counter.advance(raw);
                         let error = SourceError::Retryable(format!(
-                            "{}/energy_uj came back lower than before it vanished: its energy \
-                             while it was gone is not known (counted as 0)",
-                            z.dir.display()
+                            "{}/energy_uj is back after {:.0} s, longer than its counter can be \
+                             trusted not to wrap more than once{}: its energy while it was gone \
+                             is not known (counted as 0)",
+                            z.dir.display(),
+                            gone_for.map_or(0.0, |d| d.as_secs_f64()),
+                            if lower { " (and lower)" } else { "" }
                         ));
                         self.said.push(format!("powercap {error}"));
                         self.problems.push(ZoneProblem {
@@ -320,6 +330,14 @@ impl Source for Powercap {
                         });
                         Some(0)
                     } else {
+                        if let Some(d) = gone_for {
+                            self.said.push(format!(
+                                "powercap {}/energy_uj is back after {:.1} s: its energy while \
+                                 it was gone comes with this read",
+                                z.dir.display(),
+                                d.as_secs_f64()
+                            ));
+                        }
                         z.counter.advance(raw)
                     };
                     if let Some(energy_uj) = energy {
@@ -341,12 +359,15 @@ impl Source for Powercap {
                 Err(e) => {
                     // The zone is gone or unreadable for now: its counter
                     // keeps its last reading for when it comes back.
-                    let error =
-                        classify_io(&format!("{}/energy_uj", z.dir.display()), &e, PERMISSION_FIX);
-                    if !z.gone {
+                    let error = classify_io(
+                        &format!("{}/energy_uj", z.dir.display()),
+                        &e,
+                        PERMISSION_FIX,
+                    );
+                    if z.gone.is_none() {
                         self.said.push(format!("powercap {error}"));
+                        z.gone = Some(std::time::Instant::now());
                     }
-                    z.gone = true;
                     self.problems.push(ZoneProblem {
                         domain: z.domain,
                         package: z.package,
@@ -512,16 +533,26 @@ mod tests {
         assert_eq!(pc.take_problems().len(), 1, "said when it vanished");
         pc.read().expect("still gone");
         assert!(pc.take_problems().is_empty(), "said once");
-        // It comes back with a lower counter: a new starting point, not a
-        // wrap; the time it was gone is reported as 0, with a problem.
+        // It comes back soon with a lower counter: a wrap (the fixture's
+        // range is 0..=max_energy_range_uj).
         copy_dir(saved.path(), &dram);
+        let period = pc
+            .zones
+            .iter()
+            .find(|z| z.domain == Domain::Dram)
+            .map(|z| z.counter.modulus())
+            .expect("the DRAM zone");
+        let before = read_u64(&dram.join("energy_uj")).expect("saved reading");
         set(dir.path(), "intel-rapl:0:2", 10);
         let r = pc.read().expect("back");
-        assert_eq!(energy(&r, Domain::Dram, Some(0)), Some(0), "baseline again");
+        assert_eq!(
+            energy(&r, Domain::Dram, Some(0)),
+            Some(period - before + 10),
+            "a wrap"
+        );
         assert!(
-            pc.problems().iter().any(|p| p.error.to_string().contains("not known")),
-            "{:?}",
-            pc.problems()
+            pc.take_problems().iter().any(|p| p.contains("is back")),
+            "said when back"
         );
         set(dir.path(), "intel-rapl:0:2", 25);
         assert_eq!(
@@ -537,6 +568,29 @@ mod tests {
         assert_eq!(
             energy(&pc.read().expect("back"), Domain::Dram, Some(0)),
             Some(100)
+        );
+        // Gone for longer than a wrap may take: 0, and said.
+        std::fs::remove_dir_all(&dram).expect("remove");
+        pc.read().expect("other zones");
+        for z in &mut pc.zones {
+            if let Some(since) = z.gone.as_mut() {
+                *since -= RESTART_AFTER;
+            }
+        }
+        copy_dir(saved.path(), &dram);
+        set(dir.path(), "intel-rapl:0:2", 500);
+        assert_eq!(
+            energy(&pc.read().expect("back"), Domain::Dram, Some(0)),
+            Some(0)
+        );
+        assert!(
+            pc.take_problems().iter().any(|p| p.contains("not known")),
+            "said"
+        );
+        set(dir.path(), "intel-rapl:0:2", 520);
+        assert_eq!(
+            energy(&pc.read().expect("read"), Domain::Dram, Some(0)),
+            Some(20)
         );
     }
 

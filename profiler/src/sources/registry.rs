@@ -119,6 +119,8 @@ pub struct Readers {
     seen: Vec<DomainKey>,
     /// Those whose last read failed.
     missed: Vec<DomainKey>,
+    /// Per source, the failure last said (while it goes on failing).
+    failing: Vec<Option<String>>,
 }
 
 impl std::fmt::Debug for Readers {
@@ -324,6 +326,7 @@ impl Readers {
             problems: Vec::new(),
             seen: Vec::new(),
             missed: Vec::new(),
+            failing: Vec::new(),
         };
         // A first read of every reader now, so the one at the profile's
         // start (Profile::begin) is a steady-state read.
@@ -365,20 +368,30 @@ impl Readers {
     /// tracker's busy time, comes from [`Readers::add_estimate`].
     pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
-        for s in &mut self.sources {
+        let failing = &mut self.failing;
+        failing.resize(self.sources.len(), None);
+        for (i, s) in self.sources.iter_mut().enumerate() {
             let read = if last { s.read_last() } else { s.read() };
             match read {
                 // GPUs' energy comes with their detail, below.
-                Ok(e) => out
-                    .energy
-                    .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu)),
+                Ok(e) => {
+                    failing[i] = None;
+                    out.energy
+                        .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu));
+                }
                 // A failed read advances no counter: the next one catches
                 // up. A reader that says what failed part by part (each
                 // GPU) is reported that way.
                 Err(e) => {
                     let parts = s.take_problems();
-                    if parts.is_empty() {
-                        self.problems.push(format!("{}: {e}", s.name()));
+                    // Said when it starts failing or fails differently,
+                    // not at every interval of an outage.
+                    let line = format!("{}: {e}", s.name());
+                    if parts.is_empty() && failing.get(i) != Some(&Some(line.clone())) {
+                        self.problems.push(line.clone());
+                    }
+                    if let Some(f) = failing.get_mut(i) {
+                        *f = Some(line);
                     }
                     self.problems.extend(parts);
                 }
@@ -397,9 +410,10 @@ impl Readers {
     /// good read after a miss covers the missed intervals too.
     fn catch_up(&mut self, out: &mut IntervalEnergy) {
         let key = |d: &DomainEnergy| (d.domain, d.package);
-        let (caught, fresh): (Vec<DomainEnergy>, Vec<DomainEnergy>) = std::mem::take(&mut out.energy)
-            .into_iter()
-            .partition(|d| self.missed.contains(&key(d)));
+        let (caught, fresh): (Vec<DomainEnergy>, Vec<DomainEnergy>) =
+            std::mem::take(&mut out.energy)
+                .into_iter()
+                .partition(|d| self.missed.contains(&key(d)));
         out.energy = fresh;
         out.caught_up = caught;
         for d in out.energy.iter().chain(&out.caught_up) {
@@ -541,6 +555,7 @@ mod tests {
             problems: Vec::new(),
             seen: Vec::new(),
             missed: Vec::new(),
+            failing: Vec::new(),
         };
         let flaky = |_: &mut Readers, total_uj: u64, fail: bool| now.set((total_uj, fail));
         readers.rebase();
@@ -555,7 +570,7 @@ mod tests {
             assert!(r.energy.is_empty());
             assert_eq!(r.missed, vec![(Domain::Package, Some(0))]);
         }
-        assert_eq!(readers.take_problems().len(), 2);
+        assert_eq!(readers.take_problems().len(), 1, "an outage is said once");
         // The good read covers all three intervals: caught up, not fresh.
         flaky(&mut readers, 100, false);
         let r = readers.read_counters(false);
