@@ -102,6 +102,12 @@ fn a_full_disk_stops_the_stream_at_a_complete_line_and_sampling_goes_on() {
     // whole row.
     assert!(of_type(&lines, "interval").len() >= 2, "{}", lines.len());
     assert!(csv_text.ends_with('\n'), "{csv_text:.200}");
+    let columns = |l: &str| l.matches(',').count();
+    let header = csv_text.lines().next().map_or(0, columns);
+    assert!(
+        csv_text.lines().all(|l| columns(l) == header),
+        "a row cut short: {csv_text:.300}"
+    );
     // Sampling went on: the recording (on another disk) has every interval.
     let report: Value =
         serde_json::from_slice(&std::fs::read(&out).expect("recording")).expect("JSON");
