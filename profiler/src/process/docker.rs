@@ -36,6 +36,9 @@ enum Lookup {
 /// Time before a failed lookup is tried again.
 const RETRY: Duration = Duration::from_secs(30);
 
+/// Container names cached at most.
+const MAX_NAMES: usize = 10_000;
+
 /// How often a missing socket is looked for again.
 pub const SOCKET_RECHECK: Duration = Duration::from_secs(5);
 
@@ -164,6 +167,11 @@ impl DockerNames {
             Some(Lookup::Pending) => return None,
             Some(Lookup::Failed(at)) if at.elapsed() < RETRY => return None,
             _ => {}
+        }
+        if names.len() >= MAX_NAMES {
+            // Bounded under container churn: answers are dropped (asked
+            // again when needed), lookups under way kept.
+            names.retain(|_, l| matches!(l, Lookup::Pending));
         }
         names.insert(id.to_string(), Lookup::Pending);
         let _ = ask.send(id.to_string());

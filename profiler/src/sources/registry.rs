@@ -121,6 +121,9 @@ pub struct Readers {
     missed: Vec<DomainKey>,
     /// Per source, the failure last said (while it goes on failing).
     failing: Vec<Option<String>>,
+    /// Domains unread at the last rebase: their next read is a new
+    /// starting point.
+    before_start: Vec<DomainKey>,
 }
 
 impl std::fmt::Debug for Readers {
@@ -327,6 +330,7 @@ impl Readers {
             seen: Vec::new(),
             missed: Vec::new(),
             failing: Vec::new(),
+            before_start: Vec::new(),
         };
         // A first read of every reader now, so the one at the profile's
         // start (Profile::begin) is a steady-state read.
@@ -339,7 +343,9 @@ impl Readers {
     pub fn rebase(&mut self) {
         let _ = self.read_counters(false);
         self.problems.clear();
-        self.missed.clear();
+        // A domain that cannot be read now has no starting point: its
+        // first good read reaches back before it, and is dropped.
+        self.before_start = std::mem::take(&mut self.missed);
     }
 
     /// The GPUs read.
@@ -410,6 +416,26 @@ impl Readers {
     /// good read after a miss covers the missed intervals too.
     fn catch_up(&mut self, out: &mut IntervalEnergy) {
         let key = |d: &DomainEnergy| (d.domain, d.package);
+        // Read, but not counted (see below): not missed either.
+        let mut dropped = Vec::new();
+        if !self.before_start.is_empty() {
+            out.energy.retain(|d| {
+                let drop = self.before_start.contains(&key(d));
+                if drop {
+                    dropped.push(key(d));
+                }
+                !drop
+            });
+            for &k in &dropped {
+                self.before_start.retain(|b| *b != k);
+                self.problems.push(format!(
+                    "{}{} could not be read when the profile began: its energy counts from \
+                     its first read after that",
+                    k.0.name(),
+                    k.1.map(|p| format!(" of package {p}")).unwrap_or_default()
+                ));
+            }
+        }
         let (caught, fresh): (Vec<DomainEnergy>, Vec<DomainEnergy>) =
             std::mem::take(&mut out.energy)
                 .into_iter()
@@ -422,10 +448,12 @@ impl Readers {
             }
         }
         let present = |k: &DomainKey| {
-            out.energy
-                .iter()
-                .chain(&out.caught_up)
-                .any(|d| key(d) == *k)
+            dropped.contains(k)
+                || out
+                    .energy
+                    .iter()
+                    .chain(&out.caught_up)
+                    .any(|d| key(d) == *k)
         };
         self.missed = self.seen.iter().copied().filter(|k| !present(k)).collect();
         out.missed.clone_from(&self.missed);
@@ -556,6 +584,7 @@ mod tests {
             seen: Vec::new(),
             missed: Vec::new(),
             failing: Vec::new(),
+            before_start: Vec::new(),
         };
         let flaky = |_: &mut Readers, total_uj: u64, fail: bool| now.set((total_uj, fail));
         readers.rebase();
@@ -582,5 +611,15 @@ mod tests {
         let r = readers.read_counters(false);
         assert_eq!(r.energy[0].energy_uj, 5);
         assert!(r.caught_up.is_empty());
+        // Unreadable when a profile begins: its first read back reaches
+        // before the start, and is dropped (said); then fresh.
+        flaky(&mut readers, 200, true);
+        readers.rebase();
+        flaky(&mut readers, 300, false);
+        let r = readers.read_counters(false);
+        assert!(r.energy.is_empty() && r.caught_up.is_empty(), "{r:?}");
+        assert!(readers.take_problems().iter().any(|p| p.contains("began")));
+        flaky(&mut readers, 310, false);
+        assert_eq!(readers.read_counters(false).energy[0].energy_uj, 10);
     }
 }
