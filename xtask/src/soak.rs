@@ -137,6 +137,55 @@ fn cgroup2_root() -> Option<PathBuf> {
     })
 }
 
+/// A local image for the soak's containers: `dockerd` must answer, and
+/// Debian's busybox-static gives the image (imported from a rootfs, as
+/// images cannot be pulled everywhere).
+fn docker_image() -> Result<String, String> {
+    const IMAGE: &str = "wattprof-soak-busybox:latest";
+    let quiet = |args: &[&str]| {
+        Command::new("docker")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !quiet(&["info"]) {
+        return Err("dockerd does not answer".into());
+    }
+    if quiet(&["image", "inspect", IMAGE]) {
+        return Ok(IMAGE.into());
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        return Err("no /bin/busybox for an image (apt install busybox-static)".into());
+    }
+    let dir = std::env::temp_dir().join(format!("wattprof-soak-rootfs-{}", std::process::id()));
+    let made = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(dir.join("bin"))?;
+        std::fs::copy(busybox, dir.join("bin/busybox"))?;
+        for applet in ["sh", "true", "sleep"] {
+            std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))?;
+        }
+        Ok(())
+    })();
+    let imported = made.is_ok()
+        && Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "tar -C '{}' -c . | docker import - {IMAGE} >/dev/null",
+                dir.display()
+            ))
+            .status()
+            .is_ok_and(|s| s.success());
+    let _ = std::fs::remove_dir_all(&dir);
+    if imported {
+        Ok(IMAGE.into())
+    } else {
+        Err("importing a busybox image failed".into())
+    }
+}
+
 /// Starts `f` on a thread that runs until `stop`.
 fn churn(
     name: &str,
@@ -281,6 +330,7 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     let scrapes = Arc::new(AtomicU64::new(0));
     let failed_scrapes = Arc::new(AtomicU64::new(0));
     let cgroups_made = Arc::new(AtomicU64::new(0));
+    let containers_made = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::new();
     // ~200 short processes a second.
     {
@@ -375,17 +425,41 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         }
         None => "no cgroup2 mount: no cgroups created".into(),
     };
-    let docker_note = if Command::new("docker")
-        .arg("info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        // Containers need an image; the soak does not build one (see #14).
-        "dockerd answers, but the soak starts no containers (no local image)".to_string()
-    } else {
-        "dockerd not running: no containers".to_string()
+    let docker_note = match docker_image() {
+        Ok(image) => {
+            let made = containers_made.clone();
+            threads.push(churn("containers", &stop, move |stop| {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    // Each burns a little CPU in its own cgroup, then is
+                    // removed (--rm).
+                    let ok = Command::new("docker")
+                        .args([
+                            "run",
+                            "--rm",
+                            "--name",
+                            &format!("wp-soak-{}-{n}", std::process::id()),
+                        ])
+                        .arg(&image)
+                        .args([
+                            "sh",
+                            "-c",
+                            "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
+                        ])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    if ok {
+                        made.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+            })?);
+            "a Docker container every 5 s".to_string()
+        }
+        Err(why) => format!("no containers ({why})"),
     };
     // /metrics 10 times a second.
     {
@@ -481,12 +555,13 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     use std::fmt::Write as _;
     let _ = writeln!(
         summary,
-        "soak: {:.1} min; {} processes spawned ({:.0}/s), {} cgroups made and removed, {} scrapes \
-         ({} failed), {docker_note}",
+        "soak: {:.1} min; {} processes spawned ({:.0}/s), {} cgroups made and removed, {} \
+         containers run and removed, {} scrapes ({} failed)",
         elapsed / 60.0,
         spawned.load(Ordering::Relaxed),
         spawned.load(Ordering::Relaxed) as f64 / elapsed,
         cgroups_made.load(Ordering::Relaxed),
+        containers_made.load(Ordering::Relaxed),
         scrapes.load(Ordering::Relaxed),
         failed_scrapes.load(Ordering::Relaxed),
     );
@@ -533,12 +608,30 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
             check.worst_j,
         );
         if let Some(s) = &check.summary {
+            let docker: Vec<&Value> = s["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["runtime"] == "docker")
+                .collect();
+            let named = docker
+                .iter()
+                .filter(|c| {
+                    c["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("wp-soak-"))
+                })
+                .count();
             let _ = writeln!(
                 summary,
-                "    events lost {}, lost CPU time {} ns, kernel memory {} KiB, problems {}",
+                "    events lost {}, lost CPU time {} ns, filter overflow {}, kernel memory {} KiB, \
+                 {} cgroup rows, {} Docker containers ({named} named), problems {}",
                 s["profiler"]["events_lost"],
                 s["lost_ns"],
+                s["profiler"]["filter_overflow"],
                 s["profiler"]["kernel_memory_bytes"].as_u64().unwrap_or(0) / 1024,
+                s["cgroups"].as_array().map_or(0, Vec::len),
+                docker.len(),
                 s["energy"]["problems"]
             );
         }
