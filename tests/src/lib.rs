@@ -393,3 +393,49 @@ pub fn wait_for_stream_lines(path: &Path, kind: &str, count: usize) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A local busybox image for container tests, or why there is none: the
+/// Docker daemon must answer, and Debian's busybox-static gives the image
+/// (imported from a rootfs: images cannot be pulled here).
+pub fn docker_image() -> Result<String, String> {
+    const IMAGE: &str = "wattprof-test-busybox:latest";
+    let quiet = |args: &[&str]| {
+        Command::new("docker")
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !quiet(&["info"]) {
+        return Err("the Docker daemon does not answer (apt install docker.io; dockerd)".into());
+    }
+    if quiet(&["image", "inspect", IMAGE]) {
+        return Ok(IMAGE.into());
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        return Err("no /bin/busybox to make an image from (apt install busybox-static)".into());
+    }
+    let dir = tempfile_dir().join("rootfs");
+    std::fs::create_dir_all(dir.join("bin")).map_err(|e| e.to_string())?;
+    std::fs::copy(busybox, dir.join("bin/busybox")).map_err(|e| e.to_string())?;
+    for applet in ["sh", "true", "sleep"] {
+        std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))
+            .map_err(|e| e.to_string())?;
+    }
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "tar -C '{}' -c . | docker import - {IMAGE} >/dev/null",
+            dir.display()
+        ))
+        .status()
+        .is_ok_and(|s| s.success());
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap_or(&dir));
+    if ok {
+        Ok(IMAGE.into())
+    } else {
+        Err("docker import of a busybox rootfs failed".into())
+    }
+}
