@@ -16,7 +16,11 @@ fn container(image: &str, name: &str) {
     let _ = Command::new("docker").args(["rm", "-f", name]).output();
     let ok = Command::new("docker")
         .args(["run", "--rm", "--name", name, image])
-        .args(["sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+        .args([
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 600000 ]; do i=$((i+1)); done",
+        ])
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -42,7 +46,11 @@ fn stop(child: Child) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().expect("monitor");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn named(report: &Value, name: &str) -> Option<Value> {
@@ -92,12 +100,29 @@ fn a_docker_socket_that_appears_later_is_found() {
     let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
     let m = monitor(&socket, &out, &stream);
     wait_for_stream_header(&stream);
-    // The daemon "starts": its socket appears where wattprof looks.
-    std::os::unix::fs::symlink("/var/run/docker.sock", &socket).expect("socket link");
-    // Looked for again within 5 s.
-    std::thread::sleep(std::time::Duration::from_secs(6));
+    // A container wattprof sees while there is no socket yet: it wakes
+    // every half second.
     let name = format!("wp-late-{}", std::process::id());
-    container(&image, &name);
+    let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+    let started = Command::new("docker")
+        .args(["run", "-d", "--name", &name, &image])
+        .args([
+            "sh",
+            "-c",
+            "while true; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; sleep 0.5; done",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(started, "docker run -d {name}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // The daemon "starts": its socket appears where wattprof looks, and
+    // is looked for again within 5 s.
+    std::os::unix::fs::symlink("/var/run/docker.sock", &socket).expect("socket link");
+    std::thread::sleep(std::time::Duration::from_secs(7));
+    // Gone before the end: only a name asked for while it ran is known.
+    let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+    std::thread::sleep(std::time::Duration::from_secs(1));
     stop(m);
     let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
     assert!(

@@ -507,11 +507,23 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
             scrapes.load(Ordering::Relaxed)
         )?;
         rows.push((t, m, r));
+        let mut ended = None;
         for (name, child) in [("monitor", &mut monitor), ("run", &mut run)] {
             if let Some(status) = child.try_wait()? {
-                stop.store(true, Ordering::Relaxed);
-                bail!("wattprof {name} ended during the soak ({status})");
+                ended = Some(format!("wattprof {name} ended during the soak ({status})"));
             }
+        }
+        if let Some(why) = ended {
+            // Everything stopped before saying so: churn, the other
+            // wattprof and the run's loop.
+            stop.store(true, Ordering::Relaxed);
+            for t in threads {
+                let _ = t.join();
+            }
+            std::fs::write(&stop_file, "")?;
+            let _ = monitor.kill();
+            let _ = run.kill();
+            bail!("{why}");
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -641,6 +653,22 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     eprintln!("series: target/soak/series.csv, plot: target/soak/soak.svg");
     if m_check.gaps + r_check.gaps + m_check.unbalanced + r_check.unbalanced > 0 {
         bail!("an interval is missing or does not add up (see above)");
+    }
+    let containers = containers_made.load(Ordering::Relaxed);
+    let named = m_check.summary.as_ref().map_or(0, |s| {
+        s["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("wp-soak-"))
+            })
+            .count()
+    });
+    if containers > 0 && named == 0 {
+        bail!("{containers} containers ran, and the monitor's recording names none");
     }
     if m_check.rows == 0 || r_check.rows == 0 {
         bail!("a stream has no energy rows to check");

@@ -89,7 +89,7 @@ impl Intervals {
             self.limit = usize::MAX;
             self.problem = Some(format!(
                 "the recording's intervals stay in memory: their temporary file failed \
-                 ({e}; it goes next to --output: give that file system room)"
+                 ({e}; it goes next to --output, else in $TMPDIR: give that file system room)"
             ));
         }
     }

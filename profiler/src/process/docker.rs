@@ -158,6 +158,20 @@ impl DockerNames {
         }
     }
 
+    /// The name of container `id` if the daemon has answered, without
+    /// asking.
+    pub fn cached(&self, id: &str) -> Option<String> {
+        match self
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+        {
+            Some(Lookup::Named(n)) => Some(n.clone()),
+            _ => None,
+        }
+    }
+
     /// The name of container `id`, if known yet; asks for it otherwise.
     pub fn name(&self, id: &str) -> Option<String> {
         let ask = self.queue()?;
@@ -169,9 +183,13 @@ impl DockerNames {
             _ => {}
         }
         if names.len() >= MAX_NAMES {
-            // Bounded under container churn: answers are dropped (asked
-            // again when needed), lookups under way kept.
-            names.retain(|_, l| matches!(l, Lookup::Pending));
+            // Bounded under container churn: failed lookups go first, then
+            // answers (the profile keeps each answer with its cgroup);
+            // lookups under way stay.
+            names.retain(|_, l| !matches!(l, Lookup::Failed(_)));
+            if names.len() >= MAX_NAMES {
+                names.retain(|_, l| matches!(l, Lookup::Pending));
+            }
         }
         names.insert(id.to_string(), Lookup::Pending);
         let _ = ask.send(id.to_string());

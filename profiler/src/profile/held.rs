@@ -84,8 +84,15 @@ pub struct CaughtUp {
 
 impl HeldReads {
     /// Whether nothing is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
+    }
+
+    /// Whether time is being held for some domain (not only expired
+    /// entries, whose time is dropped).
+    pub fn any_live(&self) -> bool {
+        self.held.iter().any(|(_, h)| !h.expired)
     }
 
     /// Holds this interval's time for each domain whose read failed;

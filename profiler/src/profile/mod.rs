@@ -223,6 +223,10 @@ pub(crate) struct CgroupSum {
     last_ns: u64,
     /// Docker was asked for its container's name (if it is one).
     docker_asked: bool,
+    /// Its Docker container's id, when it is one (once asked).
+    docker_id: Option<String>,
+    /// That container's name, once Docker answered.
+    docker_name: Option<String>,
 }
 
 /// Adds `c`'s sums to `into` (its path kept, its last run the later).
@@ -234,6 +238,12 @@ fn fold(into: &mut CgroupSum, c: &CgroupSum) {
         into.name.clone_from(&c.name);
     }
     into.docker_asked |= c.docker_asked;
+    if into.docker_id.is_none() {
+        into.docker_id.clone_from(&c.docker_id);
+    }
+    if c.docker_name.is_some() {
+        into.docker_name.clone_from(&c.docker_name);
+    }
 }
 
 /// Per-interval maps, kept to be reused.
@@ -737,8 +747,9 @@ impl Profile {
             self.cgroups.entry(cgroup).or_default().energy.merge(&rest);
         }
         // While reads are held, where each process that ran was (its
-        // record may be forgotten before the read that covers it comes).
-        if self.held.is_empty() {
+        // record may be forgotten before the read that covers it comes);
+        // at most a minute of processes (HELD_MAX_NS).
+        if !self.held.any_live() {
             self.held_origin.clear();
         } else {
             self.held_origin
@@ -760,6 +771,7 @@ impl Profile {
         // new container's name now: the recording has it even when no
         // exporter or screen asks, and even if the container is gone by
         // the end.
+        let docker_available = self.docker.available();
         for (id, entry) in &mut self.cgroups {
             if entry.name.is_none() {
                 entry.name = self
@@ -767,7 +779,7 @@ impl Profile {
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
             }
-            if !entry.docker_asked && entry.name.is_some() && self.docker.available() {
+            if !entry.docker_asked && entry.name.is_some() && docker_available {
                 entry.docker_asked = true;
                 if let Some(c) = entry
                     .name
@@ -776,7 +788,15 @@ impl Profile {
                     .filter(|c| c.runtime == crate::process::container::Runtime::Docker)
                 {
                     let _ = self.docker.name(&c.id);
+                    entry.docker_id = Some(c.id);
                 }
+            }
+            // The answer is kept with the cgroup (the lookup cache is
+            // bounded and forgets).
+            if entry.docker_name.is_none()
+                && let Some(id) = &entry.docker_id
+            {
+                entry.docker_name = self.docker.cached(id);
             }
         }
 
@@ -1261,8 +1281,8 @@ impl Profile {
     /// energy first; with `since_ns`, only those whose processes ran since.
     pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
         use crate::process::container::{Runtime, from_cgroup_path};
-        let mut by: HashMap<crate::process::container::Container, (u64, EnergyBy, Vec<String>)> =
-            HashMap::new();
+        type Sums = (u64, EnergyBy, Vec<String>, Option<String>);
+        let mut by: HashMap<crate::process::container::Container, Sums> = HashMap::new();
         let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
         for cg in self.cgroup_sums() {
             let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
@@ -1276,17 +1296,28 @@ impl Profile {
             entry.0 += ns;
             entry.1.merge(e);
             entry.2.push(path.clone());
+            if entry.3.is_none() {
+                entry.3.clone_from(&cg.docker_name);
+            }
         }
         let span = self.last_ns.saturating_sub(self.start_ns);
         let mut v: Vec<ContainerReport> = by
             .into_iter()
             .filter(|(c, _)| since_ns.is_none_or(|t| last.get(c).is_some_and(|l| *l >= t)))
-            .map(|(c, (ns, e, mut cgroups))| {
+            .map(|(c, (ns, e, mut cgroups, kept_name))| {
                 cgroups.sort();
+                // The daemon's latest answer (a `docker rename`), else the
+                // one kept, else asked for now.
+                let name = (c.runtime == Runtime::Docker)
+                    .then(|| {
+                        self.docker
+                            .cached(&c.id)
+                            .or(kept_name)
+                            .or_else(|| self.docker.name(&c.id))
+                    })
+                    .flatten();
                 ContainerReport {
-                    name: (c.runtime == Runtime::Docker)
-                        .then(|| self.docker.name(&c.id))
-                        .flatten(),
+                    name,
                     runtime: c.runtime,
                     id: c.id,
                     pod_uid: c.pod_uid,

@@ -582,10 +582,18 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
         .expect("docker cgroup");
     let docker = rig.cgroup(docker_path);
     let user = rig.cgroup("user.slice");
-    // The container's process runs, then exits (a container process
-    // still alive keeps its cgroup, whatever it does).
+    let cron = rig.cgroup("system.slice/cron.service");
+    // The container's process runs, then exits; cron's process runs and
+    // sleeps from then on (a process still alive keeps its cgroup).
     rig.exiting = vec![5005005];
-    rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], false);
+    rig.interval(
+        20.0,
+        &[
+            (5005005, docker, 1_000_000_000),
+            (5003003, cron, 10_000_000),
+        ],
+        false,
+    );
     rig.exiting.clear();
     let cpu_series = |rig: &Rig| -> Option<f64> {
         let snap = rig.profile.snapshot(10, u64::MAX);
@@ -603,6 +611,10 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
         rig.interval(1.0, &[(5001001, user, 100_000_000)], false);
     }
     assert!(!rig.profile.cgroups.contains_key(&docker), "pruned");
+    assert!(
+        rig.profile.cgroups.contains_key(&cron),
+        "a live process's cgroup is kept"
+    );
     assert!(rig.profile.pruned.keys().any(|p| p.contains(DOCKER_ID)));
     let container = |rig: &Rig| {
         rig.profile
@@ -612,7 +624,7 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
             .expect("the container is still reported")
     };
     assert_eq!(container(&rig).on_cpu_ns, 1_000_000_000);
-    assert!(close(container(&rig).energy.package_j, 10.0));
+    assert!(close(container(&rig).energy.package_j, 20.0 * 1.0 / 2.0));
     assert_eq!(cpu_series(&rig), Some(1.0), "the counter keeps its value");
     // A new process runs in it (same cgroup): its sums go on from there.
     rig.interval(20.0, &[(5005007, docker, 500_000_000)], true);

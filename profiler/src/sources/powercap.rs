@@ -293,12 +293,6 @@ impl Source for Powercap {
                     // The hardware counter runs on while the zone is gone
                     // (a driver reload, a read refused for a while): its
                     // first reading back covers the time it was missed. A
-                    // lower reading then is a restart, not a wrap: that
-                    // time's energy is not known, and 0 is reported for it
-                    // rather than a guess.
-                    // The hardware counter runs on while the zone is gone
-                    // (a driver reload, a read refused for a while): its
-                    // first reading back covers the time it was missed. A
                     // lower reading is a wrap when the gap was shorter than
                     // a wrap can take (RESTART_AFTER); after a longer gap
                     // the counter may have wrapped more than once, so that
@@ -330,7 +324,7 @@ impl Source for Powercap {
                         });
                         Some(0)
                     } else {
-                        if let Some(d) = gone_for {
+                        if let Some(d) = gone_for.filter(|_| z.counter.last().is_some()) {
                             self.said.push(format!(
                                 "powercap {}/energy_uj is back after {:.1} s: its energy while \
                                  it was gone comes with this read",

@@ -119,8 +119,9 @@ pub struct Readers {
     seen: Vec<DomainKey>,
     /// Those whose last read failed.
     missed: Vec<DomainKey>,
-    /// Per source, the failure last said (while it goes on failing).
-    failing: Vec<Option<String>>,
+    /// Per source, the problems of its last read (said when they began),
+    /// and whether it failed as a whole.
+    said: Vec<(Vec<String>, bool)>,
     /// Domains unread at the last rebase: their next read is a new
     /// starting point.
     before_start: Vec<DomainKey>,
@@ -329,7 +330,7 @@ impl Readers {
             problems: Vec::new(),
             seen: Vec::new(),
             missed: Vec::new(),
-            failing: Vec::new(),
+            said: Vec::new(),
             before_start: Vec::new(),
         };
         // A first read of every reader now, so the one at the profile's
@@ -343,9 +344,19 @@ impl Readers {
     pub fn rebase(&mut self) {
         let _ = self.read_counters(false);
         self.problems.clear();
+        // Problems still there are said again in the profile.
+        self.said.clear();
         // A domain that cannot be read now has no starting point: its
         // first good read reaches back before it, and is dropped.
         self.before_start = std::mem::take(&mut self.missed);
+        for k in &self.before_start {
+            self.problems.push(format!(
+                "{}{} cannot be read as the profile begins: its energy counts from its first \
+                 read after that",
+                k.0.name(),
+                k.1.map(|p| format!(" of package {p}")).unwrap_or_default()
+            ));
+        }
     }
 
     /// The GPUs read.
@@ -374,36 +385,38 @@ impl Readers {
     /// tracker's busy time, comes from [`Readers::add_estimate`].
     pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
-        let failing = &mut self.failing;
-        failing.resize(self.sources.len(), None);
+        let said = &mut self.said;
+        said.resize_with(self.sources.len(), Default::default);
         for (i, s) in self.sources.iter_mut().enumerate() {
             let read = if last { s.read_last() } else { s.read() };
+            let failed = read.is_err();
+            // What went wrong in this read, a line each: the reader's own
+            // lines (each GPU, each zone), else the whole read's error.
+            let mut lines = s.take_problems();
             match read {
                 // GPUs' energy comes with their detail, below.
-                Ok(e) => {
-                    failing[i] = None;
-                    out.energy
-                        .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu));
-                }
+                Ok(e) => out
+                    .energy
+                    .extend(e.into_iter().filter(|d| d.domain != Domain::Gpu)),
                 // A failed read advances no counter: the next one catches
-                // up. A reader that says what failed part by part (each
-                // GPU) is reported that way.
-                Err(e) => {
-                    let parts = s.take_problems();
-                    // Said when it starts failing or fails differently,
-                    // not at every interval of an outage.
-                    let line = format!("{}: {e}", s.name());
-                    if parts.is_empty() && failing.get(i) != Some(&Some(line.clone())) {
-                        self.problems.push(line.clone());
-                    }
-                    if let Some(f) = failing.get_mut(i) {
-                        *f = Some(line);
-                    }
-                    self.problems.extend(parts);
-                }
+                // up.
+                Err(e) if lines.is_empty() => lines.push(format!("{}: {e}", s.name())),
+                Err(_) => {}
             }
             out.gpus.extend(s.take_gpu_readings());
-            self.problems.extend(s.take_problems());
+            lines.extend(s.take_problems());
+            // Each line is said when it starts, not at every read while it
+            // lasts; a reader whose failure ends says so.
+            let (before, failed_before) = std::mem::take(&mut said[i]);
+            for line in &lines {
+                if !before.contains(line) {
+                    self.problems.push(line.clone());
+                }
+            }
+            if failed_before && !failed {
+                self.problems.push(format!("{}: reading again", s.name()));
+            }
+            said[i] = (lines, failed);
         }
         // CPU domains first in the list, the wall after them.
         out.energy.sort_by_key(|d| d.domain == Domain::Wall);
@@ -428,12 +441,6 @@ impl Readers {
             });
             for &k in &dropped {
                 self.before_start.retain(|b| *b != k);
-                self.problems.push(format!(
-                    "{}{} could not be read when the profile began: its energy counts from \
-                     its first read after that",
-                    k.0.name(),
-                    k.1.map(|p| format!(" of package {p}")).unwrap_or_default()
-                ));
             }
         }
         let (caught, fresh): (Vec<DomainEnergy>, Vec<DomainEnergy>) =
@@ -455,7 +462,14 @@ impl Readers {
                     .chain(&out.caught_up)
                     .any(|d| key(d) == *k)
         };
-        self.missed = self.seen.iter().copied().filter(|k| !present(k)).collect();
+        // A domain unread since before the start has no time to hold: its
+        // first read back is dropped above.
+        self.missed = self
+            .seen
+            .iter()
+            .copied()
+            .filter(|k| !present(k) && !self.before_start.contains(k))
+            .collect();
         out.missed.clone_from(&self.missed);
     }
 
@@ -583,7 +597,7 @@ mod tests {
             problems: Vec::new(),
             seen: Vec::new(),
             missed: Vec::new(),
-            failing: Vec::new(),
+            said: Vec::new(),
             before_start: Vec::new(),
         };
         let flaky = |_: &mut Readers, total_uj: u64, fail: bool| now.set((total_uj, fail));
@@ -606,6 +620,7 @@ mod tests {
         assert!(r.energy.is_empty() && r.missed.is_empty());
         assert_eq!(r.caught_up.len(), 1);
         assert_eq!(r.caught_up[0].energy_uj, 90);
+        assert_eq!(readers.take_problems(), ["msr: reading again"]);
         // And then fresh again.
         flaky(&mut readers, 105, false);
         let r = readers.read_counters(false);
@@ -615,10 +630,17 @@ mod tests {
         // before the start, and is dropped (said); then fresh.
         flaky(&mut readers, 200, true);
         readers.rebase();
+        assert!(readers.take_problems().iter().any(|p| p.contains("begins")));
+        // Still failing: not missed (no time is held for it), said once.
+        let r = readers.read_counters(false);
+        assert!(r.missed.is_empty(), "{r:?}");
+        assert_eq!(readers.take_problems().len(), 1);
         flaky(&mut readers, 300, false);
         let r = readers.read_counters(false);
-        assert!(r.energy.is_empty() && r.caught_up.is_empty(), "{r:?}");
-        assert!(readers.take_problems().iter().any(|p| p.contains("began")));
+        assert!(
+            r.energy.is_empty() && r.caught_up.is_empty() && r.missed.is_empty(),
+            "{r:?}"
+        );
         flaky(&mut readers, 310, false);
         assert_eq!(readers.read_counters(false).energy[0].energy_uj, 10);
     }
