@@ -394,48 +394,20 @@ pub fn wait_for_stream_lines(path: &Path, kind: &str, count: usize) {
     }
 }
 
-/// A local busybox image for container tests, or why there is none: the
-/// Docker daemon must answer, and Debian's busybox-static gives the image
-/// (imported from a rootfs: images cannot be pulled here).
+/// A local busybox image for container tests, or why there is none
+/// (`scripts/busybox-image.sh`: the Docker daemon must answer, and
+/// Debian's busybox-static gives the image).
 pub fn docker_image() -> Result<String, String> {
     const IMAGE: &str = "wattprof-test-busybox:latest";
-    let quiet = |args: &[&str]| {
-        Command::new("docker")
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !quiet(&["info"]) {
-        return Err("the Docker daemon does not answer (apt install docker.io; dockerd)".into());
-    }
-    if quiet(&["image", "inspect", IMAGE]) {
-        return Ok(IMAGE.into());
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.exists() {
-        return Err("no /bin/busybox to make an image from (apt install busybox-static)".into());
-    }
-    let dir = tempfile_dir().join("rootfs");
-    std::fs::create_dir_all(dir.join("bin")).map_err(|e| e.to_string())?;
-    std::fs::copy(busybox, dir.join("bin/busybox")).map_err(|e| e.to_string())?;
-    for applet in ["sh", "true", "sleep"] {
-        std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))
-            .map_err(|e| e.to_string())?;
-    }
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "tar -C '{}' -c . | docker import - {IMAGE} >/dev/null",
-            dir.display()
-        ))
-        .status()
-        .is_ok_and(|s| s.success());
-    let _ = std::fs::remove_dir_all(dir.parent().unwrap_or(&dir));
-    if ok {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/busybox-image.sh");
+    let out = Command::new("sh")
+        .arg(&script)
+        .arg(IMAGE)
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if out.status.success() {
         Ok(IMAGE.into())
     } else {
-        Err("docker import of a busybox rootfs failed".into())
+        Err(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 }

@@ -53,6 +53,13 @@ fn stop(child: Child) {
     );
 }
 
+/// The test image, or `None` after saying why the test is skipped.
+fn image() -> Option<String> {
+    docker_image()
+        .map_err(|why| eprintln!("skipping: {why}"))
+        .ok()
+}
+
 fn named(report: &Value, name: &str) -> Option<Value> {
     report["containers"]
         .as_array()?
@@ -64,13 +71,7 @@ fn named(report: &Value, name: &str) -> Option<Value> {
 #[test]
 fn a_recording_names_containers_without_an_exporter_or_a_screen() {
     require_ebpf!();
-    let image = match docker_image() {
-        Ok(i) => i,
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
-    };
+    let Some(image) = image() else { return };
     let dir = tempfile_dir();
     let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
     let m = monitor(Path::new("/var/run/docker.sock"), &out, &stream);
@@ -88,13 +89,7 @@ fn a_recording_names_containers_without_an_exporter_or_a_screen() {
 #[test]
 fn a_docker_socket_that_appears_later_is_found() {
     require_ebpf!();
-    let image = match docker_image() {
-        Ok(i) => i,
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
-    };
+    let Some(image) = image() else { return };
     let dir = tempfile_dir();
     let socket = dir.join("late.sock");
     let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));

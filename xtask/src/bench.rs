@@ -119,19 +119,10 @@ pub fn run(which: Which) -> Result<()> {
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
         Which::Soak { minutes, warmup } => {
             let wattprof = wattprof_release()?;
-            let root = workspace_root();
-            run_cmd(Command::new("cargo").current_dir(&root).args([
-                "build",
-                "--release",
-                "--locked",
-                "-p",
-                "wattprof-tests",
-                "--bin",
-                "wattprof-testload",
-            ]))?;
+            build_release(&["-p", "wattprof-tests", "--bin", "wattprof-testload"])?;
             crate::soak::soak(
                 &wattprof,
-                &root.join("target/release/wattprof-testload"),
+                &workspace_root().join("target/release/wattprof-testload"),
                 minutes,
                 warmup,
             )
@@ -244,18 +235,19 @@ fn pingpong(round_trips: u64) -> Result<f64> {
     Ok(secs)
 }
 
+/// `cargo build --release --locked` with these arguments, in the workspace.
+fn build_release(args: &[&str]) -> Result<()> {
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(workspace_root())
+            .args(["build", "--release", "--locked"])
+            .args(args),
+    )
+}
+
 fn wattprof_release() -> Result<PathBuf> {
-    let root = workspace_root();
-    run_cmd(Command::new("cargo").current_dir(&root).args([
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "profiler",
-        "-p",
-        "xtask",
-    ]))?;
-    Ok(root.join("target/release/wattprof"))
+    build_release(&["-p", "profiler", "-p", "xtask"])?;
+    Ok(workspace_root().join("target/release/wattprof"))
 }
 
 /// Runs `cmd`, alone or under `wattprof run --tracker T`, and returns the

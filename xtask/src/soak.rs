@@ -137,52 +137,20 @@ fn cgroup2_root() -> Option<PathBuf> {
     })
 }
 
-/// A local image for the soak's containers: `dockerd` must answer, and
-/// Debian's busybox-static gives the image (imported from a rootfs, as
-/// images cannot be pulled everywhere).
+/// A local image for the soak's containers, or why there is none
+/// (`scripts/busybox-image.sh`).
 fn docker_image() -> Result<String, String> {
     const IMAGE: &str = "wattprof-soak-busybox:latest";
-    let quiet = |args: &[&str]| {
-        Command::new("docker")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !quiet(&["info"]) {
-        return Err("dockerd does not answer".into());
-    }
-    if quiet(&["image", "inspect", IMAGE]) {
-        return Ok(IMAGE.into());
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.exists() {
-        return Err("no /bin/busybox for an image (apt install busybox-static)".into());
-    }
-    let dir = std::env::temp_dir().join(format!("wattprof-soak-rootfs-{}", std::process::id()));
-    let made = (|| -> std::io::Result<()> {
-        std::fs::create_dir_all(dir.join("bin"))?;
-        std::fs::copy(busybox, dir.join("bin/busybox"))?;
-        for applet in ["sh", "true", "sleep"] {
-            std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))?;
-        }
-        Ok(())
-    })();
-    let imported = made.is_ok()
-        && Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "tar -C '{}' -c . | docker import - {IMAGE} >/dev/null",
-                dir.display()
-            ))
-            .status()
-            .is_ok_and(|s| s.success());
-    let _ = std::fs::remove_dir_all(&dir);
-    if imported {
+    let script = crate::workspace_root().join("scripts/busybox-image.sh");
+    let out = Command::new("sh")
+        .arg(&script)
+        .arg(IMAGE)
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if out.status.success() {
         Ok(IMAGE.into())
     } else {
-        Err("importing a busybox image failed".into())
+        Err(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 }
 

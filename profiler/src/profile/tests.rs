@@ -137,6 +137,22 @@ impl Rig {
         }
     }
 
+    /// A `monitor` rig (top 10), and its Docker container's cgroup id.
+    fn machine(tag: &str, keep: KeepIntervals) -> (Self, u64) {
+        let scope = Scope::Machine {
+            top: 10,
+            pids: Vec::new(),
+        };
+        let rig = Self::new(tag, scope, keep, Filter::default());
+        let docker = rig
+            .cgroups
+            .iter()
+            .find(|(k, _)| k.contains("docker-"))
+            .map(|(_, id)| *id)
+            .expect("docker cgroup");
+        (rig, docker)
+    }
+
     fn cgroup(&self, path: &str) -> u64 {
         self.cgroups[path]
     }
@@ -386,23 +402,7 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
 
 #[test]
 fn caught_up_energy_of_a_process_forgotten_meanwhile_goes_to_its_container() {
-    let scope = Scope::Machine {
-        top: 10,
-        pids: Vec::new(),
-    };
-    let mut rig = Rig::new(
-        "held-origin",
-        scope,
-        KeepIntervals::Nothing,
-        Filter::default(),
-    );
-    let docker_path: &str = rig
-        .cgroups
-        .keys()
-        .find(|k| k.contains("docker-"))
-        .copied()
-        .expect("docker cgroup");
-    let docker = rig.cgroup(docker_path);
+    let (mut rig, docker) = Rig::machine("held-origin", KeepIntervals::Nothing);
     let user = rig.cgroup("user.slice");
     rig.interval(10.0, &[(5001001, user, 100_000_000)], false);
     // The container's process runs 1 s and exits while the counter cannot
@@ -509,18 +509,7 @@ fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
 
 #[test]
 fn cgroup_and_container_sums_follow_their_processes() {
-    let scope = Scope::Machine {
-        top: 10,
-        pids: Vec::new(),
-    };
-    let mut rig = Rig::new("cgroups", scope, KeepIntervals::All, Filter::default());
-    let docker_path: &str = rig
-        .cgroups
-        .keys()
-        .find(|k| k.contains("docker-"))
-        .copied()
-        .expect("docker cgroup");
-    let docker = rig.cgroup(docker_path);
+    let (mut rig, docker) = Rig::machine("cgroups", KeepIntervals::All);
     let cron = rig.cgroup("system.slice/cron.service");
     rig.interval(
         40.0,
@@ -569,18 +558,7 @@ fn cgroup_and_container_sums_follow_their_processes() {
 
 #[test]
 fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
-    let scope = Scope::Machine {
-        top: 10,
-        pids: Vec::new(),
-    };
-    let mut rig = Rig::new("prune", scope, KeepIntervals::Nothing, Filter::default());
-    let docker_path: &str = rig
-        .cgroups
-        .keys()
-        .find(|k| k.contains("docker-"))
-        .copied()
-        .expect("docker cgroup");
-    let docker = rig.cgroup(docker_path);
+    let (mut rig, docker) = Rig::machine("prune", KeepIntervals::Nothing);
     let user = rig.cgroup("user.slice");
     let cron = rig.cgroup("system.slice/cron.service");
     // The container's process runs, then exits; cron's process runs and
