@@ -110,6 +110,12 @@ pub fn wattprof_run(extra: &[&str], cmd: &[&str]) -> Run {
     Run { output, report }
 }
 
+/// The JSON document at `path` (a recording), which the test expects.
+pub fn read_json(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A fresh private directory under the system temp dir.
 pub fn tempfile_dir() -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};

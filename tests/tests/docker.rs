@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 use wattprof_tests::{
-    docker_image, require_ebpf, tempfile_dir, wait_for_stream_header, wattprof_bin,
+    docker_image, read_json, require_ebpf, tempfile_dir, wait_for_stream_header, wattprof_bin,
 };
 
 /// Runs a container that burns a little CPU, then is removed.
@@ -79,7 +79,7 @@ fn a_recording_names_containers_without_an_exporter_or_a_screen() {
     let name = format!("wp-test-{}", std::process::id());
     container(&image, &name);
     stop(m);
-    let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
+    let report = read_json(&out);
     let c = named(&report, &name)
         .unwrap_or_else(|| panic!("{name} not named in {}", report["containers"]));
     assert!(c["on_cpu_ns"].as_u64().unwrap_or(0) > 0, "{c}");
@@ -119,7 +119,7 @@ fn a_docker_socket_that_appears_later_is_found() {
     let _ = Command::new("docker").args(["rm", "-f", &name]).output();
     std::thread::sleep(std::time::Duration::from_secs(1));
     stop(m);
-    let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
+    let report = read_json(&out);
     assert!(
         named(&report, &name).is_some(),
         "{name} not named in {}",

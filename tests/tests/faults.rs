@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use wattprof_tests::{
-    FakeRapl, domain, f, nvml_stub, require_ebpf, tempfile_dir, testload_bin, u,
+    FakeRapl, domain, f, nvml_stub, read_json, require_ebpf, tempfile_dir, testload_bin, u,
     wait_for_stream_header, wait_for_stream_lines, wattprof_bin,
 };
 
@@ -109,8 +109,7 @@ fn a_full_disk_stops_the_stream_at_a_complete_line_and_sampling_goes_on() {
         "a row cut short: {csv_text:.300}"
     );
     // Sampling went on: the recording (on another disk) has every interval.
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(&out).expect("recording")).expect("JSON");
+    let report: Value = read_json(&out);
     let samples = u(&report, "/profiler/samples");
     assert!(samples >= 35, "samples {samples}");
     assert!(
@@ -158,8 +157,7 @@ fn a_rapl_zone_that_vanishes_and_returns_keeps_its_energy_and_every_interval() {
     std::fs::rename(&away, &zone).expect("bring it back");
     let status = child.wait().expect("run");
     assert!(status.success());
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("r.json")).expect("rec")).expect("JSON");
+    let report = read_json(&dir.join("r.json"));
     let lines = stream_lines(&stream);
     let intervals = of_type(&lines, "interval");
     // No interval is missing: each starts where the last one ended.
@@ -225,7 +223,7 @@ fn a_gpu_lost_mid_run_is_reported_and_sampling_goes_on() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
+    let report = read_json(&out);
     assert!(problems(&report).contains("lost"), "{}", problems(&report));
     let gpu = |i: u64| {
         report["energy"]["domains"]
@@ -281,7 +279,7 @@ fn stopped_for_ten_seconds_while_5000_processes_come_and_go_nothing_is_lost_sile
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
+    let report = read_json(&out);
     let trues = report["processes"]
         .as_array()
         .expect("processes")
@@ -379,7 +377,7 @@ fn a_wall_clock_jump_does_not_stretch_intervals_and_is_reported() {
         let d = u(iv, "/duration_ns");
         assert!(d < 1_000_000_000, "an interval of {d} ns: {iv:.300}");
     }
-    let report: Value = serde_json::from_slice(&std::fs::read(&out).expect("rec")).expect("JSON");
+    let report = read_json(&out);
     let said = problems(&report);
     // Forward, then back.
     assert!(said.contains("jumped +3600"), "{said}");
@@ -484,8 +482,8 @@ fn two_instances_at_once_both_count_every_cpu_second() {
         "{}",
         String::from_utf8_lossy(&mon_out.stderr)
     );
-    let r: Value = serde_json::from_slice(&std::fs::read(&out_r).expect("run rec")).expect("JSON");
-    let m: Value = serde_json::from_slice(&std::fs::read(&out_m).expect("mon rec")).expect("JSON");
+    let r = read_json(&out_r);
+    let m = read_json(&out_m);
     // The run saw its command's second of CPU.
     let tree = u(&r, "/command/on_cpu_ns");
     assert!((950_000_000..1_200_000_000).contains(&tree), "{tree}");

@@ -506,31 +506,20 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     let r_status = wait_timeout(&mut run, Duration::from_secs(30))?;
     plot(&out.join("soak.svg"), &rows)?;
 
-    let after = |pick: fn(&Row) -> f64| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter(|r| r.0 >= warmup_minutes * 60.0)
-            .map(|r| (r.0 / 3600.0, pick(r)))
-            .collect()
-    };
-    let growth = |pick: fn(&Row) -> f64| slope(&after(pick));
-    let range = |pick: fn(&Row) -> f64| {
-        let v = after(pick);
-        let lo = v.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-        let hi = v.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-        (lo, hi)
-    };
     let (m_check, r_check) = (
         check_stream(&out.join("monitor.jsonl"))?,
         check_stream(&out.join("run.jsonl"))?,
     );
-    let cpu = |pick: fn(&Row) -> f64| {
-        let (first, last) = (
-            rows.first().map_or(0.0, pick),
-            rows.last().map_or(0.0, pick),
-        );
-        let span = rows.last().map_or(1.0, |r| r.0) - rows.first().map_or(0.0, |r| r.0);
-        100.0 * (last - first) / span.max(1.0)
-    };
+    let warmup_s = warmup_minutes * 60.0;
+    let instances = [
+        (
+            "monitor",
+            judge(&rows, |r| r.1, warmup_s),
+            &m_check,
+            m_status.to_string(),
+        ),
+        ("run", judge(&rows, |r| r.2, warmup_s), &r_check, r_status),
+    ];
     let mut summary = String::new();
     use std::fmt::Write as _;
     let _ = writeln!(
@@ -545,42 +534,19 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         scrapes.load(Ordering::Relaxed),
         failed_scrapes.load(Ordering::Relaxed),
     );
-    for (name, rss, fds, threads, cpu_pct, check, status) in [
-        (
-            "monitor",
-            growth(|r| r.1.rss_kib as f64),
-            growth(|r| r.1.fds as f64),
-            range(|r| r.1.threads as f64),
-            cpu(|r| r.1.cpu_s),
-            &m_check,
-            m_status.to_string(),
-        ),
-        (
-            "run",
-            growth(|r| r.2.rss_kib as f64),
-            growth(|r| r.2.fds as f64),
-            range(|r| r.2.threads as f64),
-            cpu(|r| r.2.cpu_s),
-            &r_check,
-            r_status.clone(),
-        ),
-    ] {
-        let rss_range = if name == "monitor" {
-            range(|r| r.1.rss_kib as f64)
-        } else {
-            range(|r| r.2.rss_kib as f64)
-        };
+    for (name, j, check, status) in &instances {
         let _ = writeln!(
             summary,
             "  {name}: RSS {:.1}-{:.1} MiB after {warmup_minutes} min, growth {:+.0} KiB/h; fds \
-             growth {:+.1}/h; threads {:.0}-{:.0}; CPU {cpu_pct:.2}% of one CPU; {} intervals, \
-             {} missing, {} of {} domain rows unbalanced (worst {:.1e} J); exit {status}",
-            rss_range.0 / 1024.0,
-            rss_range.1 / 1024.0,
-            rss,
-            fds,
-            threads.0,
-            threads.1,
+             growth {:+.1}/h; threads {:.0}-{:.0}; CPU {:.2}% of one CPU; {} intervals, {} \
+             missing, {} of {} domain rows unbalanced (worst {:.1e} J); exit {status}",
+            j.rss_kib.0 / 1024.0,
+            j.rss_kib.1 / 1024.0,
+            j.rss_growth,
+            j.fds_growth,
+            j.threads.0,
+            j.threads.1,
+            j.cpu_pct,
             check.intervals,
             check.gaps,
             check.unbalanced,
@@ -588,30 +554,16 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
             check.worst_j,
         );
         if let Some(s) = &check.summary {
-            let docker: Vec<&Value> = s["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c["runtime"] == "docker")
-                .collect();
-            let named = docker
-                .iter()
-                .filter(|c| {
-                    c["name"]
-                        .as_str()
-                        .is_some_and(|n| n.starts_with("wp-soak-"))
-                })
-                .count();
+            let (docker, named) = soak_containers(s);
             let _ = writeln!(
                 summary,
                 "    events lost {}, lost CPU time {} ns, filter overflow {}, kernel memory {} KiB, \
-                 {} cgroup rows, {} Docker containers ({named} named), problems {}",
+                 {} cgroup rows, {docker} Docker containers ({named} named), problems {}",
                 s["profiler"]["events_lost"],
                 s["lost_ns"],
                 s["profiler"]["filter_overflow"],
                 s["profiler"]["kernel_memory_bytes"].as_u64().unwrap_or(0) / 1024,
                 s["cgroups"].as_array().map_or(0, Vec::len),
-                docker.len(),
                 s["energy"]["problems"]
             );
         }
@@ -623,45 +575,87 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         bail!("an interval is missing or does not add up (see above)");
     }
     let containers = containers_made.load(Ordering::Relaxed);
-    let named = m_check.summary.as_ref().map_or(0, |s| {
-        s["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| {
-                c["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with("wp-soak-"))
-            })
-            .count()
-    });
+    let named = m_check.summary.as_ref().map_or(0, |s| soak_containers(s).1);
     if containers > 0 && named == 0 {
         bail!("{containers} containers ran, and the monitor's recording names none");
     }
     if m_check.rows == 0 || r_check.rows == 0 {
         bail!("a stream has no energy rows to check");
     }
-    if !m_status.success() || !r_status.starts_with("exit status: 0") {
+    if !m_status.success() || !instances[1].3.starts_with("exit status: 0") {
         bail!("wattprof did not exit cleanly (see above)");
     }
     // Flat after warm-up: RSS within 4 MiB/h, fds within 10/h.
-    for (name, rss, fds) in [
-        (
-            "monitor",
-            growth(|r| r.1.rss_kib as f64),
-            growth(|r| r.1.fds as f64),
-        ),
-        (
-            "run",
-            growth(|r| r.2.rss_kib as f64),
-            growth(|r| r.2.fds as f64),
-        ),
-    ] {
-        if rss > 4096.0 || fds > 10.0 {
-            bail!("{name} grows after warm-up: {rss:+.0} KiB/h, {fds:+.1} fds/h");
+    for (name, j, _, _) in &instances {
+        if j.rss_growth > 4096.0 || j.fds_growth > 10.0 {
+            bail!(
+                "{name} grows after warm-up: {:+.0} KiB/h, {:+.1} fds/h",
+                j.rss_growth,
+                j.fds_growth
+            );
         }
     }
     Ok(())
+}
+
+/// One wattprof instance's series, judged after the warm-up.
+struct Judged {
+    /// Lowest and highest RSS (KiB).
+    rss_kib: (f64, f64),
+    /// Least-squares growth (KiB/h).
+    rss_growth: f64,
+    /// Least-squares growth of open fds (per hour).
+    fds_growth: f64,
+    /// Fewest and most threads.
+    threads: (f64, f64),
+    /// CPU over the whole soak (% of one CPU).
+    cpu_pct: f64,
+}
+
+fn judge(rows: &[Row], pick: fn(&Row) -> Usage, warmup_s: f64) -> Judged {
+    let after = |value: fn(&Usage) -> f64| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|r| r.0 >= warmup_s)
+            .map(|r| (r.0 / 3600.0, value(&pick(r))))
+            .collect()
+    };
+    let range = |value: fn(&Usage) -> f64| {
+        after(value)
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+                (lo.min(p.1), hi.max(p.1))
+            })
+    };
+    let (first, last) = (rows.first(), rows.last());
+    let span = last.map_or(1.0, |r| r.0) - first.map_or(0.0, |r| r.0);
+    let cpu = |r: Option<&Row>| r.map_or(0.0, |r| pick(r).cpu_s);
+    Judged {
+        rss_kib: range(|u| u.rss_kib as f64),
+        rss_growth: slope(&after(|u| u.rss_kib as f64)),
+        fds_growth: slope(&after(|u| u.fds as f64)),
+        threads: range(|u| u.threads as f64),
+        cpu_pct: 100.0 * (cpu(last) - cpu(first)) / span.max(1.0),
+    }
+}
+
+/// Docker containers in a stream's summary, and how many carry the name
+/// the soak gave them.
+fn soak_containers(summary: &Value) -> (usize, usize) {
+    let docker: Vec<&Value> = summary["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["runtime"] == "docker")
+        .collect();
+    let named = docker
+        .iter()
+        .filter(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("wp-soak-"))
+        })
+        .count();
+    (docker.len(), named)
 }
 
 fn wait_timeout(child: &mut Child, limit: Duration) -> Result<String> {

@@ -153,46 +153,35 @@ impl HeldReads {
             let since_ns = held.as_ref().map_or(span.start_ns, |h| h.since_ns);
             out.covers_ns
                 .push((key, span.end_ns.saturating_sub(since_ns)));
-            let one = std::slice::from_ref(d);
-            let shares = match held {
-                // Too long: what the counter says cannot be trusted.
-                Some(h) if h.expired => attribution::attribute(&Interval {
-                    packages: &vec![PackageTime::default(); span.packages.len()],
-                    package_ids: span.package_ids,
-                    usage: &[],
-                    energy: &[DomainEnergy {
-                        energy_uj: 0,
-                        ..d.clone()
-                    }],
-                    gpus: &[],
-                    wall: None,
-                }),
-                Some(mut h) => {
-                    h.add(span.packages, span.usage);
-                    let mut usage: Vec<Usage> = h
-                        .usage
-                        .into_iter()
-                        .map(|(id, on_cpu_ns)| Usage { id, on_cpu_ns })
-                        .collect();
-                    usage.sort_unstable_by_key(|u| u.id);
-                    attribution::attribute(&Interval {
-                        packages: &h.packages,
-                        package_ids: span.package_ids,
-                        usage: &usage,
-                        energy: one,
-                        gpus: &[],
-                        wall: None,
-                    })
-                }
-                None => attribution::attribute(&Interval {
-                    packages: span.packages,
-                    package_ids: span.package_ids,
-                    usage: span.usage,
-                    energy: one,
-                    gpus: &[],
-                    wall: None,
-                }),
+            // Expired: the counter's figure cannot be trusted (0 J, no
+            // time to divide by). Otherwise the held time and this
+            // interval's (only this interval's when nothing was held).
+            let expired = held.as_ref().is_some_and(|h| h.expired);
+            let mut h = held.filter(|h| !h.expired).unwrap_or_default();
+            let energy_uj = if expired {
+                h.packages = vec![PackageTime::default(); span.packages.len()];
+                0
+            } else {
+                h.add(span.packages, span.usage);
+                d.energy_uj
             };
+            let mut usage: Vec<Usage> = h
+                .usage
+                .into_iter()
+                .map(|(id, on_cpu_ns)| Usage { id, on_cpu_ns })
+                .collect();
+            usage.sort_unstable_by_key(|u| u.id);
+            let shares = attribution::attribute(&Interval {
+                packages: &h.packages,
+                package_ids: span.package_ids,
+                usage: &usage,
+                energy: &[DomainEnergy {
+                    energy_uj,
+                    ..d.clone()
+                }],
+                gpus: &[],
+                wall: None,
+            });
             out.shares.extend(shares);
         }
         out

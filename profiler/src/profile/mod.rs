@@ -1277,6 +1277,21 @@ impl Profile {
             .any(|d| d.domain == Domain::Dram)
     }
 
+    /// Asks Docker for the name of every container not named yet.
+    fn ask_docker_names(&self) {
+        use crate::process::container::{Runtime, from_cgroup_path};
+        for cg in self.cgroup_sums().filter(|c| c.docker_name.is_none()) {
+            if let Some(c) = cg
+                .name
+                .as_deref()
+                .and_then(from_cgroup_path)
+                .filter(|c| c.runtime == Runtime::Docker)
+            {
+                let _ = self.docker.name(&c.id);
+            }
+        }
+    }
+
     /// Per container and systemd unit so far (from the cgroups), most
     /// energy first; with `since_ns`, only those whose processes ran since.
     pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
@@ -1606,7 +1621,7 @@ impl Profile {
         // Every container's name asked for (those first seen while the
         // daemon was not there yet too), and the answers waited for (each
         // lookup takes at most 0.5 s).
-        let _ = self.container_reports(None);
+        self.ask_docker_names();
         self.docker.settle(std::time::Duration::from_millis(600));
         let containers = self.container_reports(None);
         let mut problems = self.problems.clone();
