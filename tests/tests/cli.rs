@@ -98,6 +98,27 @@ fn bad_arguments_are_usage_errors() {
 }
 
 #[test]
+fn a_bad_web_config_fails_before_anything_starts() {
+    let dir = wattprof_tests::tempfile_dir();
+    let bad = dir.join("web.yml");
+    std::fs::write(&bad, "basic_auth_users:\n  prom: hunter2\n").expect("write");
+    let bad = bad.to_str().expect("utf-8");
+    let out = wattprof(&["monitor", "--prometheus", "0", "--web-config", bad]);
+    assert_one_line_error(&out, 2, "not a bcrypt hash");
+    let out = wattprof(&[
+        "monitor",
+        "--prometheus",
+        "0",
+        "--web-config",
+        "/nonexistent.yml",
+    ]);
+    assert_one_line_error(&out, 2, "/nonexistent.yml: cannot read");
+    let out = wattprof(&["monitor", "--web-config", bad]);
+    assert_one_line_error(&out, 2, "give --prometheus");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn not_root_is_a_clear_error() {
     let out = Command::new(wattprof_bin())
         .args(["run", "--", "true"])

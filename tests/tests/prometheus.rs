@@ -43,7 +43,7 @@ fn monitor(extra: &[&str]) -> (Reaped, String) {
         .read_line(&mut line)
         .expect("first line");
     let addr = line
-        .split("http://")
+        .split("://")
         .nth(1)
         .and_then(|r| r.split('/').next())
         .unwrap_or_else(|| panic!("no address in: {line}"))
@@ -166,7 +166,7 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     let own = query(&prom, "wattprof_self_cpu_seconds_total");
     assert_eq!(own.len(), 1, "{own:?}");
     // The shipped dashboard's queries are valid PromQL over series this
-    // exporter serves, and the shipped scrape config passes promtool.
+    // exporter serves (the shipped scrape config is checked with TLS).
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(format!("{root}/grafana-dashboard.json")).expect("dashboard"),
@@ -206,17 +206,6 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
         }
     }
     assert!(exprs >= 9);
-    if std::path::Path::new("/usr/bin/promtool").exists() {
-        let check = Command::new("/usr/bin/promtool")
-            .args(["check", "config", &format!("{root}/prometheus.yml")])
-            .output()
-            .expect("promtool");
-        assert!(
-            check.status.success(),
-            "{}",
-            String::from_utf8_lossy(&check.stderr)
-        );
-    }
     eprintln!(
         "prometheus: package {:.2} J, {} process series, busy {:.2} s",
         value(&energy[0]),
@@ -369,4 +358,216 @@ fn a_finished_container_s_series_end_after_the_grace_period() {
         gone_at >= Duration::from_secs(3),
         "the series ended {gone_at:?} after the exit, within the 3 s grace period"
     );
+}
+
+/// Makes a CA and a certificate for 127.0.0.1 signed by it, in `dir`
+/// (`ca.crt`, `server.crt`, `server.key`), with the openssl command.
+fn make_certificates(dir: &std::path::Path) -> bool {
+    let openssl = |args: &[&str]| {
+        Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .is_ok()
+        && openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-days", "2", "-subj", "/CN=wattprof-test-ca"],
+            ]
+            .concat()
+            .into_iter()
+            .chain(["-keyout", "ca.key", "-out", "ca.crt"])
+            .collect::<Vec<_>>(),
+        )
+        && openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &["-subj", "/CN=localhost", "-keyout", "server.key"],
+            ]
+            .concat()
+            .into_iter()
+            .chain(["-out", "server.csr"])
+            .collect::<Vec<_>>(),
+        )
+        && openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ])
+}
+
+/// `curl`'s HTTP status for `url` (0: no HTTP answer) and body.
+fn curl(args: &[&str], url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn prometheus_scrapes_over_tls_with_basic_auth_from_the_shipped_configs() {
+    require_ebpf!();
+    let Some(prom_bin) = prometheus_bin() else {
+        eprintln!("skipping: no prometheus binary (cargo xtask test installs Debian's package)");
+        return;
+    };
+    if !std::path::Path::new("/usr/bin/curl").exists() {
+        eprintln!("skipping: no curl (cargo xtask test installs it)");
+        return;
+    }
+    let dir = tempfile_dir();
+    if !make_certificates(&dir) {
+        eprintln!("skipping: the openssl command could not make certificates");
+        return;
+    }
+    // The shipped web config as it is: its certificate names are those
+    // made above, and its example user's password is "change-me".
+    let deploy = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy"));
+    std::fs::copy(deploy.join("web-config.yml"), dir.join("web.yml")).expect("web config");
+    let rapl = FakeRapl::start(30.0, 3.0);
+    let web = dir.join("web.yml");
+    let (_monitor, addr) = monitor(&[
+        &rapl.arg(),
+        "--duration",
+        "60s",
+        "--web-config",
+        web.to_str().expect("utf-8"),
+    ]);
+    let url = format!("https://{addr}/metrics");
+    let ca = dir.join("ca.crt");
+    let ca = ca.to_str().expect("utf-8");
+    let (status, body) = curl(&["--cacert", ca, "-u", "prometheus:change-me"], &url);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("wattprof_cpu_seconds_total"), "{body}");
+    let (status, body) = curl(&["--cacert", ca, "-u", "prometheus:wrong"], &url);
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("wattprof_"), "{body}");
+    assert_eq!(curl(&["--cacert", ca], &url).0, 401);
+    // A client that does not trust the certificate fails its handshake.
+    assert_eq!(curl(&["-u", "prometheus:change-me"], &url).0, 0);
+    // Plain HTTP to the TLS port gets one line saying so, as Go's servers
+    // (node_exporter) answer.
+    let plain = http_get(&addr, "/metrics");
+    assert!(
+        plain
+            .as_ref()
+            .is_some_and(|(s, b)| *s == 400 && b.contains("HTTPS server")),
+        "{plain:?}"
+    );
+    // The shipped scrape config, pointed at this exporter and these files.
+    std::fs::write(dir.join("password"), "change-me").expect("password");
+    let mut config =
+        std::fs::read_to_string(deploy.join("prometheus.yml")).expect("deploy/prometheus.yml");
+    for (from, to) in [
+        ("/etc/prometheus/wattprof-ca.crt", ca.to_string()),
+        (
+            "/etc/prometheus/wattprof.password",
+            dir.join("password").display().to_string(),
+        ),
+        (
+            "'host-a.example:9101', 'host-b.example:9101'",
+            format!("'{addr}'"),
+        ),
+        ("scrape_interval: 15s", "scrape_interval: 1s".into()),
+    ] {
+        assert!(
+            config.contains(from),
+            "deploy/prometheus.yml no longer has {from}"
+        );
+        config = config.replace(from, &to);
+    }
+    let config_path = dir.join("prometheus.yml");
+    std::fs::write(&config_path, config).expect("config");
+    if std::path::Path::new("/usr/bin/promtool").exists() {
+        let check = Command::new("/usr/bin/promtool")
+            .arg("check")
+            .arg("config")
+            .arg(&config_path)
+            .output()
+            .expect("promtool");
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    let prom = format!("127.0.0.1:{}", free_port());
+    let _server = Reaped(
+        Command::new(prom_bin)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let value = |r: &Value| -> f64 {
+        r["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (mut up, mut energy) = (Vec::new(), Vec::new());
+    while Instant::now() < deadline {
+        up = query(&prom, "up{job=\"wattprof\"}");
+        energy = query(&prom, "wattprof_energy_joules_total{domain=\"package\"}");
+        if up.first().map(value) == Some(1.0) && energy.first().map(value).is_some_and(|v| v > 1.0)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let targets = http_get(&prom, "/api/v1/targets")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert_eq!(up.first().map(value), Some(1.0), "{up:?} {targets}");
+    assert!(
+        energy.first().map(value).is_some_and(|v| v > 1.0),
+        "{energy:?}"
+    );
+    assert!(targets.contains("https://"), "{targets}");
+    eprintln!(
+        "prometheus over TLS with basic auth: up 1, package {:.2} J",
+        value(&energy[0])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,6 +39,18 @@ pub enum Which {
         #[arg(long, default_value_t = 1000)]
         processes: usize,
     },
+    /// The exporter's CPU per /metrics scrape with PROCESSES processes
+    /// running: plain HTTP, HTTPS with basic auth and a new connection per
+    /// scrape, and HTTPS over one keep-alive connection (as Prometheus),
+    /// in rotating order; medians and ranges.
+    Scrape {
+        /// Rounds of the three clients.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Processes alive while scraping.
+        #[arg(long, default_value_t = 1000)]
+        processes: usize,
+    },
     /// Energy flame graphs' cost: a CPU-bound workload on every CPU alone,
     /// under `wattprof run`, and under `wattprof run --stacks` at HZ, in
     /// paired rounds (rotating order); the slowdown --stacks adds, and
@@ -116,6 +128,7 @@ pub fn run(which: Which) -> Result<()> {
             seconds,
         } => overhead(rounds, round_trips, seconds),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
+        Which::Scrape { rounds, processes } => scrapes(rounds, processes),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
         Which::Soak { minutes, warmup } => {
             let wattprof = wattprof_release()?;
@@ -739,7 +752,7 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
             .unwrap_or_default()
             .trim()
     );
-    scrape_cpu(&wattprof, &xtask, processes)?;
+    scrape_cpu(&wattprof, &xtask, processes, ScrapeClient::Plain)?;
     for interval in ["1s", "100ms"] {
         let (idle, _) = monitor_cpu(&wattprof, interval, seconds)?;
         let mut load = Command::new(&xtask)
@@ -762,21 +775,87 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
     Ok(())
 }
 
+/// How the scrape benchmark's client connects.
+#[derive(Clone, Copy, Debug)]
+enum ScrapeClient {
+    /// Plain HTTP, a new connection per scrape.
+    Plain,
+    /// HTTPS with basic auth (deploy/web-config.yml), a new connection
+    /// and TLS handshake per scrape (curl run each time).
+    TlsNewConnection,
+    /// HTTPS with basic auth over one keep-alive connection, as
+    /// Prometheus scrapes (one curl, `--rate`).
+    TlsKeepAlive,
+}
+
+/// A CA-signed certificate for 127.0.0.1 and deploy/web-config.yml
+/// beside it (user `prometheus`, password `change-me`), in `dir`.
+fn bench_web_config(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let openssl = |args: &[&str]| -> Result<()> {
+        let ok = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            bail!("openssl {} failed (apt install openssl)", args.join(" "));
+        }
+        Ok(())
+    };
+    let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    let split = |s: String| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let run = |s: String| -> Result<()> {
+        let v = split(s);
+        openssl(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
+    run(format!(
+        "req -x509 {ec} -days 2 -subj /CN=bench-ca -keyout ca.key -out ca.crt"
+    ))?;
+    run(format!(
+        "req {ec} -subj /CN=localhost -keyout server.key -out server.csr"
+    ))?;
+    run(
+        "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+         -extfile san.ext -out server.crt"
+            .into(),
+    )?;
+    let web = dir.join("web.yml");
+    std::fs::copy(workspace_root().join("deploy/web-config.yml"), &web)?;
+    Ok(web)
+}
+
 /// CPU wattprof spends per `/metrics` scrape with `processes` processes
-/// alive and running, from the exporter's own counters (each answer's
-/// thread CPU clock around building and sending it), over 50 scrapes;
-/// beside it, the monitor's sampling CPU per second over the same time.
-fn scrape_cpu(wattprof: &Path, xtask: &Path, processes: usize) -> Result<()> {
+/// alive and running, from the exporter's own counter (the CPU clock of
+/// its one thread, which accepts, shakes hands, parses and answers, plus
+/// its bcrypt checks), over 50 scrapes 100 ms apart; beside it, the
+/// monitor's sampling CPU per second over the same time.
+fn scrape_cpu(
+    wattprof: &Path,
+    xtask: &Path,
+    processes: usize,
+    client: ScrapeClient,
+) -> Result<f64> {
     use std::io::{Read, Write};
+    const SCRAPES: u32 = 50;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let tls_dir = workspace_root().join("target/bench-tls");
+    let web = match client {
+        ScrapeClient::Plain => None,
+        _ => Some(bench_web_config(&tls_dir)?),
+    };
     let mut load = Command::new(xtask)
         .args(["bench", "busy-procs", &processes.to_string(), "16"])
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let mut child = Command::new(wattprof)
+    let mut monitor = Command::new(wattprof);
+    monitor
         .args([
             "monitor",
             "--cpu-tdp",
@@ -785,17 +864,40 @@ fn scrape_cpu(wattprof: &Path, xtask: &Path, processes: usize) -> Result<()> {
             "--duration",
             "12s",
         ])
-        .args(["--prometheus", &addr])
+        .args(["--prometheus", &addr]);
+    if let Some(web) = &web {
+        monitor.arg("--web-config").arg(web);
+    }
+    let mut child = monitor
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_secs(4));
+    let url = format!("https://{addr}/metrics");
+    let ca = tls_dir.join("ca.crt");
+    let curl = |extra: &[String]| -> Result<String> {
+        let out = Command::new("curl")
+            .args(["-s", "--fail", "-u", "prometheus:change-me", "--cacert"])
+            .arg(&ca)
+            .args(extra)
+            .output()
+            .context("curl (apt install curl)")?;
+        if !out.status.success() {
+            bail!("curl {extra:?} failed: {}", out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
     let scrape = || -> Result<String> {
-        let mut s = std::net::TcpStream::connect(&addr)?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
+        match client {
+            ScrapeClient::Plain => {
+                let mut s = std::net::TcpStream::connect(&addr)?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+                let mut body = String::new();
+                s.read_to_string(&mut body)?;
+                Ok(body)
+            }
+            _ => curl(std::slice::from_ref(&url)),
+        }
     };
     let value = |body: &str, name: &str| -> f64 {
         body.lines()
@@ -803,29 +905,78 @@ fn scrape_cpu(wattprof: &Path, xtask: &Path, processes: usize) -> Result<()> {
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or(0.0)
     };
+    // The first answer with basic auth pays bcrypt once: before counting.
+    let first = scrape()?;
+    let (n0, cpu0_s) = (
+        value(&first, "wattprof_exporter_scrapes_total"),
+        value(&first, "wattprof_exporter_cpu_seconds_total"),
+    );
     let c0 = process_cpu_ns(child.id());
     let t = Instant::now();
-    let mut bytes = 0;
-    for i in 0..50u32 {
-        bytes = scrape()?.len();
-        let next = std::time::Duration::from_millis(100) * (i + 1);
-        std::thread::sleep(next.saturating_sub(t.elapsed()));
+    let mut bytes = first.len();
+    match client {
+        ScrapeClient::TlsKeepAlive => {
+            let mut args = vec![
+                "--rate".to_string(),
+                "10/s".to_string(),
+                "-o".into(),
+                "/dev/null".into(),
+            ];
+            args.extend((0..SCRAPES).map(|_| url.clone()));
+            curl(&args)?;
+        }
+        _ => {
+            for i in 0..SCRAPES {
+                bytes = scrape()?.len();
+                let next = std::time::Duration::from_millis(100) * (i + 1);
+                std::thread::sleep(next.saturating_sub(t.elapsed()));
+            }
+        }
     }
     let sampling = (process_cpu_ns(child.id()) - c0) as f64 / t.elapsed().as_secs_f64();
     let last = scrape()?;
     let (n, cpu_s) = (
-        value(&last, "wattprof_exporter_scrapes_total"),
-        value(&last, "wattprof_exporter_cpu_seconds_total"),
+        value(&last, "wattprof_exporter_scrapes_total") - n0,
+        value(&last, "wattprof_exporter_cpu_seconds_total") - cpu0_s,
     );
     let _ = child.wait();
     let _ = load.wait();
     println!(
-        "/metrics scrape with {processes} processes running: {:.3} ms of wattprof CPU per scrape \
-         ({n} scrapes, {bytes} bytes each); sampling meanwhile {:.3} ms/s, so one scrape a second \
-         adds {:.1}% to wattprof's CPU",
+        "/metrics scrape ({client:?}) with {processes} processes running: {:.3} ms of wattprof \
+         CPU per scrape ({n} scrapes, {bytes} bytes each); the whole process meanwhile {:.3} ms/s, \
+         so one scrape a second adds {:.1}% to wattprof's CPU",
         cpu_s * 1e3 / n.max(1.0),
         sampling / 1e6,
         100.0 * cpu_s * 1e9 / n.max(1.0) / sampling.max(1.0)
     );
+    Ok(cpu_s * 1e3 / n.max(1.0))
+}
+
+/// `rounds` of the three scrape clients, in rotating order; the median
+/// and range of each one's CPU per scrape.
+fn scrapes(rounds: usize, processes: usize) -> Result<()> {
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    let clients = [
+        ScrapeClient::Plain,
+        ScrapeClient::TlsNewConnection,
+        ScrapeClient::TlsKeepAlive,
+    ];
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    for round in 0..rounds {
+        for k in 0..clients.len() {
+            let i = (round + k) % clients.len();
+            ms[i].push(scrape_cpu(&wattprof, &xtask, processes, clients[i])?);
+        }
+    }
+    for (client, mut v) in clients.iter().zip(ms) {
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{client:?}: median {:.3} ms of wattprof CPU per scrape (range {:.3}-{:.3}, {rounds} rounds of 50)",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        );
+    }
     Ok(())
 }

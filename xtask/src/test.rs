@@ -82,6 +82,66 @@ fn ensure_package(binary: &str, package: &str, why: &str) {
     }
 }
 
+/// Installs Debian's `docker.io` (and `busybox-static`, the tests' image)
+/// when missing, and starts `dockerd` when nothing answers on its socket
+/// (as root, on a machine without systemd running it). Where it cannot
+/// start, the container tests say `skipping:` with the reason.
+fn ensure_dockerd() {
+    ensure_package(
+        "/usr/bin/dockerd",
+        "docker.io",
+        "the Docker container tests",
+    );
+    ensure_package(
+        "/bin/busybox",
+        "busybox-static",
+        "the Docker tests' image (a busybox rootfs)",
+    );
+    let answers = || {
+        Command::new("docker")
+            .arg("info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    // SAFETY: geteuid has no preconditions.
+    if answers() || !Path::new("/usr/bin/dockerd").exists() || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let log_path = workspace_root().join("target/dockerd.log");
+    let Ok(log) = std::fs::File::create(&log_path) else {
+        return;
+    };
+    eprintln!(
+        "starting dockerd for the container tests (log: {})",
+        log_path.display()
+    );
+    let err = log.try_clone();
+    let mut cmd = Command::new("/usr/bin/dockerd");
+    cmd.stdin(std::process::Stdio::null()).stdout(log);
+    if let Ok(err) = err {
+        cmd.stderr(err);
+    }
+    // Its own session: it outlives the tests, as a system daemon would.
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    if let Err(e) = cmd.spawn() {
+        eprintln!("warning: cannot start dockerd: {e}; the Docker tests will be skipped");
+        return;
+    }
+    for _ in 0..60 {
+        if answers() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    eprintln!(
+        "warning: dockerd did not answer within 30 s (see {}); the Docker tests will be skipped",
+        log_path.display()
+    );
+}
+
 /// codecarbon, pinned, in `target/codecarbon-venv`: the VM export's test
 /// checks that codecarbon's own RAPL reader reads the exported tree.
 /// Without it that part says `skipping:`.
@@ -168,6 +228,18 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "the HTML report's test (headless Chromium opens it)",
     );
     ensure_codecarbon();
+    ensure_package("/usr/bin/openssl", "openssl", "the exporter's TLS tests");
+    ensure_package(
+        "/usr/bin/curl",
+        "curl",
+        "the exporter's TLS tests (an HTTPS client)",
+    );
+    ensure_package(
+        "/usr/bin/setpriv",
+        "util-linux",
+        "the capabilities-only tests",
+    );
+    ensure_dockerd();
     // Root tests share the kernel and measure CPU time: one at a time.
     ok &= run_tests(
         cargo().args([

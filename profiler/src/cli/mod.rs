@@ -12,6 +12,9 @@ pub mod stacks;
 
 use clap::{Parser, Subcommand};
 
+/// Exit code for bad arguments or files named on the command line (as
+/// clap's own usage errors).
+pub const EXIT_USAGE: i32 = 2;
 /// Exit code when wattprof itself fails (as `env`, `timeout` and `nice` do).
 pub const EXIT_PROFILER_FAILED: i32 = 125;
 /// Exit code when the command exists but cannot be executed.
@@ -40,6 +43,14 @@ impl Fatal {
     pub fn profiler(message: impl Into<String>) -> Self {
         Self {
             code: EXIT_PROFILER_FAILED,
+            message: message.into(),
+        }
+    }
+
+    /// Bad input from the user: arguments, files they named (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_USAGE,
             message: message.into(),
         }
     }

@@ -61,6 +61,14 @@ pub struct MonitorArgs {
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9101", value_parser = crate::exporter::parse_addr)]
     pub prometheus: Option<std::net::SocketAddr>,
 
+    /// TLS and basic auth for --prometheus, from a Prometheus
+    /// exporter-toolkit web config (the file node_exporter reads):
+    /// tls_server_config (cert_file, key_file, client_ca_file,
+    /// client_auth_type, min_version) and basic_auth_users (bcrypt
+    /// hashes). Relative paths are from the file's folder.
+    #[arg(long, value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
+
     /// Processes exported one by one (by power over the last interval);
     /// the rest are one `pid="other"` series.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
@@ -100,6 +108,18 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         .map(crate::output::vm_export::VmExport::create)
         .transpose()
         .map_err(Fatal::profiler)?;
+    let mut web_config = match &args.web_config {
+        Some(path) if args.prometheus.is_some() => {
+            Some(crate::exporter::WebConfig::load(path).map_err(|e| Fatal::usage(e.to_string()))?)
+        }
+        Some(_) => {
+            return Err(Fatal::usage(
+                "--web-config sets up the exporter's TLS and users: give --prometheus too",
+            )
+            .into());
+        }
+        None => None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
@@ -142,13 +162,14 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             let shared: crate::exporter::Shared = Arc::new(std::sync::Mutex::new(Arc::new(
                 profile.snapshot(args.prometheus_top as usize, 0),
             )));
-            let ex = crate::exporter::serve(addr, shared.clone()).map_err(|e| {
-                Fatal::profiler(format!(
-                    "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
+            let ex =
+                crate::exporter::serve(addr, shared.clone(), web_config.take()).map_err(|e| {
+                    Fatal::profiler(format!(
+                        "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
                      choose another with --prometheus HOST:PORT)"
-                ))
-            })?;
-            eprintln!("wattprof: Prometheus metrics at http://{}/metrics", ex.addr);
+                    ))
+                })?;
+            eprintln!("wattprof: Prometheus metrics at {}", ex.url());
             Some((ex, shared))
         }
         None => None,

@@ -10,8 +10,7 @@ use crate::report::{self, Loaded};
 
 /// Exit code for a file that cannot be read back.
 pub const EXIT_BAD_FILE: i32 = 1;
-/// Exit code for options that do not go together (as clap's).
-pub const EXIT_USAGE: i32 = 2;
+pub use super::EXIT_USAGE;
 
 /// Options of `wattprof report`.
 #[derive(clap::Args, Debug)]

@@ -155,7 +155,7 @@ pub const EXPORTER_SCRAPES: Metric = Metric {
 pub const EXPORTER_CPU: Metric = counter(
     "wattprof_exporter_cpu",
     Unit::Seconds,
-    "CPU time spent building and sending /metrics answers.",
+    "CPU time of the exporter: its thread (connections, TLS, requests, answers) and its password checks.",
 );
 /// Top processes' power.
 pub const PROCESS_POWER: Metric = gauge(
