@@ -30,6 +30,7 @@ pub mod cli;
 pub mod exporter;
 pub mod hash;
 pub mod output;
+pub mod privilege;
 pub mod process;
 pub mod profile;
 pub mod report;

@@ -126,7 +126,7 @@ fn not_root_is_a_clear_error() {
         .gid(65534)
         .output()
         .expect("start wattprof as nobody");
-    assert_one_line_error(&out, 125, "needs root");
+    assert_one_line_error(&out, 125, "missing CAP_BPF and CAP_PERFMON");
 }
 
 #[test]

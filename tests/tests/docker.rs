@@ -127,3 +127,262 @@ fn a_docker_socket_that_appears_later_is_found() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The kernel's own CPU time of Docker container `id` (ns): cgroup v1's
+/// cpuacct, or v2's cpu.stat (systemd or cgroupfs driver).
+fn kernel_cpu_ns(id: &str) -> Option<u64> {
+    for dir in ["cpuacct", "cpu,cpuacct"] {
+        let p = format!("/sys/fs/cgroup/{dir}/docker/{id}/cpuacct.usage");
+        if let Ok(t) = std::fs::read_to_string(p) {
+            return t.trim().parse().ok();
+        }
+    }
+    for p in [
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat"),
+        format!("/sys/fs/cgroup/docker/{id}/cpu.stat"),
+    ] {
+        if let Ok(t) = std::fs::read_to_string(p) {
+            return t
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|us| us * 1000);
+        }
+    }
+    None
+}
+
+/// Starts a detached container running `script`; its full id.
+fn detached(image: &str, name: &str, script: &str) -> String {
+    let _ = Command::new("docker").args(["rm", "-f", name]).output();
+    let out = Command::new("docker")
+        .args(["run", "-d", "--name", name, image, "sh", "-c", script])
+        .output()
+        .expect("docker run");
+    assert!(out.status.success(), "docker run {name}: {:?}", out);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits until the kernel's CPU time of every container in `ids` stops
+/// growing (their burning is done); at most `limit`.
+fn wait_until_idle(ids: &[&str], limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let mut last: Vec<Option<u64>> = ids.iter().map(|id| kernel_cpu_ns(id)).collect();
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let now: Vec<Option<u64>> = ids.iter().map(|id| kernel_cpu_ns(id)).collect();
+        // Idle: under 5 ms of CPU in 1.5 s, each.
+        if now
+            .iter()
+            .zip(&last)
+            .all(|(n, l)| n.unwrap_or(0).saturating_sub(l.unwrap_or(0)) < 5_000_000)
+        {
+            return;
+        }
+        last = now;
+    }
+    panic!("the containers kept burning past {limit:?}");
+}
+
+#[test]
+fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel() {
+    require_ebpf!();
+    let Some(image) = image() else { return };
+    let pid = std::process::id();
+    let (a, b) = (format!("wp-rate1-{pid}"), format!("wp-rate2-{pid}"));
+    let renamed = format!("{a}-renamed");
+    let _ = Command::new("docker").args(["rm", "-f", &renamed]).output();
+    let burn = "i=0; while [ $i -lt 500000 ]; do i=$((i+1)); done";
+    // One loop, in a container started before wattprof (it waits first,
+    // so nearly all its CPU time falls while wattprof runs).
+    let id_a = detached(&image, &a, &format!("sleep 3; {burn}; sleep 600"));
+    let dir = tempfile_dir();
+    let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
+    let port = wattprof_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = Command::new(wattprof_bin())
+        .args(["monitor", "--interval", "250ms", "--cpu-tdp", "40"])
+        .args(["--prometheus", &addr, "--output"])
+        .arg(&out)
+        .arg("--jsonl")
+        .arg(&stream)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("monitor");
+    wait_for_stream_header(&stream);
+    // What A used before wattprof started (runc's init and the shell,
+    // in its cgroup): A only sleeps until 3 s after its start.
+    let before_a = kernel_cpu_ns(&id_a).unwrap_or(0);
+    // Two loops at once, in a container started after: twice the rate.
+    let id_b = detached(
+        &image,
+        &b,
+        &format!("({burn}) & ({burn}) & wait; sleep 600"),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let ok = Command::new("docker")
+        .args(["rename", &a, &renamed])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "docker rename");
+    wait_until_idle(&[&id_a, &id_b], std::time::Duration::from_secs(90));
+    // /metrics: both containers' energy, and their names.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let mut metrics = String::new();
+    while std::time::Instant::now() < deadline {
+        metrics = wattprof_tests::http_get(&addr, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        if metrics.contains(&format!("container_name=\"{b}\"")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    for id in [&id_a, &id_b] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("wattprof_container_energy_joules_total")
+                    && l.contains(id.as_str())),
+            "no energy for {id}:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains(&format!("container_name=\"{b}\"")),
+        "{metrics}"
+    );
+    let kernel: Vec<u64> = [&id_a, &id_b]
+        .iter()
+        .map(|id| kernel_cpu_ns(id).expect("the container's cgroup"))
+        .collect();
+    let kernel = [kernel[0] - before_a.min(kernel[0]), kernel[1]];
+    stop(m);
+    let _ = Command::new("docker")
+        .args(["rm", "-f", &renamed, &b])
+        .output();
+    let report = read_json(&out);
+    let find = |id: &str| -> Value {
+        report["containers"]
+            .as_array()
+            .and_then(|v| v.iter().find(|c| c["id"] == id).cloned())
+            .unwrap_or_else(|| panic!("{id} not in {}", report["containers"]))
+    };
+    let (ra, rb) = (find(&id_a), find(&id_b));
+    assert_eq!(
+        ra["name"],
+        renamed.as_str(),
+        "the name after `docker rename`"
+    );
+    assert_eq!(rb["name"], b.as_str());
+    let ns = |c: &Value| c["on_cpu_ns"].as_f64().unwrap_or(0.0);
+    let j = |c: &Value| c["energy"]["total_j"].as_f64().unwrap_or(0.0);
+    for (c, k) in [(&ra, kernel[0]), (&rb, kernel[1])] {
+        let err = ns(c) / k as f64 - 1.0;
+        eprintln!(
+            "{}: wattprof {:.3} s, kernel cpuacct {:.3} s since wattprof started ({:+.3}%), {:.2} J",
+            c["name"],
+            ns(c) / 1e9,
+            k as f64 / 1e9,
+            err * 100.0,
+            j(c)
+        );
+        assert!(err.abs() < 0.005, "{c} against the kernel's {k} ns");
+    }
+    let cpu_ratio = ns(&rb) / ns(&ra);
+    let energy_ratio = j(&rb) / j(&ra);
+    eprintln!("CPU ratio {cpu_ratio:.4}, energy ratio {energy_ratio:.4}");
+    assert!(cpu_ratio > 1.5, "two loops against one: {cpu_ratio}");
+    assert!(
+        (energy_ratio / cpu_ratio - 1.0).abs() < 0.005,
+        "energy {energy_ratio} against CPU {cpu_ratio}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_wattprof_image_monitors_the_host_from_a_container_without_privileges() {
+    require_ebpf!();
+    let Some(_) = image() else { return };
+    const TAG: &str = "wattprof-test-image:latest";
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh");
+    let built = Command::new("sh")
+        .arg(&script)
+        .arg(wattprof_bin())
+        .arg(TAG)
+        .output()
+        .expect("scripts/image.sh");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stdout)
+    );
+    let dir = tempfile_dir();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    let rapl = wattprof_tests::FakeRapl::start(30.0, 3.0);
+    let sysfs = rapl.arg();
+    let sysfs_dir = sysfs.trim_start_matches("--energy-sysfs=").to_string();
+    // Something on the host for it to see.
+    let mut burner = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("burner");
+    let run = |caps: &[&str]| {
+        let mut cmd = Command::new("docker");
+        cmd.args(["run", "--rm", "--pid=host", "--cap-drop=ALL"]);
+        for c in caps {
+            cmd.arg(format!("--cap-add={c}"));
+        }
+        cmd.args(["-v", "/sys:/sys:ro"])
+            .args(["-v", "/sys/kernel/tracing:/sys/kernel/tracing:ro"])
+            .args(["-v", &format!("{sysfs_dir}:{sysfs_dir}:ro")])
+            .args(["-v", &format!("{}:/out", dir.display())])
+            .arg(TAG)
+            .args([
+                "monitor",
+                &sysfs,
+                "--duration",
+                "3s",
+                "--output",
+                "/out/m.json",
+            ])
+            .output()
+            .expect("docker run")
+    };
+    let mut out = run(&["BPF", "PERFMON", "DAC_READ_SEARCH"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    if err.contains("unknown capability") {
+        // Docker before 23 does not know CAP_BPF and CAP_PERFMON by name:
+        // CAP_SYS_ADMIN stands in for both (README: Least privilege).
+        eprintln!("this Docker has no CAP_BPF/CAP_PERFMON: SYS_ADMIN instead");
+        out = run(&["SYS_ADMIN", "DAC_READ_SEARCH"]);
+    }
+    let _ = burner.kill();
+    let _ = burner.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&dir.join("m.json"));
+    let measured = report
+        .pointer("/energy/domains/0/measured_j")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    // The fixture's 30 W package for about 3 s.
+    assert!((60.0..120.0).contains(&measured), "{measured} J");
+    let seen = report["processes"].as_array().is_some_and(|v| {
+        v.iter().any(|p| {
+            p["pid"].as_u64() == Some(u64::from(burner.id()))
+                && p["on_cpu_ns"].as_f64().unwrap_or(0.0) > 1e8
+        })
+    });
+    assert!(
+        seen,
+        "the host's burner (pid {}) is not among the {} processes recorded",
+        burner.id(),
+        report["processes"].as_array().map_or(0, Vec::len)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -50,6 +50,10 @@ pub enum Which {
         /// Processes alive while scraping.
         #[arg(long, default_value_t = 1000)]
         processes: usize,
+        /// Another wattprof binary (an earlier build) measured the same
+        /// way, plain HTTP only, alternating with this one.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// Energy flame graphs' cost: a CPU-bound workload on every CPU alone,
     /// under `wattprof run`, and under `wattprof run --stacks` at HZ, in
@@ -128,7 +132,11 @@ pub fn run(which: Which) -> Result<()> {
             seconds,
         } => overhead(rounds, round_trips, seconds),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
-        Which::Scrape { rounds, processes } => scrapes(rounds, processes),
+        Which::Scrape {
+            rounds,
+            processes,
+            baseline,
+        } => scrapes(rounds, processes, baseline.as_deref()),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
         Which::Soak { minutes, warmup } => {
             let wattprof = wattprof_release()?;
@@ -258,7 +266,7 @@ fn build_release(args: &[&str]) -> Result<()> {
     )
 }
 
-fn wattprof_release() -> Result<PathBuf> {
+pub fn wattprof_release() -> Result<PathBuf> {
     build_release(&["-p", "profiler", "-p", "xtask"])?;
     Ok(workspace_root().join("target/release/wattprof"))
 }
@@ -752,7 +760,12 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
             .unwrap_or_default()
             .trim()
     );
-    scrape_cpu(&wattprof, &xtask, processes, ScrapeClient::Plain)?;
+    let m = scrape_cpu(&wattprof, &xtask, processes, ScrapeClient::Plain, 300)?;
+    println!(
+        "/metrics scrape with {processes} processes running: {:.3} ms of wattprof CPU per scrape \
+         (exporter counter; {:.3} ms in all threads but sampling's)",
+        m.counter_ms, m.threads_ms
+    );
     for interval in ["1s", "100ms"] {
         let (idle, _) = monitor_cpu(&wattprof, interval, seconds)?;
         let mut load = Command::new(&xtask)
@@ -776,10 +789,13 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
 }
 
 /// How the scrape benchmark's client connects.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum ScrapeClient {
     /// Plain HTTP, a new connection per scrape.
     Plain,
+    /// Plain HTTP through one curl (`--rate`): one keep-alive connection
+    /// where the server keeps it, as Prometheus scrapes.
+    PlainKeepAlive,
     /// HTTPS with basic auth (deploy/web-config.yml), a new connection
     /// and TLS handshake per scrape (curl run each time).
     TlsNewConnection,
@@ -792,25 +808,20 @@ enum ScrapeClient {
 /// beside it (user `prometheus`, password `change-me`), in `dir`.
 fn bench_web_config(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let openssl = |args: &[&str]| -> Result<()> {
+    let run = |args: String| -> Result<()> {
         let ok = Command::new("openssl")
             .current_dir(dir)
-            .args(args)
+            .args(args.split_whitespace())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            bail!("openssl {} failed (apt install openssl)", args.join(" "));
+            bail!("openssl {args} failed (apt install openssl)");
         }
         Ok(())
     };
     let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-    let split = |s: String| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    let run = |s: String| -> Result<()> {
-        let v = split(s);
-        openssl(&v.iter().map(String::as_str).collect::<Vec<_>>())
-    };
     std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
     run(format!(
         "req -x509 {ec} -days 2 -subj /CN=bench-ca -keyout ca.key -out ca.crt"
@@ -828,42 +839,73 @@ fn bench_web_config(dir: &Path) -> Result<PathBuf> {
     Ok(web)
 }
 
+/// CPU time (ns) of every thread of `pid` but its main one (sampling):
+/// the process's total from /proc/PID/stat (which keeps that of threads
+/// that have ended, such as the old exporter's per-connection threads)
+/// less the main thread's, in clock ticks.
+fn non_main_cpu_ns(pid: u32) -> u64 {
+    let ticks = |path: String| -> u64 {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| {
+                let rest = t.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+                Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+            })
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let all = ticks(format!("/proc/{pid}/stat"));
+    let main = ticks(format!("/proc/{pid}/task/{pid}/stat"));
+    all.saturating_sub(main) * 1_000_000_000 / hz
+}
+
+/// What one scrape measurement found.
+struct ScrapeCpu {
+    /// The exporter's own counter per scrape (ms); NaN for a baseline
+    /// without TLS support given a TLS client.
+    counter_ms: f64,
+    /// Every thread but sampling's, per scrape (ms), in clock ticks.
+    threads_ms: f64,
+}
+
 /// CPU wattprof spends per `/metrics` scrape with `processes` processes
-/// alive and running, from the exporter's own counter (the CPU clock of
-/// its one thread, which accepts, shakes hands, parses and answers, plus
-/// its bcrypt checks), over 50 scrapes 100 ms apart; beside it, the
-/// monitor's sampling CPU per second over the same time.
+/// alive and running, over `scrapes` scrapes 20 ms apart: from the
+/// exporter's own counter (the CPU clock of its one thread, which
+/// accepts, shakes hands, parses and answers, plus its bcrypt checks), and
+/// from the CPU of every thread but the sampling one.
 fn scrape_cpu(
     wattprof: &Path,
     xtask: &Path,
     processes: usize,
     client: ScrapeClient,
-) -> Result<f64> {
+    scrapes: u32,
+) -> Result<ScrapeCpu> {
     use std::io::{Read, Write};
-    const SCRAPES: u32 = 50;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let tls = matches!(
+        client,
+        ScrapeClient::TlsNewConnection | ScrapeClient::TlsKeepAlive
+    );
     let tls_dir = workspace_root().join("target/bench-tls");
-    let web = match client {
-        ScrapeClient::Plain => None,
-        _ => Some(bench_web_config(&tls_dir)?),
+    let web = if tls {
+        Some(bench_web_config(&tls_dir)?)
+    } else {
+        None
     };
+    let seconds = u64::from(scrapes) / 50 + 10;
     let mut load = Command::new(xtask)
-        .args(["bench", "busy-procs", &processes.to_string(), "16"])
+        .args(["bench", "busy-procs", &processes.to_string()])
+        .arg((seconds + 2).to_string())
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_secs(1));
     let mut monitor = Command::new(wattprof);
     monitor
-        .args([
-            "monitor",
-            "--cpu-tdp",
-            "100",
-            "--no-gpu",
-            "--duration",
-            "12s",
-        ])
+        .args(["monitor", "--cpu-tdp", "100", "--no-gpu", "--duration"])
+        .arg(format!("{seconds}s"))
         .args(["--prometheus", &addr]);
     if let Some(web) = &web {
         monitor.arg("--web-config").arg(web);
@@ -873,12 +915,16 @@ fn scrape_cpu(
         .stderr(std::process::Stdio::null())
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_secs(4));
-    let url = format!("https://{addr}/metrics");
+    let url = format!("{}://{addr}/metrics", if tls { "https" } else { "http" });
     let ca = tls_dir.join("ca.crt");
     let curl = |extra: &[String]| -> Result<String> {
-        let out = Command::new("curl")
-            .args(["-s", "--fail", "-u", "prometheus:change-me", "--cacert"])
-            .arg(&ca)
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "--fail"]);
+        if tls {
+            cmd.args(["-u", "prometheus:change-me", "--cacert"])
+                .arg(&ca);
+        }
+        let out = cmd
             .args(extra)
             .output()
             .context("curl (apt install curl)")?;
@@ -888,16 +934,14 @@ fn scrape_cpu(
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let scrape = || -> Result<String> {
-        match client {
-            ScrapeClient::Plain => {
-                let mut s = std::net::TcpStream::connect(&addr)?;
-                s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-                let mut body = String::new();
-                s.read_to_string(&mut body)?;
-                Ok(body)
-            }
-            _ => curl(std::slice::from_ref(&url)),
+        if tls {
+            return curl(std::slice::from_ref(&url));
         }
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
     };
     let value = |body: &str, name: &str| -> f64 {
         body.lines()
@@ -905,77 +949,101 @@ fn scrape_cpu(
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or(0.0)
     };
-    // The first answer with basic auth pays bcrypt once: before counting.
+    // With basic auth the first answer pays bcrypt once, and each answer
+    // shows the cost up to the one before: two scrapes before counting.
+    scrape()?;
     let first = scrape()?;
     let (n0, cpu0_s) = (
         value(&first, "wattprof_exporter_scrapes_total"),
         value(&first, "wattprof_exporter_cpu_seconds_total"),
     );
-    let c0 = process_cpu_ns(child.id());
+    let t0 = non_main_cpu_ns(child.id());
     let t = Instant::now();
-    let mut bytes = first.len();
     match client {
-        ScrapeClient::TlsKeepAlive => {
+        ScrapeClient::TlsKeepAlive | ScrapeClient::PlainKeepAlive => {
             let mut args = vec![
                 "--rate".to_string(),
-                "10/s".to_string(),
+                "50/s".into(),
                 "-o".into(),
                 "/dev/null".into(),
             ];
-            args.extend((0..SCRAPES).map(|_| url.clone()));
+            args.extend((0..scrapes).map(|_| url.clone()));
             curl(&args)?;
         }
         _ => {
-            for i in 0..SCRAPES {
-                bytes = scrape()?.len();
-                let next = std::time::Duration::from_millis(100) * (i + 1);
+            for i in 0..scrapes {
+                scrape()?;
+                let next = std::time::Duration::from_millis(20) * (i + 1);
                 std::thread::sleep(next.saturating_sub(t.elapsed()));
             }
         }
     }
-    let sampling = (process_cpu_ns(child.id()) - c0) as f64 / t.elapsed().as_secs_f64();
+    let threads = non_main_cpu_ns(child.id()).saturating_sub(t0);
     let last = scrape()?;
     let (n, cpu_s) = (
-        value(&last, "wattprof_exporter_scrapes_total") - n0,
+        value(&last, "wattprof_exporter_scrapes_total") - n0 - 1.0,
         value(&last, "wattprof_exporter_cpu_seconds_total") - cpu0_s,
     );
     let _ = child.wait();
     let _ = load.wait();
-    println!(
-        "/metrics scrape ({client:?}) with {processes} processes running: {:.3} ms of wattprof \
-         CPU per scrape ({n} scrapes, {bytes} bytes each); the whole process meanwhile {:.3} ms/s, \
-         so one scrape a second adds {:.1}% to wattprof's CPU",
-        cpu_s * 1e3 / n.max(1.0),
-        sampling / 1e6,
-        100.0 * cpu_s * 1e9 / n.max(1.0) / sampling.max(1.0)
-    );
-    Ok(cpu_s * 1e3 / n.max(1.0))
+    Ok(ScrapeCpu {
+        counter_ms: if n > 0.0 { cpu_s * 1e3 / n } else { f64::NAN },
+        threads_ms: threads as f64 / 1e6 / f64::from(scrapes),
+    })
 }
 
-/// `rounds` of the three scrape clients, in rotating order; the median
-/// and range of each one's CPU per scrape.
-fn scrapes(rounds: usize, processes: usize) -> Result<()> {
+/// `rounds` of each scrape client, in rotating order, against this
+/// wattprof and, with `baseline`, against another build (plain HTTP only,
+/// as the exporter before TLS had); medians and ranges.
+fn scrapes(rounds: usize, processes: usize, baseline: Option<&Path>) -> Result<()> {
+    const SCRAPES: u32 = 300;
     let wattprof = wattprof_release()?;
     let xtask = workspace_root().join("target/release/xtask");
-    let clients = [
+    let mut runs: Vec<(String, &Path, ScrapeClient)> = [
         ScrapeClient::Plain,
+        ScrapeClient::PlainKeepAlive,
         ScrapeClient::TlsNewConnection,
         ScrapeClient::TlsKeepAlive,
-    ];
-    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
-    for round in 0..rounds {
-        for k in 0..clients.len() {
-            let i = (round + k) % clients.len();
-            ms[i].push(scrape_cpu(&wattprof, &xtask, processes, clients[i])?);
+    ]
+    .into_iter()
+    .map(|c| (format!("this build, {c:?}"), wattprof.as_path(), c))
+    .collect();
+    if let Some(old) = baseline {
+        for c in [ScrapeClient::Plain, ScrapeClient::PlainKeepAlive] {
+            runs.push((format!("baseline, {c:?}"), old, c));
         }
     }
-    for (client, mut v) in clients.iter().zip(ms) {
+    let mut found: Vec<Vec<ScrapeCpu>> = runs.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for k in 0..runs.len() {
+            let i = (round + k) % runs.len();
+            let (label, bin, client) = &runs[i];
+            let m = scrape_cpu(bin, &xtask, processes, *client, SCRAPES)?;
+            println!(
+                "round {round}: {label}: exporter counter {:.3} ms, threads {:.3} ms per scrape",
+                m.counter_ms, m.threads_ms
+            );
+            found[i].push(m);
+        }
+    }
+    let stats = |mut v: Vec<f64>| -> String {
         v.sort_by(f64::total_cmp);
-        println!(
-            "{client:?}: median {:.3} ms of wattprof CPU per scrape (range {:.3}-{:.3}, {rounds} rounds of 50)",
+        format!(
+            "{:.3} ms ({:.3}-{:.3})",
             v[v.len() / 2],
             v[0],
             v[v.len() - 1]
+        )
+    };
+    println!(
+        "{processes} processes running, {SCRAPES} scrapes 20 ms apart per round, {rounds} rounds; \
+         median (range) of wattprof CPU per scrape:"
+    );
+    for ((label, _, _), ms) in runs.iter().zip(found) {
+        println!(
+            "  {label:<32} exporter counter {}; all threads but sampling's {}",
+            stats(ms.iter().map(|m| m.counter_ms).collect()),
+            stats(ms.iter().map(|m| m.threads_ms).collect())
         );
     }
     Ok(())

@@ -32,6 +32,14 @@ enum Command {
         #[arg(long)]
         no_ebpf_check: bool,
     },
+    /// Build the container image (deploy/Dockerfile, FROM scratch: the
+    /// release binary and the libraries it links) with the local Docker
+    /// daemon; nothing is pulled.
+    Image {
+        /// The image's name and tag.
+        #[arg(long, default_value = concat!("wattprof:", env!("CARGO_PKG_VERSION")))]
+        tag: String,
+    },
     /// Benchmarks; results go to stdout, to be recorded in BENCHMARKS.md.
     Bench {
         #[command(subcommand)]
@@ -49,6 +57,22 @@ fn main() -> Result<()> {
         }
         Command::Test { no_ebpf_check } => test::run(!no_ebpf_check),
         Command::Bench { which } => bench::run(which),
+        Command::Image { tag } => {
+            let wattprof = bench::wattprof_release()?;
+            let out = std::process::Command::new("sh")
+                .arg(workspace_root().join("scripts/image.sh"))
+                .arg(&wattprof)
+                .arg(&tag)
+                .output()?;
+            if !out.status.success() {
+                anyhow::bail!(
+                    "scripts/image.sh: {}",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                );
+            }
+            println!("built image {tag} from {}", wattprof.display());
+            Ok(())
+        }
     }
 }
 

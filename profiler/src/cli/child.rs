@@ -163,6 +163,16 @@ pub fn spawn(
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // The command gets none of wattprof's capabilities: where wattprof
+    // runs as a user with ambient CAP_BPF and friends (the systemd unit),
+    // they would otherwise pass on through exec.
+    // SAFETY: one prctl between fork and exec, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::privilege::clear_ambient();
+            Ok(())
+        });
+    }
     if let Some(user) = run_as {
         if let Some(home) = &user.home {
             cmd.env("HOME", home);

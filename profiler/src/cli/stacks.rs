@@ -140,6 +140,12 @@ impl StackOutputs {
     pub(super) fn start(&self, profile: &mut Profile) -> Result<(), Fatal> {
         let sampler =
             StackSampler::start(self.hz).map_err(|e| Fatal::profiler(format!("--stacks: {e}")))?;
+        if !crate::privilege::has(caps::Capability::CAP_SYS_PTRACE) {
+            eprintln!(
+                "wattprof: --stacks without CAP_SYS_PTRACE: other users' processes' memory maps \
+                 cannot be read, so their frames stay unnamed (grant CAP_SYS_PTRACE, or run as root)"
+            );
+        }
         profile.set_stacks(StackProfile::new(sampler, self.max));
         Ok(())
     }

@@ -8,8 +8,6 @@
 //! it appears.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -19,18 +17,24 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Largest answer read (a container's JSON is a few KiB).
-const MAX_ANSWER: u64 = 4 << 20;
+const MAX_ANSWER: usize = 4 << 20;
+
+/// A name older than this is asked for again when next wanted (a `docker
+/// rename`); the old one is used meanwhile.
+const REFRESH: Duration = Duration::from_secs(30);
 
 /// A lookup's state.
 #[derive(Clone, Debug)]
 enum Lookup {
     /// Asked, no answer yet.
     Pending,
-    /// The daemon named it.
-    Named(String),
+    /// The daemon named it, at that time.
+    Named(String, Instant),
+    /// Named, and asked again (the name may have changed).
+    Refreshing(String),
     /// No answer (no such container, daemon busy): asked again after
     /// [`RETRY`].
-    Failed(std::time::Instant),
+    Failed(Instant),
 }
 
 /// Time before a failed lookup is tried again.
@@ -56,39 +60,59 @@ pub struct DockerNames {
 }
 
 /// The `Name` of a container from the Engine API's `GET /containers/ID/json`
-/// answer (headers and body), without its leading `/`.
-pub fn parse_name(answer: &str) -> Option<String> {
-    let (head, body) = answer.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1) != Some("200") {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+/// body, without its leading `/`.
+pub fn parse_name(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     Some(v["Name"].as_str()?.trim_start_matches('/').to_string())
 }
 
-fn lookup(socket: &Path, id: &str) -> Option<String> {
-    let mut s = UnixStream::connect(socket).ok()?;
-    s.set_read_timeout(Some(TIMEOUT)).ok()?;
-    s.set_write_timeout(Some(TIMEOUT)).ok()?;
-    // HTTP/1.0: the daemon closes the connection after the answer. One
-    // write for the whole request.
-    s.write_all(format!("GET /containers/{id}/json HTTP/1.0\r\nHost: docker\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut answer = String::new();
-    s.take(MAX_ANSWER).read_to_string(&mut answer).ok()?;
-    parse_name(&answer)
+/// One `GET /containers/ID/json` over the socket, with hyper's HTTP/1.1
+/// client, within [`TIMEOUT`].
+async fn lookup(socket: &Path, id: &str) -> Option<String> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    let ask = async {
+        let stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(format!("/containers/{id}/json"))
+            .header(hyper::header::HOST, "docker")
+            .body(Empty::<hyper::body::Bytes>::new())
+            .ok()?;
+        let answer = sender.send_request(request).await.ok()?;
+        if answer.status() != hyper::StatusCode::OK {
+            return None;
+        }
+        let body = Limited::new(answer.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        parse_name(&body)
+    };
+    tokio::time::timeout(TIMEOUT, ask).await.ok().flatten()
 }
 
 fn serve(socket: PathBuf, rx: Receiver<String>, names: Names) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    else {
+        return;
+    };
     for id in rx {
-        let answer = match lookup(&socket, &id) {
-            Some(name) => Lookup::Named(name),
-            None => Lookup::Failed(std::time::Instant::now()),
+        let found = runtime.block_on(lookup(&socket, &id));
+        let mut names = names.lock().unwrap_or_else(PoisonError::into_inner);
+        let answer = match (found, names.get(&id)) {
+            (Some(name), _) => Lookup::Named(name, Instant::now()),
+            // A container gone since keeps the name it had.
+            (None, Some(Lookup::Refreshing(old))) => Lookup::Named(old.clone(), Instant::now()),
+            (None, _) => Lookup::Failed(Instant::now()),
         };
-        names
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, answer);
+        names.insert(id, answer);
     }
 }
 
@@ -152,9 +176,24 @@ impl DockerNames {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .values()
-                .any(|l| matches!(l, Lookup::Pending))
+                .any(|l| matches!(l, Lookup::Pending | Lookup::Refreshing(_)))
         {
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Makes every name known stale, so the next [`Self::name`] asks the
+    /// daemon again (before a final report: containers renamed since).
+    pub fn expire(&self) {
+        for l in self
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values_mut()
+        {
+            if let Lookup::Named(_, at) = l {
+                *at = Instant::now() - REFRESH;
+            }
         }
     }
 
@@ -167,7 +206,7 @@ impl DockerNames {
             .unwrap_or_else(PoisonError::into_inner)
             .get(id)
         {
-            Some(Lookup::Named(n)) => Some(n.clone()),
+            Some(Lookup::Named(n, _) | Lookup::Refreshing(n)) => Some(n.clone()),
             _ => None,
         }
     }
@@ -177,7 +216,14 @@ impl DockerNames {
         let ask = self.queue()?;
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         match names.get(id) {
-            Some(Lookup::Named(n)) => return Some(n.clone()),
+            Some(Lookup::Named(n, at)) if at.elapsed() < REFRESH => return Some(n.clone()),
+            Some(Lookup::Named(n, _)) => {
+                let n = n.clone();
+                names.insert(id.to_string(), Lookup::Refreshing(n.clone()));
+                let _ = ask.send(id.to_string());
+                return Some(n);
+            }
+            Some(Lookup::Refreshing(n)) => return Some(n.clone()),
             Some(Lookup::Pending) => return None,
             Some(Lookup::Failed(at)) if at.elapsed() < RETRY => return None,
             _ => {}
@@ -188,7 +234,7 @@ impl DockerNames {
             // lookups under way stay.
             names.retain(|_, l| !matches!(l, Lookup::Failed(_)));
             if names.len() >= MAX_NAMES {
-                names.retain(|_, l| matches!(l, Lookup::Pending));
+                names.retain(|_, l| matches!(l, Lookup::Pending | Lookup::Refreshing(_)));
             }
         }
         names.insert(id.to_string(), Lookup::Pending);
@@ -200,6 +246,7 @@ impl DockerNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::os::unix::net::UnixListener;
 
     #[test]
@@ -232,7 +279,7 @@ mod tests {
         assert_eq!(names.name("abc"), None, "first ask does not wait");
         let req = server.join().expect("server");
         assert!(
-            req.starts_with("GET /containers/abc/json HTTP/1.0\r\n"),
+            req.starts_with("GET /containers/abc/json HTTP/1.1\r\n"),
             "{req}"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -240,10 +287,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(names.name("abc").as_deref(), Some("web-1"));
-        assert_eq!(
-            parse_name("HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"no\"}"),
-            None
-        );
+        assert_eq!(parse_name(b"{\"message\":\"no\"}"), None);
         assert_eq!(
             DockerNames::new(&dir.path().join("none.sock")).name("x"),
             None
@@ -287,5 +331,72 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(names.name("abc").as_deref(), Some("late"));
+    }
+
+    #[test]
+    fn a_renamed_container_is_asked_again_and_a_removed_one_keeps_its_name() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let sock = dir.path().join("docker.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        // Answers "/first", then "/second", then 404 (removed).
+        let server = std::thread::spawn(move || {
+            for answer in ["first", "second", ""] {
+                let (mut c, _) = listener.accept().expect("accept");
+                let mut req = Vec::new();
+                let mut buf = [0u8; 512];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = c.read(&mut buf).expect("request");
+                    if n == 0 {
+                        break;
+                    }
+                    req.extend_from_slice(&buf[..n]);
+                }
+                let (status, body) = if answer.is_empty() {
+                    (
+                        "404 Not Found",
+                        r#"{"message":"no such container"}"#.to_string(),
+                    )
+                } else {
+                    ("200 OK", format!(r#"{{"Name":"/{answer}"}}"#))
+                };
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let names = DockerNames::new(&sock);
+        let wait_for = |want: &str| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            names.settle(Duration::from_secs(5));
+            while names.cached("abc").as_deref() != Some(want) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(names.cached("abc").as_deref(), Some(want));
+        };
+        assert_eq!(names.name("abc"), None);
+        wait_for("first");
+        assert_eq!(
+            names.name("abc").as_deref(),
+            Some("first"),
+            "fresh: not asked"
+        );
+        names.expire();
+        assert_eq!(
+            names.name("abc").as_deref(),
+            Some("first"),
+            "old name meanwhile"
+        );
+        wait_for("second");
+        names.expire();
+        assert_eq!(names.name("abc").as_deref(), Some("second"));
+        names.settle(Duration::from_secs(5));
+        server.join().expect("server");
+        assert_eq!(
+            names.cached("abc").as_deref(),
+            Some("second"),
+            "kept after a 404"
+        );
     }
 }

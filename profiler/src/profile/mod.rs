@@ -1277,10 +1277,12 @@ impl Profile {
             .any(|d| d.domain == Domain::Dram)
     }
 
-    /// Asks Docker for the name of every container not named yet.
+    /// Asks Docker for the name of every container again: those not
+    /// named yet, and the others' current names (renamed since).
     fn ask_docker_names(&self) {
         use crate::process::container::{Runtime, from_cgroup_path};
-        for cg in self.cgroup_sums().filter(|c| c.docker_name.is_none()) {
+        self.docker.expire();
+        for cg in self.cgroup_sums() {
             if let Some(c) = cg
                 .name
                 .as_deref()

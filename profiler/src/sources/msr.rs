@@ -113,7 +113,8 @@ fn read_msr(file: &File, address: u64) -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(buf))
 }
 
-const PERMISSION_FIX: &str = "run wattprof as root (reading MSRs needs CAP_SYS_RAWIO)";
+const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_SYS_RAWIO and \
+     CAP_DAC_READ_SEARCH (the msr devices are root-only, and the driver checks CAP_SYS_RAWIO)";
 
 impl Msr {
     /// Opens one MSR device per package and finds its RAPL registers.

@@ -14,8 +14,8 @@ use super::{
 };
 use crate::topology::SysRoot;
 
-const PERMISSION_FIX: &str =
-    "run wattprof as root (energy_uj is readable by root only since Linux 5.10)";
+const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_DAC_READ_SEARCH (energy_uj \
+     is readable by root only since Linux 5.10)";
 
 /// A zone back after this long gets no energy for its absence: RAPL
 /// counters can wrap in a few minutes (a 32-bit counter of 15.3 µJ steps

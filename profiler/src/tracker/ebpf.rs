@@ -239,9 +239,11 @@ impl EbpfTracker {
     /// (with `auto`, the iterator where it loads, else the switch tracker)
     /// and takes the starting point of every thread.
     pub fn start(cfg: &TrackerConfig) -> Result<Self, TrackerError> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(TrackerError::NotRoot);
+        let missing = crate::privilege::missing_for_ebpf();
+        if !missing.is_empty() {
+            return Err(TrackerError::Privilege(crate::privilege::ebpf_message(
+                &missing,
+            )));
         }
         raise_memlock_limit();
         let topology = Topology::read(&cfg.sys)?;
@@ -269,7 +271,7 @@ impl EbpfTracker {
                 Ok(offsets) => {
                     match Self::start_iter(cfg, topology.clone(), child_pid_offset, offsets) {
                         Ok(tracker) => return Ok(tracker),
-                        Err(TrackerError::NotRoot) => return Err(TrackerError::NotRoot),
+                        Err(e @ TrackerError::Privilege(_)) => return Err(e),
                         Err(e) => e.to_string(),
                     }
                 }
@@ -286,7 +288,11 @@ impl EbpfTracker {
     fn load(loader: &mut EbpfLoader<'_>) -> Result<Ebpf, TrackerError> {
         loader.load(OBJECT).map_err(|e| {
             if is_permission(&e) {
-                TrackerError::NotRoot
+                TrackerError::Privilege(format!(
+                    "the kernel refused to load wattprof's eBPF programs ({e}) although it \
+                     holds CAP_BPF and CAP_PERFMON: is a security module (lockdown, SELinux, \
+                     seccomp) blocking bpf()?"
+                ))
             } else {
                 let mut text = e.to_string();
                 // Before Linux 5.11 maps are charged to RLIMIT_MEMLOCK.

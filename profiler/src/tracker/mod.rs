@@ -26,14 +26,12 @@ pub use threads::ThreadLedger;
 /// what the user can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackerError {
-    /// Loading eBPF needs root (or CAP_BPF and CAP_PERFMON).
-    #[error("wattprof needs root to load its eBPF programs: run it with sudo")]
-    NotRoot,
+    /// Loading eBPF needs CAP_BPF and CAP_PERFMON (root has them): the
+    /// message names the missing ones.
+    #[error("{0}")]
+    Privilege(String),
     /// tracefs is not mounted and could not be mounted.
-    #[error(
-        "tracefs is not mounted and mounting it failed ({0}): \
-         run `mount -t tracefs nodev /sys/kernel/tracing`"
-    )]
+    #[error("{0}")]
     Tracefs(String),
     /// A tracepoint format file is missing or unexpected.
     #[error("cannot use tracepoint {tracepoint}: {reason}")]

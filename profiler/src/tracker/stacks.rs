@@ -97,9 +97,11 @@ impl StackSampler {
     /// Loads the sampler and starts sampling every online CPU `hz` times a
     /// second.
     pub fn start(hz: u32) -> Result<Self, TrackerError> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(TrackerError::NotRoot);
+        let missing = crate::privilege::missing_for_ebpf();
+        if !missing.is_empty() {
+            return Err(TrackerError::Privilege(crate::privilege::ebpf_message(
+                &missing,
+            )));
         }
         raise_memlock_limit();
         let tracefs = super::tracefs::ensure_mounted()?;
@@ -124,7 +126,11 @@ impl StackSampler {
             .load(OBJECT)
             .map_err(|e| {
                 if is_permission(&e) {
-                    TrackerError::NotRoot
+                    TrackerError::Privilege(format!(
+                        "the kernel refused to load wattprof's eBPF programs ({e}) although it \
+                     holds CAP_BPF and CAP_PERFMON: is a security module (lockdown, SELinux, \
+                     seccomp) blocking bpf()?"
+                    ))
                 } else {
                     TrackerError::Load(format!("stack sampler: {e}"))
                 }

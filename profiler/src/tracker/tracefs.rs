@@ -6,14 +6,42 @@ use super::TrackerError;
 
 const CANDIDATES: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
+/// The mount points of tracefs, from `/proc/self/mountinfo`.
+fn mounted() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next()? == "tracefs").then(|| PathBuf::from(point))
+        })
+        .collect()
+}
+
 /// Returns a mounted tracefs, mounting it at `/sys/kernel/tracing` if none is.
 pub fn ensure_mounted() -> Result<PathBuf, TrackerError> {
+    let mounts = mounted();
     if let Some(found) = CANDIDATES
         .iter()
         .map(PathBuf::from)
-        .find(|p| p.join("events").is_dir())
+        .find(|p| mounts.contains(p) || p.join("events").is_dir())
     {
-        return Ok(found);
+        // tracefs is root-only (0700) unless mounted with other modes.
+        return match std::fs::read_dir(found.join("events")) {
+            Ok(_) => Ok(found),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(TrackerError::Tracefs(format!(
+                    "cannot read tracefs at {} (tracepoint formats): {}",
+                    found.display(),
+                    crate::privilege::read_hint()
+                )))
+            }
+            Err(e) => Err(TrackerError::Tracefs(format!(
+                "cannot read tracefs at {}: {e}",
+                found.display()
+            ))),
+        };
     }
     let target = c"/sys/kernel/tracing";
     // SAFETY: NUL-terminated strings; no data argument.
@@ -27,9 +55,12 @@ pub fn ensure_mounted() -> Result<PathBuf, TrackerError> {
         )
     };
     if rc != 0 {
-        return Err(TrackerError::Tracefs(
-            std::io::Error::last_os_error().to_string(),
-        ));
+        return Err(TrackerError::Tracefs(format!(
+            "tracefs is not mounted and mounting it failed ({}): run `mount -t tracefs nodev \
+             /sys/kernel/tracing` as root (mounting needs CAP_SYS_ADMIN, which wattprof does \
+             not otherwise need)",
+            std::io::Error::last_os_error()
+        )));
     }
     Ok(PathBuf::from(CANDIDATES[0]))
 }
@@ -48,7 +79,15 @@ pub fn field_offset(
         .join("format");
     let text = std::fs::read_to_string(&path).map_err(|e| TrackerError::Format {
         tracepoint: format!("{category}/{name}"),
-        reason: format!("cannot read {}: {e}", path.display()),
+        reason: if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!(
+                "cannot read {}: {}",
+                path.display(),
+                crate::privilege::read_hint()
+            )
+        } else {
+            format!("cannot read {}: {e}", path.display())
+        },
     })?;
     parse_field_offset(&text, field).ok_or_else(|| TrackerError::Format {
         tracepoint: format!("{category}/{name}"),
