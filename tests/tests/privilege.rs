@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use wattprof_tests::{FakeRapl, free_port, http_get, require_ebpf, tempfile_dir, wattprof_bin};
+use wattprof_tests::{FakeRapl, free_port, http_get, tempfile_dir, wattprof_bin};
 
 /// The set the systemd unit and the DaemonSet grant.
 const SET: &[&str] = &["bpf", "perfmon", "dac_read_search"];
