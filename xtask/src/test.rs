@@ -88,7 +88,7 @@ fn ensure_package(binary: &str, package: &str, why: &str) {
 /// start, the container tests say `skipping:` with the reason.
 fn ensure_dockerd() {
     ensure_package(
-        "/usr/bin/dockerd",
+        "/usr/sbin/dockerd",
         "docker.io",
         "the Docker container tests",
     );
@@ -106,7 +106,7 @@ fn ensure_dockerd() {
             .is_ok_and(|s| s.success())
     };
     // SAFETY: geteuid has no preconditions.
-    if answers() || !Path::new("/usr/bin/dockerd").exists() || unsafe { libc::geteuid() } != 0 {
+    if answers() || !Path::new("/usr/sbin/dockerd").exists() || unsafe { libc::geteuid() } != 0 {
         return;
     }
     let log_path = workspace_root().join("target/dockerd.log");
@@ -118,7 +118,7 @@ fn ensure_dockerd() {
         log_path.display()
     );
     let err = log.try_clone();
-    let mut cmd = Command::new("/usr/bin/dockerd");
+    let mut cmd = Command::new("/usr/sbin/dockerd");
     cmd.stdin(std::process::Stdio::null()).stdout(log);
     if let Ok(err) = err {
         cmd.stderr(err);
