@@ -39,3 +39,19 @@ pub fn software_backed_power_pmu(root: &Path) {
     write(root, &format!("{pmu}/events/energy-pkg.scale"), "1e-9\n");
     write(root, &format!("{pmu}/events/energy-pkg.unit"), "Joules\n");
 }
+
+/// A self-signed certificate for localhost (`c.pem`) and its key
+/// (`k.pem`) in `dir`, made by the openssl command; false where there is
+/// none (the caller skips).
+pub fn self_signed(dir: &Path) -> bool {
+    std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(dir.join("k.pem"))
+        .arg("-out")
+        .arg(dir.join("c.pem"))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

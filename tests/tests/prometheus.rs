@@ -57,6 +57,27 @@ fn prometheus_bin() -> Option<&'static str> {
         .find(|p| std::path::Path::new(p).exists())
 }
 
+/// Starts Prometheus with `config`, its data in `dir`; with its address.
+fn start_prometheus(
+    bin: &str,
+    config: &std::path::Path,
+    dir: &std::path::Path,
+) -> (Reaped, String) {
+    let prom = format!("127.0.0.1:{}", free_port());
+    let server = Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={prom}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    (Reaped(server), prom)
+}
+
 /// Runs a PromQL instant query; the result vector.
 fn query(prom: &str, q: &str) -> Vec<Value> {
     let path = format!(
@@ -94,20 +115,7 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
         ),
     )
     .expect("config");
-    let prom = format!("127.0.0.1:{}", free_port());
-    let _server = Reaped(
-        Command::new(prom_bin)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start prometheus"),
-    );
+    let (_server, prom) = start_prometheus(prom_bin, &config, &dir);
     // Something to measure while it scrapes.
     // In a cgroup named as Docker names them, so container series exist.
     let Some(cg_root) = wattprof_tests::cgroup2_root() else {
@@ -525,20 +533,7 @@ fn prometheus_scrapes_over_tls_with_basic_auth_from_the_shipped_configs() {
             String::from_utf8_lossy(&check.stderr)
         );
     }
-    let prom = format!("127.0.0.1:{}", free_port());
-    let _server = Reaped(
-        Command::new(prom_bin)
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start prometheus"),
-    );
+    let (_server, prom) = start_prometheus(prom_bin, &config_path, &dir);
     let deadline = Instant::now() + Duration::from_secs(40);
     let value = |r: &Value| -> f64 {
         r["value"][1]

@@ -142,23 +142,7 @@ fn basic_auth_answers_401_without_the_right_password() {
 fn plain_http_to_the_tls_port_gets_a_line_saying_so() {
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path();
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
-        .arg("-keyout")
-        .arg(d.join("k.pem"))
-        .arg("-out")
-        .arg(d.join("c.pem"))
-        .stderr(std::process::Stdio::null())
-        .status();
-    if !made.is_ok_and(|s| s.success()) {
+    if !crate::testutil::self_signed(d) {
         eprintln!("skipping: no openssl command to make a certificate");
         return;
     }
