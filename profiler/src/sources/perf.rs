@@ -198,9 +198,8 @@ mod tests {
 
     #[test]
     fn opens_reads_and_scales_a_real_perf_counter() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: system-wide perf counters need root");
+        if !crate::privilege::may_perf_system_wide() {
+            eprintln!("skipping: system-wide perf counters need CAP_PERFMON");
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
