@@ -239,7 +239,9 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
                 .find(|(k, _)| k.starts_with("Processor Energy"))
                 .map(|(_, v)| v.as_f64().unwrap_or(0.0))
                 .unwrap_or_else(|| panic!("no package energy in {v}"));
-            let j = kwh * 3.6e6;
+            // codecarbon converts with its rounded JOULES_TO_KWH =
+            // 2.77778e-7 (units.py), 8e-7 above 1/3.6e6: undo it exactly.
+            let j = kwh / 2.77778e-7;
             let grew = (after - before) as f64 / 1e6;
             eprintln!(
                 "codecarbon: {j:.6} J over its second; the counter grew {grew:.6} J meanwhile"
