@@ -1,6 +1,7 @@
 //! Helpers for wattprof's root integration tests: finding the binaries,
 //! running `wattprof run`, and skipping (loudly) where eBPF cannot run.
 
+pub mod containers;
 pub mod schema;
 
 use std::path::{Path, PathBuf};

@@ -7,6 +7,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
+use wattprof_tests::containers::{
+    BURN, BURN_MIN_NS, Expected, cgroup_cpu_ns, check_against_kernel, wait_until_idle,
+};
 use wattprof_tests::{
     docker_image, read_json, require_ebpf, tempfile_dir, wait_for_stream_header, wattprof_bin,
 };
@@ -128,28 +131,13 @@ fn a_docker_socket_that_appears_later_is_found() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The kernel's own CPU time of Docker container `id` (ns): cgroup v1's
-/// cpuacct, or v2's cpu.stat (systemd or cgroupfs driver).
-fn kernel_cpu_ns(id: &str) -> Option<u64> {
-    for dir in ["cpuacct", "cpu,cpuacct"] {
-        let p = format!("/sys/fs/cgroup/{dir}/docker/{id}/cpuacct.usage");
-        if let Ok(t) = std::fs::read_to_string(p) {
-            return t.trim().parse().ok();
-        }
-    }
-    for p in [
-        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat"),
-        format!("/sys/fs/cgroup/docker/{id}/cpu.stat"),
-    ] {
-        if let Ok(t) = std::fs::read_to_string(p) {
-            return t
-                .lines()
-                .find_map(|l| l.strip_prefix("usage_usec "))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(|us| us * 1000);
-        }
-    }
-    None
+/// The cgroups Docker container `id` may have: cgroup v1, or v2 with the
+/// systemd or the cgroupfs driver.
+fn cgroups(id: &str) -> Vec<String> {
+    vec![
+        format!("/docker/{id}"),
+        format!("/system.slice/docker-{id}.scope"),
+    ]
 }
 
 /// Starts a detached container running `script`; its full id.
@@ -163,27 +151,6 @@ fn detached(image: &str, name: &str, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Waits until the kernel's CPU time of every container in `ids` stops
-/// growing (their burning is done); at most `limit`.
-fn wait_until_idle(ids: &[&str], limit: std::time::Duration) {
-    let deadline = std::time::Instant::now() + limit;
-    let mut last: Vec<Option<u64>> = ids.iter().map(|id| kernel_cpu_ns(id)).collect();
-    while std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(1500));
-        let now: Vec<Option<u64>> = ids.iter().map(|id| kernel_cpu_ns(id)).collect();
-        // Idle: under 5 ms of CPU in 1.5 s, each.
-        if now
-            .iter()
-            .zip(&last)
-            .all(|(n, l)| n.unwrap_or(0).saturating_sub(l.unwrap_or(0)) < 5_000_000)
-        {
-            return;
-        }
-        last = now;
-    }
-    panic!("the containers kept burning past {limit:?}");
-}
-
 #[test]
 fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel() {
     require_ebpf!();
@@ -192,7 +159,7 @@ fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel
     let (a, b) = (format!("wp-rate1-{pid}"), format!("wp-rate2-{pid}"));
     let renamed = format!("{a}-renamed");
     let _ = Command::new("docker").args(["rm", "-f", &renamed]).output();
-    let burn = "i=0; while [ $i -lt 500000 ]; do i=$((i+1)); done";
+    let burn = BURN;
     // One loop, in a container started before wattprof (it waits first,
     // so nearly all its CPU time falls while wattprof runs).
     let id_a = detached(&image, &a, &format!("sleep 3; {burn}; sleep 600"));
@@ -213,7 +180,7 @@ fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel
     wait_for_stream_header(&stream);
     // What A used before wattprof started (runc's init and the shell,
     // in its cgroup): A only sleeps until 3 s after its start.
-    let before_a = kernel_cpu_ns(&id_a).unwrap_or(0);
+    let before_a = cgroup_cpu_ns(&cgroups(&id_a)).unwrap_or(0);
     // Two loops at once, in a container started after: twice the rate.
     let id_b = detached(
         &image,
@@ -226,7 +193,11 @@ fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "docker rename");
-    wait_until_idle(&[&id_a, &id_b], std::time::Duration::from_secs(90));
+    wait_until_idle(
+        &[cgroups(&id_a), cgroups(&id_b)],
+        BURN_MIN_NS,
+        std::time::Duration::from_secs(90),
+    );
     // /metrics: both containers' energy, and their names.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
     let mut metrics = String::new();
@@ -254,48 +225,28 @@ fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel
     );
     let kernel: Vec<u64> = [&id_a, &id_b]
         .iter()
-        .map(|id| kernel_cpu_ns(id).expect("the container's cgroup"))
+        .map(|id| cgroup_cpu_ns(&cgroups(id)).expect("the container's cgroup"))
         .collect();
-    let kernel = [kernel[0] - before_a.min(kernel[0]), kernel[1]];
     stop(m);
     let _ = Command::new("docker")
         .args(["rm", "-f", &renamed, &b])
         .output();
-    let report = read_json(&out);
-    let find = |id: &str| -> Value {
-        report["containers"]
-            .as_array()
-            .and_then(|v| v.iter().find(|c| c["id"] == id).cloned())
-            .unwrap_or_else(|| panic!("{id} not in {}", report["containers"]))
-    };
-    let (ra, rb) = (find(&id_a), find(&id_b));
-    assert_eq!(
-        ra["name"],
-        renamed.as_str(),
-        "the name after `docker rename`"
-    );
-    assert_eq!(rb["name"], b.as_str());
-    let ns = |c: &Value| c["on_cpu_ns"].as_f64().unwrap_or(0.0);
-    let j = |c: &Value| c["energy"]["total_j"].as_f64().unwrap_or(0.0);
-    for (c, k) in [(&ra, kernel[0]), (&rb, kernel[1])] {
-        let err = ns(c) / k as f64 - 1.0;
-        eprintln!(
-            "{}: wattprof {:.3} s, kernel cpuacct {:.3} s since wattprof started ({:+.3}%), {:.2} J",
-            c["name"],
-            ns(c) / 1e9,
-            k as f64 / 1e9,
-            err * 100.0,
-            j(c)
-        );
-        assert!(err.abs() < 0.005, "{c} against the kernel's {k} ns");
-    }
-    let cpu_ratio = ns(&rb) / ns(&ra);
-    let energy_ratio = j(&rb) / j(&ra);
-    eprintln!("CPU ratio {cpu_ratio:.4}, energy ratio {energy_ratio:.4}");
-    assert!(cpu_ratio > 1.5, "two loops against one: {cpu_ratio}");
-    assert!(
-        (energy_ratio / cpu_ratio - 1.0).abs() < 0.005,
-        "energy {energy_ratio} against CPU {cpu_ratio}"
+    // A is checked under its name after `docker rename`.
+    check_against_kernel(
+        &read_json(&out),
+        "docker",
+        &[
+            Expected {
+                id: &id_a,
+                name: &renamed,
+                kernel_ns: kernel[0] - before_a.min(kernel[0]),
+            },
+            Expected {
+                id: &id_b,
+                name: &b,
+                kernel_ns: kernel[1],
+            },
+        ],
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

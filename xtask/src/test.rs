@@ -97,37 +97,61 @@ fn ensure_dockerd() {
         "busybox-static",
         "the Docker tests' image (a busybox rootfs)",
     );
+    ensure_daemon(
+        "/usr/sbin/dockerd",
+        &["docker", "info"],
+        "dockerd.log",
+        "the Docker tests",
+    );
+}
+
+/// Installs Debian's podman when missing (its tests start podman's API
+/// service themselves), and starts containerd on its default socket when
+/// nothing answers there (docker.io brings containerd and `ctr`).
+fn ensure_podman_and_containerd() {
+    ensure_package("/usr/bin/podman", "podman", "the Podman container tests");
+    ensure_daemon(
+        "/usr/bin/containerd",
+        &["ctr", "version"],
+        "containerd.log",
+        "the containerd tests",
+    );
+}
+
+/// Starts `daemon` (as root, in its own process group so that it outlives
+/// the tests as a system daemon would; log in `target/<log>`) unless
+/// `probe` already succeeds, and waits up to 30 s for `probe` to.
+fn ensure_daemon(daemon: &str, probe: &[&str], log: &str, tests: &str) {
     let answers = || {
-        Command::new("docker")
-            .arg("info")
+        Command::new(probe[0])
+            .args(&probe[1..])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
     // SAFETY: geteuid has no preconditions.
-    if answers() || !Path::new("/usr/sbin/dockerd").exists() || unsafe { libc::geteuid() } != 0 {
+    if answers() || !Path::new(daemon).exists() || unsafe { libc::geteuid() } != 0 {
         return;
     }
-    let log_path = workspace_root().join("target/dockerd.log");
+    let log_path = workspace_root().join("target").join(log);
     let Ok(log) = std::fs::File::create(&log_path) else {
         return;
     };
     eprintln!(
-        "starting dockerd for the container tests (log: {})",
+        "starting {daemon} for {tests} (log: {})",
         log_path.display()
     );
     let err = log.try_clone();
-    let mut cmd = Command::new("/usr/sbin/dockerd");
+    let mut cmd = Command::new(daemon);
     cmd.stdin(std::process::Stdio::null()).stdout(log);
     if let Ok(err) = err {
         cmd.stderr(err);
     }
-    // Its own session: it outlives the tests, as a system daemon would.
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
     if let Err(e) = cmd.spawn() {
-        eprintln!("warning: cannot start dockerd: {e}; the Docker tests will be skipped");
+        eprintln!("warning: cannot start {daemon}: {e}; {tests} will be skipped");
         return;
     }
     for _ in 0..60 {
@@ -137,7 +161,7 @@ fn ensure_dockerd() {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     eprintln!(
-        "warning: dockerd did not answer within 30 s (see {}); the Docker tests will be skipped",
+        "warning: {daemon} did not answer within 30 s (see {}); {tests} will be skipped",
         log_path.display()
     );
 }
@@ -240,6 +264,7 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "the capabilities-only tests",
     );
     ensure_dockerd();
+    ensure_podman_and_containerd();
     // Root tests share the kernel and measure CPU time: one at a time.
     ok &= run_tests(
         cargo().args([

@@ -102,6 +102,18 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
 
+    /// Podman's API socket, for Podman's container names (`systemctl
+    /// enable --now podman.socket` makes it; without it, Podman's
+    /// containers are named by id).
+    #[arg(long, value_name = "PATH", default_value = "/run/podman/podman.sock")]
+    pub podman_socket: PathBuf,
+
+    /// containerd's state directory: its running tasks' specs say which
+    /// cgroup is which `ctr`, nerdctl or Kubernetes container and what it
+    /// is called (k3s: /run/k3s/containerd).
+    #[arg(long, value_name = "DIR", default_value = "/run/containerd")]
+    pub containerd_state: PathBuf,
+
     /// Read CPU energy counters from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
     pub energy_sysfs: Option<PathBuf>,

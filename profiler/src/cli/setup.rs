@@ -190,7 +190,11 @@ pub(super) fn start_profile(
         ProfileConfig {
             carbon,
             filter: energy.filter(),
-            docker_socket: energy.docker_socket.clone(),
+            runtimes: crate::process::names::RuntimeSockets {
+                docker: energy.docker_socket.clone(),
+                podman: energy.podman_socket.clone(),
+                containerd: energy.containerd_state.clone(),
+            },
             cgroupfs: None,
             scope,
             keep,

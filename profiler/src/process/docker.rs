@@ -1,4 +1,6 @@
-//! Docker container names from the Docker Engine API on its Unix socket.
+//! Docker container names from the Docker Engine API on its Unix socket
+//! (Podman's API service answers the same requests: the same client asks
+//! it for Podman's names).
 //!
 //! Lookups run on a background thread: asking for a name never blocks
 //! (the id stands in until the answer comes), each id is asked once, and a
@@ -53,6 +55,8 @@ type Names = Arc<Mutex<HashMap<String, Lookup>>>;
 pub struct DockerNames {
     names: Names,
     socket: PathBuf,
+    /// The lookup thread's name.
+    thread: &'static str,
     /// The lookup thread's queue, once the socket has been seen.
     ask: OnceLock<Sender<String>>,
     /// When the socket was last looked for (while it has not been seen).
@@ -120,10 +124,12 @@ impl DockerNames {
     /// Names from the daemon at `socket` (normally `/var/run/docker.sock`).
     /// While there is no socket there, every lookup answers `None` at once
     /// (the socket is looked for again every [`SOCKET_RECHECK`]).
-    pub fn new(socket: &Path) -> Self {
+    /// The lookups run on a thread called `thread`.
+    pub fn new(socket: &Path, thread: &'static str) -> Self {
         let names = Self {
             names: Arc::new(Mutex::new(HashMap::new())),
             socket: socket.to_path_buf(),
+            thread,
             ask: OnceLock::new(),
             looked: Mutex::new(None),
         };
@@ -150,7 +156,7 @@ impl DockerNames {
             let (tx, rx) = channel();
             let (path, shared) = (self.socket.clone(), self.names.clone());
             let _ = std::thread::Builder::new()
-                .name("wattprof-docker".into())
+                .name(self.thread.into())
                 .spawn(move || serve(path, rx, shared));
             tx
         });
@@ -275,7 +281,7 @@ mod tests {
             );
             req
         });
-        let names = DockerNames::new(&sock);
+        let names = DockerNames::new(&sock, "test-docker");
         assert_eq!(names.name("abc"), None, "first ask does not wait");
         let req = server.join().expect("server");
         assert!(
@@ -289,7 +295,7 @@ mod tests {
         assert_eq!(names.name("abc").as_deref(), Some("web-1"));
         assert_eq!(parse_name(b"{\"message\":\"no\"}"), None);
         assert_eq!(
-            DockerNames::new(&dir.path().join("none.sock")).name("x"),
+            DockerNames::new(&dir.path().join("none.sock"), "test-docker").name("x"),
             None
         );
     }
@@ -298,7 +304,7 @@ mod tests {
     fn a_daemon_that_starts_later_is_found() {
         let dir = tempfile::tempdir().expect("tmp");
         let sock = dir.path().join("docker.sock");
-        let names = DockerNames::new(&sock);
+        let names = DockerNames::new(&sock, "test-docker");
         assert_eq!(names.name("abc"), None, "no socket yet");
         let listener = UnixListener::bind(&sock).expect("bind");
         // Not looked for again before SOCKET_RECHECK: no thread yet.
@@ -366,7 +372,7 @@ mod tests {
                 );
             }
         });
-        let names = DockerNames::new(&sock);
+        let names = DockerNames::new(&sock, "test-docker");
         let wait_for = |want: &str| {
             let deadline = Instant::now() + Duration::from_secs(5);
             names.settle(Duration::from_secs(5));

@@ -7,7 +7,9 @@
 
 pub mod cgroup;
 pub mod container;
+pub mod containerd;
 pub mod docker;
+pub mod names;
 pub mod symbols;
 pub mod vm;
 

@@ -34,7 +34,7 @@ use crate::output::{
     RunReport, WindowDomainReport, WindowReport,
 };
 use crate::process::cgroup::CgroupNames;
-use crate::process::docker::DockerNames;
+use crate::process::names::ContainerNames;
 use crate::process::{IntervalUsage, ProcFs, Process, ProcessTable, Role};
 use crate::sources::Domain;
 use crate::sources::registry::IntervalEnergy;
@@ -83,7 +83,7 @@ impl Filter {
         self.cgroup.is_none() && self.container.is_none()
     }
 
-    fn matches(&self, path: Option<&str>, docker: &DockerNames) -> bool {
+    fn matches(&self, path: Option<&str>, names: &ContainerNames) -> bool {
         if self.cgroup.is_none() && self.container.is_none() {
             return true;
         }
@@ -100,12 +100,10 @@ impl Filter {
             }
         }
         if let Some(want) = &self.container {
-            let Some(c) = crate::process::container::from_cgroup_path(path) else {
+            let Some(c) = names.recognize(path) else {
                 return false;
             };
-            let name = (c.runtime == crate::process::container::Runtime::Docker)
-                .then(|| docker.name(&c.id))
-                .flatten();
+            let name = names.name(&c);
             let hit = (want.len() >= 4 && c.id.starts_with(want.as_str()))
                 || name.as_deref() == Some(want.as_str())
                 || c.pod_uid.as_deref() == Some(want.as_str());
@@ -128,8 +126,8 @@ pub struct ProfileConfig {
     pub keep: KeepIntervals,
     /// Which processes are reported one by one.
     pub filter: Filter,
-    /// The Docker Engine API socket, for container names.
-    pub docker_socket: std::path::PathBuf,
+    /// Where the container runtimes are asked for names.
+    pub runtimes: crate::process::names::RuntimeSockets,
     /// The cgroup2 file system cgroup ids are named from (`None`: this
     /// machine's mount).
     pub cgroupfs: Option<std::path::PathBuf>,
@@ -221,12 +219,14 @@ pub(crate) struct CgroupSum {
     name: Option<String>,
     /// When a process of it last ran (monotonic ns).
     last_ns: u64,
-    /// Docker was asked for its container's name (if it is one).
-    docker_asked: bool,
-    /// Its Docker container's id, when it is one (once asked).
-    docker_id: Option<String>,
-    /// That container's name, once Docker answered.
-    docker_name: Option<String>,
+    /// Its path was looked at for a container (once named).
+    recognized: bool,
+    /// The container it is, if it is one.
+    container: Option<crate::process::container::Container>,
+    /// Its runtime was asked for the container's name.
+    name_asked: bool,
+    /// That container's name, once its runtime answered.
+    container_name: Option<String>,
 }
 
 /// Adds `c`'s sums to `into` (its path kept, its last run the later).
@@ -237,12 +237,13 @@ fn fold(into: &mut CgroupSum, c: &CgroupSum) {
     if into.name.is_none() {
         into.name.clone_from(&c.name);
     }
-    into.docker_asked |= c.docker_asked;
-    if into.docker_id.is_none() {
-        into.docker_id.clone_from(&c.docker_id);
+    into.recognized |= c.recognized;
+    into.name_asked |= c.name_asked;
+    if into.container.is_none() {
+        into.container.clone_from(&c.container);
     }
-    if c.docker_name.is_some() {
-        into.docker_name.clone_from(&c.docker_name);
+    if c.container_name.is_some() {
+        into.container_name.clone_from(&c.container_name);
     }
 }
 
@@ -275,7 +276,7 @@ pub struct Profile {
     cgroup_names: CgroupNames,
     cgroup_root: Option<u64>,
     v1_cgroup: IntMap<ConsumerId, Option<u64>>,
-    docker: DockerNames,
+    containers: ContainerNames,
     windows: windows::Windows,
     intervals: crate::output::spill::Intervals,
     last: Option<IntervalRecord>,
@@ -351,7 +352,7 @@ impl Profile {
                 .map_or_else(|| CgroupNames::real(0), |root| CgroupNames::new(root, 0))
                 .root_id(),
             v1_cgroup: IntMap::default(),
-            docker: DockerNames::new(&cfg.docker_socket),
+            containers: ContainerNames::new(&cfg.runtimes),
             windows: windows::Windows::default(),
             intervals: Default::default(),
             last: None,
@@ -451,7 +452,7 @@ impl Profile {
             && self
                 .cfg
                 .filter
-                .matches(self.cgroup_path(id, cgroup_id), &self.docker)
+                .matches(self.cgroup_path(id, cgroup_id), &self.containers)
     }
 
     /// Indices in `usage` of the processes reported one by one this
@@ -767,11 +768,10 @@ impl Profile {
             c.on_cpu_ns += rest;
             c.last_ns = sample.at_ns;
         }
-        // Name new cgroups while they still exist, and ask Docker for a
-        // new container's name now: the recording has it even when no
-        // exporter or screen asks, and even if the container is gone by
-        // the end.
-        let docker_available = self.docker.available();
+        // Name new cgroups and recognize their containers while they
+        // still exist, and ask the runtime for a new container's name now:
+        // the recording has it even when no exporter or screen asks, and
+        // even if the container is gone by the end.
         for (id, entry) in &mut self.cgroups {
             if entry.name.is_none() {
                 entry.name = self
@@ -779,24 +779,23 @@ impl Profile {
                     .name(*id, sample.at_ns)
                     .map(str::to_string);
             }
-            if !entry.docker_asked && entry.name.is_some() && docker_available {
-                entry.docker_asked = true;
-                if let Some(c) = entry
-                    .name
-                    .as_deref()
-                    .and_then(crate::process::container::from_cgroup_path)
-                    .filter(|c| c.runtime == crate::process::container::Runtime::Docker)
-                {
-                    let _ = self.docker.name(&c.id);
-                    entry.docker_id = Some(c.id);
-                }
-            }
-            // The answer is kept with the cgroup (the lookup cache is
-            // bounded and forgets).
-            if entry.docker_name.is_none()
-                && let Some(id) = &entry.docker_id
+            if !entry.recognized
+                && let Some(path) = entry.name.as_deref()
             {
-                entry.docker_name = self.docker.cached(id);
+                entry.recognized = true;
+                entry.container = self.containers.recognize(path);
+            }
+            if let Some(c) = &entry.container {
+                // Asked once the runtime is there (it may start later).
+                if !entry.name_asked && self.containers.available(c.runtime) {
+                    entry.name_asked = true;
+                    let _ = self.containers.name(c);
+                }
+                // The answer is kept with the cgroup (the lookup cache is
+                // bounded and forgets).
+                if entry.container_name.is_none() && entry.name_asked {
+                    entry.container_name = self.containers.cached(c);
+                }
             }
         }
 
@@ -1277,19 +1276,23 @@ impl Profile {
             .any(|d| d.domain == Domain::Dram)
     }
 
-    /// Asks Docker for the name of every container again: those not
-    /// named yet, and the others' current names (renamed since).
-    fn ask_docker_names(&self) {
-        use crate::process::container::{Runtime, from_cgroup_path};
-        self.docker.expire();
-        for cg in self.cgroup_sums() {
-            if let Some(c) = cg
-                .name
+    /// The container a cgroup's sums are for: the one recognized while
+    /// it ran, else what its path says.
+    fn container_of(cg: &CgroupSum) -> Option<crate::process::container::Container> {
+        cg.container.clone().or_else(|| {
+            cg.name
                 .as_deref()
-                .and_then(from_cgroup_path)
-                .filter(|c| c.runtime == Runtime::Docker)
-            {
-                let _ = self.docker.name(&c.id);
+                .and_then(crate::process::container::from_cgroup_path)
+        })
+    }
+
+    /// Asks the runtimes for the name of every container again: those
+    /// not named yet, and the others' current names (renamed since).
+    fn ask_container_names(&self) {
+        self.containers.expire();
+        for cg in self.cgroup_sums() {
+            if let Some(c) = Self::container_of(cg) {
+                let _ = self.containers.name(&c);
             }
         }
     }
@@ -1297,14 +1300,13 @@ impl Profile {
     /// Per container and systemd unit so far (from the cgroups), most
     /// energy first; with `since_ns`, only those whose processes ran since.
     pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
-        use crate::process::container::{Runtime, from_cgroup_path};
         type Sums = (u64, EnergyBy, Vec<String>, Option<String>);
         let mut by: HashMap<crate::process::container::Container, Sums> = HashMap::new();
         let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
         for cg in self.cgroup_sums() {
             let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
             let Some(path) = &cg.name else { continue };
-            let Some(c) = from_cgroup_path(path) else {
+            let Some(c) = Self::container_of(cg) else {
                 continue;
             };
             let l = last.entry(c.clone()).or_default();
@@ -1314,7 +1316,7 @@ impl Profile {
             entry.1.merge(e);
             entry.2.push(path.clone());
             if entry.3.is_none() {
-                entry.3.clone_from(&cg.docker_name);
+                entry.3.clone_from(&cg.container_name);
             }
         }
         let span = self.last_ns.saturating_sub(self.start_ns);
@@ -1323,16 +1325,13 @@ impl Profile {
             .filter(|(c, _)| since_ns.is_none_or(|t| last.get(c).is_some_and(|l| *l >= t)))
             .map(|(c, (ns, e, mut cgroups, kept_name))| {
                 cgroups.sort();
-                // The daemon's latest answer (a `docker rename`), else the
-                // one kept, else asked for now.
-                let name = (c.runtime == Runtime::Docker)
-                    .then(|| {
-                        self.docker
-                            .cached(&c.id)
-                            .or(kept_name)
-                            .or_else(|| self.docker.name(&c.id))
-                    })
-                    .flatten();
+                // The runtime's latest answer (a `docker rename`), else
+                // the one kept, else asked for now.
+                let name = self
+                    .containers
+                    .cached(&c)
+                    .or(kept_name)
+                    .or_else(|| self.containers.name(&c));
                 ContainerReport {
                     name,
                     runtime: c.runtime,
@@ -1623,8 +1622,9 @@ impl Profile {
         // Every container's name asked for (those first seen while the
         // daemon was not there yet too), and the answers waited for (each
         // lookup takes at most 0.5 s).
-        self.ask_docker_names();
-        self.docker.settle(std::time::Duration::from_millis(600));
+        self.ask_container_names();
+        self.containers
+            .settle(std::time::Duration::from_millis(600));
         let containers = self.container_reports(None);
         let mut problems = self.problems.clone();
         if self.problem_count > problems.len() as u64 {

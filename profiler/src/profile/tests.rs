@@ -115,7 +115,11 @@ impl Rig {
                 scope,
                 keep,
                 filter,
-                docker_socket: dir.join("no-docker.sock"),
+                runtimes: crate::process::names::RuntimeSockets {
+                    docker: dir.join("no-docker.sock"),
+                    podman: dir.join("no-podman.sock"),
+                    containerd: dir.join("no-containerd"),
+                },
                 cgroupfs: Some(dir.join("cgroup")),
             },
             Some(Jsonl::create(&dir.join("stream.jsonl")).expect("stream")),
