@@ -309,12 +309,20 @@ fn task_cgroup(task: u64) -> u64 {
 /// Sends a thread event about the task at `task`; counts it as lost when
 /// the ring is full.
 #[inline(always)]
-fn emit_thread(kind: u32, task: u64, cpu: u32, cgroup_id: u64, arg: u32, comm: [u8; COMM_LEN]) {
+fn emit_thread(
+    ctx: &RawTracePointContext,
+    kind: u32,
+    task: u64,
+    cpu: u32,
+    cgroup_id: u64,
+    arg: u32,
+    comm: [u8; COMM_LEN],
+) {
     let Some(mut slot) = EVENTS.reserve::<ThreadEvent>(0) else {
         if let Some(state) = CPUS.get_ptr_mut(0) {
             // SAFETY: a per-CPU slot; programs on one CPU do not interleave
             // on it (see `charge`).
-            unsafe { (*state).events_lost += 1 };
+            super::events_lost(ctx, unsafe { &mut *state });
         }
         return;
     };
@@ -339,7 +347,7 @@ fn emit_thread(kind: u32, task: u64, cpu: u32, cgroup_id: u64, arg: u32, comm: [
 /// `current` is exiting: its run time so far (up to a tick stale) and
 /// where it ran, in case its free is never seen.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn wattprof_thread_exit(_ctx: RawTracePointContext) -> i32 {
+pub fn wattprof_thread_exit(ctx: RawTracePointContext) -> i32 {
     // SAFETY: helpers without preconditions.
     let (task, cpu, cgroup) = unsafe {
         (
@@ -349,7 +357,7 @@ pub fn wattprof_thread_exit(_ctx: RawTracePointContext) -> i32 {
         )
     };
     let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
-    emit_thread(EVENT_THREAD_EXIT, task, cpu, cgroup, 0, comm);
+    emit_thread(&ctx, EVENT_THREAD_EXIT, task, cpu, cgroup, 0, comm);
     0
 }
 
@@ -363,7 +371,15 @@ pub fn wattprof_thread_free(ctx: RawTracePointContext) -> i32 {
     }
     let cpu: u32 = probe(task, offset!(cpu));
     let comm: [u8; COMM_LEN] = probe(task, offset!(comm));
-    emit_thread(EVENT_THREAD_FREE, task, cpu, task_cgroup(task), 0, comm);
+    emit_thread(
+        &ctx,
+        EVENT_THREAD_FREE,
+        task,
+        cpu,
+        task_cgroup(task),
+        0,
+        comm,
+    );
     let _ = LAST.remove(task);
     0
 }
@@ -387,6 +403,7 @@ pub fn wattprof_thread_migrate(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     emit_thread(
+        &ctx,
         EVENT_THREAD_MIGRATE,
         task,
         src,
@@ -408,6 +425,7 @@ pub fn wattprof_cgroup_attach(ctx: RawTracePointContext) -> i32 {
     }
     let cpu: u32 = probe(task, offset!(cpu));
     emit_thread(
+        &ctx,
         EVENT_THREAD_CGROUP,
         task,
         cpu,

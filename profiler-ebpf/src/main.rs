@@ -17,13 +17,18 @@
 //!
 //! Bounds: `TASKS` holds `DEFAULT_MAX_TASKS` threads (userspace may change it
 //! at load time); `EVENTS` is `DEFAULT_RING_BYTES`; `CPUS` has one entry per
-//! possible CPU. What does not fit is counted in `CpuState`.
+//! possible CPU. What does not fit is counted in `CpuState`, and said once
+//! through aya-log (`AYA_LOGS`): the first loss of each kind on a CPU, and
+//! ring overflows at each power of two, so a full map cannot flood the log.
+//! The log statements sit on the failure paths only; the ring's reserve
+//! is never reached on a switch that records its slice.
 #![no_std]
 #![no_main]
 
 mod iter;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
@@ -33,6 +38,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
 };
+use aya_log_ebpf::warn;
 use profiler_common::{
     ACTIVE_RING_BYTES, COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState,
     DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
@@ -110,15 +116,15 @@ pub fn wattprof_sched_switch(ctx: RawTracePointContext) -> i32 {
     } else {
         Charge::Switch
     };
-    charge(kind);
+    charge(&ctx, kind);
     0
 }
 
 /// sched_switch before Linux 5.18 (no `prev_state` argument): exits are
 /// flagged by `wattprof_sched_process_exit`, and userspace frees the entry.
 #[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn wattprof_sched_switch_legacy(_ctx: RawTracePointContext) -> i32 {
-    charge(Charge::Switch);
+pub fn wattprof_sched_switch_legacy(ctx: RawTracePointContext) -> i32 {
+    charge(&ctx, Charge::Switch);
     0
 }
 
@@ -127,7 +133,7 @@ pub fn wattprof_sched_switch_legacy(_ctx: RawTracePointContext) -> i32 {
 /// A non-zero argument 0 closes the CPU's window after charging.
 #[raw_tracepoint(tracepoint = "wattprof_flush")]
 pub fn wattprof_flush(ctx: RawTracePointContext) -> i32 {
-    charge(Charge::Flush);
+    charge(&ctx, Charge::Flush);
     let close: u64 = ctx.arg(0);
     if close != 0
         && let Some(cpu) = CPUS.get_ptr_mut(0)
@@ -139,7 +145,7 @@ pub fn wattprof_flush(ctx: RawTracePointContext) -> i32 {
 }
 
 #[inline(always)]
-fn charge(kind: Charge) {
+fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return;
     };
@@ -188,7 +194,7 @@ fn charge(kind: Charge) {
         } else if entry.task_ptr != task_ptr {
             // The tid now belongs to another task: retire the old entry
             // with its totals, then start this task's own.
-            retire(tid, entry, now, cpu);
+            retire(ctx, tid, entry, now, cpu);
             found = None;
         }
     }
@@ -199,6 +205,13 @@ fn charge(kind: Charge) {
             let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
             let fresh = TaskStats::new(now, cgroup_id, task_ptr, 0, comm);
             if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
+                if cpu.lost_ns == 0 {
+                    warn!(
+                        ctx,
+                        "TASKS is full: thread {} is not tracked, so its time is counted as lost on this CPU (raise --max-tasks)",
+                        tid
+                    );
+                }
                 cpu.lost_ns += wall;
                 return;
             }
@@ -269,7 +282,7 @@ fn charge(kind: Charge) {
     }
     if kind == Charge::SwitchDead {
         task.flags |= TASK_FLAG_DEAD;
-        if emit_totals(EVENT_EXIT, tid, task, now, cpu) {
+        if emit_totals(ctx, EVENT_EXIT, tid, task, now, cpu) {
             let _ = TASKS.remove(tid);
         }
         // Otherwise the flagged entry stays for userspace to read and free.
@@ -280,19 +293,48 @@ fn charge(kind: Charge) {
 /// task) with its totals, and frees it. If the ring is full its time is
 /// counted as discarded, never dropped silently.
 #[inline(always)]
-fn retire(tid: u32, stale: &TaskStats, now: u64, cpu: &mut CpuState) {
+fn retire<C: EbpfContext>(ctx: &C, tid: u32, stale: &TaskStats, now: u64, cpu: &mut CpuState) {
     let stale = *stale;
-    if !emit_totals(EVENT_REAPED, tid, &stale, now, cpu) {
+    if !emit_totals(ctx, EVENT_REAPED, tid, &stale, now, cpu) {
+        if cpu.discarded_ns == 0 {
+            warn!(
+                ctx,
+                "thread {} exited and its id was reused before its final totals fit in the EVENTS ring: {} ns of its time discarded on this CPU",
+                tid,
+                stale.total_ns()
+            );
+        }
         cpu.discarded_ns += stale.total_ns();
     }
     let _ = TASKS.remove(tid);
 }
 
+/// Counts a record that did not fit in `EVENTS`, and says so at the first
+/// on this CPU and at each power of two after.
+#[inline(always)]
+pub(crate) fn events_lost<C: EbpfContext>(ctx: &C, cpu: &mut CpuState) {
+    cpu.events_lost += 1;
+    if cpu.events_lost.is_power_of_two() {
+        warn!(
+            ctx,
+            "the EVENTS ring is full: {} record(s) lost on this CPU so far (lineage or names may be missing; time is not)",
+            cpu.events_lost
+        );
+    }
+}
+
 /// Sends a task's totals; counts the event as lost when the ring is full.
 #[inline(always)]
-fn emit_totals(kind: u32, tid: u32, task: &TaskStats, now: u64, cpu: &mut CpuState) -> bool {
+fn emit_totals<C: EbpfContext>(
+    ctx: &C,
+    kind: u32,
+    tid: u32,
+    task: &TaskStats,
+    now: u64,
+    cpu: &mut CpuState,
+) -> bool {
     let Some(mut slot) = EVENTS.reserve::<TaskEvent>(0) else {
-        cpu.events_lost += 1;
+        events_lost(ctx, cpu);
         return false;
     };
     slot.write(TaskEvent {
@@ -315,9 +357,16 @@ fn emit_totals(kind: u32, tid: u32, task: &TaskStats, now: u64, cpu: &mut CpuSta
 
 /// Sends an event about `current` without totals.
 #[inline(always)]
-fn emit_current(kind: u32, tid: u32, tgid: u32, parent: u64, cpu: &mut CpuState) {
+fn emit_current<C: EbpfContext>(
+    ctx: &C,
+    kind: u32,
+    tid: u32,
+    tgid: u32,
+    parent: u64,
+    cpu: &mut CpuState,
+) {
     let Some(mut slot) = EVENTS.reserve::<TaskEvent>(0) else {
-        cpu.events_lost += 1;
+        events_lost(ctx, cpu);
         return;
     };
     slot.write(TaskEvent {
@@ -362,7 +411,7 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
     let child = child as u32;
     // SAFETY: reading a global that userspace sets before load.
     if unsafe { core::ptr::read_volatile(&ITER_MODE) } != 0 {
-        emit_current(EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
+        emit_current(&ctx, EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
         return 0;
     }
     if let Some(stale) = TASKS.get_ptr(child) {
@@ -370,7 +419,7 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         let stale = unsafe { &*stale };
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        retire(child, stale, now, cpu);
+        retire(&ctx, child, stale, now, cpu);
     }
     // The child's run-time counter starts at zero: with this entry its very
     // first slice is the scheduler's figure too. (No room: first sight later.)
@@ -383,13 +432,13 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
         bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     );
     let _ = TASKS.insert(child, fresh, BPF_NOEXIST.into());
-    emit_current(EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
+    emit_current(&ctx, EVENT_FORK, child, 0, bpf_get_current_pid_tgid(), cpu);
     0
 }
 
 /// `current` replaced its program image: note its new name.
 #[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn wattprof_sched_process_exec(_ctx: TracePointContext) -> i32 {
+pub fn wattprof_sched_process_exec(ctx: TracePointContext) -> i32 {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return 0;
     };
@@ -402,7 +451,7 @@ pub fn wattprof_sched_process_exec(_ctx: TracePointContext) -> i32 {
         let task = unsafe { &mut *task };
         task.comm = bpf_get_current_comm().unwrap_or(task.comm);
     }
-    emit_current(EVENT_EXEC, tid, (pid_tgid >> 32) as u32, 0, cpu);
+    emit_current(&ctx, EVENT_EXEC, tid, (pid_tgid >> 32) as u32, 0, cpu);
     0
 }
 
@@ -410,7 +459,7 @@ pub fn wattprof_sched_process_exec(_ctx: TracePointContext) -> i32 {
 /// report the totals so far; the last slice lands in the same entry, which
 /// userspace reads once more and then frees.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn wattprof_sched_process_exit(_ctx: TracePointContext) -> i32 {
+pub fn wattprof_sched_process_exit(ctx: TracePointContext) -> i32 {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return 0;
     };
@@ -424,7 +473,7 @@ pub fn wattprof_sched_process_exit(_ctx: TracePointContext) -> i32 {
         task.comm = bpf_get_current_comm().unwrap_or(task.comm);
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        emit_totals(EVENT_EXIT, tid, task, now, cpu);
+        emit_totals(&ctx, EVENT_EXIT, tid, task, now, cpu);
     }
     0
 }

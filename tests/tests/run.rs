@@ -202,6 +202,22 @@ fn full_task_map_reports_lost_time_equal_to_what_was_not_attributed() {
         "table warns: {}",
         run.stderr()
     );
+    // The eBPF program's own word (aya-log), once per CPU that overflowed,
+    // on stderr and in the recording's problems.
+    let said = "eBPF: TASKS is full: thread ";
+    let lines = run.stderr().matches(&format!("wattprof: {said}")).count();
+    assert!(
+        (1..=num_cpus()).contains(&lines),
+        "one kernel-side line per CPU at most: {}",
+        run.stderr()
+    );
+    assert!(
+        r["energy"]["problems"].as_array().is_some_and(|p| p
+            .iter()
+            .any(|m| m.as_str().is_some_and(|m| m.starts_with(said)))),
+        "{}",
+        r["energy"]["problems"]
+    );
     assert_cpu_time_closes(r);
 }
 
@@ -421,4 +437,11 @@ fn threads_whose_free_is_missed_are_settled_from_their_exit_once() {
 fn threads_whose_exit_is_missed_are_counted_from_their_free() {
     require_ebpf!();
     three_programs(&["--tracker", "iter", "--skip-event", "exit"]);
+}
+
+/// CPUs configured on this machine (the kernel-side log is per CPU).
+fn num_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }

@@ -27,6 +27,11 @@ pub enum Which {
         /// Seconds each thread-count measurement lasts.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+        /// Another wattprof binary (an earlier build): its switch tracker
+        /// joins the paired rounds, so a change to the per-switch program
+        /// is measured side by side with the build before it.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// wattprof monitor's own CPU time at 1 s and 100 ms intervals, with
     /// 1,000 processes alive that each run briefly every 50 ms, side by
@@ -130,7 +135,8 @@ pub fn run(which: Which) -> Result<()> {
             rounds,
             round_trips,
             seconds,
-        } => overhead(rounds, round_trips, seconds),
+            baseline,
+        } => overhead(rounds, round_trips, seconds, baseline.as_deref()),
         Which::Monitor { seconds, processes } => monitor(seconds, processes),
         Which::Scrape {
             rounds,
@@ -271,17 +277,16 @@ pub fn wattprof_release() -> Result<PathBuf> {
     Ok(workspace_root().join("target/release/wattprof"))
 }
 
+/// How a paired round runs its workload: alone (`None`), or under
+/// `WATTPROF run OPTIONS`.
+type Variant<'a> = Option<(&'a Path, &'a [&'a str])>;
+
 /// Runs `cmd`, alone or under `wattprof run --tracker T`, and returns the
 /// number the workload itself printed (its own timing, so wattprof's
 /// start-up is not in it).
-fn timed(
-    wattprof: &Path,
-    options: Option<&[&str]>,
-    cmd: &[String],
-    parse: fn(&str) -> Option<f64>,
-) -> Result<f64> {
-    let mut c = match options {
-        Some(options) => {
+fn timed(variant: Variant<'_>, cmd: &[String], parse: fn(&str) -> Option<f64>) -> Result<f64> {
+    let mut c = match variant {
+        Some((wattprof, options)) => {
             let mut c = Command::new(wattprof);
             c.args(["run", "--as-root"])
                 .args(options)
@@ -332,13 +337,15 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 }
 
 /// Runs `cmd` with no tracker, the switch tracker and the iterator tracker
-/// in each of `rounds` rounds (the order rotating, so drift and warm-up
-/// fall on all three alike), and prints each tracker's median paired ratio
-/// to the untracked run of its round, with the interquartile range, and
-/// the cost per context switch it implies.
+/// (and, with `baseline`, that build's switch tracker) in each of `rounds`
+/// rounds (the order rotating, so drift and warm-up fall on all alike),
+/// and prints each tracker's median paired ratio to the untracked run of
+/// its round, with the interquartile range, and the cost per context
+/// switch it implies.
 fn paired(
     name: &str,
     wattprof: &Path,
+    baseline: Option<&Path>,
     cmd: &[String],
     rounds: usize,
     switches: f64,
@@ -347,19 +354,29 @@ fn paired(
     if rounds == 0 {
         return Ok(());
     }
-    let variants: [Option<&[&str]>; 3] = [
-        None,
-        Some(&["--tracker", "switch"]),
-        Some(&["--tracker", "iter"]),
+    const SWITCH: &[&str] = &["--tracker", "switch"];
+    const ITER: &[&str] = &["--tracker", "iter"];
+    let mut variants: Vec<(Variant<'_>, &str)> = vec![
+        (None, ""),
+        (Some((wattprof, SWITCH)), "--tracker switch"),
+        (Some((wattprof, ITER)), "--tracker iter  "),
     ];
-    let times = rotate(wattprof, cmd, rounds, &variants, parse)?;
+    if let Some(old) = baseline {
+        variants.push((Some((old, SWITCH)), "--tracker switch, baseline build"));
+    }
+    let runs: Vec<Variant<'_>> = variants.iter().map(|(v, _)| *v).collect();
+    let times = rotate(cmd, rounds, &runs, parse)?;
     let base_median = print_base(name, rounds, &times[0], "untracked");
-    for (v, label) in [(1, "switch"), (2, "iter")] {
+    for (v, (_, label)) in variants.iter().enumerate().skip(1) {
         let (m, text) = paired_ratio(&times[v], &times[0]);
         println!(
-            "  --tracker {label:<6}  {text}, {:+.0} ns per context switch",
+            "  {label}  {text}, {:+.0} ns per context switch",
             (m - 1.0) * base_median * 1e9 / switches,
         );
+    }
+    if baseline.is_some() {
+        let (_, text) = paired_ratio(&times[1], &times[3]);
+        println!("  --tracker switch, this build vs the baseline build: {text}");
     }
     Ok(())
 }
@@ -368,10 +385,9 @@ fn paired(
 /// those options) in each of `rounds` rounds, the order rotating so drift
 /// and warm-up fall on all alike; the timings per variant.
 fn rotate(
-    wattprof: &Path,
     cmd: &[String],
     rounds: usize,
-    variants: &[Option<&[&str]>],
+    variants: &[Variant<'_>],
     parse: fn(&str) -> Option<f64>,
 ) -> Result<Vec<Vec<f64>>> {
     let n = variants.len();
@@ -379,7 +395,7 @@ fn rotate(
     for round in 0..rounds {
         for k in 0..n {
             let v = (round + k) % n;
-            times[v].push(timed(wattprof, variants[v], cmd, parse)?);
+            times[v].push(timed(variants[v], cmd, parse)?);
         }
     }
     Ok(times)
@@ -455,10 +471,8 @@ fn stacks(rounds: usize, hz: u32, work: u64) -> Result<()> {
         work.to_string(),
     ];
     let with: [&str; 3] = ["--stacks", "--stack-hz", &hz_text];
-    let variants: [Option<&[&str]>; 3] = [None, Some(&[]), Some(&with)];
-    let times = rotate(&wattprof, &cmd, rounds, &variants, |t| {
-        t.trim().parse().ok()
-    })?;
+    let variants: [Variant<'_>; 3] = [None, Some((&wattprof, &[])), Some((&wattprof, &with))];
+    let times = rotate(&cmd, rounds, &variants, |t| t.trim().parse().ok())?;
     print_base(
         &format!("CPU-bound work on every CPU, {work}M iterations per thread"),
         rounds,
@@ -597,7 +611,7 @@ fn tracker_cpu(
     Ok(())
 }
 
-fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
+fn overhead(rounds: usize, round_trips: u64, seconds: u64, baseline: Option<&Path>) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the overhead benchmark loads eBPF: run it as root");
@@ -617,6 +631,7 @@ fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
     paired(
         &format!("pipe ping-pong pinned to CPU 0, {round_trips} round trips"),
         &wattprof,
+        baseline,
         &pp,
         rounds,
         2.0 * round_trips as f64,
@@ -647,6 +662,7 @@ fn overhead(rounds: usize, round_trips: u64, seconds: u64) -> Result<()> {
             paired(
                 name,
                 &wattprof,
+                baseline,
                 &cmd,
                 rounds,
                 2.0 * round_trips as f64,

@@ -602,6 +602,13 @@ impl Profile {
     /// just before it.
     fn step(&mut self, sample: &CpuSample, mut read: IntervalEnergy) {
         self.watch_clock(sample.at_ns);
+        // The eBPF programs' own word on a full map or ring (aya-log):
+        // said as it happens, and kept in the recording's problems.
+        for m in &sample.kernel_log {
+            let p = format!("eBPF: {m}");
+            eprintln!("wattprof: {p}");
+            self.problem(p);
+        }
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
         let mut packages = vec![PackageTime::default(); self.package_ids.len().max(1)];

@@ -162,9 +162,50 @@ impl Default for TrackerConfig {
     }
 }
 
+/// What the eBPF programs log through aya-log (`AYA_LOGS`): their own
+/// account of a full map or ring, kept until the next sample hands it to
+/// the profile (a bounded number per sample; the programs rate-limit
+/// themselves too).
+#[derive(Clone, Default)]
+struct KernelLog(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+/// Kernel-side messages kept between two samples at most.
+const MAX_KERNEL_LOG: usize = 64;
+
+impl log::Log for KernelLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let mut v = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if v.len() < MAX_KERNEL_LOG {
+            v.push(record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+impl KernelLog {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
 /// The loaded and attached eBPF tracker.
 pub struct EbpfTracker {
     ebpf: Ebpf,
+    /// The programs' aya-log ring, read at each sample.
+    kernel_log: Option<(aya_log::EbpfLogger<KernelLog>, KernelLog)>,
     cpus: Map,
     tasks: Map,
     events: RingBuf<MapData>,
@@ -321,8 +362,13 @@ impl EbpfTracker {
         let active =
             RingBuf::try_from(take_map(&mut ebpf, "ACTIVE")?).map_err(map_err("ACTIVE"))?;
         let sockets = topology.sockets();
+        let log = KernelLog::default();
+        let kernel_log = aya_log::EbpfLogger::init_with_logger(&mut ebpf, log.clone())
+            .ok()
+            .map(|l| (l, log));
         Ok(Self {
             ebpf,
+            kernel_log,
             cpus,
             tasks,
             events,
@@ -895,6 +941,13 @@ impl EbpfTracker {
             .map(|(n, p)| n.events_lost.saturating_sub(p.events_lost))
             .sum();
         self.prev = now;
+        let kernel_log = match &mut self.kernel_log {
+            Some((ring, log)) => {
+                ring.flush();
+                log.take()
+            }
+            None => Vec::new(),
+        };
         CpuSample {
             at_ns,
             cpus,
@@ -902,6 +955,7 @@ impl EbpfTracker {
             events: std::mem::take(&mut self.pending),
             events_lost,
             discarded_ns,
+            kernel_log,
         }
     }
 }

@@ -166,6 +166,8 @@ pub struct CpuSample {
     pub events_lost: u64,
     /// On-CPU time of exited threads whose final record was overwritten.
     pub discarded_ns: u64,
+    /// What the eBPF programs logged (aya-log) since the last sample.
+    pub kernel_log: Vec<String>,
 }
 
 impl CpuSample {
