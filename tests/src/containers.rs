@@ -140,3 +140,47 @@ pub fn busybox_rootfs(dir: &std::path::Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Polls `/metrics` on `addr` until it names `name` (at most 40 s), then
+/// checks that it has the energy of each of `ids` and `name` under
+/// `runtime`.
+pub fn check_metrics(addr: &str, runtime: &str, ids: &[&str], name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut metrics = String::new();
+    while Instant::now() < deadline {
+        metrics = crate::http_get(addr, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        if metrics.contains(&format!("container_name=\"{name}\"")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for id in ids {
+        assert!(
+            metrics.lines().any(|l| {
+                l.starts_with("wattprof_container_energy_joules_total")
+                    && l.contains(&format!("container_id=\"{id}\""))
+                    && l.contains(&format!("runtime=\"{runtime}\""))
+            }),
+            "no energy for {runtime} {id}:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains(&format!("container_name=\"{name}\"")),
+        "{metrics}"
+    );
+}
+
+/// Stops a `wattprof monitor` child with SIGINT, as a user's Ctrl-C, and
+/// checks that it ended well.
+pub fn stop_monitor(child: std::process::Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("monitor");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

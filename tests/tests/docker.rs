@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 use wattprof_tests::containers::{
-    BURN, BURN_MIN_NS, Expected, cgroup_cpu_ns, check_against_kernel, wait_until_idle,
+    BURN, BURN_MIN_NS, Expected, cgroup_cpu_ns, check_against_kernel, check_metrics, stop_monitor,
+    wait_until_idle,
 };
 use wattprof_tests::{
     docker_image, read_json, require_ebpf, tempfile_dir, wait_for_stream_header, wattprof_bin,
@@ -45,17 +46,6 @@ fn monitor(socket: &Path, out: &Path, stream: &Path) -> Child {
         .expect("monitor")
 }
 
-fn stop(child: Child) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("monitor");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The test image, or `None` after saying why the test is skipped.
 fn image() -> Option<String> {
     docker_image()
@@ -81,7 +71,7 @@ fn a_recording_names_containers_without_an_exporter_or_a_screen() {
     wait_for_stream_header(&stream);
     let name = format!("wp-test-{}", std::process::id());
     container(&image, &name);
-    stop(m);
+    stop_monitor(m);
     let report = read_json(&out);
     let c = named(&report, &name)
         .unwrap_or_else(|| panic!("{name} not named in {}", report["containers"]));
@@ -121,7 +111,7 @@ fn a_docker_socket_that_appears_later_is_found() {
     // Gone before the end: only a name asked for while it ran is known.
     let _ = Command::new("docker").args(["rm", "-f", &name]).output();
     std::thread::sleep(std::time::Duration::from_secs(1));
-    stop(m);
+    stop_monitor(m);
     let report = read_json(&out);
     assert!(
         named(&report, &name).is_some(),
@@ -199,35 +189,12 @@ fn containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel
         std::time::Duration::from_secs(90),
     );
     // /metrics: both containers' energy, and their names.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
-    let mut metrics = String::new();
-    while std::time::Instant::now() < deadline {
-        metrics = wattprof_tests::http_get(&addr, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default();
-        if metrics.contains(&format!("container_name=\"{b}\"")) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
-    for id in [&id_a, &id_b] {
-        assert!(
-            metrics
-                .lines()
-                .any(|l| l.starts_with("wattprof_container_energy_joules_total")
-                    && l.contains(id.as_str())),
-            "no energy for {id}:\n{metrics}"
-        );
-    }
-    assert!(
-        metrics.contains(&format!("container_name=\"{b}\"")),
-        "{metrics}"
-    );
+    check_metrics(&addr, "docker", &[&id_a, &id_b], &b);
     let kernel: Vec<u64> = [&id_a, &id_b]
         .iter()
         .map(|id| cgroup_cpu_ns(&cgroups(id)).expect("the container's cgroup"))
         .collect();
-    stop(m);
+    stop_monitor(m);
     let _ = Command::new("docker")
         .args(["rm", "-f", &renamed, &b])
         .output();

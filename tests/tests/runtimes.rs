@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use wattprof_tests::containers::{
     BURN, BURN_MIN_NS, Expected, busybox_rootfs, cgroup_cpu_ns, check_against_kernel,
-    wait_until_idle,
+    check_metrics, stop_monitor, wait_until_idle,
 };
 use wattprof_tests::{read_json, require_ebpf, tempfile_dir, wait_for_stream_header, wattprof_bin};
 
@@ -34,33 +34,6 @@ fn monitor(extra: &[&std::ffi::OsStr], dir: &Path, addr: &str) -> Child {
         .expect("monitor");
     wait_for_stream_header(&stream);
     child
-}
-
-fn stop(child: Child) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("monitor");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Polls /metrics until it names `name` (at most 40 s); the last body.
-fn metrics_naming(addr: &str, name: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut metrics = String::new();
-    while Instant::now() < deadline {
-        metrics = wattprof_tests::http_get(addr, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default();
-        if metrics.contains(&format!("container_name=\"{name}\"")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    metrics
 }
 
 fn ok(cmd: &mut Command) -> bool {
@@ -205,17 +178,12 @@ fn podman_containers_at_two_rates_started_before_and_after_and_renamed_match_the
         BURN_MIN_NS,
         Duration::from_secs(90),
     );
-    let metrics = metrics_naming(&addr, &b);
-    assert!(
-        metrics.contains("runtime=\"podman\"")
-            && metrics.contains(&format!("container_name=\"{b}\"")),
-        "{metrics}"
-    );
+    check_metrics(&addr, "podman", &[&id_a, &id_b], &b);
     let kernel: Vec<u64> = [&id_a, &id_b]
         .iter()
         .map(|id| cgroup_cpu_ns(&podman_cgroups(id)).expect("the container's cgroup"))
         .collect();
-    stop(m);
+    stop_monitor(m);
     let _ = Command::new("podman")
         .args(["rm", "-f", "-t", "0", &renamed, &b])
         .output();
@@ -328,17 +296,17 @@ fn containerd_containers_at_two_rates_started_before_and_after_match_the_kernel(
         BURN_MIN_NS,
         Duration::from_secs(90),
     );
-    let metrics = metrics_naming(&addr, &nerd_name);
-    assert!(
-        metrics.contains("runtime=\"containerd\"")
-            && metrics.contains(&format!("container_name=\"{nerd_name}\"")),
-        "{metrics}"
+    check_metrics(
+        &addr,
+        "containerd",
+        &[&format!("{NAMESPACE}/{a}"), &format!("{NAMESPACE}/{b}")],
+        &nerd_name,
     );
     let kernel: Vec<u64> = [&task_a, &task_b]
         .iter()
         .map(|t| cgroup_cpu_ns(&t.cgroups()).expect("the task's cgroup"))
         .collect();
-    stop(m);
+    stop_monitor(m);
     let (id_a, id_b) = (format!("{NAMESPACE}/{a}"), format!("{NAMESPACE}/{b}"));
     drop((task_a, task_b));
     check_against_kernel(
