@@ -33,6 +33,16 @@ pub const FREE_GRACE_NS: u64 = 10_000_000_000;
 /// passed its pid may have been missed by it.
 const BASELINE_MARGIN_NS: u64 = 1_000_000_000;
 
+/// How long a thread forgotten without its free (two full reads did not
+/// show it) is remembered, so that its late free counts nothing twice.
+/// Its free comes an RCU grace period after the thread was reaped, and two
+/// full reads take at least two intervals: a minute is far past both.
+const FORGOTTEN_KEEP_NS: u64 = 60_000_000_000;
+
+/// At most this many forgotten threads are remembered (the oldest go
+/// first); 24 bytes each.
+const FORGOTTEN_MAX: usize = 1 << 16;
+
 /// One reading of a thread's run time.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading<'a> {
@@ -121,6 +131,13 @@ pub struct RuntimeLedger {
     /// thread alive then was seen then, so an unknown older one is one
     /// already settled, whose time must not count again.
     baseline_before_ns: u64,
+    /// Threads born from here on (monotonic ns) are the profile's whole:
+    /// the start of the first full read.
+    tracking_start_ns: u64,
+    /// Threads forgotten without their free, by (task pointer, start),
+    /// with when, oldest first: their late free counts nothing.
+    forgotten: std::collections::VecDeque<(u64, u64, u64)>,
+    forgotten_set: IntSet<(u64, u64)>,
     threads: IntMap<u64, Vec<Thread>>,
     /// Addresses read since the last `finish`, and those with a thread
     /// that exited and awaits its free: `finish` looks at these only, not
@@ -148,6 +165,9 @@ impl RuntimeLedger {
             package_of_cpu,
             packages,
             baseline_before_ns: start_ns,
+            tracking_start_ns: start_ns,
+            forgotten: Default::default(),
+            forgotten_set: Default::default(),
             threads: HashMap::default(),
             touched: Vec::new(),
             awaiting: Default::default(),
@@ -161,6 +181,7 @@ impl RuntimeLedger {
     /// is about to start).
     pub fn set_baseline(&mut self, start_ns: u64) {
         self.baseline_before_ns = start_ns;
+        self.tracking_start_ns = start_ns;
     }
 
     /// Threads tracked.
@@ -265,10 +286,21 @@ impl RuntimeLedger {
             .threads
             .get(&r.task_ptr)
             .is_some_and(|list| list.iter().any(|t| t.start_ns >= r.start_ns));
+        let mut counted_ns = counted_ns;
         if old && !known && matches!(kind, Kind::Free { .. }) {
-            // The free of a thread already forgotten (two full reads did
-            // not show it): nothing left to count or report.
-            return;
+            // A full read shows every thread that is in the task list, but
+            // a thread reaped before it began is not, and its free comes
+            // an RCU grace period later (seconds on a loaded machine). So
+            // an unknown old thread's free is either one forgotten without
+            // its free (two full reads did not show it: counted, nothing
+            // left to count) or one no read ever saw, born and reaped
+            // between two reads: born while tracking, all its time is the
+            // profile's; born before, none of it can be told apart.
+            let forgotten = self.forgotten_set.contains(&(r.task_ptr, r.start_ns));
+            if forgotten || r.start_ns < self.tracking_start_ns {
+                return;
+            }
+            counted_ns = 0;
         }
         self.touched.push(r.task_ptr);
         let list = self.threads.entry(r.task_ptr).or_default();
@@ -369,6 +401,18 @@ impl RuntimeLedger {
                 t.freed = true;
                 self.forget.push(*ptr);
                 self.touched.push(*ptr);
+                self.forgotten.push_back((*ptr, t.start_ns, read_start_ns));
+                self.forgotten_set.insert((*ptr, t.start_ns));
+            }
+        }
+        while self.forgotten.len() > FORGOTTEN_MAX
+            || self
+                .forgotten
+                .front()
+                .is_some_and(|(_, _, at)| at.saturating_add(FORGOTTEN_KEEP_NS) < read_start_ns)
+        {
+            if let Some((ptr, start, _)) = self.forgotten.pop_front() {
+                self.forgotten_set.remove(&(ptr, start));
             }
         }
         self.baseline_before_ns = self
@@ -676,6 +720,35 @@ mod tests {
         l.observe(reading(1500, 520, 0, 7), Kind::Read, 2100);
         assert_eq!(l.finish(2100, false)[0].total_ns(), 20);
         assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn a_thread_no_read_saw_counts_whole_from_a_free_that_comes_after_a_full_read() {
+        // Born at 1500 (while tracking), reaped before the full read at
+        // 1500 + 2 s (so that read could not show it), its exit lost; its
+        // free comes after that read, as an RCU grace period on a loaded
+        // machine allows.
+        let mut l = ledger();
+        let read = 1500 + 2 * BASELINE_MARGIN_NS;
+        l.full_read_done(read);
+        l.observe(
+            reading(1500, 700, 0, 7),
+            Kind::Free { ts_ns: read + 5 },
+            read + 5,
+        );
+        let out = l.finish(read + 5, false);
+        assert_eq!(out.iter().map(TaskTime::total_ns).sum::<u64>(), 700);
+        assert_eq!(out.iter().filter(|t| t.exit_ns.is_some()).count(), 1);
+        assert_eq!(out[0].comm, "worker", "named from its free");
+        // Born before tracking and never seen: none of it is the profile's.
+        let mut l = ledger();
+        l.full_read_done(read);
+        l.observe(
+            reading(900, 700, 0, 7),
+            Kind::Free { ts_ns: read + 5 },
+            read + 5,
+        );
+        assert!(l.finish(read + 5, false).is_empty());
     }
 
     #[test]
