@@ -912,8 +912,14 @@ impl EbpfTracker {
             Some(i) => i.read(self.closing, at_read)?,
             None => return Err(TrackerError::Load("no iterator".into())),
         };
-        let at_ns = monotonic_ns();
+        // The window closes after the ring is drained: a free drained
+        // here carries its thread's final time, which may run past the
+        // read, and the interval must span every time it hands out. Closed
+        // before the drain, a loaded machine (a drain preempted for
+        // milliseconds) left the final interval's CPUs busier than their
+        // window, a debt with no later idle to pay it.
         self.drain_events();
+        let at_ns = monotonic_ns();
         let now = self.read_cpus()?;
         let Some(state) = self.iter.as_mut() else {
             return Err(TrackerError::Load("no iterator".into()));
