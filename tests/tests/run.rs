@@ -106,31 +106,82 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
     let report = run.report();
     let truths = run.stdout_json();
     assert_eq!(truths.len(), 3, "orchestrator output: {truths:?}");
+    let processes = report["processes"].as_array().expect("processes");
+    let whole = |p: &&serde_json::Value| {
+        p["exit_ns"].as_u64().is_some() && p["start_ns"].as_u64().is_some()
+    };
+    // Processes of the tree whose end no record reported: with exit
+    // records lost on purpose, those whose free the kernel did not run
+    // the program for either (see README, "Guarantees"). Each is named
+    // from its fork and counted in `ended_unseen`; with exit records on,
+    // there are none.
+    let unseen: Vec<&serde_json::Value> = processes
+        .iter()
+        .filter(|p| p["exit_ns"].is_null() && p["start_ns"].as_u64().is_some())
+        .collect();
+    let ended_unseen = u(report, "/profiler/ended_unseen");
+    assert_eq!(
+        unseen.len() as u64,
+        ended_unseen,
+        "ended_unseen counts them"
+    );
+    if extra.contains(&"exit") {
+        // Measured on the project's VM with a CPU burner beside the test:
+        // 0-9 of the 2,000 in a run (frees fired in softirq over the VM's
+        // init thread did not run the program; bpf_stats' run_cnt was
+        // short of tracefs's count by exactly those). A regression that
+        // loses frees loses hundreds.
+        assert!(ended_unseen <= 40, "{ended_unseen} processes ended unseen");
+        assert!(
+            run.stderr().contains("neither exit nor free record") || ended_unseen == 0,
+            "the table says so: {}",
+            run.stderr()
+        );
+    } else {
+        assert_eq!(
+            ended_unseen, 0,
+            "unseen ends with exit records on: {unseen:?}"
+        );
+    }
+    // An unseen short process lacks at most its whole run time: the
+    // longest whole one's, twice over.
+    let longest_short = processes
+        .iter()
+        .filter(|p| p["comm"] == "wp-short")
+        .filter(whole)
+        .map(|p| u(p, "/on_cpu_ns"))
+        .max()
+        .unwrap_or(0);
     for t in &truths {
         let pid = u(t, "/pid");
         let truth = u(t, "/rusage_ns");
         let measured = subtree_ns(report, pid);
         let err = rel_err(measured, truth);
+        let allowed = 0.001 + (ended_unseen * 2 * longest_short) as f64 / truth as f64;
         eprintln!(
-            "{}: wattprof {measured} ns, wait4 rusage {truth} ns, error {:.4}%",
+            "{}: wattprof {measured} ns, wait4 rusage {truth} ns, error {:.4}% (allowed {:.4}%)",
             t["name"],
-            err * 100.0
+            err * 100.0,
+            allowed * 100.0
         );
-        assert!(err < 0.01, "{}: error {err}", t["name"]);
+        assert!(
+            measured <= truth + truth / 10_000,
+            "{}: counted twice? {err}",
+            t["name"]
+        );
+        assert!(err < allowed, "{}: error {err}", t["name"]);
     }
-    let processes = report["processes"].as_array().expect("processes");
     let shorts = processes
         .iter()
         .filter(|p| p["comm"] == "wp-short")
-        .filter(|p| p["exit_ns"].as_u64().is_some() && p["start_ns"].as_u64().is_some())
+        .filter(whole)
         .count();
     if shorts != 2000 {
         // What the missing one looks like: a wp-short without its start or
         // exit, or a testload process under another name.
         for p in processes.iter().filter(|p| {
             let named = p["comm"] == "wp-short";
-            let whole = p["exit_ns"].as_u64().is_some() && p["start_ns"].as_u64().is_some();
-            (named && !whole)
+            (named && !whole(p))
                 || (!named
                     && p["comm"]
                         .as_str()
@@ -139,7 +190,11 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
             eprintln!("not a whole wp-short: {p}");
         }
     }
-    assert_eq!(shorts, 2000, "short-lived processes named wp-short");
+    assert_eq!(
+        shorts as u64 + ended_unseen,
+        2000,
+        "short-lived processes named wp-short, and those ended unseen"
+    );
     assert_eq!(u(report, "/lost_ns"), 0);
     assert_eq!(u(report, "/profiler/events_lost"), 0);
     assert_cpu_time_closes(report);
@@ -354,7 +409,7 @@ fn even_and_odd_packages() -> std::path::PathBuf {
 fn migrations_between_packages_split_a_threads_time_per_package() {
     require_ebpf!();
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        eprintln!("skipping: needs two CPUs");
+        wattprof_tests::say_skip("needs two CPUs");
         return;
     }
     let sys = even_and_odd_packages();

@@ -238,6 +238,7 @@ pub(super) fn tracker_facts(
         events_lost: 0,
         discarded_ns: 0,
         unmatched_forks: 0,
+        ended_unseen: 0,
         output_errors: Vec::new(),
     }
 }

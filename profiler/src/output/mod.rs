@@ -226,6 +226,12 @@ pub struct ProfilerReport {
     pub discarded_ns: u64,
     /// Fork records whose task never showed up.
     pub unmatched_forks: u64,
+    /// `run`: processes of the tree that `/proc` no longer lists but whose
+    /// end no record reported (their exit and free records were both
+    /// lost): named from their fork and exec, with the time of their last
+    /// reading (0 when no read saw them). Absent in older recordings.
+    #[serde(default)]
+    pub ended_unseen: u64,
     /// Outputs that stopped early (`--jsonl`, `--csv-intervals` on a full
     /// disk): one line each. wattprof then exits non-zero.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -400,6 +400,14 @@ pub fn render_run_table(r: &RunReport) -> String {
             p.settled_from_exit, p.vanished_threads
         );
     }
+    if p.ended_unseen > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} processes ended with neither exit nor free record (both lost): named \
+             from their fork, time up to their last reading; see README, \"Guarantees\"",
+            p.ended_unseen
+        );
+    }
     if let Some(why) = &p.tracker_fallback {
         let _ = writeln!(
             s,

@@ -76,6 +76,11 @@ pub fn parse_smaps_rollup(text: &str) -> Option<Memory> {
 }
 
 impl ProcFs {
+    /// Whether `/proc` lists `pid` (alive, or a zombie not yet reaped).
+    pub fn lists(&self, pid: u32) -> bool {
+        self.root.join(pid.to_string()).exists()
+    }
+
     /// Memory of `pid`, if it is alive and readable (kernel threads have
     /// none).
     pub fn memory(&self, pid: u32) -> Option<Memory> {

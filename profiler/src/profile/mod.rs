@@ -1648,6 +1648,12 @@ impl Profile {
             profiler.samples,
         ) = self.machine.health();
         profiler.unmatched_forks = self.table.unmatched_forks();
+        if matches!(self.cfg.scope, Scope::Tree) {
+            profiler.ended_unseen = processes
+                .iter()
+                .filter(|p| p.exit_ns.is_none() && !self.procfs.lists(p.pid))
+                .count() as u64;
+        }
         let command = ending.command.map(|c| CommandReport {
             argv: c.argv,
             pid: c.pid,

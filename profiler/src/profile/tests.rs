@@ -234,6 +234,7 @@ impl Rig {
                 events_lost: 0,
                 discarded_ns: 0,
                 unmatched_forks: 0,
+                ended_unseen: 0,
                 output_errors: Vec::new(),
             },
         });
