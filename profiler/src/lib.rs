@@ -24,6 +24,20 @@
 //!
 //! [`topology`], [`carbon`] and [`hash`] are leaves every layer may use.
 
+/// Says that the running unit test is skipped, and why: one line,
+/// `skipping: <test>: <reason>` (libtest names each test's thread after
+/// the test), which `cargo xtask test` counts once, as skipped.
+#[cfg(test)]
+macro_rules! skip_test {
+    ($($arg:tt)*) => {
+        eprintln!(
+            "skipping: {}: {}",
+            std::thread::current().name().unwrap_or("unnamed test"),
+            format!($($arg)*)
+        )
+    };
+}
+
 pub mod attribution;
 pub mod carbon;
 pub mod cli;

@@ -151,7 +151,7 @@ fn calibrate(extra: &[&str], log: &Path, sys: Option<&Path>, out: &Path) -> std:
 fn a_known_wall_law_is_recovered_from_a_load_staircase() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: the fixture's writer needs root (real-time priority)");
+        wattprof_tests::say_skip("the fixture's writer needs root (real-time priority)");
         return;
     }
     let rig = Rig::start(1.0);

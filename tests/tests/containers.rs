@@ -19,7 +19,7 @@ const POD: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
 fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processes_exit() {
     require_ebpf!();
     let Some(root) = cgroup2_root() else {
-        eprintln!("skipping: no cgroup2 mount");
+        wattprof_tests::say_skip("no cgroup2 mount");
         return;
     };
     let base = format!("wattprof-test-{}", std::process::id());
@@ -127,7 +127,7 @@ fn each_runtime_s_container_gets_its_own_time_and_energy_even_after_its_processe
 fn container_and_cgroup_filters_choose_the_reported_processes() {
     require_ebpf!();
     let Some(root) = cgroup2_root() else {
-        eprintln!("skipping: no cgroup2 mount");
+        wattprof_tests::say_skip("no cgroup2 mount");
         return;
     };
     let base = format!("wattprof-test-f{}", std::process::id());
@@ -187,7 +187,7 @@ fn container_and_cgroup_filters_choose_the_reported_processes() {
 fn a_process_moved_between_cgroups_mid_interval_is_split_at_the_move() {
     require_ebpf!();
     let Some(root) = cgroup2_root() else {
-        eprintln!("skipping: no cgroup2 mount");
+        wattprof_tests::say_skip("no cgroup2 mount");
         return;
     };
     let base = format!("wattprof-test-move-{}", std::process::id());

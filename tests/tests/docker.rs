@@ -49,7 +49,7 @@ fn monitor(socket: &Path, out: &Path, stream: &Path) -> Child {
 /// The test image, or `None` after saying why the test is skipped.
 fn image() -> Option<String> {
     docker_image()
-        .map_err(|why| eprintln!("skipping: {why}"))
+        .map_err(|why| wattprof_tests::say_skip(&why))
         .ok()
 }
 

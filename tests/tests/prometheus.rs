@@ -100,7 +100,9 @@ fn query(prom: &str, q: &str) -> Vec<Value> {
 fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     require_ebpf!();
     let Some(prom_bin) = prometheus_bin() else {
-        eprintln!("skipping: no prometheus binary (cargo xtask test installs Debian's package)");
+        wattprof_tests::say_skip(
+            "no prometheus binary (cargo xtask test installs Debian's package)",
+        );
         return;
     };
     let rapl = FakeRapl::start(30.0, 3.0);
@@ -119,7 +121,7 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     // Something to measure while it scrapes.
     // In a cgroup named as Docker names them, so container series exist.
     let Some(cg_root) = wattprof_tests::cgroup2_root() else {
-        eprintln!("skipping: no cgroup2 mount");
+        wattprof_tests::say_skip("no cgroup2 mount");
         return;
     };
     let mut cgroups = wattprof_tests::Cgroups::default();
@@ -308,7 +310,7 @@ fn series_stay_bounded_through_a_storm_and_bad_requests_do_not_stall_sampling() 
 fn a_finished_container_s_series_end_after_the_grace_period() {
     require_ebpf!();
     let Some(cg_root) = wattprof_tests::cgroup2_root() else {
-        eprintln!("skipping: no cgroup2 mount");
+        wattprof_tests::say_skip("no cgroup2 mount");
         return;
     };
     let id = "cd".repeat(32);
@@ -450,16 +452,18 @@ fn curl(args: &[&str], url: &str) -> (u16, String) {
 fn prometheus_scrapes_over_tls_with_basic_auth_from_the_shipped_configs() {
     require_ebpf!();
     let Some(prom_bin) = prometheus_bin() else {
-        eprintln!("skipping: no prometheus binary (cargo xtask test installs Debian's package)");
+        wattprof_tests::say_skip(
+            "no prometheus binary (cargo xtask test installs Debian's package)",
+        );
         return;
     };
     if !std::path::Path::new("/usr/bin/curl").exists() {
-        eprintln!("skipping: no curl (cargo xtask test installs it)");
+        wattprof_tests::say_skip("no curl (cargo xtask test installs it)");
         return;
     }
     let dir = tempfile_dir();
     if !make_certificates(&dir) {
-        eprintln!("skipping: the openssl command could not make certificates");
+        wattprof_tests::say_skip("the openssl command could not make certificates");
         return;
     }
     // The shipped web config as it is: its certificate names are those

@@ -140,7 +140,7 @@ fn podman_cgroups(id: &str) -> Vec<String> {
 fn podman_containers_at_two_rates_started_before_and_after_and_renamed_match_the_kernel() {
     require_ebpf!();
     if let Err(why) = podman_image() {
-        eprintln!("skipping: {why}");
+        wattprof_tests::say_skip(&why);
         return;
     }
     let dir = tempfile_dir();
@@ -148,7 +148,7 @@ fn podman_containers_at_two_rates_started_before_and_after_and_renamed_match_the
     let service = match PodmanService::start(&socket) {
         Ok(s) => s,
         Err(why) => {
-            eprintln!("skipping: {why}");
+            wattprof_tests::say_skip(&why);
             return;
         }
     };
@@ -273,7 +273,7 @@ impl Drop for CtrTask {
 fn containerd_containers_at_two_rates_started_before_and_after_match_the_kernel() {
     require_ebpf!();
     if !ok(Command::new("ctr").arg("version")) {
-        eprintln!("skipping: containerd does not answer on /run/containerd/containerd.sock");
+        wattprof_tests::say_skip("containerd does not answer on /run/containerd/containerd.sock");
         return;
     }
     let pid = std::process::id();

@@ -7,12 +7,16 @@ use anyhow::{Result, bail};
 
 use crate::{ebpf, run_cmd, workspace_root};
 
-/// Passed/failed counts from cargo test's `test result:` lines.
+/// Each test counted once: cargo test's `test result:` lines give passed
+/// and failed; a test that said `skipping: <test>: <reason>` (the tests'
+/// `say_skip` and `skip_test!`) passed in cargo's count but is moved to
+/// skipped, once however often it said so.
 #[derive(Default)]
 struct Counts {
     passed: u64,
     failed: u64,
-    skipped: u64,
+    /// Skipped tests by name, with the reason each gave first.
+    skipped: std::collections::BTreeMap<String, String>,
 }
 
 impl Counts {
@@ -32,10 +36,22 @@ impl Counts {
                     }
                 }
             }
-            if line.contains("skipping: ") {
-                self.skipped += 1;
+            // libtest prints a test's output after `test NAME ... ` on the
+            // same line, so the marker may stand anywhere in it.
+            if let Some(at) = line.find("skipping: ") {
+                let rest = &line[at + "skipping: ".len()..];
+                let (name, reason) = rest.split_once(": ").unwrap_or(("unnamed test", rest));
+                self.skipped
+                    .entry(name.trim().to_string())
+                    .or_insert_with(|| reason.trim().to_string());
             }
         }
+    }
+
+    /// Passed, failed, skipped: each test once.
+    fn totals(&self) -> (u64, u64, u64) {
+        let skipped = self.skipped.len() as u64;
+        (self.passed.saturating_sub(skipped), self.failed, skipped)
     }
 }
 
@@ -227,20 +243,7 @@ pub fn run(check_ebpf: bool) -> Result<()> {
     // (a library only: `--bins` would skip it, so it builds on its own).
     run_cmd(cargo().args(["build", "--locked", "-p", "profiler", "--bins"]))?;
     run_cmd(cargo().args(["build", "--locked", "-p", "nvml-stub"]))?;
-    let mut counts = Counts::default();
-    let mut ok = run_tests(
-        cargo().args([
-            "test",
-            "--locked",
-            "-p",
-            "profiler",
-            "-p",
-            "profiler-common",
-            "-p",
-            "xtask",
-        ]),
-        &mut counts,
-    )?;
+    // Every prerequisite before any test: the unit tests need openssl too.
     ensure_package(
         "/usr/bin/prometheus",
         "prometheus",
@@ -265,11 +268,30 @@ pub fn run(check_ebpf: bool) -> Result<()> {
     );
     ensure_dockerd();
     ensure_podman_and_containerd();
+    let mut counts = Counts::default();
+    let mut ok = run_tests(
+        cargo().args([
+            "test",
+            "--locked",
+            "--no-fail-fast",
+            "-p",
+            "profiler",
+            "-p",
+            "profiler-common",
+            "-p",
+            "xtask",
+            "--",
+            // Skip lines are test output: captured, they would not show.
+            "--nocapture",
+        ]),
+        &mut counts,
+    )?;
     // Root tests share the kernel and measure CPU time: one at a time.
     ok &= run_tests(
         cargo().args([
             "test",
             "--locked",
+            "--no-fail-fast",
             "-p",
             "wattprof-tests",
             "--",
@@ -296,18 +318,16 @@ pub fn run(check_ebpf: bool) -> Result<()> {
             }
         }
     }
-    println!(
-        "wattprof: {} passed, {} failed, {} skipped",
-        counts.passed, counts.failed, counts.skipped
-    );
-    if !ok || counts.failed > 0 {
-        bail!("tests failed");
+    let (passed, failed, skipped) = counts.totals();
+    if skipped > 0 {
+        println!("skipped tests, with their reasons:");
+        for (name, reason) in &counts.skipped {
+            println!("  {name}: {reason}");
+        }
     }
-    if counts.skipped > 0 {
-        eprintln!(
-            "note: {} tests skipped (see `skipping:` lines above)",
-            counts.skipped
-        );
+    println!("wattprof: {passed} passed, {failed} failed, {skipped} skipped");
+    if !ok || failed > 0 {
+        bail!("tests failed");
     }
     Ok(())
 }
@@ -317,13 +337,19 @@ mod tests {
     use super::Counts;
 
     #[test]
-    fn counts_cargo_results_and_skips() {
+    fn counts_each_test_once() {
         let mut c = Counts::default();
         c.add_output(
             "test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
-             skipping: needs root\n\
+             skipping: a::b: needs root\n\
+             test x::y ... skipping: x::y: no prometheus binary\n\
+             skipping: a::b: needs root\n\
              test result: FAILED. 3 passed; 1 failed; 0 ignored\n",
         );
-        assert_eq!((c.passed, c.failed, c.skipped), (15, 1, 1));
+        // 15 passed in cargo's count, two of them skipped (one said so
+        // twice), one failed.
+        assert_eq!(c.totals(), (13, 1, 2));
+        assert_eq!(c.skipped["x::y"], "no prometheus binary");
+        assert_eq!(c.skipped["a::b"], "needs root");
     }
 }

@@ -572,7 +572,7 @@ mod tests {
     #[test]
     fn check_reports_two_real_readers_that_disagree() {
         if !crate::privilege::may_perf_system_wide() {
-            eprintln!("skipping: the perf reader needs CAP_PERFMON");
+            skip_test!("the perf reader needs CAP_PERFMON");
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");

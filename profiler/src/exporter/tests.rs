@@ -143,7 +143,7 @@ fn plain_http_to_the_tls_port_gets_a_line_saying_so() {
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path();
     if !crate::testutil::self_signed(d) {
-        eprintln!("skipping: no openssl command to make a certificate");
+        skip_test!("no openssl command to make a certificate");
         return;
     }
     let config = d.join("web.yml");

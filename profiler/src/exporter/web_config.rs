@@ -523,7 +523,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let d = dir.path();
         if !crate::testutil::self_signed(d) {
-            eprintln!("skipping: no openssl command to make a certificate");
+            skip_test!("no openssl command to make a certificate");
             return;
         }
         let p = write(

@@ -506,7 +506,7 @@ mod tests {
         assert_eq!(wattprof_symbols_probe(), 7);
         let exe = std::env::current_exe().expect("exe");
         let Ok(Some(id)) = blazesym::helper::read_elf_build_id(&exe) else {
-            eprintln!("skipping: the test binary has no build id");
+            skip_test!("the test binary has no build id");
             return;
         };
         let inspector = blazesym::inspect::Inspector::new();

@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn opens_reads_and_scales_a_real_perf_counter() {
         if !crate::privilege::may_perf_system_wide() {
-            eprintln!("skipping: system-wide perf counters need CAP_PERFMON");
+            skip_test!("system-wide perf counters need CAP_PERFMON");
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");

@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn running_kernel_if_it_has_btf() {
         if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-            eprintln!("skipping: this kernel has no BTF");
+            skip_test!("this kernel has no BTF");
             return;
         }
         let off = sum_exec_runtime_offset().expect("task_struct.se.sum_exec_runtime");
