@@ -21,12 +21,23 @@ pub fn skip_reason() -> Option<String> {
     None
 }
 
+/// Says that the running test is skipped, and why: one line,
+/// `skipping: <test>: <reason>` (libtest names each test's thread after
+/// the test). `cargo xtask test` counts each test named so once, as
+/// skipped rather than passed, and lists them with their reasons.
+pub fn say_skip(reason: &str) {
+    eprintln!(
+        "skipping: {}: {reason}",
+        std::thread::current().name().unwrap_or("unnamed test")
+    );
+}
+
 /// Returns early from a test, saying why, when eBPF tests cannot run.
 #[macro_export]
 macro_rules! require_ebpf {
     () => {
         if let Some(reason) = $crate::skip_reason() {
-            eprintln!("skipping: {reason}");
+            $crate::say_skip(&reason);
             return;
         }
     };
@@ -56,6 +67,43 @@ pub fn wattprof_bin() -> PathBuf {
 /// The workload helper (a bin of this package, built with its tests).
 pub fn testload_bin() -> PathBuf {
     target_dir().join("wattprof-testload")
+}
+
+/// `bin` where another user (`nobody`) can execute it: itself when every
+/// directory above it lets others through, else a copy in a fresh
+/// directory of mode 755 under the system temp dir, refreshed when the
+/// binary changes (one directory per checkout, so clones do not mix). A
+/// root user's clone under `/root`, or in `mktemp -d`, is mode 700, and
+/// `nobody` cannot run a binary inside it.
+pub fn executable_by_others(bin: &Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let passable =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
+    if bin.ancestors().all(passable) {
+        return bin.to_path_buf();
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bin.hash(&mut h);
+    let dir = std::env::temp_dir().join(format!("wattprof-test-bins-{:016x}", h.finish()));
+    std::fs::create_dir_all(&dir).expect("a directory for the binaries");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let copy = dir.join(bin.file_name().expect("a binary's name"));
+    let stamp = |p: &Path| std::fs::metadata(p).map(|m| (m.len(), m.mtime(), m.mtime_nsec()));
+    let fresh = match (stamp(bin), std::fs::metadata(&copy)) {
+        (Ok((len, ..)), Ok(c)) => {
+            c.len() == len
+                && std::fs::metadata(bin).and_then(|b| b.modified()).ok() <= c.modified().ok()
+        }
+        _ => false,
+    };
+    if !fresh {
+        let part = copy.with_extension("part");
+        std::fs::copy(bin, &part).expect("copy the binary");
+        std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&part, &copy).expect("rename the copy");
+    }
+    copy
 }
 
 /// A finished `wattprof run`: its output and JSON report.

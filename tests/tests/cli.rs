@@ -120,7 +120,7 @@ fn a_bad_web_config_fails_before_anything_starts() {
 
 #[test]
 fn not_root_is_a_clear_error() {
-    let out = Command::new(wattprof_bin())
+    let out = Command::new(wattprof_tests::executable_by_others(&wattprof_bin()))
         .args(["run", "--", "true"])
         .uid(65534)
         .gid(65534)
@@ -221,7 +221,7 @@ fn tracefs_is_mounted_when_missing() {
         .expect("unshare");
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(99) {
-        eprintln!("skipping: tracefs could not be unmounted here");
+        wattprof_tests::say_skip("tracefs could not be unmounted here");
         return;
     }
     assert!(out.status.success(), "{err}");
@@ -518,7 +518,7 @@ fn bad_energy_options_fail_before_anything_starts() {
 fn under_sudo_the_command_can_send_window_messages() {
     require_ebpf!();
     // The command runs as nobody: the socket must be theirs to write.
-    let load = wattprof_tests::testload_bin();
+    let load = wattprof_tests::executable_by_others(&wattprof_tests::testload_bin());
     let out = Command::new(wattprof_bin())
         .args([
             "run",

@@ -26,7 +26,7 @@ fn as_nobody(caps: &[&str], dir: &Path, args: &[&str]) -> Output {
         .arg(format!("--inh-caps={list}"))
         .arg(format!("--ambient-caps={list}"))
         .arg(format!("--bounding-set={list}"))
-        .arg(wattprof_bin())
+        .arg(wattprof_tests::executable_by_others(&wattprof_bin()))
         .args(args)
         .current_dir(dir)
         .output()
@@ -74,7 +74,7 @@ fn read_json(path: &Path) -> Value {
 #[test]
 fn run_works_with_the_capability_set_alone_and_the_command_gets_none() {
     if let Some(reason) = skip() {
-        eprintln!("skipping: {reason}");
+        wattprof_tests::say_skip(&reason);
         return;
     }
     let dir = open_dir();
@@ -118,7 +118,7 @@ fn run_works_with_the_capability_set_alone_and_the_command_gets_none() {
 #[test]
 fn monitor_and_sources_work_with_the_capability_set_alone() {
     if let Some(reason) = skip() {
-        eprintln!("skipping: {reason}");
+        wattprof_tests::say_skip(&reason);
         return;
     }
     let dir = open_dir();
@@ -178,7 +178,7 @@ fn monitor_and_sources_work_with_the_capability_set_alone() {
 #[test]
 fn each_missing_capability_gets_a_line_naming_it() {
     if let Some(reason) = skip() {
-        eprintln!("skipping: {reason}");
+        wattprof_tests::say_skip(&reason);
         return;
     }
     let dir = open_dir();
