@@ -221,7 +221,7 @@ fn short_lived_processes_get_their_energy() {
 fn the_tdp_estimate_is_marked_and_divided_by_busy_time() {
     require_ebpf!();
     if std::path::Path::new("/sys/class/powercap/intel-rapl:0").exists() {
-        eprintln!("skipping: this machine has RAPL, so the estimate is not used");
+        wattprof_tests::say_skip("this machine has RAPL, so the estimate is not used");
         return;
     }
     let run = wattprof_run(
@@ -270,14 +270,28 @@ fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
         (measured / expected - 1.0).abs() < 0.001,
         "{measured} J vs {expected} J"
     );
-    // Idle energy is each interval's energy × its idle share, reported
-    // apart: between the model's idle and full watts per vCPU over the
-    // idle time.
-    let idle_s = u(report, "/machine/idle_ns") as f64 / 1e9;
+    // Idle energy is each interval's energy × its idle share (the CPU time
+    // no task used), reported apart: summed over the intervals, exact but
+    // for µJ rounding (2 µJ an interval: its energy and its idle share).
+    let cpus = u(report, "/machine/cpus") as f64;
+    let intervals = report["intervals"].as_array().expect("intervals");
+    let expected_idle: f64 = intervals
+        .iter()
+        .map(|iv| {
+            let capacity = cpus * u(iv, "/duration_ns") as f64;
+            let busy = u(iv, "/busy_ns") as f64;
+            let d = iv["domains"].as_array().expect("domains");
+            let pkg = d
+                .iter()
+                .find(|d| d["domain"] == "package")
+                .expect("package");
+            f(pkg, "/measured_j") * (capacity - busy).max(0.0) / capacity
+        })
+        .sum();
     let idle_j = f(pkg, "/idle_j");
     assert!(
-        idle_j >= 0.5 * idle_s * 0.999 && idle_j <= 2.5 * idle_s * 1.001 && idle_j > 0.0,
-        "idle {idle_j} J over {idle_s} s idle: {pkg}"
+        idle_j > 0.0 && (idle_j - expected_idle).abs() <= 2e-6 * (intervals.len() as f64 + 1.0),
+        "idle {idle_j} J, the intervals' energy × idle share {expected_idle} J: {pkg}"
     );
     let cpu = report["energy"]["readers"]
         .as_array()
@@ -305,7 +319,7 @@ fn with_no_counter_and_no_option_energy_is_estimated_and_sources_says_why() {
         .expect("sources");
     let chosen: Value = serde_json::from_slice(&sources.stdout).expect("sources JSON");
     if chosen["cpu_energy_reader"] != "estimate" {
-        eprintln!("skipping: this machine has a CPU energy counter, so no model stands in");
+        wattprof_tests::say_skip("this machine has a CPU energy counter, so no model stands in");
         return;
     }
     // The README's first command, as a new user on a VM types it.

@@ -394,7 +394,7 @@ fn open_in_chromium(
 fn the_html_report_loads_in_chromium_with_no_console_message_and_fetches_nothing() {
     require_ebpf!();
     let Some(browser) = chromium() else {
-        eprintln!("skipping: chromium is not installed (cargo xtask test installs it)");
+        wattprof_tests::say_skip("chromium is not installed (cargo xtask test installs it)");
         return;
     };
     let rapl = FakeRapl::start(40.0, 4.0);
@@ -556,7 +556,7 @@ fn a_window_on_a_gpu_shows_its_gpu_energy_read_back() {
             "--interval",
             "100ms",
         ],
-        &[&testload(), "window", "epoch", "0.5"],
+        &[&testload(), "window", "epoch", "2.0"],
     );
     let s = report_json(&[&rec]);
     assert_eq!(s["windows"], recording["windows"]);
@@ -565,7 +565,10 @@ fn a_window_on_a_gpu_shows_its_gpu_energy_read_back() {
         (w["end_ns"].as_u64().unwrap_or(0) - w["begin_ns"].as_u64().unwrap_or(0)) as f64 / 1e9;
     let gpu_j = f(w, "/energy/gpu_j");
     eprintln!("window epoch: {gpu_j:.3} J of GPU over {length_s:.3} s");
-    assert!((gpu_j / (200.0 * length_s) - 1.0).abs() < 0.1, "{w}");
+    // A boundary reads the counter just before it takes the time: on a
+    // loaded machine the read can be preempted for tens of ms, so 50 ms at
+    // each end of the 2 s window, 2.5%.
+    assert!((gpu_j / (200.0 * length_s) - 1.0).abs() < 0.025, "{w}");
     let table = report(&[&rec]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
