@@ -912,14 +912,22 @@ impl EbpfTracker {
             Some(i) => i.read(self.closing, at_read)?,
             None => return Err(TrackerError::Load("no iterator".into())),
         };
-        // The window closes after the ring is drained: a free drained
-        // here carries its thread's final time, which may run past the
-        // read, and the interval must span every time it hands out. Closed
-        // before the drain, a loaded machine (a drain preempted for
-        // milliseconds) left the final interval's CPUs busier than their
-        // window, a debt with no later idle to pay it.
-        self.drain_events();
-        let at_ns = monotonic_ns();
+        // The final window closes after the ring is drained: a free
+        // drained here carries its thread's final time, which may run past
+        // the read, and the last interval must span every time it hands
+        // out (closed before the drain, a loaded machine left its CPUs
+        // busier than their window, a debt with no later idle to pay). The
+        // others close right after the read, as near the energy read as
+        // can be; what a drain hands out past it is taken from the next
+        // interval's idle time.
+        let at_ns = if self.closing {
+            self.drain_events();
+            monotonic_ns()
+        } else {
+            let at_ns = monotonic_ns();
+            self.drain_events();
+            at_ns
+        };
         let now = self.read_cpus()?;
         let Some(state) = self.iter.as_mut() else {
             return Err(TrackerError::Load("no iterator".into()));

@@ -138,6 +138,10 @@ pub struct RuntimeLedger {
     /// with when, oldest first: their late free counts nothing.
     forgotten: std::collections::VecDeque<(u64, u64, u64)>,
     forgotten_set: IntSet<(u64, u64)>,
+    /// The latest forget time of a forgotten thread no longer remembered:
+    /// a thread born before it may be one of those, so its late free
+    /// counts nothing.
+    forgotten_evicted_ns: u64,
     threads: IntMap<u64, Vec<Thread>>,
     /// Addresses read since the last `finish`, and those with a thread
     /// that exited and awaits its free: `finish` looks at these only, not
@@ -168,6 +172,7 @@ impl RuntimeLedger {
             tracking_start_ns: start_ns,
             forgotten: Default::default(),
             forgotten_set: Default::default(),
+            forgotten_evicted_ns: 0,
             threads: HashMap::default(),
             touched: Vec::new(),
             awaiting: Default::default(),
@@ -296,7 +301,11 @@ impl RuntimeLedger {
             // left to count) or one no read ever saw, born and reaped
             // between two reads: born while tracking, all its time is the
             // profile's; born before, none of it can be told apart.
-            let forgotten = self.forgotten_set.contains(&(r.task_ptr, r.start_ns));
+            // A thread forgotten was born before it was forgotten: one
+            // born after the last forget no longer remembered is not one
+            // of those.
+            let forgotten = self.forgotten_set.contains(&(r.task_ptr, r.start_ns))
+                || r.start_ns <= self.forgotten_evicted_ns;
             if forgotten || r.start_ns < self.tracking_start_ns {
                 return;
             }
@@ -401,8 +410,9 @@ impl RuntimeLedger {
                 t.freed = true;
                 self.forget.push(*ptr);
                 self.touched.push(*ptr);
-                self.forgotten.push_back((*ptr, t.start_ns, read_start_ns));
-                self.forgotten_set.insert((*ptr, t.start_ns));
+                if self.forgotten_set.insert((*ptr, t.start_ns)) {
+                    self.forgotten.push_back((*ptr, t.start_ns, read_start_ns));
+                }
             }
         }
         while self.forgotten.len() > FORGOTTEN_MAX
@@ -411,8 +421,9 @@ impl RuntimeLedger {
                 .front()
                 .is_some_and(|(_, _, at)| at.saturating_add(FORGOTTEN_KEEP_NS) < read_start_ns)
         {
-            if let Some((ptr, start, _)) = self.forgotten.pop_front() {
+            if let Some((ptr, start, at)) = self.forgotten.pop_front() {
                 self.forgotten_set.remove(&(ptr, start));
+                self.forgotten_evicted_ns = self.forgotten_evicted_ns.max(at);
             }
         }
         self.baseline_before_ns = self
