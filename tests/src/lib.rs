@@ -69,41 +69,68 @@ pub fn testload_bin() -> PathBuf {
     target_dir().join("wattprof-testload")
 }
 
-/// `bin` where another user (`nobody`) can execute it: itself when every
+/// A binary another user (`nobody`) can execute: the original when every
 /// directory above it lets others through, else a copy in a fresh
-/// directory of mode 755 under the system temp dir, refreshed when the
-/// binary changes (one directory per checkout, so clones do not mix). A
-/// root user's clone under `/root`, or in `mktemp -d`, is mode 700, and
-/// `nobody` cannot run a binary inside it.
-pub fn executable_by_others(bin: &Path) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+/// directory of mode 755 (removed when this is dropped). A root user's
+/// clone under `/root`, or in `mktemp -d`, is mode 700, and `nobody`
+/// cannot run a binary inside it.
+pub struct PublicBin {
+    /// The path to run.
+    pub path: PathBuf,
+    dir: Option<PathBuf>,
+}
+
+impl Drop for PublicBin {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `bin` where `nobody` can execute it (see [`PublicBin`]).
+pub fn executable_by_others(bin: &Path) -> PublicBin {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU32, Ordering};
     let passable =
         |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
     if bin.ancestors().all(passable) {
-        return bin.to_path_buf();
+        return PublicBin {
+            path: bin.to_path_buf(),
+            dir: None,
+        };
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bin.hash(&mut h);
-    let dir = std::env::temp_dir().join(format!("wattprof-test-bins-{:016x}", h.finish()));
-    std::fs::create_dir_all(&dir).expect("a directory for the binaries");
+    // A fresh directory (create_dir fails on one that exists, so nothing
+    // planted there is followed), under a temporary directory others can
+    // pass through (TMPDIR may be private, as with pam_tmpdir).
+    let base = [std::env::temp_dir(), PathBuf::from("/tmp")]
+        .into_iter()
+        .find(|d| d.ancestors().all(passable))
+        .expect("a temporary directory others can pass through");
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = base.join(format!(
+        "wattprof-test-bin-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir(&dir).expect("a fresh directory for the binary");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let copy = dir.join(bin.file_name().expect("a binary's name"));
-    let stamp = |p: &Path| std::fs::metadata(p).map(|m| (m.len(), m.mtime(), m.mtime_nsec()));
-    let fresh = match (stamp(bin), std::fs::metadata(&copy)) {
-        (Ok((len, ..)), Ok(c)) => {
-            c.len() == len
-                && std::fs::metadata(bin).and_then(|b| b.modified()).ok() <= c.modified().ok()
-        }
-        _ => false,
-    };
-    if !fresh {
-        let part = copy.with_extension("part");
-        std::fs::copy(bin, &part).expect("copy the binary");
-        std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        std::fs::rename(&part, &copy).expect("rename the copy");
+    let path = dir.join(bin.file_name().expect("a binary's name"));
+    let bytes = std::fs::read(bin).expect("read the binary");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(&path)
+        .expect("create the copy");
+    f.write_all(&bytes).expect("write the copy");
+    // Closed before anyone executes it (ETXTBSY otherwise).
+    drop(f);
+    PublicBin {
+        path,
+        dir: Some(dir),
     }
-    copy
 }
 
 /// A finished `wattprof run`: its output and JSON report.

@@ -120,7 +120,8 @@ fn a_bad_web_config_fails_before_anything_starts() {
 
 #[test]
 fn not_root_is_a_clear_error() {
-    let out = Command::new(wattprof_tests::executable_by_others(&wattprof_bin()))
+    let bin = wattprof_tests::executable_by_others(&wattprof_bin());
+    let out = Command::new(&bin.path)
         .args(["run", "--", "true"])
         .uid(65534)
         .gid(65534)
@@ -519,6 +520,7 @@ fn under_sudo_the_command_can_send_window_messages() {
     require_ebpf!();
     // The command runs as nobody: the socket must be theirs to write.
     let load = wattprof_tests::executable_by_others(&wattprof_tests::testload_bin());
+    let load = &load.path;
     let out = Command::new(wattprof_bin())
         .args([
             "run",

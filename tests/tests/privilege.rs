@@ -17,6 +17,7 @@ const SET: &[&str] = &["bpf", "perfmon", "dac_read_search"];
 /// `wattprof args` as user `nobody` with exactly `caps` (effective,
 /// permitted, inheritable, ambient and bounding), in `dir`.
 fn as_nobody(caps: &[&str], dir: &Path, args: &[&str]) -> Output {
+    let bin = wattprof_tests::executable_by_others(&wattprof_bin());
     let list = std::iter::once("-all".to_string())
         .chain(caps.iter().map(|c| format!("+{c}")))
         .collect::<Vec<_>>()
@@ -26,7 +27,7 @@ fn as_nobody(caps: &[&str], dir: &Path, args: &[&str]) -> Output {
         .arg(format!("--inh-caps={list}"))
         .arg(format!("--ambient-caps={list}"))
         .arg(format!("--bounding-set={list}"))
-        .arg(wattprof_tests::executable_by_others(&wattprof_bin()))
+        .arg(&bin.path)
         .args(args)
         .current_dir(dir)
         .output()
