@@ -10,19 +10,26 @@ use crate::{ebpf, run_cmd, workspace_root};
 /// Each test counted once: cargo test's `test result:` lines give passed
 /// and failed; a test that said `skipping: <test>: <reason>` (the tests'
 /// `say_skip` and `skip_test!`) passed in cargo's count but is moved to
-/// skipped, once however often it said so.
+/// skipped, once however often it said so, unless it then failed.
 #[derive(Default)]
 struct Counts {
     passed: u64,
     failed: u64,
-    /// Skipped tests by name, with the reason each gave first.
+    /// Skipped tests by test binary and name, with the first reason.
     skipped: std::collections::BTreeMap<String, String>,
 }
 
 impl Counts {
-    fn add_output(&mut self, text: &str) {
-        for line in text.lines() {
-            if let Some(rest) = line.trim().strip_prefix("test result: ") {
+    /// One `cargo test` run's output: stdout has libtest's results,
+    /// stderr cargo's `Running <binary>` lines and the tests' skip lines,
+    /// in order. A run that failed with no failed test counted (a test
+    /// binary that crashed: no result line) counts one failure.
+    fn add_run(&mut self, stdout: &str, stderr: &str, success: bool) {
+        let failed_before = self.failed;
+        let mut failed_names = Vec::new();
+        for line in stdout.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("test result: ") {
                 for part in rest.split(';') {
                     let mut words = part.split_whitespace().rev();
                     let (Some(kind), Some(n)) = (words.next(), words.next()) else {
@@ -35,16 +42,37 @@ impl Counts {
                         _ => {}
                     }
                 }
+            } else if let Some(name) = line
+                .strip_prefix("test ")
+                .and_then(|l| l.strip_suffix(" ... FAILED"))
+            {
+                failed_names.push(name.to_string());
             }
-            // libtest prints a test's output after `test NAME ... ` on the
-            // same line, so the marker may stand anywhere in it.
-            if let Some(at) = line.find("skipping: ") {
-                let rest = &line[at + "skipping: ".len()..];
+        }
+        let mut binary = String::new();
+        let mut skipped = Vec::new();
+        for line in stderr.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("Running ") {
+                binary = rest.split(" (").next().unwrap_or(rest).to_string();
+            } else if let Some(rest) = line.strip_prefix("skipping: ") {
                 let (name, reason) = rest.split_once(": ").unwrap_or(("unnamed test", rest));
-                self.skipped
-                    .entry(name.trim().to_string())
-                    .or_insert_with(|| reason.trim().to_string());
+                skipped.push((name.trim().to_string(), reason.trim().to_string()));
+            } else {
+                continue;
             }
+            // A skip line belongs to the binary running then.
+            if let Some((name, reason)) = skipped.pop() {
+                if failed_names.contains(&name) {
+                    continue;
+                }
+                self.skipped
+                    .entry(format!("{binary}: {name}"))
+                    .or_insert(reason);
+            }
+        }
+        if !success && self.failed == failed_before {
+            self.failed += 1;
         }
     }
 
@@ -69,8 +97,7 @@ fn run_tests(cmd: &mut Command, counts: &mut Counts) -> Result<bool> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     print!("{stdout}");
     eprint!("{stderr}");
-    counts.add_output(&stdout);
-    counts.add_output(&stderr);
+    counts.add_run(&stdout, &stderr, out.status.success());
     Ok(out.status.success())
 }
 
@@ -339,17 +366,36 @@ mod tests {
     #[test]
     fn counts_each_test_once() {
         let mut c = Counts::default();
-        c.add_output(
+        c.add_run(
             "test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
+             test result: FAILED. 3 passed; 1 failed; 0 ignored\n\
+             test c::d ... FAILED\n",
+            "     Running unittests src/lib.rs (target/debug/deps/a-1)\n\
              skipping: a::b: needs root\n\
-             test x::y ... skipping: x::y: no prometheus binary\n\
              skipping: a::b: needs root\n\
-             test result: FAILED. 3 passed; 1 failed; 0 ignored\n",
+             \x20    Running tests/x.rs (target/debug/deps/x-2)\n\
+             skipping: a::b: no prometheus binary\n\
+             skipping: c::d: no curl\n",
+            false,
         );
-        // 15 passed in cargo's count, two of them skipped (one said so
-        // twice), one failed.
+        // 15 passed in cargo's count: a::b skipped in two binaries (once
+        // each however often it said so); c::d said it skipped and then
+        // failed, so it is a failure only.
         assert_eq!(c.totals(), (13, 1, 2));
-        assert_eq!(c.skipped["x::y"], "no prometheus binary");
-        assert_eq!(c.skipped["a::b"], "needs root");
+        assert_eq!(c.skipped["unittests src/lib.rs: a::b"], "needs root");
+        assert_eq!(c.skipped["tests/x.rs: a::b"], "no prometheus binary");
+    }
+
+    #[test]
+    fn a_crashed_test_binary_is_a_failure() {
+        let mut c = Counts::default();
+        c.add_run(
+            "test result: ok. 4 passed; 0 failed\n",
+            "     Running tests/y.rs (target/debug/deps/y-3)\n\
+             error: test failed, to rerun pass `--test y`\n\
+             Caused by: process didn't exit successfully (signal: 6, SIGABRT)\n",
+            false,
+        );
+        assert_eq!(c.totals(), (4, 1, 0));
     }
 }
