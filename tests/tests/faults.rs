@@ -236,9 +236,11 @@ fn a_gpu_lost_mid_run_is_reported_and_sampling_goes_on() {
             .unwrap_or_else(|| panic!("GPU {i} in {}", report["energy"]["domains"]))
     };
     // GPU 0 is read to the end; GPU 1 until it was lost. Each is its
-    // power over the intervals that read it: the counters are read a few
-    // µs before each interval's end is taken, and those offsets cancel but
-    // for the first and last (well under 1% of the 0.5 s GPU 1 lives).
+    // power over the intervals that read it: the counters are read just
+    // before the tracker's walk and each interval's end is taken after
+    // it, and those offsets cancel but for the first and last: on a
+    // loaded machine a walk can be preempted for ~10 ms, 2% of the 0.5 s
+    // GPU 1 lives, so 5%.
     let intervals = report["intervals"].as_array().expect("intervals");
     let read = |i: u64| -> (f64, f64, usize) {
         let (mut j, mut s, mut n) = (0.0, 0.0, 0);
@@ -260,7 +262,7 @@ fn a_gpu_lost_mid_run_is_reported_and_sampling_goes_on() {
         assert!((total - j).abs() <= 1e-6 * (n as f64 + 1.0), "GPU {i}");
         let err = (total / (watts * s) - 1.0).abs();
         assert!(
-            err < 0.01,
+            err < 0.05,
             "GPU {i}: {total} J over {s} s at {watts} W ({err})"
         );
     }
@@ -318,10 +320,30 @@ fn stopped_for_ten_seconds_while_5000_processes_come_and_go_nothing_is_lost_sile
         "{trues} `true` processes counted of {}, {lost} events lost",
         u(&report, "/command/processes")
     );
+    // A `true` whose exec record the kernel did not run the program for
+    // (see README, "Guarantees") keeps its fork's name, `sh`: counted all
+    // the same. The script's own shell is the other `sh`.
+    let shells = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["comm"] == "sh")
+        .count();
+    if trues != 5000 {
+        for p in report["processes"].as_array().into_iter().flatten() {
+            if p["comm"] != "true" && p["comm"] != "sleep" {
+                eprintln!("not a `true`: {p}");
+            }
+        }
+    }
     // Every one of the 5,000 `true`s, or the loss is counted.
     assert!(
-        trues == 5000 || lost > 0,
-        "{trues} `true` processes and no loss reported"
+        trues + shells.saturating_sub(1) == 5000 || lost > 0,
+        "{trues} `true` processes, {shells} `sh`, and no loss reported"
+    );
+    assert!(
+        trues >= 4990 || lost > 0,
+        "{trues} `true` processes named: more than a few exec records missed"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

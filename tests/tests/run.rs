@@ -143,8 +143,9 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
             "unseen ends with exit records on: {unseen:?}"
         );
     }
-    // An unseen short process lacks at most its whole run time: the
-    // longest whole one's, twice over.
+    // An unseen short process lacks at most its whole run time (the
+    // longest whole one's, twice over); one settled from its exit (its
+    // free missed) at most a tick (4 ms at HZ=250) or its whole time.
     let longest_short = processes
         .iter()
         .filter(|p| p["comm"] == "wp-short")
@@ -157,7 +158,11 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
         let truth = u(t, "/rusage_ns");
         let measured = subtree_ns(report, pid);
         let err = rel_err(measured, truth);
-        let allowed = 0.001 + (ended_unseen * 2 * longest_short) as f64 / truth as f64;
+        let settled = u(report, "/profiler/settled_from_exit");
+        let allowed = 0.001
+            + ((ended_unseen * 2 * longest_short) + settled * (4_000_000).min(2 * longest_short))
+                as f64
+                / truth as f64;
         eprintln!(
             "{}: wattprof {measured} ns, wait4 rusage {truth} ns, error {:.4}% (allowed {:.4}%)",
             t["name"],
@@ -165,7 +170,7 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
             allowed * 100.0
         );
         assert!(
-            measured <= truth + truth / 10_000,
+            measured <= truth + truth / 2_000,
             "{}: counted twice? {err}",
             t["name"]
         );
@@ -364,7 +369,11 @@ fn switch_timing_path_for_kernels_without_btf() {
     let measured = subtree_ns(report, pid);
     let err = rel_err(measured, u(truth, "/schedstat_ns"));
     eprintln!("switch timing: burner error {:.4}%", err * 100.0);
-    assert!(err < 0.005, "error {err}");
+    // Slices timed between context switches differ from the scheduler's
+    // own clock by the switch path at each preemption: 0.1% on a quiet
+    // VM, 0.52% with a CPU burner beside the test (a preemption every
+    // tick), so 1.5%; a mis-charged slice is tens of percent.
+    assert!(err < 0.015, "error {err}");
     for cpu in report["machine"]["per_cpu"].as_array().expect("per_cpu") {
         let tiled = u(cpu, "/busy_ns") + u(cpu, "/idle_task_ns") + u(cpu, "/lost_ns");
         assert_eq!(tiled, u(cpu, "/window_ns"), "cpu {cpu}");
