@@ -270,28 +270,34 @@ fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
         (measured / expected - 1.0).abs() < 0.001,
         "{measured} J vs {expected} J"
     );
-    // Idle energy is each interval's energy × its idle share (the CPU time
-    // no task used), reported apart: summed over the intervals, exact but
-    // for µJ rounding (2 µJ an interval: its energy and its idle share).
-    let cpus = u(report, "/machine/cpus") as f64;
-    let intervals = report["intervals"].as_array().expect("intervals");
-    let expected_idle: f64 = intervals
-        .iter()
-        .map(|iv| {
-            let capacity = cpus * u(iv, "/duration_ns") as f64;
-            let busy = u(iv, "/busy_ns") as f64;
-            let d = iv["domains"].as_array().expect("domains");
-            let pkg = d
-                .iter()
-                .find(|d| d["domain"] == "package")
-                .expect("package");
-            f(pkg, "/measured_j") * (capacity - busy).max(0.0) / capacity
-        })
-        .sum();
+    // The model's static part is its idle watts × vCPUs, so under the
+    // capacity rule idle energy is 0.5 W × the idle CPU time, and each
+    // process gets the full 2.5 W × its CPU time (0.5 W of rent + 2 W it
+    // caused), whatever ran beside it: exact but for µJ rounding (3 µJ an
+    // interval: the model's energy, the static figure, each share).
+    assert_eq!(pkg["static_source"], "shipped_model", "{pkg}");
+    let intervals = report["intervals"].as_array().expect("intervals").len() as f64;
+    let idle_s = u(report, "/machine/idle_ns") as f64 / 1e9;
     let idle_j = f(pkg, "/idle_j");
     assert!(
-        idle_j > 0.0 && (idle_j - expected_idle).abs() <= 2e-6 * (intervals.len() as f64 + 1.0),
-        "idle {idle_j} J, the intervals' energy × idle share {expected_idle} J: {pkg}"
+        (idle_j - 0.5 * idle_s).abs() <= 3e-6 * (intervals + 1.0),
+        "idle {idle_j} J over {idle_s} s idle (0.5 W each): {pkg}"
+    );
+    let burner = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["comm"] == "wp-burn")
+        .expect("the burner");
+    let on_cpu_s = u(burner, "/on_cpu_ns") as f64 / 1e9;
+    let burner_j = f(burner, "/energy/package_j");
+    assert!(
+        (burner_j - 2.5 * on_cpu_s).abs() <= 3e-6 * (intervals + 1.0),
+        "the burner: {burner_j} J over {on_cpu_s} s on CPU (2.5 W each)"
+    );
+    assert!(
+        (f(burner, "/energy/static_j") - 0.5 * on_cpu_s).abs() <= 3e-6 * (intervals + 1.0),
+        "{burner}"
     );
     let cpu = report["energy"]["readers"]
         .as_array()

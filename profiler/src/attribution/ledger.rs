@@ -19,6 +19,17 @@ pub struct EnergyBy {
     /// Wall energy from a calibration (`--calibration`): the same energy
     /// seen at the wall, so never added to the others.
     pub wall_uj: u64,
+    /// The static part of `package_uj` (rent for the CPU time held; the
+    /// rest is dynamic: what running caused).
+    pub package_static_uj: u64,
+    /// The static part of `core_uj`.
+    pub core_static_uj: u64,
+    /// The static part of `dram_uj`.
+    pub dram_static_uj: u64,
+    /// The static part of `gpu_uj` (0 until GPUs have a static figure).
+    pub gpu_static_uj: u64,
+    /// The static part of `wall_uj`.
+    pub wall_static_uj: u64,
 }
 
 impl EnergyBy {
@@ -35,6 +46,28 @@ impl EnergyBy {
         }
     }
 
+    /// Marks `uj` of what was added for `domain` as static.
+    pub fn add_static(&mut self, domain: Domain, uj: u64) {
+        match domain {
+            Domain::Package => self.package_static_uj += uj,
+            Domain::Core => self.core_static_uj += uj,
+            Domain::Dram => self.dram_static_uj += uj,
+            Domain::Gpu => self.gpu_static_uj += uj,
+            Domain::Wall => self.wall_static_uj += uj,
+            Domain::Uncore | Domain::Psys => {}
+        }
+    }
+
+    /// The static part of [`EnergyBy::total_uj`].
+    pub fn static_uj(&self) -> u64 {
+        self.package_static_uj + self.dram_static_uj + self.gpu_static_uj
+    }
+
+    /// The dynamic part of [`EnergyBy::total_uj`].
+    pub fn dynamic_uj(&self) -> u64 {
+        self.total_uj().saturating_sub(self.static_uj())
+    }
+
     /// `part / whole` of each domain (rounded down; all of it when
     /// `whole` is 0 or `part` is all of it).
     pub fn share(&self, part: u64, whole: u64) -> EnergyBy {
@@ -48,6 +81,11 @@ impl EnergyBy {
             dram_uj: f(self.dram_uj),
             gpu_uj: f(self.gpu_uj),
             wall_uj: f(self.wall_uj),
+            package_static_uj: f(self.package_static_uj),
+            core_static_uj: f(self.core_static_uj),
+            dram_static_uj: f(self.dram_static_uj),
+            gpu_static_uj: f(self.gpu_static_uj),
+            wall_static_uj: f(self.wall_static_uj),
         }
     }
 
@@ -59,6 +97,11 @@ impl EnergyBy {
             dram_uj: self.dram_uj.saturating_sub(o.dram_uj),
             gpu_uj: self.gpu_uj.saturating_sub(o.gpu_uj),
             wall_uj: self.wall_uj.saturating_sub(o.wall_uj),
+            package_static_uj: self.package_static_uj.saturating_sub(o.package_static_uj),
+            core_static_uj: self.core_static_uj.saturating_sub(o.core_static_uj),
+            dram_static_uj: self.dram_static_uj.saturating_sub(o.dram_static_uj),
+            gpu_static_uj: self.gpu_static_uj.saturating_sub(o.gpu_static_uj),
+            wall_static_uj: self.wall_static_uj.saturating_sub(o.wall_static_uj),
         }
     }
 
@@ -69,6 +112,11 @@ impl EnergyBy {
         self.dram_uj += o.dram_uj;
         self.gpu_uj += o.gpu_uj;
         self.wall_uj += o.wall_uj;
+        self.package_static_uj += o.package_static_uj;
+        self.core_static_uj += o.core_static_uj;
+        self.dram_static_uj += o.dram_static_uj;
+        self.gpu_static_uj += o.gpu_static_uj;
+        self.wall_static_uj += o.wall_static_uj;
     }
 
     /// Package + DRAM + GPU (core is inside package).
@@ -96,8 +144,13 @@ pub struct DomainTotals {
     pub idle_uj: u64,
     /// Neither (µJ).
     pub unattributed_uj: u64,
-    /// The node's static energy within `idle_uj` (calibrated wall).
+    /// The domain's static energy (its static figure × time, within
+    /// the measured; a calibrated wall's `b`).
     pub static_uj: u64,
+    /// The static part of `attributed_uj`.
+    pub attributed_static_uj: u64,
+    /// How much the static figure exceeded the measured energy, summed.
+    pub static_cut_uj: u64,
 }
 
 /// Energy attributed so far: per domain, and per consumer.
@@ -128,6 +181,8 @@ impl EnergyLedger {
                         idle_uj: 0,
                         unattributed_uj: 0,
                         static_uj: 0,
+                        attributed_static_uj: 0,
+                        static_cut_uj: 0,
                     });
                     self.domains.sort_by_key(|t| (t.domain, t.package));
                     let i = self
@@ -141,11 +196,19 @@ impl EnergyLedger {
             t.estimated |= s.estimated;
             t.measured_uj += s.measured_uj;
             t.static_uj += s.static_uj;
+            t.static_cut_uj += s.static_cut_uj;
+            t.attributed_static_uj += s.attributed_static.iter().map(|(_, uj)| uj).sum::<u64>();
             t.attributed_uj += s.attributed_uj();
             t.idle_uj += s.idle_uj;
             t.unattributed_uj += s.unattributed_uj;
             for (id, uj) in &s.attributed {
                 self.consumers.entry(*id).or_default().add(s.domain, *uj);
+            }
+            for (id, uj) in &s.attributed_static {
+                self.consumers
+                    .entry(*id)
+                    .or_default()
+                    .add_static(s.domain, *uj);
             }
         }
     }
@@ -198,7 +261,9 @@ mod tests {
             idle_uj: 6,
             unattributed_uj: 4,
             attributed,
+            attributed_static: Vec::new(),
             static_uj: 0,
+            static_cut_uj: 0,
         }
     }
 

@@ -3,13 +3,24 @@
 //!
 //! No I/O happens here. The rules, per interval:
 //!
-//! - **Package, core and DRAM energy of a package** go to consumers by their
-//!   on-CPU time on that package's CPUs, over all the time that existed on
-//!   those CPUs (busy + idle + lost). The share of idle time is *idle*
-//!   energy, never spread over processes; the share of lost time (threads
-//!   the kernel map could not hold) and of any consumer not named is
-//!   *unattributed*. A task that ran only on package 1 gets nothing of
-//!   package 0's energy.
+//! - **Package, core and DRAM energy of a package** is split into its
+//!   static part (the domain's static power × the interval, given by the
+//!   caller per domain and package) and the dynamic rest. The *dynamic*
+//!   part goes to consumers by their on-CPU time on that package's CPUs
+//!   over its busy time: what their running caused. The *static* part,
+//!   under [`StaticShare::Capacity`] (the default), goes to each consumer
+//!   by its share of the package's capacity (its on-CPU time over all the
+//!   time that existed on those CPUs, busy + idle + lost): rent for the
+//!   CPU time it held; the idle time's share is *idle* energy. So a
+//!   program's energy depends on neither its neighbours nor the machine's
+//!   size. [`StaticShare::Busy`] charges all of it by busy time (a machine
+//!   rented whole), [`StaticShare::Idle`] none of it (all idle). A domain
+//!   with no static figure is all static: divided by CPU time over all CPU
+//!   time, as before this rule. A static figure above what was measured
+//!   is cut to it (the dynamic part is then 0; the cut is reported). The
+//!   share of lost time (threads the kernel map could not hold) and of any
+//!   consumer not named is *unattributed*. A task that ran only on
+//!   package 1 gets nothing of package 0's energy.
 //! - **Busy-only energy** (the TDP model, which has no idle term, and a VM
 //!   guest's energy exported by its host, which is its vCPU threads' run
 //!   time: energy that exists only because tasks ran) goes to consumers by
@@ -86,8 +97,48 @@ pub struct GpuInterval {
     pub processes: Vec<(Option<ConsumerId>, u32)>,
 }
 
+/// How a domain's static energy is shared (`--static-power`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum StaticShare {
+    /// By each consumer's share of the package's capacity (its CPU time
+    /// over CPUs × interval); the rest is idle.
+    #[default]
+    Capacity,
+    /// All of it by busy time, to whoever ran: the cost of a machine
+    /// rented whole.
+    Busy,
+    /// None of it to consumers: all idle.
+    Idle,
+}
+
+impl StaticShare {
+    /// Its name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Capacity => "capacity",
+            Self::Busy => "busy",
+            Self::Idle => "idle",
+        }
+    }
+}
+
+/// A domain's static energy over one interval (µJ): its static power ×
+/// the interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StaticEnergy {
+    /// Which domain.
+    pub domain: Domain,
+    /// Its package (`None`: a machine-wide model's domain).
+    pub package: Option<u32>,
+    /// Static power × the interval (µJ).
+    pub static_uj: u64,
+}
+
 /// Everything one interval measured.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Interval<'a> {
     /// CPU time per dense package index.
     pub packages: &'a [PackageTime],
@@ -101,6 +152,11 @@ pub struct Interval<'a> {
     pub gpus: &'a [GpuInterval],
     /// How the wall domain is divided, where a calibration models it.
     pub wall: Option<WallModel>,
+    /// Static energy per divided domain (package, core, DRAM); a domain
+    /// not listed is all static.
+    pub statics: &'a [StaticEnergy],
+    /// How static energy is shared.
+    pub static_share: StaticShare,
 }
 
 /// How a domain's energy was divided.
@@ -156,9 +212,15 @@ pub struct DomainShare {
     pub unattributed_uj: u64,
     /// Per consumer (µJ), only non-zero shares.
     pub attributed: Vec<(ConsumerId, u64)>,
-    /// The node's static energy within `idle_uj` (a calibrated wall's
-    /// `b` over the interval; 0 elsewhere).
+    /// The static part of each consumer's share (µJ), only non-zero ones.
+    pub attributed_static: Vec<(ConsumerId, u64)>,
+    /// The domain's static energy in this interval, within the measured
+    /// (the static figure × the interval, cut to what was measured; a
+    /// calibrated wall's `b`; 0 for busy-only and GPU energy).
     pub static_uj: u64,
+    /// How much the static figure exceeded what was measured (µJ): the
+    /// dynamic part would have been negative.
+    pub static_cut_uj: u64,
 }
 
 impl DomainShare {
@@ -204,7 +266,9 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
         idle_uj: 0,
         unattributed_uj: d.energy_uj,
         attributed: Vec::new(),
+        attributed_static: Vec::new(),
         static_uj: 0,
+        static_cut_uj: 0,
     };
     // The packages this energy was spent on: one package, or all of them.
     let packages: Vec<usize> = match d.package {
@@ -247,9 +311,71 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
     let lost: u64 = times.iter().map(|t| t.lost_ns).sum();
     let window: u64 = times.iter().map(PackageTime::window_ns).sum();
     // Consumers' time cannot exceed the busy time; if a caller passes more,
-    // divide by the larger total so shares never exceed what was measured.
-    let total = window.max(consumed + idle + lost);
-    divide(base, iv.usage.iter().map(|u| (u.id, on(u))), idle, total)
+    // divide by the larger totals so shares never exceed what was measured.
+    let capacity = window.max(consumed + idle + lost);
+    let busy = times
+        .iter()
+        .map(|t| t.busy_ns + t.lost_ns)
+        .sum::<u64>()
+        .max(consumed);
+    let e = d.energy_uj;
+    let figure = iv
+        .statics
+        .iter()
+        .find(|s| s.domain == d.domain && s.package == d.package)
+        .map(|s| s.static_uj);
+    // No static figure: all of it is static (the CPU-time rule).
+    let static_uj = figure.unwrap_or(e).min(e);
+    let static_cut_uj = figure.map_or(0, |f| f.saturating_sub(e));
+    let dynamic_uj = e - static_uj;
+    // Static: by capacity (idle's share is idle), by busy time, or idle.
+    let (static_total, static_idle_w) = match iv.static_share {
+        StaticShare::Capacity => (capacity, idle),
+        StaticShare::Busy => (busy, 0),
+        StaticShare::Idle => (0, 0),
+    };
+    let mut attributed_static: Vec<(ConsumerId, u64)> = Vec::new();
+    let mut attributed: Vec<(ConsumerId, u64)> = Vec::new();
+    let mut idle_uj = 0;
+    if static_total > 0 {
+        attributed_static = iv
+            .usage
+            .iter()
+            .map(|u| (u.id, share(static_uj, on(u), static_total)))
+            .filter(|(_, uj)| *uj > 0)
+            .collect();
+        idle_uj += share(static_uj, static_idle_w, static_total);
+    } else {
+        // Idle policy, or a package that had no time at all.
+        idle_uj += static_uj;
+    }
+    if busy > 0 {
+        attributed = iv
+            .usage
+            .iter()
+            .map(|u| (u.id, share(dynamic_uj, on(u), busy)))
+            .filter(|(_, uj)| *uj > 0)
+            .collect();
+    } else {
+        // Nothing ran: what the static figure left is idle.
+        idle_uj += dynamic_uj;
+    }
+    for (id, uj) in &attributed_static {
+        match attributed.iter_mut().find(|(a, _)| a == id) {
+            Some(a) => a.1 += uj,
+            None => attributed.push((*id, *uj)),
+        }
+    }
+    let mut out = DomainShare {
+        attributed,
+        attributed_static,
+        idle_uj,
+        static_uj,
+        static_cut_uj,
+        ..base
+    };
+    out.unattributed_uj = e - out.attributed_uj() - out.idle_uj;
+    out
 }
 
 fn gpu_share(g: &GpuInterval) -> DomainShare {
@@ -262,7 +388,9 @@ fn gpu_share(g: &GpuInterval) -> DomainShare {
         idle_uj: 0,
         unattributed_uj: g.energy_uj,
         attributed: Vec::new(),
+        attributed_static: Vec::new(),
         static_uj: 0,
+        static_cut_uj: 0,
     };
     if g.processes.is_empty() {
         return DomainShare {
@@ -303,7 +431,9 @@ pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
                 idle_uj: 0,
                 unattributed_uj: d.energy_uj,
                 attributed: Vec::new(),
+                attributed_static: Vec::new(),
                 static_uj: 0,
+                static_cut_uj: 0,
             },
         })
         .collect();
@@ -331,16 +461,24 @@ fn wall_share(
     let counted =
         |s: &&DomainShare| matches!(s.domain, Domain::Package | Domain::Dram | Domain::Gpu);
     let mut per: Vec<(ConsumerId, u64)> = Vec::new();
+    let mut per_static: Vec<(ConsumerId, u64)> = Vec::new();
     let mut idle_counters = 0u64;
+    let add = |v: &mut Vec<(ConsumerId, u64)>, id: ConsumerId, uj: u64| match v
+        .iter_mut()
+        .find(|(c, _)| *c == id)
+    {
+        Some(p) => p.1 += uj,
+        None => v.push((id, uj)),
+    };
     match m.per {
         WallPer::CounterEnergy => {
             for s in shares.iter().filter(counted) {
                 idle_counters += s.idle_uj;
                 for (id, uj) in &s.attributed {
-                    match per.iter_mut().find(|(c, _)| c == id) {
-                        Some(p) => p.1 += uj,
-                        None => per.push((*id, *uj)),
-                    }
+                    add(&mut per, *id, *uj);
+                }
+                for (id, uj) in &s.attributed_static {
+                    add(&mut per_static, *id, *uj);
                 }
             }
         }
@@ -364,12 +502,23 @@ fn wall_share(
         .filter(|(_, uj)| *uj > 0)
         .collect();
     let idle = m.static_uj.saturating_add(scale(idle_counters)).min(left);
+    // The slope times each consumer's static counter energy, within what
+    // it was given.
+    let attributed_static = per_static
+        .into_iter()
+        .filter_map(|(id, uj)| {
+            let given = attributed.iter().find(|(c, _)| *c == id)?.1;
+            Some((id, scale(uj).min(given)))
+        })
+        .filter(|(_, uj)| *uj > 0)
+        .collect();
     DomainShare {
         basis: Basis::Calibrated,
         static_uj: m.static_uj.min(idle),
         idle_uj: idle,
         unattributed_uj: left - idle,
         attributed,
+        attributed_static,
         ..base
     }
 }
@@ -456,6 +605,7 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         conserved(&shares);
         let p0 = get(&shares, Domain::Package, Some(0));
@@ -508,6 +658,7 @@ mod tests {
             energy: &energy,
             gpus: &gpus,
             wall: None,
+            ..Default::default()
         });
         assert_eq!(shares.len(), 7);
         conserved(&shares);
@@ -536,6 +687,7 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         assert_eq!(shares[0].idle_uj, 30_000_000);
         assert!(shares[0].attributed.is_empty());
@@ -568,6 +720,7 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         assert_eq!(of(&shares[0], 7), 100_000);
         assert_eq!(of(&shares[0], 8), 9_900_000);
@@ -601,6 +754,7 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         conserved(&shares);
         assert_eq!(shares[0].basis, Basis::BusyTime);
@@ -623,6 +777,7 @@ mod tests {
             energy: &with_idle,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         conserved(&shares);
         assert_eq!(shares[0].basis, Basis::CpuTime);
@@ -664,6 +819,7 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall,
+            ..Default::default()
         };
         let shares = attribute(&iv(Some(model)));
         conserved(&shares);
@@ -721,6 +877,7 @@ mod tests {
             energy: &[],
             gpus: &gpus,
             wall: None,
+            ..Default::default()
         });
         conserved(&shares);
         let g0 = get(&shares, Domain::Gpu, Some(0));
@@ -754,7 +911,164 @@ mod tests {
             energy: &energy,
             gpus: &[],
             wall: None,
+            ..Default::default()
         });
         assert_eq!(shares[0].unattributed_uj, 1_000);
+    }
+
+    /// One package of 4 CPUs over 1 s (4 s of CPU time): static S =
+    /// 23.7 W, k = 11.3 W per busy CPU. Consumer 1 ran 1.5 s, consumer 2
+    /// 0.5 s, 0.2 s was lost, 1.8 s idle: 2.2 busy CPUs.
+    fn static_interval(
+        share: StaticShare,
+        static_uj: Option<u64>,
+        measured_uj: u64,
+        f: impl FnOnce(&[DomainShare]),
+    ) {
+        let packages = [PackageTime {
+            busy_ns: 2_000_000_000,
+            idle_ns: 1_800_000_000,
+            lost_ns: 200_000_000,
+        }];
+        let usage = [
+            Usage {
+                id: 1,
+                on_cpu_ns: vec![1_500_000_000],
+            },
+            Usage {
+                id: 2,
+                on_cpu_ns: vec![500_000_000],
+            },
+        ];
+        let statics: Vec<StaticEnergy> = static_uj
+            .map(|uj| StaticEnergy {
+                domain: Domain::Package,
+                package: Some(0),
+                static_uj: uj,
+            })
+            .into_iter()
+            .collect();
+        let shares = attribute(&Interval {
+            packages: &packages,
+            package_ids: &[0],
+            usage: &usage,
+            energy: &[e(Domain::Package, Some(0), measured_uj)],
+            statics: &statics,
+            static_share: share,
+            ..Default::default()
+        });
+        conserved(&shares);
+        f(&shares);
+    }
+
+    const S_UJ: u64 = 23_700_000;
+    /// S + k × 2.2 busy CPUs over 1 s.
+    const MEASURED_UJ: u64 = 23_700_000 + 11_300_000 * 22 / 10;
+
+    fn static_of(s: &DomainShare, id: ConsumerId) -> u64 {
+        s.attributed_static
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map_or(0, |(_, e)| *e)
+    }
+
+    #[test]
+    fn each_gets_what_it_caused_plus_rent_for_the_capacity_it_held() {
+        static_interval(StaticShare::Capacity, Some(S_UJ), MEASURED_UJ, |shares| {
+            let s = get(shares, Domain::Package, Some(0));
+            assert_eq!(s.static_uj, S_UJ);
+            // k × its busy time + S × its CPU time / (4 CPUs × 1 s), to
+            // the µJ (each part rounded down).
+            assert_eq!(of(s, 1), 11_300_000 * 15 / 10 + S_UJ * 15 / 40);
+            assert_eq!(of(s, 2), 11_300_000 * 5 / 10 + S_UJ * 5 / 40);
+            assert_eq!(static_of(s, 1), S_UJ * 15 / 40);
+            assert_eq!(static_of(s, 2), S_UJ * 5 / 40);
+            // Idle: S × the idle share; lost time's dynamic and static
+            // shares are unattributed.
+            assert_eq!(s.idle_uj, S_UJ * 18 / 40);
+            assert_eq!(
+                s.unattributed_uj,
+                11_300_000 * 2 / 10 + S_UJ * 2 / 40,
+                "lost time's share (no rounding left: every share is whole)"
+            );
+            assert_eq!(s.static_cut_uj, 0);
+        });
+    }
+
+    #[test]
+    fn a_consumers_energy_does_not_depend_on_its_neighbour() {
+        // Consumer 1 alone (1.5 s busy, 2.5 s idle) and beside consumer 2
+        // (as above): the same energy, because the power followed the
+        // load.
+        let alone = [PackageTime {
+            busy_ns: 1_500_000_000,
+            idle_ns: 2_500_000_000,
+            lost_ns: 0,
+        }];
+        let usage = [Usage {
+            id: 1,
+            on_cpu_ns: vec![1_500_000_000],
+        }];
+        let statics = [StaticEnergy {
+            domain: Domain::Package,
+            package: Some(0),
+            static_uj: S_UJ,
+        }];
+        let shares = attribute(&Interval {
+            packages: &alone,
+            package_ids: &[0],
+            usage: &usage,
+            energy: &[e(Domain::Package, Some(0), S_UJ + 11_300_000 * 15 / 10)],
+            statics: &statics,
+            ..Default::default()
+        });
+        let alone_j = of(get(&shares, Domain::Package, Some(0)), 1);
+        static_interval(StaticShare::Capacity, Some(S_UJ), MEASURED_UJ, |shares| {
+            assert_eq!(of(get(shares, Domain::Package, Some(0)), 1), alone_j);
+        });
+    }
+
+    #[test]
+    fn busy_charges_all_static_to_who_ran_and_idle_none() {
+        static_interval(StaticShare::Busy, Some(S_UJ), MEASURED_UJ, |shares| {
+            let s = get(shares, Domain::Package, Some(0));
+            // By busy time (2.2 s with lost): 1.5/2.2 of everything.
+            assert_eq!(of(s, 1), 11_300_000 * 15 / 10 + S_UJ * 15 / 22);
+            assert_eq!(static_of(s, 1), S_UJ * 15 / 22);
+            assert_eq!(s.idle_uj, 0);
+        });
+        static_interval(StaticShare::Idle, Some(S_UJ), MEASURED_UJ, |shares| {
+            let s = get(shares, Domain::Package, Some(0));
+            assert_eq!(of(s, 1), 11_300_000 * 15 / 10);
+            assert_eq!(static_of(s, 1), 0);
+            assert_eq!(s.idle_uj, S_UJ);
+        });
+    }
+
+    #[test]
+    fn a_static_figure_above_the_measured_is_cut_and_said() {
+        // 30 J static, 25 J measured: all of it static, 5 J cut.
+        static_interval(
+            StaticShare::Capacity,
+            Some(30_000_000),
+            25_000_000,
+            |shares| {
+                let s = get(shares, Domain::Package, Some(0));
+                assert_eq!((s.static_uj, s.static_cut_uj), (25_000_000, 5_000_000));
+                assert_eq!(of(s, 1), 25_000_000 * 15 / 40, "no dynamic part");
+                assert_eq!(s.idle_uj, 25_000_000 * 18 / 40);
+            },
+        );
+    }
+
+    #[test]
+    fn no_static_figure_divides_by_cpu_time_as_before() {
+        static_interval(StaticShare::Capacity, None, 40_000_000, |shares| {
+            let s = get(shares, Domain::Package, Some(0));
+            assert_eq!(of(s, 1), 40_000_000 * 15 / 40);
+            assert_eq!(of(s, 2), 40_000_000 * 5 / 40);
+            assert_eq!(s.idle_uj, 40_000_000 * 18 / 40);
+            assert_eq!(s.static_uj, 40_000_000);
+        });
     }
 }

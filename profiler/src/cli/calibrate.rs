@@ -1,6 +1,7 @@
 //! `wattprof calibrate`: a load staircase against a wattmeter, and the
 //! wall power fitted as a linear function of the counters (or of CPU
-//! utilization where there is none).
+//! utilization where there is none); with no wattmeter, the host power
+//! model (`super::host_model`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,12 +22,18 @@ use crate::sources::wattmeter::{Line, Wattmeter, default_power_column, parse_lin
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
     sudo wattprof calibrate --wattmeter-cmd \"wattmetre-read --tty=/dev/ttyUSB0 --nb=6\"\n  \
-    sudo wattprof calibrate --wattmeter-log /var/log/wattmeter.log --step 20s -o node.json\n\n\
-    Keep the machine otherwise quiet while it runs: every watt the wall sees is fitted. \
-    Then `wattprof run --calibration node.json -- CMD` reports wall energy per process.")]
+    sudo wattprof calibrate --wattmeter-log /var/log/wattmeter.log --step 20s -o node.json\n  \
+    sudo wattprof calibrate\n\n\
+    With no wattmeter, it fits each CPU energy domain's power as static + k x busy CPUs and \
+    writes the host power model (default /var/lib/wattprof/power-model.json), where `run` \
+    and `monitor` find it: each program then gets the dynamic energy it caused plus its \
+    share of the static power, whatever runs beside it.\n\n\
+    Keep the machine otherwise quiet while it runs: every watt is fitted. With a wattmeter, \
+    `wattprof run --calibration node.json -- CMD` reports wall energy per process.")]
 pub struct CalibrateArgs {
-    /// Follow this OmegaWatt wattmetre-read log being written.
-    #[arg(long, value_name = "FILE", required_unless_present = "wattmeter_cmd")]
+    /// Follow this OmegaWatt wattmetre-read log being written (without a
+    /// wattmeter, the host power model is made instead).
+    #[arg(long, value_name = "FILE")]
     pub wattmeter_log: Option<PathBuf>,
 
     /// Start this wattmeter program and read its output.
@@ -48,14 +55,11 @@ pub struct CalibrateArgs {
     #[arg(long, value_name = "CMD")]
     pub gpu_load: Option<String>,
 
-    /// Where to write the calibration.
-    #[arg(
-        long,
-        short,
-        value_name = "FILE",
-        default_value = "wattprof-calibration.json"
-    )]
-    pub output: PathBuf,
+    /// Where to write the calibration [default: wattprof-calibration.json;
+    /// with no wattmeter, the host power model at
+    /// /var/lib/wattprof/power-model.json].
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
@@ -67,7 +71,7 @@ pub struct CalibrateArgs {
 }
 
 /// `/proc/stat`'s busy and total jiffies over all CPUs.
-fn cpu_jiffies() -> Option<(u64, u64)> {
+pub(super) fn cpu_jiffies() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line
@@ -82,14 +86,14 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
 }
 
 /// Keeps `n` CPUs busy until dropped.
-struct Load {
+pub(super) struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     child: Option<std::process::Child>,
 }
 
 impl Load {
-    fn cpus(n: usize) -> Self {
+    pub(super) fn cpus(n: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..n)
             .map(|_| {
@@ -202,6 +206,13 @@ fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration, cpus:
 
 /// Runs `wattprof calibrate`.
 pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
+    if args.wattmeter_log.is_none() && args.wattmeter_cmd.is_none() {
+        return super::host_model::execute(&args);
+    }
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("wattprof-calibration.json"));
     let cfg = ReaderConfig {
         sys: args.energy_sysfs.clone(),
         // Only what is measured is fitted against: no model.
@@ -218,15 +229,14 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         wattmeter_outlet: args.wattmeter_outlet,
         calibration: None,
     };
-    let out_dir = args
-        .output
+    let out_dir = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
     if !out_dir.is_dir() {
         return Err(Fatal::profiler(format!(
             "cannot write --output {}: {} is not a directory",
-            args.output.display(),
+            output.display(),
             out_dir.display()
         ))
         .into());
@@ -386,18 +396,13 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         readers: used,
         points,
     };
-    let tmp = args.output.with_extension("json.tmp");
+    let tmp = output.with_extension("json.tmp");
     std::fs::write(
         &tmp,
         serde_json::to_string_pretty(&calibration).unwrap_or_default() + "\n",
     )
-    .and_then(|()| std::fs::rename(&tmp, &args.output))
-    .map_err(|e| {
-        Fatal::profiler(format!(
-            "cannot write --output {}: {e}",
-            args.output.display()
-        ))
-    })?;
+    .and_then(|()| std::fs::rename(&tmp, &output))
+    .map_err(|e| Fatal::profiler(format!("cannot write --output {}: {e}", output.display())))?;
     println!(
         "wall = {:.4} x {} + {:.2} W; residual {:.2} W RMS ({:.2}% of the mean), R^2 {:.4}",
         f.a,
@@ -407,6 +412,6 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         f.relative_residual * 100.0,
         f.r_squared
     );
-    println!("calibration written to {}", args.output.display());
+    println!("calibration written to {}", output.display());
     Ok(0)
 }

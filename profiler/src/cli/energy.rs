@@ -63,6 +63,25 @@ pub struct EnergyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["wattmeter_log", "wattmeter_cmd"])]
     pub calibration: Option<PathBuf>,
 
+    /// How each package's static power (what it draws with no task
+    /// running) is shared: `capacity` (default) charges each program its
+    /// share of the CPUs × time it held, so its energy is what it caused
+    /// plus that rent, whatever runs beside it; `busy` charges all of it
+    /// to whoever ran, by CPU time (the cost of a machine rented whole);
+    /// `idle` gives none of it to programs. Dynamic energy always goes by
+    /// CPU time.
+    #[arg(long, value_name = "RULE", value_enum, default_value_t = crate::attribution::StaticShare::Capacity)]
+    pub static_power: crate::attribution::StaticShare,
+
+    /// The host power model `wattprof calibrate` writes (each domain's
+    /// static power and watts per busy CPU, fitted on this machine). A
+    /// missing file at the default place is no error: static power is
+    /// then learned as the load varies, or taken from the power model, or
+    /// bounded by the lowest power seen. [default:
+    /// /var/lib/wattprof/power-model.json]
+    #[arg(long, value_name = "FILE")]
+    pub host_model: Option<PathBuf>,
+
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
     pub no_gpu: bool,

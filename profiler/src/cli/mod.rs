@@ -3,6 +3,7 @@
 pub mod calibrate;
 pub mod child;
 pub mod energy;
+mod host_model;
 pub mod monitor;
 pub mod report;
 pub mod run;
@@ -132,8 +133,9 @@ pub enum Command {
     /// Read a recording or stream back: totals, what it holds, two runs
     /// compared, plots, codecarbon's CSV. Needs no root.
     Report(report::ReportArgs),
-    /// Fit the wall power (a wattmeter) to the counters over a load
-    /// staircase, for `run`/`monitor --calibration`.
+    /// Over a load staircase, fit this host's power model (each domain's
+    /// static power and watts per busy CPU, with no wattmeter), or the wall
+    /// power (a wattmeter) to the counters for `run`/`monitor --calibration`.
     Calibrate(calibrate::CalibrateArgs),
 }
 

@@ -183,6 +183,12 @@ pub(super) fn start_profile(
         std::process::id(),
     );
     let host = profile::host_report(readers.gpus());
+    let statics = crate::profile::statics::StaticsConfig::load(
+        energy.static_power,
+        energy.host_model.as_deref(),
+        tracker.topology().sockets(),
+    )
+    .map_err(Fatal::profiler)?;
     let mut profile = Profile::new(
         table,
         readers,
@@ -198,6 +204,7 @@ pub(super) fn start_profile(
             cgroupfs: None,
             scope,
             keep,
+            statics,
         },
         streams.jsonl,
         host,

@@ -23,7 +23,11 @@ use crate::sources::Domain;
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub const RUN_SCHEMA_VERSION: u32 = 2;
+pub const RUN_SCHEMA_VERSION: u32 = 3;
+
+/// The oldest layout `wattprof report` still reads (2: before the static
+/// and dynamic split, whose figures read as 0).
+pub const RUN_SCHEMA_OLDEST: u32 = 2;
 
 /// Per-CPU times accumulated over a run.
 #[derive(Clone, Debug, Default)]
@@ -87,6 +91,13 @@ pub struct EnergyJ {
     /// one).
     #[serde(default, skip_serializing_if = "record::is_zero")]
     pub wall_j: f64,
+    /// The static part of `total_j` (J): static power × its share of the
+    /// CPUs' time (`--static-power`). 0 in recordings before schema 3.
+    #[serde(default)]
+    pub static_j: f64,
+    /// The dynamic part of `total_j` (J): what its running caused.
+    #[serde(default)]
+    pub dynamic_j: f64,
 }
 
 impl EnergyJ {
@@ -103,6 +114,8 @@ impl EnergyJ {
             avg_power_w: record::watts(total, span_ns),
             co2_g: carbon.grams(total),
             wall_j: j(e.wall_uj),
+            static_j: j(e.static_uj()),
+            dynamic_j: j(e.dynamic_uj()),
         }
     }
 }
@@ -267,6 +280,40 @@ pub struct EnergyReport {
     pub carbon_intensity_source: String,
     /// Read failures (first few), for people.
     pub problems: Vec<String>,
+    /// How static power was shared (`capacity`, `busy`, `idle`) and each
+    /// divided domain's figure; absent before schema 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_power: Option<StaticPowerReport>,
+}
+
+/// How static power was shared and where each figure came from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StaticPowerReport {
+    /// `--static-power`.
+    pub rule: crate::attribution::StaticShare,
+    /// One line for people: the rule and each figure.
+    pub note: String,
+    /// Fits learned during the profile (a daemon's host model is made of
+    /// these).
+    #[serde(default)]
+    pub learned: Vec<LearnedFit>,
+}
+
+/// A static power fit learned during the profile.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LearnedFit {
+    /// Which domain.
+    pub domain: crate::sources::Domain,
+    /// Its package.
+    pub package: Option<u32>,
+    /// Static power (W).
+    pub static_w: f64,
+    /// Watts per busy CPU.
+    pub per_cpu_w: f64,
+    /// R².
+    pub r_squared: f64,
+    /// Intervals fitted.
+    pub intervals: u64,
 }
 
 /// One container's (or systemd unit's) use over the profile: the sum of

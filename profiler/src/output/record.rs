@@ -95,10 +95,23 @@ pub struct DomainOf<P> {
     pub idle_j: f64,
     /// Neither: lost time, unknown processes, machine-level domains (J).
     pub unattributed_j: f64,
-    /// The node's static energy, part of `idle_j` (a calibrated wall's
-    /// `b` over the time; absent elsewhere) (J).
+    /// The domain's static energy (J): its static power × the time, cut
+    /// to what was measured; a calibrated wall's `b` over the time. Absent
+    /// when 0 (busy-only energy, GPUs).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub static_j: f64,
+    /// The static part of `attributed_j` (J): the rent processes paid for
+    /// the CPU time they held. Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attributed_static_j: f64,
+    /// The static power the domain was divided with (W): the last
+    /// interval's, for a whole profile. Absent where none is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_w: Option<f64>,
+    /// Where `static_w` came from: `host_model`, `learned`,
+    /// `shipped_model` or `lowest_seen` (an upper bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_source: Option<crate::sources::static_power::StaticSource>,
     /// Its power.
     #[serde(flatten)]
     pub power: P,
@@ -150,8 +163,12 @@ pub struct DomainUj {
     pub idle: u64,
     /// Neither.
     pub unattributed: u64,
-    /// Static (part of idle).
+    /// The domain's static energy.
     pub static_uj: u64,
+    /// The static part of `attributed`.
+    pub attributed_static: u64,
+    /// The static figure in use, where the domain is divided with one.
+    pub figure: Option<crate::sources::static_power::StaticFigure>,
 }
 
 impl<P> DomainOf<P> {
@@ -168,6 +185,9 @@ impl<P> DomainOf<P> {
             idle_j: joules(d.idle),
             unattributed_j: joules(d.unattributed),
             static_j: joules(d.static_uj),
+            attributed_static_j: joules(d.attributed_static),
+            static_w: d.figure.map(|f| f.static_w),
+            static_source: d.figure.map(|f| f.source),
             power: power(watts(d.measured, span_ns)),
         }
     }
@@ -222,6 +242,9 @@ pub struct GroupRow {
     /// GPU energy (J).
     #[serde(default)]
     pub gpu_j: f64,
+    /// The static part of `energy_j` (J); 0 in streams before schema 3.
+    #[serde(default)]
+    pub static_j: f64,
 }
 
 /// The first line of a `--jsonl` stream: what the profile is, before any
@@ -274,6 +297,9 @@ pub struct ProcessRow {
     pub dram_j: f64,
     /// GPU energy (J).
     pub gpu_j: f64,
+    /// The static part of its energy (J); 0 in streams before schema 3.
+    #[serde(default)]
+    pub static_j: f64,
     /// Proportional set size at the last read (bytes).
     pub pss_bytes: Option<u64>,
     /// Unique set size at the last read (bytes).

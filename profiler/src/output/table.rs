@@ -94,6 +94,7 @@ struct EnergyView<'a> {
     problems: &'a [String],
     windows: &'a [super::WindowReport],
     window_errors: &'a [String],
+    static_note: Option<&'a str>,
 }
 
 impl<'a> EnergyView<'a> {
@@ -106,6 +107,7 @@ impl<'a> EnergyView<'a> {
             problems: &r.energy.problems,
             windows: &r.windows,
             window_errors: &r.window_errors,
+            static_note: r.energy.static_power.as_ref().map(|p| p.note.as_str()),
         }
     }
 }
@@ -145,7 +147,7 @@ fn render_energy(s: &mut String, r: &EnergyView<'_>) {
                 d.power.avg_power_w,
                 if d.estimated { "  estimated" } else { "" }
             );
-            if d.static_j > 0.0 {
+            if d.static_j > 0.0 && d.basis == crate::attribution::Basis::Calibrated {
                 // The calibration's static power: its own row, inside the
                 // wall's idle energy.
                 let _ = writeln!(
@@ -154,6 +156,9 @@ fn render_energy(s: &mut String, r: &EnergyView<'_>) {
                     "  node static", d.static_j, "-", d.static_j, "-", "",
                 );
             }
+        }
+        if let Some(note) = r.static_note {
+            let _ = writeln!(s, "  note: {note}");
         }
         let _ = writeln!(
             s,
@@ -767,6 +772,7 @@ pub fn render_summary(r: &crate::report::Summary, top: usize) -> String {
             problems: &r.problems,
             windows: &r.windows,
             window_errors: &[],
+            static_note: r.static_note.as_deref(),
         },
     );
     if let Some(st) = &r.stacks {

@@ -5,7 +5,9 @@
 //! span by CPU time: each process gets its share of the span, not the
 //! processes that happen to run in the interval of the good read.
 
-use crate::attribution::{self, ConsumerId, DomainShare, Interval, PackageTime, Usage};
+use crate::attribution::{
+    self, ConsumerId, DomainShare, Interval, PackageTime, StaticEnergy, Usage,
+};
 use crate::hash::IntMap;
 use crate::sources::DomainEnergy;
 use crate::sources::registry::DomainKey;
@@ -65,6 +67,10 @@ pub struct Span<'a> {
     pub start_ns: u64,
     /// Its end.
     pub end_ns: u64,
+    /// Static power per divided domain (W).
+    pub static_w: &'a [(crate::sources::Domain, Option<u32>, f64)],
+    /// How static energy is shared.
+    pub static_share: attribution::StaticShare,
 }
 
 /// The held time of every domain whose read failed.
@@ -171,6 +177,18 @@ impl HeldReads {
                 .map(|(id, on_cpu_ns)| Usage { id, on_cpu_ns })
                 .collect();
             usage.sort_unstable_by_key(|u| u.id);
+            // The static figure over the whole span the read covers.
+            let covers_ns = span.end_ns.saturating_sub(since_ns);
+            let statics: Vec<StaticEnergy> = span
+                .static_w
+                .iter()
+                .filter(|(domain, package, _)| *domain == d.domain && *package == d.package)
+                .map(|(domain, package, w)| StaticEnergy {
+                    domain: *domain,
+                    package: *package,
+                    static_uj: (w * covers_ns as f64 / 1e3).round() as u64,
+                })
+                .collect();
             let shares = attribution::attribute(&Interval {
                 packages: &h.packages,
                 package_ids: span.package_ids,
@@ -181,6 +199,8 @@ impl HeldReads {
                 }],
                 gpus: &[],
                 wall: None,
+                statics: &statics,
+                static_share: span.static_share,
             });
             out.shares.extend(shares);
         }
@@ -205,6 +225,8 @@ mod tests {
             usage,
             start_ns,
             end_ns,
+            static_w: &[],
+            static_share: attribution::StaticShare::Capacity,
         }
     }
 

@@ -9,6 +9,7 @@
 mod held;
 pub mod sampling;
 pub mod stacks;
+pub mod statics;
 pub mod windows;
 
 pub use crate::sources::registry::{ReaderConfig, ReaderUse, Readers};
@@ -30,8 +31,8 @@ use crate::output::record::{
 };
 use crate::output::{
     CgroupReport, CommandReport, ContainerReport, DomainReport, EnergyJ, EnergyReport, GroupEnergy,
-    HostReport, MachineTimes, MemoryReport, ProcessReport, ProfilerReport, RUN_SCHEMA_VERSION,
-    RunReport, WindowDomainReport, WindowReport,
+    HostReport, LearnedFit, MachineTimes, MemoryReport, ProcessReport, ProfilerReport,
+    RUN_SCHEMA_VERSION, RunReport, StaticPowerReport, WindowDomainReport, WindowReport,
 };
 use crate::process::cgroup::CgroupNames;
 use crate::process::names::ContainerNames;
@@ -131,6 +132,8 @@ pub struct ProfileConfig {
     /// The cgroup2 file system cgroup ids are named from (`None`: this
     /// machine's mount).
     pub cgroupfs: Option<std::path::PathBuf>,
+    /// How static power is shared, and the host power model.
+    pub statics: statics::StaticsConfig,
 }
 
 /// Shortest time between two memory reads of one process.
@@ -283,6 +286,12 @@ pub struct Profile {
     scratch: Scratch,
     /// CPU time of intervals whose energy read failed.
     held: held::HeldReads,
+    /// Each divided domain's static power.
+    statics: statics::Statics,
+    /// `run`: the tree's processes with no exit that `/proc` no longer
+    /// listed just before the final read (their exit and free records
+    /// had not come).
+    unlisted_at_end: crate::hash::IntSet<u32>,
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
@@ -331,6 +340,7 @@ impl Profile {
         jsonl: Option<Jsonl>,
         host: HostReport,
     ) -> Self {
+        let statics = statics::Statics::new(&cfg.statics, &readers, online_cpus());
         Self {
             table,
             procfs: ProcFs::real(),
@@ -358,6 +368,8 @@ impl Profile {
             last: None,
             scratch: Scratch::default(),
             held: held::HeldReads::default(),
+            statics,
+            unlisted_at_end: Default::default(),
             held_origin: IntMap::default(),
             vms: None,
             stacks: None,
@@ -557,6 +569,17 @@ impl Profile {
     /// wattmeter program is stopped). Returns the interval's end
     /// (monotonic ns).
     pub fn tick(&mut self, sampler: &mut impl CpuSampler, last: bool) -> Result<u64, TrackerError> {
+        if last && matches!(self.cfg.scope, Scope::Tree) {
+            // Looked at before the final read: one that exits after this
+            // has its exit in that read.
+            self.unlisted_at_end = self
+                .table
+                .tree()
+                .into_iter()
+                .filter(|p| p.exit_ns.is_none() && !self.procfs.lists(p.pid))
+                .map(|p| p.pid)
+                .collect();
+        }
         let readers = &mut self.readers;
         let mut energy = None;
         let sample = sampler.sample(last, &mut || energy = Some(readers.read_counters(last)))?;
@@ -628,6 +651,9 @@ impl Profile {
         self.readers
             .add_estimate(&mut read, busy_ns, window_ns, online.max(1));
         let wall = self.readers.add_wall_model(&mut read, busy_ns, duration_ns);
+        let (statics, static_w) =
+            self.statics
+                .interval(&read.energy, &packages, &self.package_ids, duration_ns);
         let mut usage = self.table.apply(sample);
         self.machine.add(sample);
         for p in self.readers.take_problems() {
@@ -661,6 +687,8 @@ impl Profile {
             energy: &read.energy,
             gpus: &gpus,
             wall,
+            statics: &statics,
+            static_share: self.statics.share(),
         });
         // Domains whose read failed hold this interval's CPU time; a
         // read after failed ones is divided over the whole span.
@@ -670,6 +698,8 @@ impl Profile {
             usage: &cpu_usage,
             start_ns: sample.at_ns.saturating_sub(duration_ns),
             end_ns: sample.at_ns,
+            static_w: &static_w,
+            static_share: self.statics.share(),
         };
         let held_problems = self.held.hold(&read.missed, &span);
         let caught = self.held.catch_up(&read.caught_up, &span);
@@ -677,6 +707,9 @@ impl Profile {
             self.problem(p);
         }
         shares.extend(caught.shares);
+        for p in self.statics.problems(&shares) {
+            self.problem(p);
+        }
         self.ledger.add(&shares);
 
         // This interval's energy per consumer, and the groups it goes to
@@ -686,6 +719,9 @@ impl Profile {
         for s in &shares {
             for (id, uj) in &s.attributed {
                 energy.entry(*id).or_default().add(s.domain, *uj);
+            }
+            for (id, uj) in &s.attributed_static {
+                energy.entry(*id).or_default().add_static(s.domain, *uj);
             }
         }
         // Processes with energy but no CPU time this interval (a GPU job
@@ -865,6 +901,8 @@ impl Profile {
                     idle: s.idle_uj,
                     unattributed: s.unattributed_uj,
                     static_uj: s.static_uj,
+                    attributed_static: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
+                    figure: self.statics.figure(s.domain, s.package).copied(),
                 },
                 caught
                     .covers_ns
@@ -901,6 +939,7 @@ impl Profile {
             core_j: joules(interval_groups[r as usize].core_uj),
             dram_j: joules(interval_groups[r as usize].dram_uj),
             gpu_j: joules(interval_groups[r as usize].gpu_uj),
+            static_j: joules(interval_groups[r as usize].static_uj()),
         };
         record.groups = GroupRows {
             tree: group(Role::Tree),
@@ -1129,6 +1168,7 @@ impl Profile {
                 core_j: joules(e.core_uj),
                 dram_j: joules(e.dram_uj),
                 gpu_j: joules(e.gpu_uj),
+                static_j: joules(e.static_uj()),
                 pss_bytes: mem.map(|m| m.pss_bytes),
                 uss_bytes: mem.map(|m| m.uss_bytes),
                 gpu_memory_bytes: gpu_bytes,
@@ -1619,6 +1659,8 @@ impl Profile {
                         idle: t.idle_uj,
                         unattributed: t.unattributed_uj,
                         static_uj: t.static_uj,
+                        attributed_static: t.attributed_static_uj,
+                        figure: self.statics.figure(t.domain, t.package).copied(),
                     },
                     span,
                     |avg_power_w| AveragePower { avg_power_w },
@@ -1648,12 +1690,10 @@ impl Profile {
             profiler.samples,
         ) = self.machine.health();
         profiler.unmatched_forks = self.table.unmatched_forks();
-        if matches!(self.cfg.scope, Scope::Tree) {
-            profiler.ended_unseen = processes
-                .iter()
-                .filter(|p| p.exit_ns.is_none() && !self.procfs.lists(p.pid))
-                .count() as u64;
-        }
+        profiler.ended_unseen = processes
+            .iter()
+            .filter(|p| p.exit_ns.is_none() && self.unlisted_at_end.contains(&p.pid))
+            .count() as u64;
         let command = ending.command.map(|c| CommandReport {
             argv: c.argv,
             pid: c.pid,
@@ -1680,6 +1720,27 @@ impl Profile {
                 carbon_intensity_g_per_kwh: carbon.g_per_kwh,
                 carbon_intensity_source: carbon.source.clone(),
                 problems,
+                static_power: self.statics.note().map(|note| StaticPowerReport {
+                    rule: self.statics.share(),
+                    note,
+                    learned: self
+                        .statics
+                        .learned()
+                        .into_iter()
+                        .map(
+                            |(domain, package, static_w, per_cpu_w, r_squared, intervals)| {
+                                LearnedFit {
+                                    domain,
+                                    package,
+                                    static_w,
+                                    per_cpu_w,
+                                    r_squared,
+                                    intervals,
+                                }
+                            },
+                        )
+                        .collect(),
+                }),
             },
             groups,
             cgroups,
@@ -1719,3 +1780,10 @@ impl Profile {
 
 #[cfg(test)]
 mod tests;
+
+/// CPUs online now (the power model's vCPUs).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}

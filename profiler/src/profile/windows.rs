@@ -406,6 +406,11 @@ impl Windows {
                         w.energy.add(s.domain, *uj);
                     }
                 }
+                for (id, uj) in &s.attributed_static {
+                    if in_tree(*id, w.pid) {
+                        w.energy.add_static(s.domain, *uj);
+                    }
+                }
                 match w
                     .machine
                     .iter_mut()
@@ -486,7 +491,9 @@ mod tests {
             idle_uj: 0,
             unattributed_uj: uj,
             attributed: vec![(1, uj), (2, uj)],
+            attributed_static: vec![(1, uj / 4), (2, uj / 4)],
             static_uj: 0,
+            static_cut_uj: 0,
         };
         // Consumer 1 is in pid 10's tree; 2 is not.
         let in_tree = |id: ConsumerId, pid: u32| id == 1 && pid == 10;

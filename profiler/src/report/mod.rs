@@ -121,6 +121,8 @@ pub struct Summary {
     pub carbon_intensity_g_per_kwh: f64,
     /// Where that comes from.
     pub carbon_intensity_source: String,
+    /// How static power was shared, and the figures (a recording's).
+    pub static_note: Option<String>,
     /// Reader failures.
     pub problems: Vec<String>,
     /// Energy per function (`--stacks`; not in a cut stream).
@@ -178,11 +180,14 @@ fn energy_of(
     core_j: f64,
     dram_j: f64,
     gpu_j: f64,
+    static_j: f64,
     span_ns: u64,
     g: f64,
 ) -> EnergyJ {
     let total_j = package_j + dram_j + gpu_j;
     EnergyJ {
+        static_j,
+        dynamic_j: (total_j - static_j).max(0.0),
         package_j,
         core_j,
         dram_j,
@@ -248,6 +253,7 @@ impl Summary {
             windows: r.windows.clone(),
             carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
             carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
+            static_note: r.energy.static_power.as_ref().map(|p| p.note.clone()),
             problems: r.energy.problems.clone(),
             stacks: r.stacks.clone(),
         }
@@ -279,6 +285,9 @@ impl Summary {
                             idle_j: 0.0,
                             unattributed_j: 0.0,
                             static_j: 0.0,
+                            attributed_static_j: 0.0,
+                            static_w: None,
+                            static_source: None,
                             power: AveragePower { avg_power_w: 0.0 },
                         });
                         domains.len() - 1
@@ -291,14 +300,20 @@ impl Summary {
                 x.idle_j += d.idle_j;
                 x.unattributed_j += d.unattributed_j;
                 x.static_j += d.static_j;
+                x.attributed_static_j += d.attributed_static_j;
+                // The last interval's figure, as a recording reports it.
+                if d.static_w.is_some() {
+                    x.static_w = d.static_w;
+                    x.static_source = d.static_source;
+                }
             }
         }
         for d in &mut domains {
             d.power.avg_power_w = per_s(d.measured_j, span_ns);
         }
         let mut group_times = GroupTotals::default();
-        // package, core, DRAM, GPU, total (J) per group.
-        let mut sums = [[0.0f64; 5]; 3];
+        // package, core, DRAM, GPU, total, static (J) per group.
+        let mut sums = [[0.0f64; 6]; 3];
         let mut busy_ns = 0;
         // Per pid: the row summed, and the first and last ns it was seen.
         let mut by_pid: BTreeMap<u32, (ProcessReport, u64, u64)> = BTreeMap::new();
@@ -317,6 +332,7 @@ impl Summary {
                     row.dram_j,
                     row.gpu_j,
                     row.energy_j,
+                    row.static_j,
                 ]) {
                     *a += v;
                 }
@@ -351,6 +367,7 @@ impl Summary {
                 r.energy.core_j += p.core_j;
                 r.energy.dram_j += p.dram_j;
                 r.energy.gpu_j += p.gpu_j;
+                r.energy.static_j += p.static_j;
                 let m = &mut r.memory;
                 m.peak_pss_bytes = m.peak_pss_bytes.max(p.pss_bytes.unwrap_or(0));
                 m.peak_uss_bytes = m.peak_uss_bytes.max(p.uss_bytes.unwrap_or(0));
@@ -358,8 +375,8 @@ impl Summary {
                 e.2 = iv.t_ns;
             }
         }
-        let group = |x: [f64; 5]| {
-            let mut e = energy_of(x[0], x[1], x[2], x[3], span_ns, g);
+        let group = |x: [f64; 6]| {
+            let mut e = energy_of(x[0], x[1], x[2], x[3], x[5], span_ns, g);
             // Streams from before the per-domain group fields have only
             // the total.
             if x[4] > 0.0 && e.total_j == 0.0 {
@@ -374,7 +391,15 @@ impl Summary {
             .map(|(mut r, first, last)| {
                 let e = r.energy;
                 let span = last.saturating_sub(first);
-                r.energy = energy_of(e.package_j, e.core_j, e.dram_j, e.gpu_j, span, g);
+                r.energy = energy_of(
+                    e.package_j,
+                    e.core_j,
+                    e.dram_j,
+                    e.gpu_j,
+                    e.static_j,
+                    span,
+                    g,
+                );
                 r
             })
             .collect();
@@ -441,6 +466,7 @@ impl Summary {
             windows: s.windows.clone(),
             carbon_intensity_g_per_kwh: g,
             carbon_intensity_source: h.carbon_intensity_source.clone(),
+            static_note: None,
             problems: Vec::new(),
             stacks: None,
         }

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use crate::output::record::{HeaderRecord, IntervalRecord};
-use crate::output::{RUN_SCHEMA_VERSION, RunReport, WindowReport};
+use crate::output::{RUN_SCHEMA_OLDEST, RUN_SCHEMA_VERSION, RunReport, WindowReport};
 
 /// What can go wrong reading a file back: each is one line for people.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,8 @@ pub enum ReadError {
     /// A layout this wattprof does not read.
     #[error(
         "{} has schema version {found} (written by wattprof {writer}); this wattprof ({ours}) \
-         reads version {RUN_SCHEMA_VERSION}: read it with the wattprof that wrote it",
+         reads versions {RUN_SCHEMA_OLDEST} to {RUN_SCHEMA_VERSION}: read it with the wattprof that \
+         wrote it",
         path.display(),
         ours = env!("CARGO_PKG_VERSION")
     )]
@@ -140,7 +141,9 @@ fn check_version(path: &Path, probe: &Probe) -> Result<(), ReadError> {
         None => Err(ReadError::NotRecording {
             path: path.to_path_buf(),
         }),
-        Some(v) if v == u64::from(RUN_SCHEMA_VERSION) => Ok(()),
+        Some(v) if (u64::from(RUN_SCHEMA_OLDEST)..=u64::from(RUN_SCHEMA_VERSION)).contains(&v) => {
+            Ok(())
+        }
         Some(found) => Err(ReadError::Version {
             path: path.to_path_buf(),
             found,
@@ -370,7 +373,7 @@ mod tests {
         let v = err("{\"schema_version\": 9, \"wattprof_version\": \"9.0.0\"}");
         assert!(
             v.contains("schema version 9 (written by wattprof 9.0.0)")
-                && v.contains("reads version 2"),
+                && v.contains("reads versions 2 to 3"),
             "{v}"
         );
         let v = err("{\"type\":\"header\",\"schema_version\":1}\n");

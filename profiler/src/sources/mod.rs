@@ -12,6 +12,7 @@ pub mod nvml;
 pub mod perf;
 pub mod powercap;
 pub mod registry;
+pub mod static_power;
 pub mod wattmeter;
 
 use serde::{Deserialize, Serialize};

@@ -369,6 +369,24 @@ impl Readers {
         &self.used
     }
 
+    /// The measuring CPU reader's name (`powercap`, `msr`), if one is read.
+    pub fn cpu_reader(&self) -> Option<&'static str> {
+        self.sources
+            .iter()
+            .find(|s| s.kind() == ReaderKind::Cpu)
+            .map(|s| s.name())
+    }
+
+    /// The power model's static power on `cpus` CPUs (W): the vCPU model's
+    /// idle watts per vCPU × vCPUs; `None` for the TDP model (all dynamic)
+    /// or no model.
+    pub fn model_static_w(&self, cpus: usize) -> Option<f64> {
+        match &self.estimate {
+            Some(PowerModel::Vcpu(m)) if m.min_w > 0.0 => Some(m.min_w * cpus as f64),
+            _ => None,
+        }
+    }
+
     /// Whether any CPU energy (measured or estimated) is read.
     pub fn has_cpu(&self) -> bool {
         self.estimate.is_some() || self.sources.iter().any(|s| s.kind() == ReaderKind::Cpu)

@@ -1,0 +1,202 @@
+//! `wattprof calibrate` with no wattmeter: the load staircase (idle, then
+//! 1 to N CPUs busy) against the CPU energy counters, each domain and
+//! package fitted as power = static + k × busy CPUs, written as the host
+//! power model that `run` and `monitor` read.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::Fatal;
+use super::calibrate::{CalibrateArgs, Load, cpu_jiffies};
+use crate::profile::ReaderConfig;
+use crate::sources::Domain;
+use crate::sources::calibration::Point;
+use crate::sources::estimate::{ModelChoice, ModelRequest};
+use crate::sources::registry::Readers;
+use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
+
+/// A fit whose line explains less of the staircase's power than this is
+/// refused: the power followed something else (another load, a turbo
+/// limit), and its static figure would mislead every profile after it.
+const MIN_R2: f64 = 0.9;
+
+/// Runs the staircase and writes the host power model.
+pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
+    if args.gpu_load.is_some() {
+        return Err(Fatal::profiler(
+            "--gpu-load needs a wattmeter (--wattmeter-log or --wattmeter-cmd): with none, \
+             calibrate fits the CPU energy counters only",
+        )
+        .into());
+    }
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_HOST_MODEL));
+    let cfg = ReaderConfig {
+        sys: args.energy_sysfs.clone(),
+        // Only what is measured is fitted: no model.
+        model: ModelRequest {
+            choice: ModelChoice::None,
+            ..Default::default()
+        },
+        powercap_root: None,
+        no_gpu: true,
+        nvml_lib: None,
+        wattmeter_log: None,
+        wattmeter_cmd: None,
+        wattmeter_outlet: args.wattmeter_outlet,
+        calibration: None,
+    };
+    let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
+    let Some(reader) = readers.cpu_reader() else {
+        let why = readers
+            .used()
+            .iter()
+            .find(|u| u.kind == "cpu")
+            .map(|u| format!(": {}", u.detail))
+            .unwrap_or_default();
+        return Err(Fatal::profiler(format!(
+            "no CPU energy counter to fit{why} (with no wattmeter, calibrate fits the CPU's \
+             RAPL counters; give --wattmeter-log or --wattmeter-cmd to fit the wall instead)"
+        ))
+        .into());
+    };
+    let topology = crate::topology::Topology::read(&crate::topology::SysRoot::real())
+        .map_err(|e| Fatal::profiler(format!("cannot read the CPU topology: {e}")))?;
+    let machine = Machine::this(topology.sockets());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let settle = (args.step / 4).min(Duration::from_secs(2));
+    let window = ((args.step - settle) / 4).min(Duration::from_secs(1));
+    eprintln!(
+        "wattprof calibrate: {} steps of {:.1} s (0 to {cpus} CPUs busy), fitting each CPU \
+         energy domain ({reader}) as static + k x busy CPUs",
+        cpus + 1,
+        args.step.as_secs_f64()
+    );
+    let mut points: BTreeMap<(Domain, Option<u32>), Vec<Point>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for n in 0..=cpus {
+        let name = format!("{n} CPUs busy");
+        let _load = Load::cpus(n);
+        let end = Instant::now() + args.step;
+        std::thread::sleep(settle);
+        let mut got = 0;
+        while Instant::now() + window <= end {
+            // Each counter read is timed by its middle: a read preempted
+            // on a loaded machine then skews nothing.
+            let timed_read = |readers: &mut Readers| {
+                let before = Instant::now();
+                let e = readers.read_counters(false);
+                (e, before + before.elapsed() / 2)
+            };
+            let j0 = cpu_jiffies();
+            let (_, t0) = timed_read(&mut readers);
+            let _ = readers.take_problems();
+            std::thread::sleep(window);
+            let (e, t1) = timed_read(&mut readers);
+            let j1 = cpu_jiffies();
+            problems.extend(readers.take_problems());
+            let secs = t1.duration_since(t0).as_secs_f64();
+            let busy = match (j0, j1) {
+                (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                    (b1 - b0) as f64 / (t1 - t0) as f64 * cpus as f64
+                }
+                _ => continue,
+            };
+            if !e.missed.is_empty() || secs <= 0.0 {
+                continue;
+            }
+            got += 1;
+            for d in e
+                .energy
+                .iter()
+                .filter(|d| matches!(d.domain, Domain::Package | Domain::Core | Domain::Dram))
+            {
+                points
+                    .entry((d.domain, d.package))
+                    .or_default()
+                    .push(Point {
+                        step: name.clone(),
+                        x: busy,
+                        wall_w: d.energy_uj as f64 / 1e6 / secs,
+                    });
+            }
+        }
+        let mean = |f: fn(&Point) -> f64| {
+            let v: Vec<f64> = points
+                .values()
+                .next()
+                .map(|p| p.iter().rev().take(got).map(f).collect())
+                .unwrap_or_default();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        eprintln!(
+            "  {name:<16} {got} windows: {:.2} busy CPUs, first domain {:.2} W",
+            mean(|p| p.x),
+            mean(|p| p.wall_w)
+        );
+    }
+    if points.is_empty() {
+        return Err(Fatal::profiler(format!(
+            "the counters gave no energy during the staircase{}",
+            problems
+                .first()
+                .map(|p| format!(": {p}"))
+                .unwrap_or_default()
+        ))
+        .into());
+    }
+    let mut fits = Vec::new();
+    for ((domain, package), pts) in points {
+        let f = HostModel::fit_domain(domain, package, reader, pts)
+            .map_err(|e| Fatal::profiler(format!("cannot fit {}: {e}", domain.label(package))))?;
+        if !(f.static_w >= 0.0 && f.per_cpu_w >= 0.0 && f.r_squared >= MIN_R2) {
+            return Err(Fatal::profiler(format!(
+                "the fit of {}: {:.2} W static + {:.3} W per busy CPU, R^2 {:.3}, is no power \
+                 law (static and slope must not be negative, R^2 at least {MIN_R2}): keep the \
+                 machine quiet and calibrate again with a longer --step",
+                domain.label(package),
+                f.static_w,
+                f.per_cpu_w,
+                f.r_squared
+            ))
+            .into());
+        }
+        println!(
+            "{}: {:.2} W static + {:.3} W per busy CPU; residual {:.2} W RMS, R^2 {:.4}",
+            domain.label(package),
+            f.static_w,
+            f.per_cpu_w,
+            f.rms_residual_w,
+            f.r_squared
+        );
+        fits.push(f);
+    }
+    let model = HostModel {
+        kind: "wattprof_power_model".into(),
+        version: 1,
+        host: crate::topology::hostname(),
+        machine,
+        created_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        fits,
+    };
+    model.save(&output).map_err(|e| {
+        Fatal::profiler(format!(
+            "{e} (give -o FILE somewhere writable, and --host-model FILE to run and monitor)"
+        ))
+    })?;
+    println!(
+        "host power model written to {}{}",
+        output.display(),
+        if args.output.is_some() {
+            " (give it to run and monitor with --host-model)"
+        } else {
+            " (run and monitor read it from there)"
+        }
+    );
+    Ok(0)
+}

@@ -1,0 +1,210 @@
+//! Each interval's static energy per divided domain: the figure
+//! [`StaticPowers`] gives for it now (host model, learned, the power
+//! model's idle term, or the lowest power seen), what the profile reports
+//! of it, and the problems it raises.
+
+use std::path::{Path, PathBuf};
+
+use crate::attribution::{DomainShare, PackageTime, StaticEnergy, StaticShare};
+use crate::sources::registry::Readers;
+use crate::sources::static_power::{
+    DEFAULT_HOST_MODEL, HostModel, Machine, StaticFigure, StaticPowers, StaticSource,
+};
+use crate::sources::{Domain, DomainEnergy};
+
+/// Static power per divided domain (W), for reads that cover more than
+/// one interval.
+pub type StaticWatts = Vec<(Domain, Option<u32>, f64)>;
+
+/// How static power is shared, and the host power model in use.
+#[derive(Clone, Debug, Default)]
+pub struct StaticsConfig {
+    /// `--static-power`.
+    pub share: StaticShare,
+    /// The host power model, where there is one for this machine.
+    pub host: Option<HostModel>,
+    /// Where it was read from.
+    pub host_path: Option<PathBuf>,
+}
+
+impl StaticsConfig {
+    /// Reads the host power model at `given` (or the default place, where
+    /// a missing file is no error): one line saying what is wrong.
+    pub fn load(share: StaticShare, given: Option<&Path>, packages: usize) -> Result<Self, String> {
+        let path = given.unwrap_or(Path::new(DEFAULT_HOST_MODEL));
+        let host = HostModel::load(path, given.is_some(), &Machine::this(packages))?;
+        Ok(Self {
+            share,
+            host_path: host.as_ref().map(|_| path.to_path_buf()),
+            host,
+        })
+    }
+}
+
+/// A static figure beyond the measured energy is said when it exceeds it
+/// by more than this share (counter noise over a short interval is well
+/// under it)...
+const CUT_SAID_SHARE: f64 = 0.05;
+/// ...and by more than this (µJ).
+const CUT_SAID_UJ: u64 = 10_000;
+
+/// The static figures of a profile.
+#[derive(Debug)]
+pub struct Statics {
+    share: StaticShare,
+    powers: StaticPowers,
+    /// The figures of the last interval.
+    last: Vec<StaticFigure>,
+    /// Domains whose cut static figure was said.
+    said_cut: Vec<(Domain, Option<u32>)>,
+}
+
+impl Statics {
+    /// The figures for a profile reading `readers` on `cpus` CPUs.
+    pub fn new(cfg: &StaticsConfig, readers: &Readers, cpus: usize) -> Self {
+        Self {
+            share: cfg.share,
+            powers: StaticPowers::new(
+                cfg.host.as_ref(),
+                readers.cpu_reader(),
+                readers.model_static_w(cpus),
+            ),
+            last: Vec::new(),
+            said_cut: Vec::new(),
+        }
+    }
+
+    /// How static energy is shared.
+    pub fn share(&self) -> StaticShare {
+        self.share
+    }
+
+    /// The figures of the last interval, per divided domain.
+    pub fn figures(&self) -> &[StaticFigure] {
+        &self.last
+    }
+
+    /// The figure of a domain in the last interval.
+    pub fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
+        self.last
+            .iter()
+            .find(|f| f.domain == domain && f.package == package)
+    }
+
+    /// What was learned during the profile.
+    pub fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
+        self.powers.learned()
+    }
+
+    /// Takes one interval's divided domains (measured ones teach the
+    /// figures) and gives each its static energy over `duration_ns`, and
+    /// the static power (W) per domain for reads that cover more.
+    pub fn interval(
+        &mut self,
+        energy: &[DomainEnergy],
+        packages: &[PackageTime],
+        package_ids: &[u32],
+        duration_ns: u64,
+    ) -> (Vec<StaticEnergy>, StaticWatts) {
+        let busy_cpus = |package: Option<u32>| -> f64 {
+            let busy: u64 = match package {
+                Some(p) => package_ids
+                    .iter()
+                    .position(|id| *id == p)
+                    .and_then(|i| packages.get(i))
+                    .map_or(0, |t| t.busy_ns + t.lost_ns),
+                None => packages.iter().map(|t| t.busy_ns + t.lost_ns).sum(),
+            };
+            busy as f64 / duration_ns.max(1) as f64
+        };
+        let divided = |d: &&DomainEnergy| {
+            matches!(d.domain, Domain::Package | Domain::Core | Domain::Dram) && !d.busy_only
+        };
+        for d in energy.iter().filter(divided).filter(|d| !d.estimated) {
+            self.powers.observe(
+                d.domain,
+                d.package,
+                d.energy_uj,
+                duration_ns,
+                busy_cpus(d.package),
+            );
+        }
+        self.last = energy
+            .iter()
+            .filter(divided)
+            .filter_map(|d| self.powers.figure(d.domain, d.package))
+            .collect();
+        let statics = self
+            .last
+            .iter()
+            .map(|f| StaticEnergy {
+                domain: f.domain,
+                package: f.package,
+                static_uj: (f.static_w * duration_ns as f64 / 1e3).round() as u64,
+            })
+            .collect();
+        let watts = self
+            .last
+            .iter()
+            .map(|f| (f.domain, f.package, f.static_w))
+            .collect();
+        (statics, watts)
+    }
+
+    /// Problems the interval's shares raise: a static figure well above
+    /// what was measured (said once per domain).
+    pub fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in shares {
+            let key = (s.domain, s.package);
+            let beyond = s.static_cut_uj > CUT_SAID_UJ
+                && s.static_cut_uj as f64 > CUT_SAID_SHARE * s.measured_uj as f64;
+            if !beyond || self.said_cut.contains(&key) {
+                continue;
+            }
+            self.said_cut.push(key);
+            let figure = self
+                .figure(s.domain, s.package)
+                .map(StaticFigure::describe)
+                .unwrap_or_else(|| s.domain.name().to_string());
+            out.push(format!(
+                "{figure} is above the {:.3} J measured in an interval (by {:.3} J): its \
+                 dynamic energy counted as 0 (a host power model made under other conditions? \
+                 run `wattprof calibrate` again)",
+                s.measured_uj as f64 / 1e6,
+                s.static_cut_uj as f64 / 1e6
+            ));
+        }
+        out
+    }
+
+    /// One note for the table: the rule, and each figure.
+    pub fn note(&self) -> Option<String> {
+        if self.last.is_empty() {
+            return None;
+        }
+        let rule = match self.share {
+            StaticShare::Capacity => {
+                "each process: the dynamic energy its CPU time caused + static power × its \
+                 share of the CPUs' time"
+            }
+            StaticShare::Busy => "static power charged by CPU time to whoever ran",
+            StaticShare::Idle => "static power left idle, none to processes",
+        };
+        let figures: Vec<String> = self.last.iter().map(StaticFigure::describe).collect();
+        let hint = if self
+            .last
+            .iter()
+            .any(|f| f.source == StaticSource::LowestSeen)
+        {
+            "; run `wattprof calibrate` for this host's static power"
+        } else {
+            ""
+        };
+        Some(format!(
+            "static power --static-power {} ({rule}): {}{hint}",
+            self.share.name(),
+            figures.join(", ")
+        ))
+    }
+}

@@ -1,0 +1,594 @@
+//! Where each divided domain's static power comes from.
+//!
+//! A CPU package draws power whether or not tasks run (its static power)
+//! and more for each busy CPU. The attribution gives each program the
+//! dynamic energy it caused plus rent for the CPU time it held, which
+//! needs the static figure of each domain (package, core, DRAM) and
+//! package. In order of trust:
+//!
+//! 1. **The host power model** `wattprof calibrate` writes with no
+//!    wattmeter: its load staircase fitted per domain and package as
+//!    power = static + k × busy CPUs ([`HostModel`]). It is refused for
+//!    another machine, and a fit is used only with the reader it was made
+//!    with.
+//! 2. **Learned on the fly**: each interval's (busy CPUs, power) point is
+//!    added to a running least-squares fit, used once the load has varied
+//!    by at least [`LEARN_MIN_SPREAD_CPUS`] over at least
+//!    [`LEARN_MIN_POINTS`] intervals and the line explains the power
+//!    ([`LEARN_MIN_R2`]).
+//! 3. **The shipped model's idle term**: the vCPU model's static part is
+//!    vCPUs × its idle watts. (The TDP model has none: all dynamic.)
+//! 4. **The lowest power seen** on this host so far: an upper bound (the
+//!    load never went to zero, perhaps), said so, with the hint to run
+//!    `wattprof calibrate`.
+
+use serde::{Deserialize, Serialize};
+
+use super::Domain;
+use super::calibration::{Fit, Point, fit};
+
+/// Intervals a learned fit needs before it is used.
+pub const LEARN_MIN_POINTS: u64 = 10;
+
+/// How far the busy CPUs must have varied (max − min) before a learned
+/// fit is used. The intercept (static power) is extrapolated from the
+/// points to zero busy CPUs: its error is the power's noise times about
+/// mean / spread, so a spread under half a CPU lets a watt of noise move
+/// it by several. Half a CPU is what a single job starting or stopping
+/// gives on any machine.
+pub const LEARN_MIN_SPREAD_CPUS: f64 = 0.5;
+
+/// How much of the power's variance a learned line must explain (R²):
+/// below it, the power follows something else than busy CPUs (a GPU, a
+/// turbo limit, another domain), and the line would mislead.
+pub const LEARN_MIN_R2: f64 = 0.9;
+
+/// The default place of the host power model (`--host-model` overrides
+/// it): where `wattprof calibrate` writes it and `run` and `monitor`
+/// read it.
+pub const DEFAULT_HOST_MODEL: &str = "/var/lib/wattprof/power-model.json";
+
+/// Where a static figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaticSource {
+    /// The host power model (`wattprof calibrate`).
+    HostModel,
+    /// Fitted during this profile.
+    Learned,
+    /// The shipped power model's idle term (vCPU model).
+    ShippedModel,
+    /// The lowest power seen: an upper bound.
+    LowestSeen,
+}
+
+impl StaticSource {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HostModel => "host_model",
+            Self::Learned => "learned",
+            Self::ShippedModel => "shipped_model",
+            Self::LowestSeen => "lowest_seen",
+        }
+    }
+}
+
+/// One domain's static power and where it came from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StaticFigure {
+    /// Which domain.
+    pub domain: Domain,
+    /// Its package (`None`: a machine-wide model).
+    pub package: Option<u32>,
+    /// Static power (W).
+    pub static_w: f64,
+    /// Where it came from.
+    pub source: StaticSource,
+    /// The fit's slope (W per busy CPU), for fitted figures.
+    pub per_cpu_w: Option<f64>,
+    /// The fit's R², for fitted figures.
+    pub r_squared: Option<f64>,
+}
+
+impl StaticFigure {
+    /// One line: `package 0: 21.34 W static (host model, R² 0.9990)`.
+    pub fn describe(&self) -> String {
+        let what = match self.source {
+            StaticSource::HostModel => "host model",
+            StaticSource::Learned => "learned during this profile",
+            StaticSource::ShippedModel => "the power model's idle term",
+            StaticSource::LowestSeen => "lowest power seen, an upper bound",
+        };
+        let fit = match (self.per_cpu_w, self.r_squared) {
+            (Some(k), Some(r2)) => format!(", {k:.2} W per busy CPU, R² {r2:.4}"),
+            _ => String::new(),
+        };
+        format!(
+            "{}{}: {:.2} W static ({what}{fit})",
+            self.domain.name(),
+            self.package
+                .map(|p| format!(" of package {p}"))
+                .unwrap_or_default(),
+            self.static_w
+        )
+    }
+}
+
+/// One domain's fit in the host power model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainFit {
+    /// Which domain (`package`, `core`, `dram`).
+    pub domain: Domain,
+    /// Its package (the kernel's id; `null`: machine wide).
+    pub package: Option<u32>,
+    /// The reader whose energy was fitted (`powercap`, `msr`).
+    pub reader: String,
+    /// Static power (W): the intercept.
+    pub static_w: f64,
+    /// Watts per busy CPU: the slope.
+    pub per_cpu_w: f64,
+    /// The line's R².
+    pub r_squared: f64,
+    /// Root mean square of the residuals (W).
+    pub rms_residual_w: f64,
+    /// The staircase's points (x: busy CPUs, `wall_w`: the domain's W).
+    pub points: Vec<Point>,
+}
+
+/// What a host power model was made on: it is refused elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Machine {
+    /// `/proc/cpuinfo`'s model name.
+    pub cpu_model: String,
+    /// CPU packages.
+    pub packages: usize,
+    /// CPUs configured.
+    pub cpus: usize,
+}
+
+impl Machine {
+    /// This machine.
+    pub fn this(packages: usize) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == "model name").then(|| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+        Self {
+            cpu_model,
+            packages,
+            cpus: usize::try_from(cpus).unwrap_or(1).max(1),
+        }
+    }
+}
+
+/// The host power model file (`wattprof calibrate` with no wattmeter).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostModel {
+    /// Always `wattprof_power_model`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Format version (1).
+    pub version: u32,
+    /// Host name it was made on.
+    pub host: String,
+    /// The machine it was made on.
+    pub machine: Machine,
+    /// When (Unix ns).
+    pub created_unix_ns: u64,
+    /// One fit per domain and package.
+    pub fits: Vec<DomainFit>,
+}
+
+impl HostModel {
+    /// Reads and checks a host power model against this machine: `Ok(None)`
+    /// when the default path has none, one line saying what is wrong
+    /// otherwise.
+    pub fn load(
+        path: &std::path::Path,
+        given: bool,
+        machine: &Machine,
+    ) -> Result<Option<Self>, String> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !given => return Ok(None),
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the host power model {}: {e} (make one with `wattprof \
+                     calibrate`)",
+                    path.display()
+                ));
+            }
+        };
+        let m: Self = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}: not a wattprof power model ({e}); make it again with `wattprof calibrate`",
+                path.display()
+            )
+        })?;
+        if m.kind != "wattprof_power_model" || m.version != 1 {
+            return Err(format!(
+                "{}: not a version 1 wattprof power model; make it again with `wattprof \
+                 calibrate`",
+                path.display()
+            ));
+        }
+        if &m.machine != machine {
+            return Err(format!(
+                "{}: made on another machine ({}, {} package(s), {} CPUs; this is {}, {} \
+                 package(s), {} CPUs): run `wattprof calibrate` here, or give --host-model \
+                 another file",
+                path.display(),
+                m.machine.cpu_model,
+                m.machine.packages,
+                m.machine.cpus,
+                machine.cpu_model,
+                machine.packages,
+                machine.cpus
+            ));
+        }
+        if let Some(f) = m
+            .fits
+            .iter()
+            .find(|f| !(f.static_w.is_finite() && f.static_w >= 0.0 && f.per_cpu_w.is_finite()))
+        {
+            return Err(format!(
+                "{}: the {} fit's static power {} W is no power: make it again with `wattprof \
+                 calibrate`",
+                path.display(),
+                f.domain.name(),
+                f.static_w
+            ));
+        }
+        Ok(Some(m))
+    }
+
+    /// Writes it to `path` atomically (a temporary file renamed),
+    /// creating the directory.
+    pub fn save(&self, path: &std::path::Path) -> Result<(), String> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+        )
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// Fits one domain's staircase: power = static + k × busy CPUs.
+    pub fn fit_domain(
+        domain: Domain,
+        package: Option<u32>,
+        reader: &str,
+        points: Vec<Point>,
+    ) -> Result<DomainFit, String> {
+        let Fit {
+            a,
+            b,
+            rms_residual_w,
+            r_squared,
+            ..
+        } = fit(&points).map_err(|e| e.to_string())?;
+        Ok(DomainFit {
+            domain,
+            package,
+            reader: reader.to_string(),
+            static_w: b,
+            per_cpu_w: a,
+            r_squared,
+            rms_residual_w,
+            points,
+        })
+    }
+}
+
+/// A running least-squares line of power on busy CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Learner {
+    n: u64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+    syy: f64,
+    min_x: f64,
+    max_x: f64,
+}
+
+impl Learner {
+    fn add(&mut self, x: f64, y: f64) {
+        if self.n == 0 {
+            self.min_x = x;
+            self.max_x = x;
+        }
+        self.n += 1;
+        self.sx += x;
+        self.sy += y;
+        self.sxx += x * x;
+        self.sxy += x * y;
+        self.syy += y * y;
+        self.min_x = self.min_x.min(x);
+        self.max_x = self.max_x.max(x);
+    }
+
+    /// (static W, W per busy CPU, R²) once the load has varied enough.
+    fn fit(&self) -> Option<(f64, f64, f64)> {
+        if self.n < LEARN_MIN_POINTS || self.max_x - self.min_x < LEARN_MIN_SPREAD_CPUS {
+            return None;
+        }
+        let n = self.n as f64;
+        let sxx = self.sxx - self.sx * self.sx / n;
+        let sxy = self.sxy - self.sx * self.sy / n;
+        let syy = self.syy - self.sy * self.sy / n;
+        if sxx <= 0.0 {
+            return None;
+        }
+        let k = sxy / sxx;
+        let s = (self.sy - k * self.sx) / n;
+        let r2 = if syy > 0.0 {
+            sxy * sxy / (sxx * syy)
+        } else {
+            1.0
+        };
+        (s >= 0.0 && k >= 0.0 && r2 >= LEARN_MIN_R2).then_some((s, k, r2))
+    }
+}
+
+type Key = (Domain, Option<u32>);
+
+/// Each divided domain's static power over a profile: the host model's,
+/// learned, the shipped model's, or the lowest seen.
+#[derive(Clone, Debug, Default)]
+pub struct StaticPowers {
+    /// The host model's fits for this profile's CPU reader.
+    host: Vec<DomainFit>,
+    /// The vCPU model's static power (W), for its machine-wide package
+    /// domain.
+    shipped_w: Option<f64>,
+    learners: Vec<(Key, Learner)>,
+    lowest: Vec<(Key, f64)>,
+}
+
+impl StaticPowers {
+    /// Figures from `host` (only its fits made with `reader`) and the
+    /// shipped model's static watts.
+    pub fn new(host: Option<&HostModel>, reader: Option<&str>, shipped_w: Option<f64>) -> Self {
+        let host = host
+            .map(|m| {
+                m.fits
+                    .iter()
+                    .filter(|f| Some(f.reader.as_str()) == reader)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            host,
+            shipped_w,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the host model has a fit for any domain in use.
+    pub fn has_host_fits(&self) -> bool {
+        !self.host.is_empty()
+    }
+
+    /// Adds one interval of a measured divided domain: its energy over
+    /// `duration_ns` with `busy_cpus` CPUs busy on average (on its package).
+    pub fn observe(
+        &mut self,
+        domain: Domain,
+        package: Option<u32>,
+        energy_uj: u64,
+        duration_ns: u64,
+        busy_cpus: f64,
+    ) {
+        if duration_ns == 0 {
+            return;
+        }
+        let w = energy_uj as f64 / duration_ns as f64 * 1e3;
+        let key = (domain, package);
+        match self.lowest.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, low)) => *low = low.min(w),
+            None => self.lowest.push((key, w)),
+        }
+        match self.learners.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, l)) => l.add(busy_cpus, w),
+            None => {
+                let mut l = Learner::default();
+                l.add(busy_cpus, w);
+                self.learners.push((key, l));
+            }
+        }
+    }
+
+    /// The figure for a domain now, if any.
+    pub fn figure(&self, domain: Domain, package: Option<u32>) -> Option<StaticFigure> {
+        let key = (domain, package);
+        let mk = |static_w, source, per_cpu_w, r_squared| StaticFigure {
+            domain,
+            package,
+            static_w,
+            source,
+            per_cpu_w,
+            r_squared,
+        };
+        if let Some(f) = self
+            .host
+            .iter()
+            .find(|f| f.domain == domain && f.package == package)
+        {
+            return Some(mk(
+                f.static_w,
+                StaticSource::HostModel,
+                Some(f.per_cpu_w),
+                Some(f.r_squared),
+            ));
+        }
+        if let Some((s, k, r2)) = self
+            .learners
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, l)| l.fit())
+        {
+            return Some(mk(s, StaticSource::Learned, Some(k), Some(r2)));
+        }
+        if domain == Domain::Package
+            && package.is_none()
+            && let Some(w) = self.shipped_w
+        {
+            return Some(mk(w, StaticSource::ShippedModel, None, None));
+        }
+        self.lowest
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, w)| mk(*w, StaticSource::LowestSeen, None, None))
+    }
+
+    /// What was learned, per domain: (domain, package, static W, W per
+    /// busy CPU, R², intervals).
+    pub fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
+        self.learners
+            .iter()
+            .filter_map(|((d, p), l)| l.fit().map(|(s, k, r2)| (*d, *p, s, k, r2, l.n)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_varied_load_is_learned_and_a_steady_one_falls_back_to_the_lowest() {
+        let mut s = StaticPowers::new(None, Some("powercap"), None);
+        // 23.7 W static + 11.3 W per busy CPU, 1 s intervals.
+        let power = |cpus: f64| 23.7 + 11.3 * cpus;
+        for i in 0..9 {
+            let cpus = 1.0;
+            s.observe(
+                Domain::Package,
+                Some(0),
+                (power(cpus) * 1e6) as u64,
+                1_000_000_000,
+                cpus,
+            );
+            let f = s.figure(Domain::Package, Some(0)).expect("a figure");
+            assert_eq!(f.source, StaticSource::LowestSeen, "interval {i}");
+            assert!((f.static_w - power(1.0)).abs() < 1e-3);
+        }
+        // Steady: no fit however long.
+        assert!(s.learned().is_empty());
+        for i in 0..10 {
+            let cpus = 0.2 + 0.15 * f64::from(i % 10);
+            s.observe(
+                Domain::Package,
+                Some(0),
+                (power(cpus) * 1e6) as u64,
+                1_000_000_000,
+                cpus,
+            );
+        }
+        let f = s.figure(Domain::Package, Some(0)).expect("a figure");
+        assert_eq!(f.source, StaticSource::Learned);
+        assert!((f.static_w - 23.7).abs() < 1e-3, "{f:?}");
+        assert!((f.per_cpu_w.unwrap_or(0.0) - 11.3).abs() < 1e-3, "{f:?}");
+        // Another domain learns on its own.
+        assert!(s.figure(Domain::Dram, Some(0)).is_none());
+    }
+
+    #[test]
+    fn the_host_model_comes_first_for_its_reader_only() {
+        let machine = Machine {
+            cpu_model: "x".into(),
+            packages: 1,
+            cpus: 2,
+        };
+        let model = HostModel {
+            kind: "wattprof_power_model".into(),
+            version: 1,
+            host: "h".into(),
+            machine,
+            created_unix_ns: 0,
+            fits: vec![DomainFit {
+                domain: Domain::Package,
+                package: Some(0),
+                reader: "powercap".into(),
+                static_w: 17.5,
+                per_cpu_w: 9.0,
+                r_squared: 0.999,
+                rms_residual_w: 0.1,
+                points: Vec::new(),
+            }],
+        };
+        let mut s = StaticPowers::new(Some(&model), Some("powercap"), None);
+        s.observe(Domain::Package, Some(0), 30_000_000, 1_000_000_000, 1.0);
+        let f = s.figure(Domain::Package, Some(0)).expect("a figure");
+        assert_eq!((f.source, f.static_w), (StaticSource::HostModel, 17.5));
+        // The MSR reader's energy is not what was fitted.
+        let mut s = StaticPowers::new(Some(&model), Some("msr"), None);
+        s.observe(Domain::Package, Some(0), 30_000_000, 1_000_000_000, 1.0);
+        let f = s.figure(Domain::Package, Some(0)).expect("a figure");
+        assert_eq!(f.source, StaticSource::LowestSeen);
+    }
+
+    #[test]
+    fn a_model_from_another_machine_or_a_bad_file_is_one_line() {
+        let dir = std::env::temp_dir().join(format!("wattprof-hostmodel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("power-model.json");
+        let here = Machine {
+            cpu_model: "Some CPU".into(),
+            packages: 1,
+            cpus: 8,
+        };
+        // None at the default place is no error; a given path must exist.
+        assert_eq!(HostModel::load(&path, false, &here), Ok(None));
+        assert!(
+            HostModel::load(&path, true, &here)
+                .expect_err("missing")
+                .contains("wattprof calibrate")
+        );
+        let model = HostModel {
+            kind: "wattprof_power_model".into(),
+            version: 1,
+            host: "h".into(),
+            machine: Machine {
+                cpus: 64,
+                ..here.clone()
+            },
+            created_unix_ns: 0,
+            fits: Vec::new(),
+        };
+        model.save(&path).expect("save");
+        let err = HostModel::load(&path, false, &here).expect_err("another machine");
+        assert!(
+            err.contains("made on another machine") && !err.contains('\n'),
+            "{err}"
+        );
+        let model = HostModel {
+            machine: here.clone(),
+            ..model
+        };
+        model.save(&path).expect("save");
+        assert!(HostModel::load(&path, false, &here).is_ok_and(|m| m.is_some()));
+        std::fs::write(&path, "{\"type\": 3}").expect("write");
+        let err = HostModel::load(&path, false, &here).expect_err("garbage");
+        assert!(err.contains("not a wattprof power model"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
