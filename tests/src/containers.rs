@@ -109,7 +109,11 @@ pub fn check_against_kernel(report: &Value, runtime: &str, expected: &[Expected]
         let cpu_ratio = ns(b) / ns(a);
         let energy_ratio = j(b) / j(a);
         eprintln!("{runtime}: CPU ratio {cpu_ratio:.4}, energy ratio {energy_ratio:.4}");
-        assert!(cpu_ratio > 1.5, "two loops against one: {cpu_ratio}");
+        // Two loops against one: 2 on a quiet machine; on a loaded one
+        // the kernel's fair share between the two containers' cgroups
+        // pulls it toward 1 (1.25 measured beside a compile). Far enough
+        // from 1 for an equal split to fail the check below.
+        assert!(cpu_ratio > 1.1, "two loops against one: {cpu_ratio}");
         assert!(
             (energy_ratio / cpu_ratio - 1.0).abs() < 0.005,
             "energy {energy_ratio} against CPU {cpu_ratio}"

@@ -286,17 +286,70 @@ pub struct FakeRapl {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Busy and total jiffies of all CPUs (`/proc/stat`'s first line).
+pub fn busy_jiffies() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .expect("cpu line")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    (total - v[3] - v[4], total)
+}
+
+/// A domain's power law: `static_w` + `per_cpu_w` × busy CPUs.
+#[derive(Clone, Copy, Debug)]
+pub struct PowerLaw {
+    /// Watts with no CPU busy.
+    pub static_w: f64,
+    /// Watts per busy CPU.
+    pub per_cpu_w: f64,
+}
+
 impl FakeRapl {
-    /// Starts counting `package_w` and `dram_w` watts.
+    /// Starts counting `package_w` and `dram_w` watts, whatever the load:
+    /// for the tests that need exactly that (a constant makes every split
+    /// rule give the same ratios, so energy tests use
+    /// [`FakeRapl::following`]).
     pub fn start(package_w: f64, dram_w: f64) -> Self {
+        Self::with_laws(
+            PowerLaw {
+                static_w: package_w,
+                per_cpu_w: 0.0,
+            },
+            PowerLaw {
+                static_w: dram_w,
+                per_cpu_w: 0.0,
+            },
+        )
+    }
+
+    /// Starts counting power that follows the machine's load, as real
+    /// RAPL's does: each domain's static watts over time plus its watts
+    /// per busy CPU over the busy CPU time, which is the CPUs' time less
+    /// the idle time `/proc/stat` counts (the kernel's exact no-tick idle
+    /// time, in 10 ms units), sampled every 10 ms. The dynamic energy
+    /// shown never goes back (the counter is monotonic, as RAPL's is): it
+    /// trails the truth by at most 10 ms per CPU, and is exact over a
+    /// test's seconds but for that. The counters advance every
+    /// millisecond.
+    pub fn following(package: PowerLaw, dram: PowerLaw) -> Self {
+        Self::with_laws(package, dram)
+    }
+
+    fn with_laws(package: PowerLaw, dram: PowerLaw) -> Self {
         // In memory, as the real sysfs is: on the disk (ext4 here), each
         // rename over a counter file starts writeback of the new one, and at
         // 2,000 renames a second an `open` of a counter now and then waited
         // seconds, long enough to skew an interval's energy.
         let sys = memory_dir().join("sys");
         let zones = [
-            ("intel-rapl:0", "package-0", package_w),
-            ("intel-rapl:0:0", "dram", dram_w),
+            ("intel-rapl:0", "package-0", package),
+            ("intel-rapl:0:0", "dram", dram),
         ];
         for (dir, name, _) in zones {
             let d = sys.join("class/powercap").join(dir);
@@ -311,6 +364,8 @@ impl FakeRapl {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let root = sys.clone();
+        let follows = package.per_cpu_w != 0.0 || dram.per_cpu_w != 0.0;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let thread = std::thread::spawn(move || {
             // Real-time priority, so the counter stays current while the
             // workloads keep every CPU busy (the kernel's counters always
@@ -319,18 +374,30 @@ impl FakeRapl {
             let param = libc::sched_param { sched_priority: 10 };
             // SAFETY: this thread (0), a valid sched_param.
             unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+            let idle_s = || -> f64 {
+                let (busy, total) = busy_jiffies();
+                (total - busy) as f64 / 100.0
+            };
             let t0 = std::time::Instant::now();
+            let idle0 = idle_s();
+            // The most busy CPU-seconds seen so far.
+            let mut shown_busy_s = 0.0f64;
+            let mut tick = 0u64;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                tick += 1;
                 let s = t0.elapsed().as_secs_f64();
-                for (dir, _, w) in zones {
+                if follows && tick.is_multiple_of(10) {
+                    shown_busy_s = shown_busy_s.max(cpus * s - (idle_s() - idle0));
+                }
+                for (dir, _, law) in &zones {
+                    let uj = (law.static_w * s + law.per_cpu_w * shown_busy_s) * 1e6;
                     let d = root.join("class/powercap").join(dir);
                     let tmp = d.join(".energy_uj.tmp");
-                    let uj = (w * s * 1e6) as u64;
-                    if std::fs::write(&tmp, format!("{uj}\n")).is_ok() {
+                    if std::fs::write(&tmp, format!("{}\n", uj as u64)).is_ok() {
                         let _ = std::fs::rename(&tmp, d.join("energy_uj"));
                     }
                 }
-                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         });
         Self {

@@ -71,7 +71,7 @@ pub struct CalibrateArgs {
 }
 
 /// `/proc/stat`'s busy and total jiffies over all CPUs.
-pub(super) fn cpu_jiffies() -> Option<(u64, u64)> {
+fn cpu_jiffies() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line

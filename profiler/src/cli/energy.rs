@@ -77,7 +77,7 @@ pub struct EnergyArgs {
     /// static power and watts per busy CPU, fitted on this machine). A
     /// missing file at the default place is no error: static power is
     /// then learned as the load varies, or taken from the power model, or
-    /// bounded by the lowest power seen. [default:
+    /// bounded by the lowest power seen. `none` reads no model. [default:
     /// /var/lib/wattprof/power-model.json]
     #[arg(long, value_name = "FILE")]
     pub host_model: Option<PathBuf>,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::Fatal;
-use super::calibrate::{CalibrateArgs, Load, cpu_jiffies};
+use super::calibrate::{CalibrateArgs, Load};
 use crate::profile::ReaderConfig;
 use crate::sources::Domain;
 use crate::sources::calibration::Point;
@@ -20,6 +20,24 @@ use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
 /// refused: the power followed something else (another load, a turbo
 /// limit), and its static figure would mislead every profile after it.
 const MIN_R2: f64 = 0.9;
+
+/// All CPUs' idle time so far (s): `/proc/stat`'s idle + iowait, which the
+/// kernel counts exactly (no-tick idle time), in clock ticks of 1/CLK_TCK.
+/// Busy CPUs over a window are then the CPUs less the idle time over the
+/// window's wall time: more exact than the ratio of tick-sampled busy to
+/// total ticks.
+fn idle_s() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((v.get(3)? + v.get(4).copied().unwrap_or(0)) as f64 / hz)
+}
 
 /// Runs the staircase and writes the host power model.
 pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
@@ -91,18 +109,16 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
                 let e = readers.read_counters(false);
                 (e, before + before.elapsed() / 2)
             };
-            let j0 = cpu_jiffies();
+            let i0 = idle_s();
             let (_, t0) = timed_read(&mut readers);
             let _ = readers.take_problems();
             std::thread::sleep(window);
             let (e, t1) = timed_read(&mut readers);
-            let j1 = cpu_jiffies();
+            let i1 = idle_s();
             problems.extend(readers.take_problems());
             let secs = t1.duration_since(t0).as_secs_f64();
-            let busy = match (j0, j1) {
-                (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
-                    (b1 - b0) as f64 / (t1 - t0) as f64 * cpus as f64
-                }
+            let busy = match (i0, i1) {
+                (Some(a), Some(b)) if secs > 0.0 => (cpus as f64 - (b - a) / secs).max(0.0),
                 _ => continue,
             };
             if !e.missed.is_empty() || secs <= 0.0 {

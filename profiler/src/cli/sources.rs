@@ -45,6 +45,11 @@ pub struct SourcesArgs {
     /// `#activepowN` column). `--wattmeter-socket` is an older name.
     #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub wattmeter_outlet: u32,
+
+    /// The host power model to show (`wattprof calibrate` writes it).
+    /// [default: /var/lib/wattprof/power-model.json]
+    #[arg(long, value_name = "FILE")]
+    pub host_model: Option<std::path::PathBuf>,
 }
 
 /// What a wattmeter log held.
@@ -91,6 +96,84 @@ pub struct SourcesReport {
     pub checked: Vec<&'static str>,
     /// NVIDIA GPUs through NVML.
     pub gpu: GpuStatus,
+    /// Each CPU energy domain's static power, where it is known before a
+    /// profile, and where it comes from.
+    pub static_power: StaticPowerStatus,
+}
+
+/// Where `run` and `monitor` will take each domain's static power from.
+#[derive(Debug, Default, Serialize)]
+pub struct StaticPowerStatus {
+    /// The host power model read (its path), if any.
+    pub host_model: Option<String>,
+    /// Figures known now: the host model's fits for the CPU reader in
+    /// use, or the vCPU model's idle term.
+    pub figures: Vec<StaticLine>,
+    /// What happens for domains with no figure here.
+    pub otherwise: String,
+}
+
+/// One domain's static figure.
+#[derive(Debug, Serialize)]
+pub struct StaticLine {
+    /// Domain.
+    pub domain: Domain,
+    /// Package.
+    pub package: Option<u32>,
+    /// Static power (W).
+    pub static_w: f64,
+    /// Watts per busy CPU, for a fit.
+    pub per_cpu_w: Option<f64>,
+    /// `host_model` or `shipped_model`.
+    pub static_source: crate::sources::static_power::StaticSource,
+}
+
+/// The static figures `run` and `monitor` would start with.
+fn static_status(
+    report: &SourcesReport,
+    given: Option<&std::path::Path>,
+    model: estimate::ModelRequest,
+    cpuinfo: &str,
+) -> Result<StaticPowerStatus, String> {
+    use crate::sources::static_power::StaticSource;
+    let packages = crate::topology::Topology::read(&SysRoot::real()).map_or(1, |t| t.sockets());
+    let cfg = crate::profile::statics::StaticsConfig::load(Default::default(), given, packages)?;
+    let mut figures: Vec<StaticLine> = cfg
+        .host
+        .iter()
+        .flat_map(|m| m.fits.iter())
+        .filter(|f| Some(f.reader.as_str()) == report.cpu_energy_reader)
+        .map(|f| StaticLine {
+            domain: f.domain,
+            package: f.package,
+            static_w: f.static_w,
+            per_cpu_w: Some(f.per_cpu_w),
+            static_source: StaticSource::HostModel,
+        })
+        .collect();
+    if report.cpu_energy_reader == Some("estimate")
+        && let Ok(Some(chosen)) = estimate::choose_on(model, &SysRoot::real(), cpuinfo)
+        && let estimate::PowerModel::Vcpu(v) = chosen.model
+        && v.min_w > 0.0
+    {
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as f64;
+        figures.push(StaticLine {
+            domain: Domain::Package,
+            package: None,
+            static_w: v.min_w * cpus,
+            per_cpu_w: Some(v.max_w - v.min_w),
+            static_source: StaticSource::ShippedModel,
+        });
+    }
+    Ok(StaticPowerStatus {
+        host_model: cfg.host_path.map(|p| p.display().to_string()),
+        figures,
+        otherwise: "learned during `run` and `monitor` once the load has varied by half a CPU \
+                    over 10 intervals, else the lowest power seen (an upper bound); \
+                    `wattprof calibrate` fits this host's"
+            .into(),
+    })
 }
 
 /// The NVML reader's status.
@@ -225,6 +308,7 @@ pub fn probe(
         disagreements: None,
         checked: Vec::new(),
         gpu: GpuStatus::default(),
+        static_power: StaticPowerStatus::default(),
     }
 }
 
@@ -483,6 +567,30 @@ pub fn render(report: &SourcesReport) -> String {
              energy here.\n",
         ),
     }
+    let st = &report.static_power;
+    out.push_str(&format!(
+        "\nStatic power (what each domain draws with no task running; each program pays its \
+         share of the CPUs' time){}:\n",
+        st.host_model
+            .as_ref()
+            .map(|p| format!(", host power model {p}"))
+            .unwrap_or_else(|| ", no host power model".into())
+    ));
+    for f in &st.figures {
+        out.push_str(&format!(
+            "  {:<16} {:>8.2} W static{} ({})\n",
+            f.domain.label(f.package),
+            f.static_w,
+            f.per_cpu_w
+                .map(|k| format!(" + {k:.3} W per busy CPU"))
+                .unwrap_or_default(),
+            match f.static_source {
+                crate::sources::static_power::StaticSource::HostModel => "host model",
+                _ => "the power model's idle term",
+            }
+        ));
+    }
+    out.push_str(&format!("  otherwise: {}\n", st.otherwise));
     out
 }
 
@@ -497,6 +605,13 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         args.model.request(),
     );
     report.gpu = probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()));
+    report.static_power = static_status(
+        &report,
+        args.host_model.as_deref(),
+        args.model.request(),
+        &cpuinfo,
+    )
+    .map_err(super::Fatal::profiler)?;
     if let Some(over) = args.check {
         let (checked, d) = check_readers(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo, over);
         report.checked = checked;

@@ -289,7 +289,7 @@ pub struct Profile {
     /// Each divided domain's static power.
     statics: statics::Statics,
     /// `run`: the tree's processes with no exit that `/proc` no longer
-    /// listed just before the final read (their exit and free records
+    /// listed right after the final read (their exit and free records
     /// had not come).
     unlisted_at_end: crate::hash::IntSet<u32>,
     /// The cgroup and role of each process that ran while reads are held.
@@ -569,9 +569,17 @@ impl Profile {
     /// wattmeter program is stopped). Returns the interval's end
     /// (monotonic ns).
     pub fn tick(&mut self, sampler: &mut impl CpuSampler, last: bool) -> Result<u64, TrackerError> {
+        let readers = &mut self.readers;
+        let mut energy = None;
+        let sample = sampler.sample(last, &mut || energy = Some(readers.read_counters(last)))?;
+        // A sampler that failed before reading has returned its error; one
+        // that never called back (none does) reads after.
+        let energy = energy.unwrap_or_else(|| self.readers.read_counters(last));
+        self.step(&sample, energy);
         if last && matches!(self.cfg.scope, Scope::Tree) {
-            // Looked at before the final read: one that exits after this
-            // has its exit in that read.
+            // Looked at right after the final read: one gone by then with
+            // no exit had no record in it; one that exits later (a
+            // background child outliving the command) is still listed.
             self.unlisted_at_end = self
                 .table
                 .tree()
@@ -580,13 +588,6 @@ impl Profile {
                 .map(|p| p.pid)
                 .collect();
         }
-        let readers = &mut self.readers;
-        let mut energy = None;
-        let sample = sampler.sample(last, &mut || energy = Some(readers.read_counters(last)))?;
-        // A sampler that failed before reading has returned its error; one
-        // that never called back (none does) reads after.
-        let energy = energy.unwrap_or_else(|| self.readers.read_counters(last));
-        self.step(&sample, energy);
         Ok(sample.at_ns)
     }
 

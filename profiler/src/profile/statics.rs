@@ -31,6 +31,13 @@ impl StaticsConfig {
     /// Reads the host power model at `given` (or the default place, where
     /// a missing file is no error): one line saying what is wrong.
     pub fn load(share: StaticShare, given: Option<&Path>, packages: usize) -> Result<Self, String> {
+        if given == Some(Path::new("none")) {
+            return Ok(Self {
+                share,
+                host: None,
+                host_path: None,
+            });
+        }
         let path = given.unwrap_or(Path::new(DEFAULT_HOST_MODEL));
         let host = HostModel::load(path, given.is_some(), &Machine::this(packages))?;
         Ok(Self {

@@ -1,0 +1,354 @@
+//! Static and dynamic power end to end, with real eBPF, on a RAPL fixture
+//! whose power follows the machine's load (`FakeRapl::following`): the
+//! host model `wattprof calibrate` fits with no wattmeter, a program's
+//! energy that does not depend on its neighbour, the 2:1 split, the
+//! on-the-fly fit and the fallback. Each test has its own static power and
+//! slope (not round numbers). Needs root; `--test-threads=1`.
+
+use std::process::Command;
+
+use serde_json::Value;
+use wattprof_tests::{
+    FakeRapl, PowerLaw, domain, f, read_json, require_ebpf, tempfile_dir, testload_bin, u,
+    wattprof_bin, wattprof_run,
+};
+
+fn testload() -> String {
+    testload_bin().to_string_lossy().into_owned()
+}
+
+/// The fixture's DRAM law (static W, W per busy CPU).
+const DRAM: (f64, f64) = (1.37, 0.41);
+
+fn rapl(package: (f64, f64)) -> FakeRapl {
+    FakeRapl::following(
+        PowerLaw {
+            static_w: package.0,
+            per_cpu_w: package.1,
+        },
+        PowerLaw {
+            static_w: DRAM.0,
+            per_cpu_w: DRAM.1,
+        },
+    )
+}
+
+/// A host power model for this machine with the package's law, as
+/// `wattprof calibrate` writes it (machine identity as wattprof reads it).
+fn host_model(dir: &std::path::Path, static_w: f64, per_cpu_w: f64) -> std::path::PathBuf {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("cpuinfo");
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == "model name").then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    let packages = std::fs::read_dir("/sys/devices/system/cpu")
+        .expect("cpus")
+        .filter_map(|e| {
+            std::fs::read_to_string(e.ok()?.path().join("topology/physical_package_id")).ok()
+        })
+        .map(|s| s.trim().to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        .max(1);
+    let model = serde_json::json!({
+        "type": "wattprof_power_model",
+        "version": 1,
+        "host": "test",
+        "machine": {"cpu_model": cpu_model, "packages": packages, "cpus": cpus},
+        "created_unix_ns": 0,
+        "fits": [{
+            "domain": "package", "package": 0, "reader": "powercap",
+            "static_w": static_w, "per_cpu_w": per_cpu_w, "r_squared": 1.0,
+            "rms_residual_w": 0.0, "points": []
+        }, {
+            "domain": "dram", "package": 0, "reader": "powercap",
+            "static_w": DRAM.0, "per_cpu_w": DRAM.1, "r_squared": 1.0,
+            "rms_residual_w": 0.0, "points": []
+        }]
+    });
+    let path = dir.join("power-model.json");
+    std::fs::write(&path, model.to_string()).expect("model");
+    path
+}
+
+/// Package energy per CPU-second of the process that ran `pid`'s burner.
+fn j_per_cpu_s(report: &Value, pid: u64) -> f64 {
+    let p = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| u(p, "/pid") == pid)
+        .expect("the burner");
+    f(p, "/energy/package_j") / (u(p, "/on_cpu_ns") as f64 / 1e9)
+}
+
+#[test]
+fn calibrate_with_no_wattmeter_fits_each_domain_s_static_power_and_slope() {
+    require_ebpf!();
+    let (s, k) = (17.3, 8.7);
+    let fixture = rapl((s, k));
+    let dir = tempfile_dir();
+    let out = dir.join("model.json");
+    let run = Command::new(wattprof_bin())
+        .args(["calibrate", "--step", "2s", "-o"])
+        .arg(&out)
+        .arg(fixture.arg())
+        .output()
+        .expect("calibrate");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let model = read_json(&out);
+    assert_eq!(model["type"], "wattprof_power_model");
+    let fit = |d: &str| {
+        model["fits"]
+            .as_array()
+            .expect("fits")
+            .iter()
+            .find(|x| x["domain"] == d)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {d} fit: {model}"))
+    };
+    for (d, s, k) in [("package", s, k), ("dram", DRAM.0, DRAM.1)] {
+        let x = fit(d);
+        let (fs, fk) = (f(&x, "/static_w"), f(&x, "/per_cpu_w"));
+        eprintln!("{d}: fitted {fs:.3} W + {fk:.3} W per busy CPU (fixture {s} + {k})");
+        // The fixture and calibrate both read busy CPUs from /proc/stat,
+        // each over its own window: within 2%.
+        assert!((fs / s - 1.0).abs() < 0.02, "{d} static {fs} vs {s}");
+        assert!((fk / k - 1.0).abs() < 0.02, "{d} slope {fk} vs {k}");
+        assert_eq!(x["reader"], "powercap");
+    }
+    assert!(stdout.contains("host power model written to"), "{stdout}");
+    // run reads it (given), and says so.
+    let r = wattprof_run(
+        &[
+            &fixture.arg(),
+            "--host-model",
+            out.to_str().expect("utf-8"),
+            "--interval",
+            "250ms",
+        ],
+        &[&testload(), "burn", "1", "0.5"],
+    );
+    assert!(r.output.status.success(), "{}", r.stderr());
+    let pkg = domain(r.report(), "package", Some(0));
+    assert_eq!(pkg["static_source"], "host_model", "{pkg}");
+    assert!(r.stderr().contains("static (host model"), "{}", r.stderr());
+    // A model from another machine is one line and exit 2.
+    let mut other = model.clone();
+    other["machine"]["cpus"] = serde_json::json!(4096);
+    let bad = dir.join("other.json");
+    std::fs::write(&bad, other.to_string()).expect("write");
+    let r = Command::new(wattprof_bin())
+        .args(["run", "--host-model"])
+        .arg(&bad)
+        .args(["--", "true"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_ne!(r.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("made on another machine") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_burner_s_energy_per_cpu_second_is_the_same_alone_and_beside_another() {
+    require_ebpf!();
+    let (s, k) = (21.6, 13.9);
+    let fixture = rapl((s, k));
+    let dir = tempfile_dir();
+    let model = host_model(&dir, s, k);
+    let args = [
+        fixture.arg(),
+        "--host-model".into(),
+        model.to_string_lossy().into_owned(),
+        "--interval".into(),
+        "250ms".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = testload();
+    let alone = wattprof_run(&args, &[&t, "cpu", "2.0"]);
+    assert!(alone.output.status.success(), "{}", alone.stderr());
+    let pair = wattprof_run(
+        &args,
+        &["sh", "-c", &format!("{t} cpu 2.0 & {t} cpu 2.0 & wait")],
+    );
+    assert!(pair.output.status.success(), "{}", pair.stderr());
+    // Each interval's power against the law over the tracker's busy time:
+    // where a figure is off, this says which interval was.
+    for (name, r) in [("alone", alone.report()), ("pair", pair.report())] {
+        for iv in r["intervals"].as_array().into_iter().flatten() {
+            let d = &iv["domains"][0];
+            let (dur, busy) = (
+                u(iv, "/duration_ns") as f64 / 1e9,
+                u(iv, "/busy_ns") as f64 / 1e9,
+            );
+            eprintln!(
+                "{name}: {dur:.3} s, {busy:.3} s busy: {:.3} J measured, the law's {:.3} J",
+                f(d, "/measured_j"),
+                s * dur + k * busy
+            );
+        }
+    }
+    let a = j_per_cpu_s(alone.report(), u(&alone.stdout_json()[0], "/pid"));
+    let truths = pair.stdout_json();
+    let p1 = j_per_cpu_s(pair.report(), u(&truths[0], "/pid"));
+    let p2 = j_per_cpu_s(pair.report(), u(&truths[1], "/pid"));
+    // What it caused (k) plus rent for its CPU time (S / CPUs).
+    let cpus = u(alone.report(), "/machine/cpus") as f64;
+    let expected = k + s / cpus;
+    eprintln!(
+        "J per CPU-second: alone {a:.3}, beside another {p1:.3} and {p2:.3}; the law's \
+         {expected:.3} (k + S / {cpus} CPUs)"
+    );
+    for x in [p1, p2] {
+        assert!((x / a - 1.0).abs() < 0.02, "alone {a}, beside another {x}");
+    }
+    // The fixture's busy CPUs come from /proc/stat's ticks: within 3% of
+    // the law.
+    assert!((a / expected - 1.0).abs() < 0.03, "{a} vs {expected}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_burners_2_to_1_in_cpu_time_get_package_energy_2_to_1() {
+    require_ebpf!();
+    let (s, k) = (26.2, 9.4);
+    let fixture = rapl((s, k));
+    let dir = tempfile_dir();
+    let model = host_model(&dir, s, k);
+    let t = testload();
+    let run = wattprof_run(
+        &[
+            &fixture.arg(),
+            "--host-model",
+            model.to_str().expect("utf-8"),
+            "--interval",
+            "250ms",
+        ],
+        &["sh", "-c", &format!("{t} cpu 1.2 & {t} cpu 0.6 & wait")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let truths = run.stdout_json();
+    let p: Vec<&Value> = truths
+        .iter()
+        .map(|t| {
+            report["processes"]
+                .as_array()
+                .expect("processes")
+                .iter()
+                .find(|p| u(p, "/pid") == u(t, "/pid"))
+                .expect("a burner")
+        })
+        .collect();
+    let (full, half) = if u(p[0], "/on_cpu_ns") > u(p[1], "/on_cpu_ns") {
+        (p[0], p[1])
+    } else {
+        (p[1], p[0])
+    };
+    let time_ratio = u(full, "/on_cpu_ns") as f64 / u(half, "/on_cpu_ns") as f64;
+    let energy_ratio = f(full, "/energy/package_j") / f(half, "/energy/package_j");
+    eprintln!("CPU time {time_ratio:.4}:1, package energy {energy_ratio:.4}:1");
+    assert!((time_ratio - 2.0).abs() < 0.05, "time ratio {time_ratio}");
+    // Both parts go by CPU time: the ratios agree to rounding.
+    assert!(
+        (energy_ratio / time_ratio - 1.0).abs() < 0.01,
+        "{energy_ratio} vs {time_ratio}"
+    );
+    // Each process's static part is the package's and the DRAM's static
+    // power × its CPU time / CPUs.
+    let cpus = u(report, "/machine/cpus") as f64;
+    for x in [full, half] {
+        let want = (s + DRAM.0) / cpus * u(x, "/on_cpu_ns") as f64 / 1e9;
+        let got = f(x, "/energy/static_j");
+        assert!((got / want - 1.0).abs() < 0.01, "static {got} vs {want}");
+        let total = f(x, "/energy/total_j");
+        assert!(
+            (f(x, "/energy/dynamic_j") + got - total).abs() < 1e-5,
+            "{x}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn with_no_model_a_varying_load_is_learned_and_said() {
+    require_ebpf!();
+    let (s, k) = (14.8, 11.6);
+    let fixture = rapl((s, k));
+    let t = testload();
+    // Busy CPUs go 0 → 2 → 1 → 0 (and whatever else runs beside the test).
+    let script = format!(
+        "sleep 1; {t} cpu 1.0 & {t} cpu 1.0 & wait; {t} cpu 1.0; sleep 1; {t} cpu 1.0 & \
+         {t} cpu 1.0 & wait"
+    );
+    let run = wattprof_run(
+        &[
+            &fixture.arg(),
+            "--host-model",
+            "none",
+            "--interval",
+            "250ms",
+        ],
+        &["sh", "-c", &script],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let pkg = domain(report, "package", Some(0));
+    assert_eq!(pkg["static_source"], "learned", "{pkg}");
+    let learned = f(pkg, "/static_w");
+    eprintln!("learned {learned:.3} W static (fixture {s} W)");
+    assert!((learned / s - 1.0).abs() < 0.05, "{learned} vs {s}");
+    let fit = report["energy"]["static_power"]["learned"]
+        .as_array()
+        .expect("learned fits")
+        .iter()
+        .find(|x| x["domain"] == "package")
+        .cloned()
+        .expect("the package's fit");
+    assert!((f(&fit, "/per_cpu_w") / k - 1.0).abs() < 0.05, "{fit}");
+    assert!(
+        run.stderr().contains("learned during this profile"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn with_no_model_and_a_steady_load_the_lowest_power_is_used_and_said() {
+    require_ebpf!();
+    // Constant power: nothing to fit; the lowest power seen is all of it.
+    let fixture = FakeRapl::start(31.7, 2.3);
+    let run = wattprof_run(
+        &[
+            &fixture.arg(),
+            "--host-model",
+            "none",
+            "--interval",
+            "250ms",
+        ],
+        &[&testload(), "cpu", "0.5"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let pkg = domain(run.report(), "package", Some(0));
+    assert_eq!(pkg["static_source"], "lowest_seen", "{pkg}");
+    assert!((f(pkg, "/static_w") / 31.7 - 1.0).abs() < 0.02, "{pkg}");
+    let err = run.stderr();
+    assert!(
+        err.contains("lowest power seen, an upper bound") && err.contains("wattprof calibrate"),
+        "{err}"
+    );
+}
