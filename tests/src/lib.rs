@@ -310,6 +310,49 @@ pub struct PowerLaw {
     pub per_cpu_w: f64,
 }
 
+/// A host power model for this machine with these package-0 and DRAM
+/// laws for the powercap reader, as `wattprof calibrate` writes it (the
+/// machine identity as wattprof reads it), in `dir`.
+pub fn host_model_file(dir: &Path, package: PowerLaw, dram: PowerLaw) -> PathBuf {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("cpuinfo");
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == "model name").then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    let packages = std::fs::read_dir("/sys/devices/system/cpu")
+        .expect("cpus")
+        .filter_map(|e| {
+            std::fs::read_to_string(e.ok()?.path().join("topology/physical_package_id")).ok()
+        })
+        .map(|s| s.trim().to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        .max(1);
+    let fit = |domain: &str, law: PowerLaw| {
+        serde_json::json!({
+            "domain": domain, "package": 0, "reader": "powercap",
+            "static_w": law.static_w, "per_cpu_w": law.per_cpu_w, "r_squared": 1.0,
+            "rms_residual_w": 0.0, "points": []
+        })
+    };
+    let model = serde_json::json!({
+        "type": "wattprof_power_model",
+        "version": 1,
+        "host": "test",
+        "machine": {"cpu_model": cpu_model, "packages": packages, "cpus": cpus},
+        "created_unix_ns": 0,
+        "fits": [fit("package", package), fit("dram", dram)]
+    });
+    let path = dir.join("power-model.json");
+    std::fs::write(&path, model.to_string()).expect("model");
+    path
+}
+
 impl FakeRapl {
     /// Starts counting `package_w` and `dram_w` watts, whatever the load:
     /// for the tests that need exactly that (a constant makes every split

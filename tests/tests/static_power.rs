@@ -33,47 +33,19 @@ fn rapl(package: (f64, f64)) -> FakeRapl {
     )
 }
 
-/// A host power model for this machine with the package's law, as
-/// `wattprof calibrate` writes it (machine identity as wattprof reads it).
+/// A host power model for this machine with the fixture's laws.
 fn host_model(dir: &std::path::Path, static_w: f64, per_cpu_w: f64) -> std::path::PathBuf {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("cpuinfo");
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == "model name").then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    // SAFETY: sysconf has no preconditions.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    let packages = std::fs::read_dir("/sys/devices/system/cpu")
-        .expect("cpus")
-        .filter_map(|e| {
-            std::fs::read_to_string(e.ok()?.path().join("topology/physical_package_id")).ok()
-        })
-        .map(|s| s.trim().to_string())
-        .collect::<std::collections::BTreeSet<_>>()
-        .len()
-        .max(1);
-    let model = serde_json::json!({
-        "type": "wattprof_power_model",
-        "version": 1,
-        "host": "test",
-        "machine": {"cpu_model": cpu_model, "packages": packages, "cpus": cpus},
-        "created_unix_ns": 0,
-        "fits": [{
-            "domain": "package", "package": 0, "reader": "powercap",
-            "static_w": static_w, "per_cpu_w": per_cpu_w, "r_squared": 1.0,
-            "rms_residual_w": 0.0, "points": []
-        }, {
-            "domain": "dram", "package": 0, "reader": "powercap",
-            "static_w": DRAM.0, "per_cpu_w": DRAM.1, "r_squared": 1.0,
-            "rms_residual_w": 0.0, "points": []
-        }]
-    });
-    let path = dir.join("power-model.json");
-    std::fs::write(&path, model.to_string()).expect("model");
-    path
+    wattprof_tests::host_model_file(
+        dir,
+        PowerLaw {
+            static_w,
+            per_cpu_w,
+        },
+        PowerLaw {
+            static_w: DRAM.0,
+            per_cpu_w: DRAM.1,
+        },
+    )
 }
 
 /// Package energy per CPU-second of the process that ran `pid`'s burner.
@@ -350,5 +322,54 @@ fn with_no_model_and_a_steady_load_the_lowest_power_is_used_and_said() {
     assert!(
         err.contains("lowest power seen, an upper bound") && err.contains("wattprof calibrate"),
         "{err}"
+    );
+}
+
+#[test]
+fn with_no_option_on_a_vm_two_burners_2_to_1_get_energy_2_to_1() {
+    require_ebpf!();
+    let t = testload();
+    let run = wattprof_run(
+        &["--interval", "250ms"],
+        &["sh", "-c", &format!("{t} cpu 1.2 & {t} cpu 0.6 & wait")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let cpu = report["energy"]["readers"]
+        .as_array()
+        .expect("readers")
+        .iter()
+        .find(|r| r["kind"] == "cpu")
+        .cloned()
+        .unwrap_or_default();
+    if cpu["model"] != "vcpu" {
+        wattprof_tests::say_skip("this machine has a CPU energy counter: no vCPU model stands in");
+        return;
+    }
+    let pkg = domain(report, "package", None);
+    assert_eq!(pkg["static_source"], "shipped_model", "{pkg}");
+    let truths = run.stdout_json();
+    let ns_j = |pid: u64| {
+        let p = report["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| u(p, "/pid") == pid)
+            .expect("a burner");
+        (u(p, "/on_cpu_ns") as f64, f(p, "/energy/package_j"))
+    };
+    let (a, b) = (ns_j(u(&truths[0], "/pid")), ns_j(u(&truths[1], "/pid")));
+    let ((ta, ea), (tb, eb)) = if a.0 > b.0 { (a, b) } else { (b, a) };
+    eprintln!(
+        "vCPU model, no option: CPU time {:.4}:1, energy {:.4}:1",
+        ta / tb,
+        ea / eb
+    );
+    assert!((ta / tb - 2.0).abs() < 0.05, "time ratio {}", ta / tb);
+    assert!(
+        ((ea / eb) / (ta / tb) - 1.0).abs() < 0.01,
+        "{} vs {}",
+        ea / eb,
+        ta / tb
     );
 }

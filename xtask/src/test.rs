@@ -314,8 +314,11 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         &mut counts,
     )?;
     // Root tests share the kernel and measure CPU time: one at a time.
+    // Hermetic: a host power model this machine has (`wattprof calibrate`
+    // writes /var/lib/wattprof/power-model.json) would change every
+    // fixture's split; the tests that want one give --host-model.
     ok &= run_tests(
-        cargo().args([
+        cargo().env("WATTPROF_HOST_MODEL", "none").args([
             "test",
             "--locked",
             "--no-fail-fast",

@@ -79,7 +79,7 @@ pub struct EnergyArgs {
     /// then learned as the load varies, or taken from the power model, or
     /// bounded by the lowest power seen. `none` reads no model. [default:
     /// /var/lib/wattprof/power-model.json]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
     pub host_model: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.

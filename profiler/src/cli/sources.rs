@@ -48,7 +48,7 @@ pub struct SourcesArgs {
 
     /// The host power model to show (`wattprof calibrate` writes it).
     /// [default: /var/lib/wattprof/power-model.json]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
     pub host_model: Option<std::path::PathBuf>,
 }
 

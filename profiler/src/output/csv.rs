@@ -262,7 +262,7 @@ pub fn append(path: &Path, row: &[String]) -> Result<(), String> {
 /// The per-interval CSV's columns (`--csv-intervals`): one row per
 /// interval and domain, in the units of codecarbon's file where it has the
 /// figure (kWh, kg) and the recording's otherwise (J, W, s).
-pub const INTERVAL_COLUMNS: [&str; 15] = [
+pub const INTERVAL_COLUMNS: [&str; 19] = [
     "timestamp",
     "t_s",
     "duration_s",
@@ -278,6 +278,10 @@ pub const INTERVAL_COLUMNS: [&str; 15] = [
     "energy_kwh",
     "emissions_kg",
     "busy_cpu_s",
+    "static_j",
+    "attributed_static_j",
+    "static_w",
+    "static_source",
 ];
 
 /// The rows of one interval (see [`INTERVAL_COLUMNS`]): `start_unix_ns` is
@@ -286,7 +290,7 @@ pub fn interval_rows(
     iv: &IntervalRecord,
     start_unix_ns: u64,
     g_per_kwh: f64,
-) -> impl Iterator<Item = [String; 15]> + '_ {
+) -> impl Iterator<Item = [String; 19]> + '_ {
     let stamp = iso8601_utc(start_unix_ns.saturating_add(iv.t_ns));
     iv.domains.iter().map(move |d| {
         let kwh = d.measured_j / J_PER_KWH;
@@ -306,6 +310,12 @@ pub fn interval_rows(
             kwh.to_string(),
             (kwh * g_per_kwh / 1000.0).to_string(),
             (iv.busy_ns as f64 / 1e9).to_string(),
+            d.static_j.to_string(),
+            d.attributed_static_j.to_string(),
+            d.static_w.map(|w| w.to_string()).unwrap_or_default(),
+            d.static_source
+                .map(|s| s.name().to_string())
+                .unwrap_or_default(),
         ]
     })
 }

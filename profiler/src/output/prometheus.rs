@@ -96,6 +96,30 @@ pub const IDLE_ENERGY: Metric = counter(
     Unit::Joules,
     "Share of the measured energy that went to idle CPU time (or a GPU nobody held).",
 );
+/// The static part of the measured energy.
+pub const STATIC_ENERGY: Metric = counter(
+    "wattprof_static_energy",
+    Unit::Joules,
+    "Static part of the measured energy (static power x time), per divided domain and package.",
+);
+/// The static power in use.
+pub const STATIC_POWER: Metric = gauge(
+    "wattprof_static_power",
+    Some(Unit::Watts),
+    "Static power a divided domain is split with, and where it came from (host_model, learned, shipped_model, lowest_seen: an upper bound).",
+);
+/// Per container, the static part.
+pub const CONTAINER_STATIC_ENERGY: Metric = counter(
+    "wattprof_container_static_energy",
+    Unit::Joules,
+    "Static part of a container's energy: static power x its share of the CPUs' time (--static-power).",
+);
+/// Per cgroup, the static part.
+pub const CGROUP_STATIC_ENERGY: Metric = counter(
+    "wattprof_cgroup_static_energy",
+    Unit::Joules,
+    "Static part of a cgroup's energy: static power x its share of the CPUs' time (--static-power).",
+);
 /// Neither attributed nor idle.
 pub const UNATTRIBUTED_ENERGY: Metric = counter(
     "wattprof_unattributed_energy",

@@ -1421,6 +1421,7 @@ impl Profile {
             ]
         };
         let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
         for t in self.ledger.domains() {
             let labels = l(&[
                 ("domain", t.domain.name().to_string()),
@@ -1428,9 +1429,16 @@ impl Profile {
             ]);
             measured.push((labels.clone(), joules(t.measured_uj)));
             idle.push((labels.clone(), joules(t.idle_uj)));
+            if let Some(f) = self.statics.figure(t.domain, t.package) {
+                static_energy.push((labels.clone(), joules(t.static_uj)));
+                let mut with_source = labels.clone();
+                with_source.push(("source".into(), f.source.name().into()));
+                static_power.push((with_source, f.static_w));
+            }
             unattributed.push((labels, joules(t.unattributed_uj)));
         }
         let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
+        let mut c_static = Vec::new();
         for c in self.container_reports(Some(since)) {
             // The name can arrive late or change (docker rename): it is on
             // an info series, never on the counters.
@@ -1451,13 +1459,14 @@ impl Profile {
                 ));
             }
             c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
+            c_static.push((base.clone(), c.energy.static_j));
             for (domain, v) in kinds(&c.energy) {
                 let mut labels = base.clone();
                 labels.push(("domain".into(), domain.into()));
                 c_energy.push((labels, v));
             }
         }
-        let (mut g_energy, mut g_cpu) = (Vec::new(), Vec::new());
+        let (mut g_energy, mut g_cpu, mut g_static) = (Vec::new(), Vec::new(), Vec::new());
         // Per path: a restarted service or container gets a new cgroup
         // (a new id) at the same path, and its series must go on rising,
         // so every cgroup that ever had the path counts, for as long as
@@ -1479,6 +1488,7 @@ impl Profile {
             }
             g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
             let e = EnergyJ::new(&energy, 0, &self.cfg.carbon);
+            g_static.push((l(&[("cgroup", path.to_string())]), e.static_j));
             for (domain, v) in kinds(&e) {
                 g_energy.push((
                     l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
@@ -1539,10 +1549,14 @@ impl Profile {
             families: vec![
                 (&m::ENERGY, measured),
                 (&m::IDLE_ENERGY, idle),
+                (&m::STATIC_ENERGY, static_energy),
+                (&m::STATIC_POWER, static_power),
                 (&m::UNATTRIBUTED_ENERGY, unattributed),
                 (&m::CONTAINER_ENERGY, c_energy),
+                (&m::CONTAINER_STATIC_ENERGY, c_static),
                 (&m::CONTAINER_CPU, c_cpu),
                 (&m::CGROUP_ENERGY, g_energy),
+                (&m::CGROUP_STATIC_ENERGY, g_static),
                 (&m::CGROUP_CPU, g_cpu),
                 (&m::CPU, cpu),
                 (
