@@ -301,6 +301,32 @@ pub fn busy_jiffies() -> (u64, u64) {
     (total - v[3] - v[4], total)
 }
 
+/// CPUs left idle by what else runs (measured over half a second).
+pub fn free_cpus() -> f64 {
+    let idle = || {
+        let (busy, total) = busy_jiffies();
+        (total - busy) as f64 / 100.0
+    };
+    let (i0, t0) = (idle(), std::time::Instant::now());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    (idle() - i0) / t0.elapsed().as_secs_f64()
+}
+
+/// Whether the machine is too busy for a load staircase or a varying load
+/// to vary its busy CPUs (then said as the running test's skip): power
+/// that follows the load cannot be fitted when the load cannot change.
+pub fn saturated() -> bool {
+    let free = free_cpus();
+    if free < 0.7 {
+        say_skip(&format!(
+            "the machine is saturated ({free:.2} CPUs idle): no load can vary its busy CPUs, \
+             so nothing can be fitted"
+        ));
+        return true;
+    }
+    false
+}
+
 /// A domain's power law: `static_w` + `per_cpu_w` × busy CPUs.
 #[derive(Clone, Copy, Debug)]
 pub struct PowerLaw {
@@ -408,7 +434,9 @@ impl FakeRapl {
         let flag = stop.clone();
         let root = sys.clone();
         let follows = package.per_cpu_w != 0.0 || dram.per_cpu_w != 0.0;
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        // /proc/stat's idle time is summed over every online CPU.
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as f64;
         let thread = std::thread::spawn(move || {
             // Real-time priority, so the counter stays current while the
             // workloads keep every CPU busy (the kernel's counters always

@@ -144,6 +144,21 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
         "{per_interval:#?}"
     );
 
+    // This host's model was used, and each burner's static part is the
+    // package's and the DRAM's static power × its CPU time / CPUs.
+    let cpus = u(report, "/machine/cpus") as f64;
+    assert_eq!(
+        domain(report, "package", Some(0))["static_source"],
+        "host_model"
+    );
+    for p in [full, half] {
+        let want = (18.4 + 2.1) / cpus * u(p, "/on_cpu_ns") as f64 / 1e9;
+        let got = f(p, "/energy/static_j");
+        assert!(
+            (got / want - 1.0).abs() < 0.01,
+            "static {got} vs {want}: {p}"
+        );
+    }
     // The whole measured energy is the fixture's law over the run: its
     // static power over the wall time and its slope over the busy CPU
     // time (the fixture's from /proc/stat: within 1%).

@@ -357,7 +357,10 @@ fn a_finished_container_s_series_end_after_the_grace_period() {
         seen_at.as_secs_f64(),
         gone_at.as_secs_f64()
     );
-    assert_eq!(during, 4, "energy per domain (3) and CPU seconds (1)");
+    assert_eq!(
+        during, 5,
+        "energy per domain (3), its static part (1) and CPU seconds (1)"
+    );
     assert_eq!(
         after, 0,
         "the series still existed {gone_at:?} after the exit (grace 3 s)"

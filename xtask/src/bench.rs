@@ -60,6 +60,25 @@ pub enum Which {
         #[arg(long)]
         baseline: Option<PathBuf>,
     },
+    /// Whether a program's energy depends on its neighbour: on a RAPL
+    /// fixture whose power follows the load, a burner's package energy
+    /// per CPU-second alone and beside a second burner, under the CPU-time
+    /// rule (before static power) and the capacity rule, alternating, in
+    /// one run; medians and ranges. Needs root.
+    Isolation {
+        /// Rounds (each runs both rules, alone and beside another).
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// CPU seconds each burner runs.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// The fixture's static power (W).
+        #[arg(long, default_value_t = 20.0)]
+        static_w: f64,
+        /// The fixture's watts per busy CPU.
+        #[arg(long, default_value_t = 15.0)]
+        per_cpu_w: f64,
+    },
     /// Energy flame graphs' cost: a CPU-bound workload on every CPU alone,
     /// under `wattprof run`, and under `wattprof run --stacks` at HZ, in
     /// paired rounds (rotating order); the slowdown --stacks adds, and
@@ -144,6 +163,23 @@ pub fn run(which: Which) -> Result<()> {
             baseline,
         } => scrapes(rounds, processes, baseline.as_deref()),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
+        Which::Isolation {
+            rounds,
+            seconds,
+            static_w,
+            per_cpu_w,
+        } => {
+            let wattprof = wattprof_release()?;
+            build_release(&["-p", "wattprof-tests", "--bin", "wattprof-testload"])?;
+            crate::isolation::isolation(
+                &wattprof,
+                &workspace_root().join("target/release/wattprof-testload"),
+                rounds,
+                seconds,
+                static_w,
+                per_cpu_w,
+            )
+        }
         Which::Soak { minutes, warmup } => {
             let wattprof = wattprof_release()?;
             build_release(&["-p", "wattprof-tests", "--bin", "wattprof-testload"])?;

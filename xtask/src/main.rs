@@ -2,6 +2,7 @@
 
 mod bench;
 mod ebpf;
+mod isolation;
 mod soak;
 mod test;
 

@@ -28,8 +28,6 @@ pub struct EnergyBy {
     pub dram_static_uj: u64,
     /// The static part of `gpu_uj` (0 until GPUs have a static figure).
     pub gpu_static_uj: u64,
-    /// The static part of `wall_uj`.
-    pub wall_static_uj: u64,
 }
 
 impl EnergyBy {
@@ -53,8 +51,8 @@ impl EnergyBy {
             Domain::Core => self.core_static_uj += uj,
             Domain::Dram => self.dram_static_uj += uj,
             Domain::Gpu => self.gpu_static_uj += uj,
-            Domain::Wall => self.wall_static_uj += uj,
-            Domain::Uncore | Domain::Psys => {}
+            // A calibrated wall's static power is the node's (idle).
+            Domain::Wall | Domain::Uncore | Domain::Psys => {}
         }
     }
 
@@ -85,7 +83,6 @@ impl EnergyBy {
             core_static_uj: f(self.core_static_uj),
             dram_static_uj: f(self.dram_static_uj),
             gpu_static_uj: f(self.gpu_static_uj),
-            wall_static_uj: f(self.wall_static_uj),
         }
     }
 
@@ -101,7 +98,6 @@ impl EnergyBy {
             core_static_uj: self.core_static_uj.saturating_sub(o.core_static_uj),
             dram_static_uj: self.dram_static_uj.saturating_sub(o.dram_static_uj),
             gpu_static_uj: self.gpu_static_uj.saturating_sub(o.gpu_static_uj),
-            wall_static_uj: self.wall_static_uj.saturating_sub(o.wall_static_uj),
         }
     }
 
@@ -116,7 +112,6 @@ impl EnergyBy {
         self.core_static_uj += o.core_static_uj;
         self.dram_static_uj += o.dram_static_uj;
         self.gpu_static_uj += o.gpu_static_uj;
-        self.wall_static_uj += o.wall_static_uj;
     }
 
     /// Package + DRAM + GPU (core is inside package).

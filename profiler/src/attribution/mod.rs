@@ -329,7 +329,14 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
     let static_cut_uj = figure.map_or(0, |f| f.saturating_sub(e));
     let dynamic_uj = e - static_uj;
     // Static: by capacity (idle's share is idle), by busy time, or idle.
-    let (static_total, static_idle_w) = match iv.static_share {
+    // With no figure the whole is divided by CPU time over all CPU time,
+    // as before static power, whatever the policy.
+    let rule = if figure.is_some() {
+        iv.static_share
+    } else {
+        StaticShare::Capacity
+    };
+    let (static_total, static_idle_w) = match rule {
         StaticShare::Capacity => (capacity, idle),
         StaticShare::Busy => (busy, 0),
         StaticShare::Idle => (0, 0),
@@ -461,7 +468,6 @@ fn wall_share(
     let counted =
         |s: &&DomainShare| matches!(s.domain, Domain::Package | Domain::Dram | Domain::Gpu);
     let mut per: Vec<(ConsumerId, u64)> = Vec::new();
-    let mut per_static: Vec<(ConsumerId, u64)> = Vec::new();
     let mut idle_counters = 0u64;
     let add = |v: &mut Vec<(ConsumerId, u64)>, id: ConsumerId, uj: u64| match v
         .iter_mut()
@@ -476,9 +482,6 @@ fn wall_share(
                 idle_counters += s.idle_uj;
                 for (id, uj) in &s.attributed {
                     add(&mut per, *id, *uj);
-                }
-                for (id, uj) in &s.attributed_static {
-                    add(&mut per_static, *id, *uj);
                 }
             }
         }
@@ -502,23 +505,15 @@ fn wall_share(
         .filter(|(_, uj)| *uj > 0)
         .collect();
     let idle = m.static_uj.saturating_add(scale(idle_counters)).min(left);
-    // The slope times each consumer's static counter energy, within what
-    // it was given.
-    let attributed_static = per_static
-        .into_iter()
-        .filter_map(|(id, uj)| {
-            let given = attributed.iter().find(|(c, _)| *c == id)?.1;
-            Some((id, scale(uj).min(given)))
-        })
-        .filter(|(_, uj)| *uj > 0)
-        .collect();
+    // The wall's static energy is the node's `b`, inside idle: what each
+    // consumer gets is the slope times its counter energy (whose static
+    // part the counters' domains report), none of it the wall's static.
     DomainShare {
         basis: Basis::Calibrated,
         static_uj: m.static_uj.min(idle),
         idle_uj: idle,
         unattributed_uj: left - idle,
         attributed,
-        attributed_static,
         ..base
     }
 }
@@ -1062,13 +1057,15 @@ mod tests {
     }
 
     #[test]
-    fn no_static_figure_divides_by_cpu_time_as_before() {
-        static_interval(StaticShare::Capacity, None, 40_000_000, |shares| {
-            let s = get(shares, Domain::Package, Some(0));
-            assert_eq!(of(s, 1), 40_000_000 * 15 / 40);
-            assert_eq!(of(s, 2), 40_000_000 * 5 / 40);
-            assert_eq!(s.idle_uj, 40_000_000 * 18 / 40);
-            assert_eq!(s.static_uj, 40_000_000);
-        });
+    fn no_static_figure_divides_by_cpu_time_as_before_whatever_the_rule() {
+        for rule in [StaticShare::Capacity, StaticShare::Busy, StaticShare::Idle] {
+            static_interval(rule, None, 40_000_000, |shares| {
+                let s = get(shares, Domain::Package, Some(0));
+                assert_eq!(of(s, 1), 40_000_000 * 15 / 40, "{rule:?}");
+                assert_eq!(of(s, 2), 40_000_000 * 5 / 40, "{rule:?}");
+                assert_eq!(s.idle_uj, 40_000_000 * 18 / 40, "{rule:?}");
+                assert_eq!(s.static_uj, 40_000_000);
+            });
+        }
     }
 }

@@ -18,8 +18,13 @@ use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
 
 /// A fit whose line explains less of the staircase's power than this is
 /// refused: the power followed something else (another load, a turbo
-/// limit), and its static figure would mislead every profile after it.
+/// limit), and its static figure would mislead every profile after it...
 const MIN_R2: f64 = 0.9;
+
+/// ...unless the power barely moved at all (a DRAM domain under a spin
+/// load): its residual is then under this share of its mean, and the
+/// line (static ≈ the mean, slope ≈ 0) is right.
+const FLAT_RESIDUAL: f64 = 0.02;
 
 /// All CPUs' idle time so far (s): `/proc/stat`'s idle + iowait, which the
 /// kernel counts exactly (no-tick idle time), in clock ticks of 1/CLK_TCK.
@@ -84,7 +89,12 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
     let topology = crate::topology::Topology::read(&crate::topology::SysRoot::real())
         .map_err(|e| Fatal::profiler(format!("cannot read the CPU topology: {e}")))?;
     let machine = Machine::this(topology.sockets());
+    // Threads to start: the CPUs this process may use (affinity, cpuset).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Busy CPUs are counted over every online CPU, as /proc/stat's idle
+    // time is summed.
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as f64;
     let settle = (args.step / 4).min(Duration::from_secs(2));
     let window = ((args.step - settle) / 4).min(Duration::from_secs(1));
     eprintln!(
@@ -118,7 +128,7 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
             problems.extend(readers.take_problems());
             let secs = t1.duration_since(t0).as_secs_f64();
             let busy = match (i0, i1) {
-                (Some(a), Some(b)) if secs > 0.0 => (cpus as f64 - (b - a) / secs).max(0.0),
+                (Some(a), Some(b)) if secs > 0.0 => (online - (b - a) / secs).max(0.0),
                 _ => continue,
             };
             if !e.missed.is_empty() || secs <= 0.0 {
@@ -165,20 +175,30 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         .into());
     }
     let mut fits = Vec::new();
+    let mut refused = Vec::new();
     for ((domain, package), pts) in points {
-        let f = HostModel::fit_domain(domain, package, reader, pts)
-            .map_err(|e| Fatal::profiler(format!("cannot fit {}: {e}", domain.label(package))))?;
-        if !(f.static_w >= 0.0 && f.per_cpu_w >= 0.0 && f.r_squared >= MIN_R2) {
-            return Err(Fatal::profiler(format!(
-                "the fit of {}: {:.2} W static + {:.3} W per busy CPU, R^2 {:.3}, is no power \
-                 law (static and slope must not be negative, R^2 at least {MIN_R2}): keep the \
-                 machine quiet and calibrate again with a longer --step",
+        let mean = pts.iter().map(|p| p.wall_w).sum::<f64>() / pts.len().max(1) as f64;
+        let f = match HostModel::fit_domain(domain, package, reader, pts) {
+            Ok(f) => f,
+            Err(e) => {
+                refused.push(format!("{}: {e}", domain.label(package)));
+                continue;
+            }
+        };
+        let flat = mean > 0.0 && f.rms_residual_w / mean <= FLAT_RESIDUAL;
+        if !(f.static_w >= 0.0 && f.per_cpu_w >= 0.0 && (f.r_squared >= MIN_R2 || flat)) {
+            refused.push(format!(
+                "{}: {:.2} W static + {:.3} W per busy CPU, R^2 {:.3}, residual {:.2} W is no \
+                 power law (static and slope must not be negative, R^2 at least {MIN_R2} or \
+                 the residual under {:.0}% of the mean)",
                 domain.label(package),
                 f.static_w,
                 f.per_cpu_w,
-                f.r_squared
-            ))
-            .into());
+                f.r_squared,
+                f.rms_residual_w,
+                FLAT_RESIDUAL * 100.0
+            ));
+            continue;
         }
         println!(
             "{}: {:.2} W static + {:.3} W per busy CPU; residual {:.2} W RMS, R^2 {:.4}",
@@ -189,6 +209,17 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
             f.r_squared
         );
         fits.push(f);
+    }
+    for r in &refused {
+        eprintln!("wattprof: not fitted, {r}");
+    }
+    if fits.is_empty() {
+        return Err(Fatal::profiler(format!(
+            "no domain could be fitted ({}): keep the machine quiet and calibrate again with a \
+             longer --step",
+            refused.join("; ")
+        ))
+        .into());
     }
     let model = HostModel {
         kind: "wattprof_power_model".into(),

@@ -109,6 +109,8 @@ pub struct StaticPowerStatus {
     /// Figures known now: the host model's fits for the CPU reader in
     /// use, or the vCPU model's idle term.
     pub figures: Vec<StaticLine>,
+    /// Why the model at the default place is not used, if it is not.
+    pub ignored: Option<String>,
     /// What happens for domains with no figure here.
     pub otherwise: String,
 }
@@ -169,6 +171,7 @@ fn static_status(
     Ok(StaticPowerStatus {
         host_model: cfg.host_path.map(|p| p.display().to_string()),
         figures,
+        ignored: cfg.ignored,
         otherwise: "learned during `run` and `monitor` once the load has varied by half a CPU \
                     over 10 intervals, else the lowest power seen (an upper bound); \
                     `wattprof calibrate` fits this host's"
@@ -589,6 +592,9 @@ pub fn render(report: &SourcesReport) -> String {
                 _ => "the power model's idle term",
             }
         ));
+    }
+    if let Some(why) = &st.ignored {
+        out.push_str(&format!("  warning: {why}\n"));
     }
     out.push_str(&format!("  otherwise: {}\n", st.otherwise));
     out

@@ -457,6 +457,41 @@ pub struct RunReport {
     pub intervals: spill::Intervals,
 }
 
+impl RunReport {
+    /// A recording of schema 2 (before the static and dynamic split) read
+    /// as schema 3: its energy totals, which have no static part, are all
+    /// dynamic (their `static_j` and `dynamic_j` read as 0 otherwise).
+    pub fn upgrade_from_schema_2(&mut self) {
+        if self.schema_version >= 3 {
+            return;
+        }
+        let whole = |e: &mut EnergyJ| {
+            if e.static_j == 0.0 && e.dynamic_j == 0.0 {
+                e.dynamic_j = e.total_j;
+            }
+        };
+        if let Some(c) = &mut self.command {
+            whole(&mut c.energy);
+        }
+        self.processes.iter_mut().for_each(|p| whole(&mut p.energy));
+        let g = &mut self.energy.groups;
+        [&mut g.tree, &mut g.profiler, &mut g.other]
+            .into_iter()
+            .for_each(whole);
+        self.cgroups.iter_mut().for_each(|c| whole(&mut c.energy));
+        self.containers
+            .iter_mut()
+            .for_each(|c| whole(&mut c.energy));
+        self.windows.iter_mut().for_each(|w| whole(&mut w.energy));
+        if let Some(st) = &mut self.stacks {
+            for f in &mut st.functions {
+                whole(&mut f.energy);
+                whole(&mut f.self_energy);
+            }
+        }
+    }
+}
+
 impl MachineTimes {
     /// The machine section of a report.
     pub fn report(&self, package_ids: Vec<u32>, attributed_ns: u64) -> MachineReport {

@@ -179,9 +179,11 @@ impl HeldReads {
             usage.sort_unstable_by_key(|u| u.id);
             // The static figure over the whole span the read covers.
             let covers_ns = span.end_ns.saturating_sub(since_ns);
+            // An expired span's energy is not known (0 J): no static in it.
             let statics: Vec<StaticEnergy> = span
                 .static_w
                 .iter()
+                .filter(|_| !expired)
                 .filter(|(domain, package, _)| *domain == d.domain && *package == d.package)
                 .map(|(domain, package, w)| StaticEnergy {
                     domain: *domain,

@@ -652,9 +652,14 @@ impl Profile {
         self.readers
             .add_estimate(&mut read, busy_ns, window_ns, online.max(1));
         let wall = self.readers.add_wall_model(&mut read, busy_ns, duration_ns);
-        let (statics, static_w) =
-            self.statics
-                .interval(&read.energy, &packages, &self.package_ids, duration_ns);
+        let (statics, static_w) = self.statics.interval(
+            &read.energy,
+            &read.caught_up,
+            &packages,
+            &self.package_ids,
+            duration_ns,
+            self.readers.model_static_uj(window_ns),
+        );
         let mut usage = self.table.apply(sample);
         self.machine.add(sample);
         for p in self.readers.take_problems() {
@@ -709,6 +714,7 @@ impl Profile {
         }
         shares.extend(caught.shares);
         for p in self.statics.problems(&shares) {
+            eprintln!("wattprof: {p}");
             self.problem(p);
         }
         self.ledger.add(&shares);

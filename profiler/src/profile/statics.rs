@@ -25,6 +25,9 @@ pub struct StaticsConfig {
     pub host: Option<HostModel>,
     /// Where it was read from.
     pub host_path: Option<PathBuf>,
+    /// Why the model at the default place was not used (bad, or made on
+    /// another machine): said, and the profile goes on without it.
+    pub ignored: Option<String>,
 }
 
 impl StaticsConfig {
@@ -34,19 +37,35 @@ impl StaticsConfig {
         if given == Some(Path::new("none")) {
             return Ok(Self {
                 share,
-                host: None,
-                host_path: None,
+                ..Self::default()
             });
         }
         let path = given.unwrap_or(Path::new(DEFAULT_HOST_MODEL));
-        let host = HostModel::load(path, given.is_some(), &Machine::this(packages))?;
-        Ok(Self {
-            share,
-            host_path: host.as_ref().map(|_| path.to_path_buf()),
-            host,
-        })
+        match HostModel::load(path, given.is_some(), &Machine::this(packages)) {
+            Ok(host) => Ok(Self {
+                share,
+                host_path: host.as_ref().map(|_| path.to_path_buf()),
+                host,
+                ignored: None,
+            }),
+            // A given file must be right; the default one is this host's
+            // business (a cloned image, a changed VM): said, not fatal.
+            Err(e) if given.is_none() => Ok(Self {
+                share,
+                ignored: Some(format!(
+                    "the host power model was not used: {e} (--host-model none says nothing)"
+                )),
+                ..Self::default()
+            }),
+            Err(e) => Err(e),
+        }
     }
 }
+
+/// Intervals shorter than this teach the learned fit and the lowest power
+/// nothing (50 ms: a counter's steps and the read's own time are a large
+/// part of less).
+const MIN_LEARN_NS: u64 = 50_000_000;
 
 /// A static figure beyond the measured energy is said when it exceeds it
 /// by more than this share (counter noise over a short interval is well
@@ -64,6 +83,8 @@ pub struct Statics {
     last: Vec<StaticFigure>,
     /// Domains whose cut static figure was said.
     said_cut: Vec<(Domain, Option<u32>)>,
+    /// Problems to say at the first interval.
+    pending: Vec<String>,
 }
 
 impl Statics {
@@ -78,6 +99,7 @@ impl Statics {
             ),
             last: Vec::new(),
             said_cut: Vec::new(),
+            pending: cfg.ignored.iter().cloned().collect(),
         }
     }
 
@@ -104,14 +126,21 @@ impl Statics {
     }
 
     /// Takes one interval's divided domains (measured ones teach the
-    /// figures) and gives each its static energy over `duration_ns`, and
-    /// the static power (W) per domain for reads that cover more.
+    /// figures; `caught_up`, energy covering earlier failed reads too,
+    /// teaches nothing but is divided with its domain's figure) and gives
+    /// each its static energy over `duration_ns`, and the static power (W)
+    /// per domain for reads that cover more. `model_static_uj` is the
+    /// power model's static energy over the interval, from the same CPU
+    /// windows as its energy (the vCPU model: idle watts × the CPUs'
+    /// time).
     pub fn interval(
         &mut self,
         energy: &[DomainEnergy],
+        caught_up: &[DomainEnergy],
         packages: &[PackageTime],
         package_ids: &[u32],
         duration_ns: u64,
+        model_static_uj: Option<u64>,
     ) -> (Vec<StaticEnergy>, StaticWatts) {
         let busy_cpus = |package: Option<u32>| -> f64 {
             let busy: u64 = match package {
@@ -127,31 +156,49 @@ impl Statics {
         let divided = |d: &&DomainEnergy| {
             matches!(d.domain, Domain::Package | Domain::Core | Domain::Dram) && !d.busy_only
         };
-        for d in energy.iter().filter(divided).filter(|d| !d.estimated) {
-            self.powers.observe(
-                d.domain,
-                d.package,
-                d.energy_uj,
-                duration_ns,
-                busy_cpus(d.package),
-            );
+        // A sliver of an interval (run's last, a window boundary right
+        // after a tick) says little about power: it teaches nothing.
+        if duration_ns >= MIN_LEARN_NS {
+            for d in energy.iter().filter(divided).filter(|d| !d.estimated) {
+                self.powers.observe(
+                    d.domain,
+                    d.package,
+                    d.energy_uj,
+                    duration_ns,
+                    busy_cpus(d.package),
+                );
+            }
         }
-        self.last = energy
+        let now: Vec<StaticFigure> = energy
             .iter()
+            .chain(caught_up)
             .filter(divided)
             .filter_map(|d| self.powers.figure(d.domain, d.package))
             .collect();
-        let statics = self
-            .last
+        // The last figure of each domain is kept (a domain whose read
+        // fails keeps its figure in reports and metrics).
+        for f in &now {
+            match self
+                .last
+                .iter_mut()
+                .find(|l| l.domain == f.domain && l.package == f.package)
+            {
+                Some(l) => *l = *f,
+                None => self.last.push(*f),
+            }
+        }
+        let statics = now
             .iter()
             .map(|f| StaticEnergy {
                 domain: f.domain,
                 package: f.package,
-                static_uj: (f.static_w * duration_ns as f64 / 1e3).round() as u64,
+                static_uj: match (f.source, model_static_uj) {
+                    (StaticSource::ShippedModel, Some(uj)) => uj,
+                    _ => (f.static_w * duration_ns as f64 / 1e3).round() as u64,
+                },
             })
             .collect();
-        let watts = self
-            .last
+        let watts = now
             .iter()
             .map(|f| (f.domain, f.package, f.static_w))
             .collect();
@@ -161,7 +208,7 @@ impl Statics {
     /// Problems the interval's shares raise: a static figure well above
     /// what was measured (said once per domain).
     pub fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.pending);
         for s in shares {
             let key = (s.domain, s.package);
             let beyond = s.static_cut_uj > CUT_SAID_UJ

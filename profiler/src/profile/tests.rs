@@ -356,20 +356,30 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
     let (report, stream) = rig.finish();
     let pkg = &report.energy.domains[0];
     assert!(close(pkg.measured_j, 50.0), "{pkg:?}");
-    // 10 J x 0.5/2, then 40 J x 0.2/4 (not 40 J x 0.2/2, as if the
-    // failed interval's energy were the next interval's).
+    // The first interval's 10 W is the lowest power seen, all static: 10
+    // J x 0.5/2. The read that covers the failed interval is divided over
+    // both: 10 W of static power x 2 s = 20 J by each one's CPU time over
+    // the span's 4 s of capacity, the dynamic 20 J by its busy time over
+    // the span's 1.2 s (not 40 J over this interval's time alone, as if
+    // the failed interval's energy were the next interval's).
     assert!(
-        close(process(&report, 5001001).energy.package_j, 2.5 + 2.0),
+        close(
+            process(&report, 5001001).energy.package_j,
+            2.5 + 20.0 * 0.2 / 4.0 + 20.0 * 0.2 / 1.2
+        ),
         "{:?}",
         process(&report, 5001001).energy
     );
     assert!(
-        close(report.energy.groups.other.package_j, 10.0),
+        close(
+            report.energy.groups.other.package_j,
+            20.0 * 1.0 / 4.0 + 20.0 * 1.0 / 1.2
+        ),
         "{:?}",
         report.energy.groups
     );
     assert!(
-        close(pkg.idle_j, 10.0 * 1.5 / 2.0 + 40.0 * 2.8 / 4.0),
+        close(pkg.idle_j, 10.0 * 1.5 / 2.0 + 20.0 * 2.8 / 4.0),
         "{pkg:?}"
     );
     let ivs: Vec<&Value> = stream.iter().filter(|r| r["type"] == "interval").collect();

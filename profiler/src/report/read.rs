@@ -243,6 +243,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
             wattprof_version: Some(report.wattprof_version.clone()),
         },
     )?;
+    report.upgrade_from_schema_2();
     let intervals = std::mem::take(&mut report.intervals)
         .iter()
         .enumerate()
@@ -311,9 +312,9 @@ fn parse_stream(path: &Path, bytes: &[u8]) -> Result<Stream, ReadError> {
                 windows.push(serde_json::from_str::<WindowReport>(line).map_err(typed)?)
             }
             Some("summary") => {
-                summary = Some(Box::new(
-                    serde_json::from_str::<RunReport>(line).map_err(typed)?,
-                ))
+                let mut s = serde_json::from_str::<RunReport>(line).map_err(typed)?;
+                s.upgrade_from_schema_2();
+                summary = Some(Box::new(s))
             }
             _ => unknown_lines += 1,
         }
@@ -346,6 +347,24 @@ mod tests {
         match parse(Path::new("f.json"), text.as_bytes()) {
             Ok(_) => panic!("{text:?} was read"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_schema_2_recording_reads_as_all_dynamic() {
+        let text = include_str!("../../../fuzz/corpus/report_reader/seed-recording.json");
+        let Ok(File::Recording(r, _)) = parse(Path::new("f.json"), text.as_bytes()) else {
+            panic!("the schema 2 seed is a recording");
+        };
+        assert_eq!(r.schema_version, 2);
+        assert!(!r.processes.is_empty());
+        for e in r
+            .processes
+            .iter()
+            .map(|p| &p.energy)
+            .chain([&r.energy.groups.tree])
+        {
+            assert_eq!((e.static_j, e.dynamic_j), (0.0, e.total_j), "{e:?}");
         }
     }
 

@@ -387,6 +387,18 @@ impl Readers {
         }
     }
 
+    /// The power model's static energy over CPU windows of `window_ns` in
+    /// all (µJ): the vCPU model's idle watts × the CPUs' time, as its
+    /// energy counts it.
+    pub fn model_static_uj(&self, window_ns: u64) -> Option<u64> {
+        match &self.estimate {
+            Some(PowerModel::Vcpu(m)) if m.min_w > 0.0 => {
+                Some((m.min_w * window_ns as f64 / 1e3).round() as u64)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether any CPU energy (measured or estimated) is read.
     pub fn has_cpu(&self) -> bool {
         self.estimate.is_some() || self.sources.iter().any(|s| s.kind() == ReaderKind::Cpu)

@@ -295,12 +295,15 @@ impl HostModel {
     }
 }
 
-/// A running least-squares line of power on busy CPUs.
+/// A running least-squares line of power on busy CPUs, kept centred
+/// (Welford's updates: sums of squares about the running means, so hours
+/// of points near one value lose nothing to cancellation).
 #[derive(Clone, Copy, Debug, Default)]
 struct Learner {
     n: u64,
-    sx: f64,
-    sy: f64,
+    mean_x: f64,
+    mean_y: f64,
+    /// Σ (x − mean_x)², Σ (x − mean_x)(y − mean_y), Σ (y − mean_y)².
     sxx: f64,
     sxy: f64,
     syy: f64,
@@ -315,34 +318,35 @@ impl Learner {
             self.max_x = x;
         }
         self.n += 1;
-        self.sx += x;
-        self.sy += y;
-        self.sxx += x * x;
-        self.sxy += x * y;
-        self.syy += y * y;
+        let n = self.n as f64;
+        let dx = x - self.mean_x;
+        let dy = y - self.mean_y;
+        self.mean_x += dx / n;
+        self.mean_y += dy / n;
+        self.sxx += dx * (x - self.mean_x);
+        self.sxy += dx * (y - self.mean_y);
+        self.syy += dy * (y - self.mean_y);
         self.min_x = self.min_x.min(x);
         self.max_x = self.max_x.max(x);
     }
 
-    /// (static W, W per busy CPU, R²) once the load has varied enough.
+    /// (static W, W per busy CPU, R²) once the load has varied enough:
+    /// over [`LEARN_MIN_SPREAD_CPUS`] from lowest to highest, and with a
+    /// standard deviation of at least a quarter of that (one odd interval
+    /// is no spread), and the power has varied at all.
     fn fit(&self) -> Option<(f64, f64, f64)> {
         if self.n < LEARN_MIN_POINTS || self.max_x - self.min_x < LEARN_MIN_SPREAD_CPUS {
             return None;
         }
         let n = self.n as f64;
-        let sxx = self.sxx - self.sx * self.sx / n;
-        let sxy = self.sxy - self.sx * self.sy / n;
-        let syy = self.syy - self.sy * self.sy / n;
-        if sxx <= 0.0 {
+        if (self.sxx / n).sqrt() < LEARN_MIN_SPREAD_CPUS / 4.0
+            || self.syy <= 1e-9 * n * (1.0 + self.mean_y * self.mean_y)
+        {
             return None;
         }
-        let k = sxy / sxx;
-        let s = (self.sy - k * self.sx) / n;
-        let r2 = if syy > 0.0 {
-            sxy * sxy / (sxx * syy)
-        } else {
-            1.0
-        };
+        let k = self.sxy / self.sxx;
+        let s = self.mean_y - k * self.mean_x;
+        let r2 = self.sxy * self.sxy / (self.sxx * self.syy);
         (s >= 0.0 && k >= 0.0 && r2 >= LEARN_MIN_R2).then_some((s, k, r2))
     }
 }
