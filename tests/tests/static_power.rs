@@ -76,6 +76,7 @@ fn calibrate_with_no_wattmeter_fits_each_domain_s_static_power_and_slope() {
         .output()
         .expect("calibrate");
     let stdout = String::from_utf8_lossy(&run.stdout);
+    eprintln!("{}{stdout}", String::from_utf8_lossy(&run.stderr));
     assert!(
         run.status.success(),
         "{stdout}{}",
@@ -400,4 +401,84 @@ fn with_no_option_on_a_vm_two_burners_2_to_1_get_energy_2_to_1() {
         ea / eb,
         ta / tb
     );
+}
+
+#[test]
+fn monitor_keeps_what_it_learns_in_the_host_model() {
+    require_ebpf!();
+    if wattprof_tests::saturated() {
+        return;
+    }
+    let (s, k) = (12.9, 10.3);
+    let fixture = rapl((s, k));
+    let dir = tempfile_dir();
+    let model = dir.join("power-model.json");
+    let monitor = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            "--duration",
+            "7s",
+            "--interval",
+            "250ms",
+            "--host-model",
+        ])
+        .arg(&model)
+        .arg(fixture.arg())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("monitor");
+    // A load that varies: idle, two burners, one, idle, two.
+    let t = testload();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let burn = |n: usize| {
+        let kids: Vec<std::process::Child> = (0..n)
+            .map(|_| {
+                Command::new(&t)
+                    .args(["cpu", "1.0"])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("burner")
+            })
+            .collect();
+        for mut k in kids {
+            let _ = k.wait();
+        }
+    };
+    burn(2);
+    burn(1);
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    burn(2);
+    let out = monitor.wait_with_output().expect("monitor");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let written = read_json(&model);
+    let fit = written["fits"]
+        .as_array()
+        .expect("fits")
+        .iter()
+        .find(|x| x["domain"] == "package")
+        .cloned()
+        .unwrap_or_else(|| panic!("no package fit: {written}\n{err}"));
+    assert_eq!(fit["origin"], "learned", "{fit}");
+    let learned = f(&fit, "/static_w");
+    eprintln!("monitor learned {learned:.3} W static (fixture {s} W): {fit}");
+    assert!((learned / s - 1.0).abs() < 0.05, "{learned} vs {s}");
+    // The next profile starts from it.
+    let r = wattprof_run(
+        &[
+            &fixture.arg(),
+            "--host-model",
+            model.to_str().expect("utf-8"),
+            "--interval",
+            "250ms",
+        ],
+        &["true"],
+    );
+    assert!(r.output.status.success(), "{}", r.stderr());
+    assert_eq!(
+        domain(r.report(), "package", Some(0))["static_source"],
+        "learned"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -188,6 +188,8 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         by: args.by,
         vm_export: vm_export.as_mut(),
         vm_export_failed: false,
+        learned_saved_ns: start_ns,
+        learned_save_failed: false,
     };
     sample_until(
         &mut profile,
@@ -197,6 +199,7 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     )?;
     profile.tick(&mut tracker, true)?;
     hooks.export_vms(&profile);
+    hooks.save_learned(&mut profile);
     // Written before the recording; a failure is reported after it, so
     // nothing already recorded is lost.
     let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&mut profile, "monitor"));
@@ -229,9 +232,39 @@ struct MonitorLoop<'a> {
     /// A write failed (said once; sampling goes on, and later writes try
     /// again).
     vm_export_failed: bool,
+    /// When what was learned of the static power was last written to the
+    /// host power model (monotonic ns), and whether that write failed.
+    learned_saved_ns: u64,
+    learned_save_failed: bool,
 }
 
+/// How often `monitor` writes what it learned into the host power model.
+const SAVE_LEARNED_EVERY_NS: u64 = 600_000_000_000;
+
 impl MonitorLoop<'_> {
+    /// Writes what was learned of the static power into the host power
+    /// model (said once if it fails; monitoring goes on).
+    fn save_learned(&mut self, profile: &mut Profile) {
+        match profile.save_learned() {
+            Ok(Some(path)) if self.learned_save_failed => {
+                eprintln!(
+                    "wattprof: the host power model {} written again",
+                    path.display()
+                );
+                self.learned_save_failed = false;
+            }
+            Ok(_) => {}
+            Err(e) if !self.learned_save_failed => {
+                eprintln!(
+                    "wattprof: warning: what was learned of the static power was not kept: {e} \
+                     (give --host-model FILE somewhere writable, or none)"
+                );
+                self.learned_save_failed = true;
+            }
+            Err(_) => {}
+        }
+    }
+
     /// Brings every VM's exported counters up to date.
     fn export_vms(&mut self, profile: &Profile) {
         let (Some(ex), Some(sums)) = (self.vm_export.as_deref_mut(), profile.vm_sums()) else {
@@ -266,6 +299,10 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
 
     fn after_interval(&mut self, profile: &mut Profile, now: u64) -> anyhow::Result<()> {
         self.export_vms(profile);
+        if now.saturating_sub(self.learned_saved_ns) >= SAVE_LEARNED_EVERY_NS {
+            self.learned_saved_ns = now;
+            self.save_learned(profile);
+        }
         // At most once a second: scrapes are far apart, and the snapshot
         // walks every container and cgroup.
         if let Some(shared) = self.exporter

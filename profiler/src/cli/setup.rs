@@ -183,10 +183,13 @@ pub(super) fn start_profile(
         std::process::id(),
     );
     let host = profile::host_report(readers.gpus());
+    // `monitor` writes what it learns there: a given file may not exist yet.
+    let may_create = matches!(scope, Scope::Machine { .. });
     let statics = crate::profile::statics::StaticsConfig::load(
         energy.static_power,
         energy.host_model.as_deref(),
         tracker.topology().sockets(),
+        may_create,
     )
     .map_err(Fatal::profiler)?;
     let mut profile = Profile::new(

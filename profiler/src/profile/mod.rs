@@ -330,6 +330,12 @@ pub enum WindowAnswer {
 }
 
 impl Profile {
+    /// Merges the static power learned so far into the host power model
+    /// and writes it (`monitor`): the path written, if anything was.
+    pub fn save_learned(&mut self) -> Result<Option<std::path::PathBuf>, String> {
+        self.statics.save_learned()
+    }
+
     /// A profile on a machine with these package ids; it counts from
     /// [`Profile::begin`].
     pub fn new(

@@ -28,25 +28,43 @@ pub struct StaticsConfig {
     /// Why the model at the default place was not used (bad, or made on
     /// another machine): said, and the profile goes on without it.
     pub ignored: Option<String>,
+    /// Where `monitor` puts what it learns (the model's path; none with
+    /// `--host-model none`).
+    pub save_path: Option<PathBuf>,
+    /// CPU packages (the machine identity of a model written here).
+    pub packages: usize,
 }
 
 impl StaticsConfig {
     /// Reads the host power model at `given` (or the default place, where
-    /// a missing file is no error): one line saying what is wrong.
-    pub fn load(share: StaticShare, given: Option<&Path>, packages: usize) -> Result<Self, String> {
+    /// a missing file is no error; so too a given one `monitor` will
+    /// write, `may_create`): one line saying what is wrong.
+    pub fn load(
+        share: StaticShare,
+        given: Option<&Path>,
+        packages: usize,
+        may_create: bool,
+    ) -> Result<Self, String> {
         if given == Some(Path::new("none")) {
             return Ok(Self {
                 share,
+                packages,
                 ..Self::default()
             });
         }
         let path = given.unwrap_or(Path::new(DEFAULT_HOST_MODEL));
-        match HostModel::load(path, given.is_some(), &Machine::this(packages)) {
+        match HostModel::load(
+            path,
+            given.is_some() && !may_create,
+            &Machine::this(packages),
+        ) {
             Ok(host) => Ok(Self {
                 share,
                 host_path: host.as_ref().map(|_| path.to_path_buf()),
                 host,
                 ignored: None,
+                save_path: Some(path.to_path_buf()),
+                packages,
             }),
             // A given file must be right; the default one is this host's
             // business (a cloned image, a changed VM): said, not fatal.
@@ -55,6 +73,8 @@ impl StaticsConfig {
                 ignored: Some(format!(
                     "the host power model was not used: {e} (--host-model none says nothing)"
                 )),
+                save_path: Some(path.to_path_buf()),
+                packages,
                 ..Self::default()
             }),
             Err(e) => Err(e),
@@ -85,6 +105,11 @@ pub struct Statics {
     said_cut: Vec<(Domain, Option<u32>)>,
     /// Problems to say at the first interval.
     pending: Vec<String>,
+    /// The host model read, where `monitor` merges what it learns.
+    host: Option<HostModel>,
+    save_path: Option<PathBuf>,
+    packages: usize,
+    reader: Option<&'static str>,
 }
 
 impl Statics {
@@ -100,7 +125,37 @@ impl Statics {
             last: Vec::new(),
             said_cut: Vec::new(),
             pending: cfg.ignored.iter().cloned().collect(),
+            host: cfg.host.clone(),
+            save_path: cfg.save_path.clone(),
+            packages: cfg.packages,
+            reader: readers.cpu_reader(),
         }
+    }
+
+    /// Merges what was learned into the host power model and writes it
+    /// (`monitor`, so a daemon learns its host over hours): the path
+    /// written, or `None` when there was nothing to write.
+    pub fn save_learned(&mut self) -> Result<Option<PathBuf>, String> {
+        let (Some(path), Some(reader)) = (&self.save_path, self.reader) else {
+            return Ok(None);
+        };
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut model = self.host.clone().unwrap_or_else(|| HostModel {
+            kind: "wattprof_power_model".into(),
+            version: 1,
+            host: crate::topology::hostname(),
+            machine: Machine::this(self.packages),
+            created_unix_ns: now_ns,
+            fits: Vec::new(),
+        });
+        if !self.powers.merge_into(&mut model, reader) {
+            return Ok(None);
+        }
+        model.save(path)?;
+        self.host = Some(model);
+        Ok(Some(path.clone()))
     }
 
     /// How static energy is shared.

@@ -115,6 +115,40 @@ impl StaticFigure {
     }
 }
 
+/// Who made a fit of the host power model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitOrigin {
+    /// `wattprof calibrate`'s staircase.
+    #[default]
+    Calibrate,
+    /// `wattprof monitor`, from the load it saw (with its running sums, so
+    /// the next monitor learns on from them).
+    Learned,
+}
+
+/// A learned fit's running sums (see `Learner`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LearnerState {
+    /// Intervals.
+    pub n: u64,
+    /// Mean busy CPUs.
+    pub mean_x: f64,
+    /// Mean power (W).
+    pub mean_y: f64,
+    /// Σ (x − mean_x)².
+    pub sxx: f64,
+    /// Σ (x − mean_x)(y − mean_y).
+    pub sxy: f64,
+    /// Σ (y − mean_y)².
+    pub syy: f64,
+    /// Fewest busy CPUs seen.
+    pub min_x: f64,
+    /// Most busy CPUs seen.
+    pub max_x: f64,
+}
+
 /// One domain's fit in the host power model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +169,12 @@ pub struct DomainFit {
     pub rms_residual_w: f64,
     /// The staircase's points (x: busy CPUs, `wall_w`: the domain's W).
     pub points: Vec<Point>,
+    /// Who made it (absent: `calibrate`).
+    #[serde(default)]
+    pub origin: FitOrigin,
+    /// A learned fit's running sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<LearnerState>,
 }
 
 /// What a host power model was made on: it is refused elsewhere.
@@ -291,6 +331,8 @@ impl HostModel {
             r_squared,
             rms_residual_w,
             points,
+            origin: FitOrigin::Calibrate,
+            learned: None,
         })
     }
 }
@@ -309,6 +351,36 @@ struct Learner {
     syy: f64,
     min_x: f64,
     max_x: f64,
+}
+
+impl From<LearnerState> for Learner {
+    fn from(s: LearnerState) -> Self {
+        Self {
+            n: s.n,
+            mean_x: s.mean_x,
+            mean_y: s.mean_y,
+            sxx: s.sxx,
+            sxy: s.sxy,
+            syy: s.syy,
+            min_x: s.min_x,
+            max_x: s.max_x,
+        }
+    }
+}
+
+impl From<Learner> for LearnerState {
+    fn from(l: Learner) -> Self {
+        Self {
+            n: l.n,
+            mean_x: l.mean_x,
+            mean_y: l.mean_y,
+            sxx: l.sxx,
+            sxy: l.sxy,
+            syy: l.syy,
+            min_x: l.min_x,
+            max_x: l.max_x,
+        }
+    }
 }
 
 impl Learner {
@@ -367,23 +439,69 @@ pub struct StaticPowers {
 }
 
 impl StaticPowers {
-    /// Figures from `host` (only its fits made with `reader`) and the
-    /// shipped model's static watts.
+    /// Figures from `host` (only its fits made with `reader`: those of
+    /// `calibrate` as they are; those a monitor learned go on learning from
+    /// their sums) and the shipped model's static watts.
     pub fn new(host: Option<&HostModel>, reader: Option<&str>, shipped_w: Option<f64>) -> Self {
-        let host = host
+        let fits: Vec<&DomainFit> = host
             .map(|m| {
                 m.fits
                     .iter()
                     .filter(|f| Some(f.reader.as_str()) == reader)
-                    .cloned()
                     .collect()
             })
             .unwrap_or_default();
         Self {
-            host,
+            host: fits
+                .iter()
+                .filter(|f| f.origin == FitOrigin::Calibrate)
+                .map(|f| (*f).clone())
+                .collect(),
+            learners: fits
+                .iter()
+                .filter(|f| f.origin == FitOrigin::Learned)
+                .filter_map(|f| Some(((f.domain, f.package), Learner::from(f.learned?))))
+                .collect(),
             shipped_w,
             ..Self::default()
         }
+    }
+
+    /// Puts what was learned into `model` for `reader`: a domain's learned
+    /// fit replaces an earlier learned one, never a fit of `calibrate`.
+    /// Whether anything was put.
+    pub fn merge_into(&self, model: &mut HostModel, reader: &str) -> bool {
+        let mut changed = false;
+        for ((domain, package), l) in &self.learners {
+            let Some((s, k, r2)) = l.fit() else {
+                continue;
+            };
+            let at = model
+                .fits
+                .iter()
+                .position(|f| f.domain == *domain && f.package == *package && f.reader == reader);
+            if at.is_some_and(|i| model.fits[i].origin == FitOrigin::Calibrate) {
+                continue;
+            }
+            let fit = DomainFit {
+                domain: *domain,
+                package: *package,
+                reader: reader.to_string(),
+                static_w: s,
+                per_cpu_w: k,
+                r_squared: r2,
+                rms_residual_w: (l.syy * (1.0 - r2) / l.n.max(1) as f64).max(0.0).sqrt(),
+                points: Vec::new(),
+                origin: FitOrigin::Learned,
+                learned: Some((*l).into()),
+            };
+            match at {
+                Some(i) => model.fits[i] = fit,
+                None => model.fits.push(fit),
+            }
+            changed = true;
+        }
+        changed
     }
 
     /// Whether the host model has a fit for any domain in use.
@@ -537,6 +655,8 @@ mod tests {
                 r_squared: 0.999,
                 rms_residual_w: 0.1,
                 points: Vec::new(),
+                origin: FitOrigin::Calibrate,
+                learned: None,
             }],
         };
         let mut s = StaticPowers::new(Some(&model), Some("powercap"), None);
@@ -594,5 +714,72 @@ mod tests {
         let err = HostModel::load(&path, false, &here).expect_err("garbage");
         assert!(err.contains("not a wattprof power model"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn what_a_monitor_learns_is_kept_and_learning_goes_on_from_it() {
+        let machine = Machine {
+            cpu_model: "x".into(),
+            packages: 1,
+            cpus: 2,
+        };
+        let mut model = HostModel {
+            kind: "wattprof_power_model".into(),
+            version: 1,
+            host: "h".into(),
+            machine,
+            created_unix_ns: 0,
+            fits: Vec::new(),
+        };
+        // 19.4 W + 7.7 W per busy CPU on the package and on the DRAM.
+        let power = |cpus: f64| 19.4 + 7.7 * cpus;
+        let mut s = StaticPowers::new(None, Some("powercap"), None);
+        for i in 0..20 {
+            let cpus = 0.1 * f64::from(i % 10) + 0.2;
+            for d in [Domain::Package, Domain::Dram] {
+                s.observe(d, Some(0), (power(cpus) * 1e6) as u64, 1_000_000_000, cpus);
+            }
+        }
+        // The DRAM was calibrated: a learned figure never replaces it.
+        model.fits.push(DomainFit {
+            domain: Domain::Dram,
+            package: Some(0),
+            reader: "powercap".into(),
+            static_w: 1.3,
+            per_cpu_w: 0.4,
+            r_squared: 0.99,
+            rms_residual_w: 0.0,
+            points: Vec::new(),
+            origin: FitOrigin::Calibrate,
+            learned: None,
+        });
+        assert!(s.merge_into(&mut model, "powercap"));
+        assert_eq!(model.fits.len(), 2);
+        let pkg = model
+            .fits
+            .iter()
+            .find(|f| f.domain == Domain::Package)
+            .expect("learned");
+        assert_eq!(pkg.origin, FitOrigin::Learned);
+        assert!((pkg.static_w - 19.4).abs() < 1e-6, "{pkg:?}");
+        assert_eq!(
+            model
+                .fits
+                .iter()
+                .find(|f| f.domain == Domain::Dram)
+                .map(|f| f.static_w),
+            Some(1.3)
+        );
+        // Through the file's format, the next profile starts from it: a
+        // learned figure at once, with every point so far.
+        let model: HostModel =
+            serde_json::from_str(&serde_json::to_string(&model).expect("json")).expect("back");
+        let next = StaticPowers::new(Some(&model), Some("powercap"), None);
+        let f = next.figure(Domain::Package, Some(0)).expect("a figure");
+        assert_eq!(f.source, StaticSource::Learned);
+        assert!((f.static_w - 19.4).abs() < 1e-6);
+        assert_eq!(next.learned()[0].5, 20, "its 20 intervals");
+        let f = next.figure(Domain::Dram, Some(0)).expect("a figure");
+        assert_eq!((f.source, f.static_w), (StaticSource::HostModel, 1.3));
     }
 }
