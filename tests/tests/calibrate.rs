@@ -12,26 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 use wattprof_tests::{
-    FakeRapl, domain, f, memory_dir, require_ebpf, tempfile_dir, testload_bin, wattprof_bin,
-    wattprof_run,
+    FakeRapl, busy_jiffies, domain, f, memory_dir, require_ebpf, tempfile_dir, testload_bin,
+    wattprof_bin, wattprof_run,
 };
 
 const A: f64 = 1.35;
 const B: f64 = 48.0;
-
-fn busy_jiffies() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let v: Vec<u64> = text
-        .lines()
-        .next()
-        .expect("cpu line")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    (total - v[3] - v[4], total)
-}
 
 /// A powercap fixture following the load, and the wattmeter log of the
 /// same power by the law; both stop when dropped.

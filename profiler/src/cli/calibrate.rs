@@ -85,6 +85,43 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
+/// Reads the counters, timed by the middle of the read: a read that is
+/// preempted on a loaded machine then skews nothing.
+pub(super) fn timed_read(
+    readers: &mut Readers,
+) -> (crate::sources::registry::IntervalEnergy, Instant) {
+    let before = Instant::now();
+    let e = readers.read_counters(false);
+    (e, before + before.elapsed() / 2)
+}
+
+/// Now, in ns since the Unix epoch (a file's creation time).
+pub(super) fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The readers of a calibration: only what is measured is fitted (no
+/// power model), and the wattmeter is read by calibrate itself, for its
+/// frames' times.
+pub(super) fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
+    ReaderConfig {
+        sys: args.energy_sysfs.clone(),
+        model: ModelRequest {
+            choice: ModelChoice::None,
+            ..Default::default()
+        },
+        powercap_root: None,
+        no_gpu,
+        nvml_lib: None,
+        wattmeter_log: None,
+        wattmeter_cmd: None,
+        wattmeter_outlet: args.wattmeter_outlet,
+        calibration: None,
+    }
+}
+
 /// Keeps `n` CPUs busy until dropped.
 pub(super) struct Load {
     stop: Arc<AtomicBool>,
@@ -159,11 +196,6 @@ struct Window {
 fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration, cpus: f64) -> Window {
     // Each counter read is timed by the middle of the read: a read that
     // is preempted on a loaded machine then skews nothing.
-    let timed_read = |readers: &mut Readers| {
-        let before = Instant::now();
-        let e = readers.read_counters(false);
-        (e, before + before.elapsed() / 2)
-    };
     let j0 = cpu_jiffies();
     let _ = meter.read();
     let f0 = meter.last_frame_s();
@@ -213,22 +245,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from("wattprof-calibration.json"));
-    let cfg = ReaderConfig {
-        sys: args.energy_sysfs.clone(),
-        // Only what is measured is fitted against: no model.
-        model: ModelRequest {
-            choice: ModelChoice::None,
-            ..Default::default()
-        },
-        powercap_root: None,
-        no_gpu: args.no_gpu,
-        nvml_lib: None,
-        // The wattmeter is read here, for its frames' times.
-        wattmeter_log: None,
-        wattmeter_cmd: None,
-        wattmeter_outlet: args.wattmeter_outlet,
-        calibration: None,
-    };
+    let cfg = measured_only(&args, args.no_gpu);
     let out_dir = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -388,9 +405,7 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         version: 1,
         host: crate::topology::hostname(),
         cpus,
-        created_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
+        created_unix_ns: unix_now_ns(),
         regressor,
         fit: f.clone(),
         readers: used,

@@ -8,11 +8,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::Fatal;
-use super::calibrate::{CalibrateArgs, Load};
-use crate::profile::ReaderConfig;
+use super::calibrate::{CalibrateArgs, Load, timed_read, unix_now_ns};
 use crate::sources::Domain;
 use crate::sources::calibration::Point;
-use crate::sources::estimate::{ModelChoice, ModelRequest};
 use crate::sources::registry::Readers;
 use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
 
@@ -57,21 +55,7 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_HOST_MODEL));
-    let cfg = ReaderConfig {
-        sys: args.energy_sysfs.clone(),
-        // Only what is measured is fitted: no model.
-        model: ModelRequest {
-            choice: ModelChoice::None,
-            ..Default::default()
-        },
-        powercap_root: None,
-        no_gpu: true,
-        nvml_lib: None,
-        wattmeter_log: None,
-        wattmeter_cmd: None,
-        wattmeter_outlet: args.wattmeter_outlet,
-        calibration: None,
-    };
+    let cfg = super::calibrate::measured_only(args, true);
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let Some(reader) = readers.cpu_reader() else {
         let why = readers
@@ -112,13 +96,6 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         std::thread::sleep(settle);
         let mut got = 0;
         while Instant::now() + window <= end {
-            // Each counter read is timed by its middle: a read preempted
-            // on a loaded machine then skews nothing.
-            let timed_read = |readers: &mut Readers| {
-                let before = Instant::now();
-                let e = readers.read_counters(false);
-                (e, before + before.elapsed() / 2)
-            };
             let i0 = idle_s();
             let (_, t0) = timed_read(&mut readers);
             let _ = readers.take_problems();
@@ -226,9 +203,7 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         version: 1,
         host: crate::topology::hostname(),
         machine,
-        created_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
+        created_unix_ns: unix_now_ns(),
         fits,
     };
     model.save(&output).map_err(|e| {
