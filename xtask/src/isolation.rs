@@ -66,7 +66,12 @@ fn burners(
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n % 2 == 0 {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
 }
 
 /// Runs the benchmark: `rounds` rounds, each burner `seconds` of CPU, on a

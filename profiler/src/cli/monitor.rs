@@ -199,10 +199,10 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     )?;
     profile.tick(&mut tracker, true)?;
     hooks.export_vms(&profile);
-    hooks.save_learned(&mut profile);
     // Written before the recording; a failure is reported after it, so
     // nothing already recorded is lost.
     let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&mut profile, "monitor"));
+    let mut learned = profile.learned_to_save();
     let report = profile.finish(Ending {
         mode: "monitor",
         command: None,
@@ -210,6 +210,8 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&report, pending_output, args.energy.csv.as_deref())?;
+    // After the recording: a slow state directory delays nothing kept.
+    hooks.say_saved(learned.save_learned());
     stacks_written?;
     outputs_complete(&report)?;
     Ok(0)
@@ -245,7 +247,12 @@ impl MonitorLoop<'_> {
     /// Writes what was learned of the static power into the host power
     /// model (said once if it fails; monitoring goes on).
     fn save_learned(&mut self, profile: &mut Profile) {
-        match profile.save_learned() {
+        self.say_saved(profile.save_learned());
+    }
+
+    /// Says how writing the host power model went (a failure once).
+    fn say_saved(&mut self, saved: Result<Option<std::path::PathBuf>, String>) {
+        match saved {
             Ok(Some(path)) if self.learned_save_failed => {
                 eprintln!(
                     "wattprof: the host power model {} written again",

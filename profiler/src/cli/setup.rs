@@ -185,13 +185,18 @@ pub(super) fn start_profile(
     let host = profile::host_report(readers.gpus());
     // `monitor` writes what it learns there: a given file may not exist yet.
     let may_create = matches!(scope, Scope::Machine { .. });
-    let statics = crate::profile::statics::StaticsConfig::load(
+    let mut statics = crate::profile::statics::StaticsConfig::load(
         energy.static_power,
         energy.host_model.as_deref(),
         tracker.topology().sockets(),
         may_create,
     )
-    .map_err(Fatal::profiler)?;
+    .map_err(Fatal::usage)?;
+    // Energy from a copy of /sys (testing) teaches nothing about this
+    // host: kept only in a model file given for it.
+    if energy.energy_sysfs.is_some() && energy.host_model.is_none() {
+        statics.save_path = None;
+    }
     let mut profile = Profile::new(
         table,
         readers,

@@ -151,7 +151,10 @@ fn static_status(
             package: f.package,
             static_w: f.static_w,
             per_cpu_w: Some(f.per_cpu_w),
-            static_source: StaticSource::HostModel,
+            static_source: match f.origin {
+                crate::sources::static_power::FitOrigin::Calibrate => StaticSource::HostModel,
+                crate::sources::static_power::FitOrigin::Learned => StaticSource::Learned,
+            },
         })
         .collect();
     if report.cpu_energy_reader == Some("estimate")
@@ -590,6 +593,9 @@ pub fn render(report: &SourcesReport) -> String {
                 .unwrap_or_default(),
             match f.static_source {
                 crate::sources::static_power::StaticSource::HostModel => "host model",
+                crate::sources::static_power::StaticSource::Learned => {
+                    "host model, learned by monitor"
+                }
                 _ => "the power model's idle term",
             }
         ));
@@ -618,7 +624,7 @@ pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         args.model.request(),
         &cpuinfo,
     )
-    .map_err(super::Fatal::profiler)?;
+    .map_err(super::Fatal::usage)?;
     if let Some(over) = args.check {
         let (checked, d) = check_readers(&SysRoot::real(), &msr::MsrRoot::real(), &cpuinfo, over);
         report.checked = checked;

@@ -336,6 +336,12 @@ impl Profile {
         self.statics.save_learned()
     }
 
+    /// What was learned of the static power, to be written after the
+    /// profile has ended (`finish` takes the profile).
+    pub fn learned_to_save(&self) -> statics::Statics {
+        self.statics.clone()
+    }
+
     /// A profile on a machine with these package ids; it counts from
     /// [`Profile::begin`].
     pub fn new(

@@ -67,13 +67,13 @@ impl StaticsConfig {
                 packages,
             }),
             // A given file must be right; the default one is this host's
-            // business (a cloned image, a changed VM): said, not fatal.
+            // business (a cloned image, a changed VM): said, not fatal, and
+            // left as it is (a monitor writes nothing over it).
             Err(e) if given.is_none() => Ok(Self {
                 share,
                 ignored: Some(format!(
                     "the host power model was not used: {e} (--host-model none says nothing)"
                 )),
-                save_path: Some(path.to_path_buf()),
                 packages,
                 ..Self::default()
             }),
@@ -95,7 +95,7 @@ const CUT_SAID_SHARE: f64 = 0.05;
 const CUT_SAID_UJ: u64 = 10_000;
 
 /// The static figures of a profile.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Statics {
     share: StaticShare,
     powers: StaticPowers,
@@ -142,14 +142,24 @@ impl Statics {
         let now_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let mut model = self.host.clone().unwrap_or_else(|| HostModel {
-            kind: "wattprof_power_model".into(),
-            version: 1,
-            host: crate::topology::hostname(),
-            machine: Machine::this(self.packages),
-            created_unix_ns: now_ns,
-            fits: Vec::new(),
-        });
+        // The file as it is now (calibrate may have run since this
+        // profile began: its fits are kept); a file that is no longer a
+        // model of this machine is left alone.
+        let machine = Machine::this(self.packages);
+        let on_disk = match HostModel::load(path, false, &machine) {
+            Ok(m) => m,
+            Err(e) => return Err(format!("{e}; not written over")),
+        };
+        let mut model = on_disk
+            .or_else(|| self.host.clone())
+            .unwrap_or_else(|| HostModel {
+                kind: "wattprof_power_model".into(),
+                version: 1,
+                host: crate::topology::hostname(),
+                machine,
+                created_unix_ns: now_ns,
+                fits: Vec::new(),
+            });
         if !self.powers.merge_into(&mut model, reader) {
             return Ok(None);
         }

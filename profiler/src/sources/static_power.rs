@@ -43,6 +43,12 @@ pub const LEARN_MIN_SPREAD_CPUS: f64 = 0.5;
 /// turbo limit, another domain), and the line would mislead.
 pub const LEARN_MIN_R2: f64 = 0.9;
 
+/// Past this many intervals (a day at 1 s), a learned fit's sums are
+/// halved (its means kept): older points weigh half as much, so a fit a
+/// daemon keeps for weeks still follows the host (a BIOS or kernel
+/// change) within about a day.
+pub const LEARN_MAX_POINTS: u64 = 86_400;
+
 /// The default place of the host power model (`--host-model` overrides
 /// it): where `wattprof calibrate` writes it and `run` and `monitor`
 /// read it.
@@ -96,7 +102,7 @@ impl StaticFigure {
     pub fn describe(&self) -> String {
         let what = match self.source {
             StaticSource::HostModel => "host model",
-            StaticSource::Learned => "learned during this profile",
+            StaticSource::Learned => "learned from the load (this profile, or a monitor's)",
             StaticSource::ShippedModel => "the power model's idle term",
             StaticSource::LowestSeen => "lowest power seen, an upper bound",
         };
@@ -125,6 +131,12 @@ pub enum FitOrigin {
     /// `wattprof monitor`, from the load it saw (with its running sums, so
     /// the next monitor learns on from them).
     Learned,
+}
+
+impl FitOrigin {
+    fn is_calibrate(&self) -> bool {
+        *self == Self::Calibrate
+    }
 }
 
 /// A learned fit's running sums (see `Learner`).
@@ -169,8 +181,9 @@ pub struct DomainFit {
     pub rms_residual_w: f64,
     /// The staircase's points (x: busy CPUs, `wall_w`: the domain's W).
     pub points: Vec<Point>,
-    /// Who made it (absent: `calibrate`).
-    #[serde(default)]
+    /// Who made it (absent: `calibrate`, so calibrate's files stay as
+    /// they were).
+    #[serde(default, skip_serializing_if = "FitOrigin::is_calibrate")]
     pub origin: FitOrigin,
     /// A learned fit's running sums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,7 +312,8 @@ impl HostModel {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
-        let tmp = path.with_extension("json.tmp");
+        // Per process: calibrate and a monitor may write at once.
+        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
         std::fs::write(
             &tmp,
             serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
@@ -400,6 +414,12 @@ impl Learner {
         self.syy += dy * (y - self.mean_y);
         self.min_x = self.min_x.min(x);
         self.max_x = self.max_x.max(x);
+        if self.n > LEARN_MAX_POINTS {
+            self.n /= 2;
+            self.sxx /= 2.0;
+            self.sxy /= 2.0;
+            self.syy /= 2.0;
+        }
     }
 
     /// (static W, W per busy CPU, R²) once the load has varied enough:
