@@ -340,25 +340,10 @@ pub struct PowerLaw {
 /// laws for the powercap reader, as `wattprof calibrate` writes it (the
 /// machine identity as wattprof reads it), in `dir`.
 pub fn host_model_file(dir: &Path, package: PowerLaw, dram: PowerLaw) -> PathBuf {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("cpuinfo");
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == "model name").then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    // SAFETY: sysconf has no preconditions.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    let packages = std::fs::read_dir("/sys/devices/system/cpu")
-        .expect("cpus")
-        .filter_map(|e| {
-            std::fs::read_to_string(e.ok()?.path().join("topology/physical_package_id")).ok()
-        })
-        .map(|s| s.trim().to_string())
-        .collect::<std::collections::BTreeSet<_>>()
-        .len()
-        .max(1);
+    // The machine as wattprof identifies it (the library's own reading).
+    let packages = wattprof::topology::Topology::read(&wattprof::topology::SysRoot::real())
+        .map_or(1, |t| t.sockets());
+    let machine = wattprof::sources::static_power::Machine::this(packages);
     let fit = |domain: &str, law: PowerLaw| {
         serde_json::json!({
             "domain": domain, "package": 0, "reader": "powercap",
@@ -370,7 +355,7 @@ pub fn host_model_file(dir: &Path, package: PowerLaw, dram: PowerLaw) -> PathBuf
         "type": "wattprof_power_model",
         "version": 1,
         "host": "test",
-        "machine": {"cpu_model": cpu_model, "packages": packages, "cpus": cpus},
+        "machine": machine,
         "created_unix_ns": 0,
         "fits": [fit("package", package), fit("dram", dram)]
     });
