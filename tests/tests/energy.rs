@@ -586,6 +586,69 @@ fn gpu_energy_goes_to_the_command_by_its_sm_share() {
 }
 
 #[test]
+fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
+    require_ebpf!();
+    // The driver samples every 500 ms: at 100 ms most intervals have no
+    // new sample and carry the last shares (sm_basis "carried"), never an
+    // equal split.
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub-A uuid=GPU-A power_mw=150000 energy=counter util=90 sample_ms=500 \
+         memory_total=85899345920 memory_used=2147483648 \
+         procs=child/1:60:1073741824,child/2:30:536870912\n",
+    );
+    let lib_arg = format!("--nvml-lib={}", lib.display());
+    let t = testload();
+    let script = format!("{t} burn 3 0.2 & {t} burn 3 0.2 & wait");
+    for interval in ["1s", "100ms"] {
+        let run = wattprof_run(
+            &[
+                &lib_arg,
+                "--energy-sysfs=/nonexistent",
+                "--interval",
+                interval,
+            ],
+            &["sh", "-c", &script],
+        );
+        assert!(run.output.status.success(), "{}", run.stderr());
+        let report = run.report();
+        wattprof_tests::schema::assert_valid("recording", report);
+        let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
+        pids.sort_unstable();
+        assert_eq!(
+            pids.len(),
+            2,
+            "{}",
+            String::from_utf8_lossy(&run.output.stdout)
+        );
+        let gpu = |pid| f(process(report, pid), "/energy/gpu_j");
+        let (a, b) = (gpu(pids[0]), gpu(pids[1]));
+        let g0 = domain(report, "gpu", Some(0));
+        eprintln!(
+            "{interval}: GPU measured {:.3} J, first {a:.3} J, second {b:.3} J ({:.4}:1)",
+            f(g0, "/measured_j"),
+            a / b
+        );
+        assert!((a / b / 2.0 - 1.0).abs() < 0.02, "{interval}: {a} vs {b}");
+        // Between them, the GPU's energy while they held it: all of it but
+        // the start-up and the shell's last moments.
+        assert!((a + b) / f(g0, "/measured_j") > 0.8, "{interval}: {g0}");
+        let bases: Vec<&str> = report["intervals"]
+            .as_array()
+            .expect("intervals")
+            .iter()
+            .filter_map(|i| i["gpus"][0]["sm_basis"].as_str())
+            .collect();
+        if interval == "100ms" {
+            let carried = bases.iter().filter(|b| **b == "carried").count();
+            assert!(
+                carried * 2 > bases.len(),
+                "mostly carried at 100 ms: {bases:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_csv_is_codecarbon_s_emissions_csv_in_its_units() {
     require_ebpf!();
     let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use wattprof::sources::nvml::{GpuEnergyMethod, NvmlGpus};
+use wattprof::sources::nvml::{GpuEnergyMethod, GpuReading, NvmlGpus, SmBasis};
 use wattprof::sources::{Source, SourceError};
 use wattprof_tests::nvml_stub;
 
@@ -67,8 +67,10 @@ fn energy_counter_utilization_memory_and_processes() {
     // Units converted exactly: mW → W, the percentage, bytes.
     assert_eq!(
         (g.power_w, g.util_pct, g.memory_used_bytes),
-        (250.0, 60, 4_294_967_296)
+        (Some(250.0), Some(60), Some(4_294_967_296))
     );
+    // The driver sampled (every 167 ms) within the 300 ms.
+    assert_eq!(g.sm_basis, SmBasis::Sampled);
     let procs: Vec<(u32, u32, u64)> = g
         .processes
         .iter()
@@ -160,4 +162,427 @@ fn no_driver_or_no_gpu_is_a_status_not_an_error() {
         SourceError::NotSupported { reason, .. } => assert!(reason.contains("no GPU"), "{reason}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// (pid, SM %) of each process on a reading.
+fn shares(r: &GpuReading) -> Vec<(u32, u32)> {
+    r.processes.iter().map(|p| (p.pid, p.sm_util_pct)).collect()
+}
+
+/// The lines said by the last read, for GPU `index`.
+fn said(gpus: &NvmlGpus, index: u32) -> Vec<String> {
+    gpus.problems()
+        .iter()
+        .filter(|(i, _)| *i == index)
+        .map(|(_, l)| l.clone())
+        .collect()
+}
+
+#[test]
+fn garbage_samples_are_discarded_said_once_and_never_move_last_seen_into_the_future() {
+    // nvtop issue 110: pid 0, SM 37100, a far-future timestamp, a
+    // duplicate, an exited pid, in every tick.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
+         garbage=pid0,sm_over,future,dup,exited procs=5001:60:1024,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    gpus.read_gpus();
+    let mut lines = Vec::new();
+    for round in 0..4 {
+        std::thread::sleep(Duration::from_millis(300));
+        let r = gpus.read_gpus();
+        lines.extend(said(&gpus, 0));
+        // Exactly the two processes, at their own SM, the duplicate
+        // weighted once: a far-future timestamp as the last seen would
+        // have made every later call NOT_FOUND (carried, then equal).
+        assert_eq!(r[0].sm_basis, SmBasis::Sampled, "round {round}");
+        assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)], "round {round}");
+    }
+    let discarded: Vec<_> = lines.iter().filter(|l| l.contains("discarded")).collect();
+    assert_eq!(discarded.len(), 1, "said once while it lasts: {lines:?}");
+    for what in [
+        "not in the process list",
+        "SM over 100%",
+        "in the future",
+        "duplicated",
+    ] {
+        assert!(discarded[0].contains(what), "{what}: {}", discarded[0]);
+    }
+}
+
+#[test]
+fn a_count_race_is_retried() {
+    // Two sized calls find one more sample than the count call said.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 race=2 \
+         procs=5001:50:1024,5002:25:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(250));
+    let r = gpus.read_gpus();
+    assert_eq!(r[0].sm_basis, SmBasis::Sampled);
+    assert_eq!(shares(&r[0]), vec![(5001, 50), (5002, 25)]);
+    assert!(said(&gpus, 0).is_empty(), "{:?}", gpus.problems());
+    // A race that never ends is a failure said, not a silent equal split.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 race=1000 \
+         procs=5001:50:1024,5002:25:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(250));
+    let r = gpus.read_gpus();
+    assert_eq!(r[0].sm_basis, SmBasis::Equal);
+    let lines = said(&gpus, 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("per-process samples failed")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn between_the_driver_s_samples_shares_are_carried_for_2_s_then_equal_and_said() {
+    // Samples every 500 ms, reads every 100 ms: an interval with no new
+    // sample keeps the last shares (2:1), never an equal split.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=500 \
+         procs=5001:60:1024,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(550));
+    let mut bases = Vec::new();
+    for _ in 0..20 {
+        let r = gpus.read_gpus();
+        assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)], "{r:?}");
+        bases.push(r[0].sm_basis);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sampled = bases.iter().filter(|b| **b == SmBasis::Sampled).count();
+    let carried = bases.iter().filter(|b| **b == SmBasis::Carried).count();
+    assert_eq!(sampled + carried, bases.len(), "{bases:?}");
+    // About one read in five has a new sample (a loaded machine reads
+    // later, so more can).
+    assert!((3..=12).contains(&sampled), "{bases:?}");
+    // The samples stop (their calls fail from the next read on; the
+    // first read made two, the count and the sized call): the
+    // shares are carried for 2 s, then equal, and the failure is said.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
+         fail=samples@3-10000:unknown procs=5001:60:1024,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(gpus.read_gpus()[0].sm_basis, SmBasis::Sampled);
+    let failed_at = Instant::now();
+    let r = gpus.read_gpus();
+    assert_eq!(r[0].sm_basis, SmBasis::Carried);
+    assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)]);
+    assert!(
+        said(&gpus, 0)
+            .iter()
+            .any(|l| l.contains("per-process samples failed")),
+        "{:?}",
+        gpus.problems()
+    );
+    let mut last = r;
+    while failed_at.elapsed() < Duration::from_millis(2600) {
+        std::thread::sleep(Duration::from_millis(200));
+        last = gpus.read_gpus();
+        assert!(
+            said(&gpus, 0).is_empty(),
+            "said once: {:?}",
+            gpus.problems()
+        );
+    }
+    assert_eq!(last[0].sm_basis, SmBasis::Equal);
+    assert_eq!(shares(&last[0]), vec![(5001, 0), (5002, 0)]);
+}
+
+#[test]
+fn a_stepped_energy_counter_is_exact_to_a_step() {
+    // The counter moves every 100 ms (some GPUs update every 20-100 ms):
+    // each 30 ms read sees 0 or a whole step, and the sum is the draw
+    // over the span to within a step.
+    let lib = stub("gpu name=A uuid=GPU-0 power_mw=100000 energy=counter energy_step_ms=100\n");
+    let mut gpus = open(&lib);
+    let t0 = Instant::now();
+    gpus.read_gpus();
+    let t1 = Instant::now();
+    let mut total = 0u64;
+    let mut steps = Vec::new();
+    let mut starts = Vec::new();
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(30));
+        starts.push(Instant::now());
+        let uj = gpus.read_gpus()[0].energy_uj;
+        steps.push(uj);
+        total += uj;
+    }
+    let t2 = Instant::now();
+    let step_uj = 100.0 * 0.1 * 1e6;
+    for uj in &steps {
+        let k = *uj as f64 / step_uj;
+        assert!((k - k.round()).abs() < 1e-6, "not whole steps: {steps:?}");
+    }
+    assert!(
+        steps.contains(&0),
+        "some reads between two steps: {steps:?}"
+    );
+    // The counter's growth between the first read's end and the last
+    // read's start, give or take a step at each end.
+    let before_last = starts.last().copied().unwrap_or(t1);
+    let lo = 100.0 * (before_last - t1).as_secs_f64() * 1e6 - step_uj;
+    let hi = 100.0 * (t2 - t0).as_secs_f64() * 1e6 + step_uj;
+    assert!(
+        (lo..=hi).contains(&(total as f64)),
+        "{total} not in [{lo}, {hi}]"
+    );
+}
+
+#[test]
+fn the_power_reading_is_a_1_s_mean_and_the_counter_follows_the_draw() {
+    // 100 W, then 300 W from 500 ms: at 1 s the reading is the last
+    // second's mean (200 W), while the counter's growth over the last
+    // 400 ms is 300 W's.
+    let lib =
+        stub("gpu name=A uuid=GPU-0 power_mw=100000 power_step_ms=500:300000 energy=counter\n");
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(600));
+    gpus.read_gpus();
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    let r = gpus.read_gpus();
+    let secs = t.elapsed().as_secs_f64();
+    let w = r[0].energy_uj as f64 / 1e6 / secs;
+    assert!((w / 300.0 - 1.0).abs() < 0.05, "counter {w} W");
+    let p = r[0].power_w.expect("power");
+    assert!(p > 150.0 && p < 280.0, "a 1 s mean of 100 and 300 W: {p}");
+}
+
+#[test]
+fn an_energy_counter_that_cannot_be_read_falls_back_to_power_integration_and_says_why() {
+    for (energy, why) in [("noperm", "permission"), ("nofunc", "function")] {
+        let lib = stub(&format!(
+            "gpu name=A uuid=GPU-0 power_mw=80000 energy={energy}\n"
+        ));
+        let mut gpus = open(&lib);
+        assert_eq!(gpus.gpus()[0].method, GpuEnergyMethod::PowerIntegration);
+        let lines = said(&gpus, 0);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("integrated from power") && l.to_lowercase().contains(why)),
+            "{energy}: {lines:?}"
+        );
+        let (r, lo, hi) = energy_over_span(&mut gpus, 300);
+        let uj = r[0].energy_uj as f64;
+        assert!(
+            uj >= 80.0 * lo * 1e6 * 0.98 && uj <= 80.0 * hi * 1e6 * 1.02,
+            "{energy}: {uj} µJ, not 80 W × [{lo}, {hi}] s"
+        );
+        // Through the Source trait it is marked estimated.
+        let d = gpus.read().expect("read");
+        assert!(d[0].estimated);
+    }
+}
+
+#[test]
+fn a_transient_error_skips_one_read_whose_energy_comes_with_the_next() {
+    // The 3rd energy call answers Unknown: that read has no reading for
+    // the GPU (said), the GPU is not lost, and the next read's energy
+    // covers both intervals.
+    let lib =
+        stub("gpu name=A uuid=GPU-0 power_mw=100000 energy=counter fail=energy@3-3:unknown\n");
+    let mut gpus = open(&lib); // 1st call
+    let t0 = Instant::now();
+    gpus.read_gpus(); // 2nd
+    let t1 = Instant::now();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(gpus.read_gpus().is_empty(), "the failed read gives none");
+    let lines = said(&gpus, 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("energy read failed") && l.contains("next good read")),
+        "{lines:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let t2 = Instant::now();
+    let r = gpus.read_gpus();
+    let t3 = Instant::now();
+    assert_eq!(r.len(), 1, "not lost: {:?}", gpus.problems());
+    let uj = r[0].energy_uj as f64;
+    let (lo, hi) = ((t2 - t1).as_secs_f64(), (t3 - t0).as_secs_f64());
+    assert!(
+        uj >= 100.0 * lo * 1e6 - 1e3 && uj <= 100.0 * hi * 1e6 + 1e3,
+        "{uj} µJ, not 100 W × [{lo}, {hi}] s"
+    );
+    assert!(
+        said(&gpus, 0).iter().any(|l| l == "energy reads again"),
+        "{:?}",
+        gpus.problems()
+    );
+}
+
+#[test]
+fn a_gpu_lost_and_back_is_said_both_times_and_its_energy_meanwhile_is_kept() {
+    // Lost after 3 energy/power calls (open's, and the first read's
+    // two: the rest of that read already finds it lost), back after
+    // answering GPU_IS_LOST 8 times (that read's 4 other calls, then two
+    // reads' power and energy).
+    let lib =
+        stub("gpu name=A uuid=GPU-0 power_mw=100000 energy=counter lost_after=3 back_after=8\n");
+    let mut gpus = open(&lib);
+    let t0 = Instant::now();
+    assert_eq!(gpus.read_gpus().len(), 1);
+    let t1 = Instant::now();
+    let mut lost_reads = 0;
+    let mut lines = Vec::new();
+    let (r, before) = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let before = Instant::now();
+        let r = gpus.read_gpus();
+        lines.extend(said(&gpus, 0));
+        if !r.is_empty() {
+            break (r, before);
+        }
+        lost_reads += 1;
+        assert!(lost_reads < 10, "never back: {lines:?}");
+    };
+    let t2 = Instant::now();
+    assert!(lost_reads >= 1, "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("lost")), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("answers again") && l.contains("covers that time")),
+        "{lines:?}"
+    );
+    let uj = r[0].energy_uj as f64;
+    // From the first read to the one that found it back, lost reads and
+    // all (within a minute, the counter's growth is kept).
+    let (lo, hi) = ((before - t1).as_secs_f64(), (t2 - t0).as_secs_f64());
+    assert!(
+        uj >= 100.0 * lo * 1e6 - 1e3 && uj <= 100.0 * hi * 1e6 + 1e3,
+        "{uj} µJ, not 100 W × [{lo}, {hi}] s"
+    );
+}
+
+#[test]
+fn a_failed_power_or_memory_read_is_absent_and_said_never_0() {
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter util=40 memory_total=1000 \
+         memory_used=500 fail=power@2-3:unknown,memory@3-4:unknown\n",
+    );
+    // Power: a call a read; memory: one at open, then one a read.
+    let mut gpus = open(&lib);
+    let mut rows = Vec::new();
+    let mut lines = Vec::new();
+    for _ in 0..5 {
+        let r = gpus.read_gpus();
+        lines.extend(said(&gpus, 0));
+        rows.push((r[0].power_w, r[0].memory_used_bytes));
+    }
+    assert_eq!(
+        rows,
+        vec![
+            (Some(100.0), Some(500)),
+            (None, None),
+            (None, None),
+            (Some(100.0), Some(500)),
+            (Some(100.0), Some(500)),
+        ]
+    );
+    let n = |s: &str| lines.iter().filter(|l| l.contains(s)).count();
+    assert_eq!(n("power read failed"), 1, "{lines:?}");
+    assert_eq!(n("memory read failed"), 1, "{lines:?}");
+    assert_eq!(n("power reads again"), 1, "{lines:?}");
+    assert_eq!(n("memory reads again"), 1, "{lines:?}");
+}
+
+#[test]
+fn with_mig_on_nvml_gives_no_utilization_the_holders_share_equally_and_it_is_said() {
+    let lib = stub(
+        "gpu name=NVIDIA-A100 uuid=GPU-mig power_mw=90000 energy=counter mig=1 \
+         procs=5001:60:1024,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(250));
+    let r = gpus.read_gpus();
+    assert_eq!(r[0].util_pct, None);
+    assert_eq!(r[0].sm_basis, SmBasis::Equal);
+    assert_eq!(shares(&r[0]), vec![(5001, 0), (5002, 0)]);
+    assert!(
+        said(&gpus, 0).iter().any(|l| l.contains("MIG is on")),
+        "{:?}",
+        gpus.problems()
+    );
+}
+
+#[test]
+fn a_failed_process_list_keeps_the_sampled_processes_and_is_said() {
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
+         fail=procs@1-1000:unknown procs=5001:60:1024,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    std::thread::sleep(Duration::from_millis(250));
+    let r = gpus.read_gpus();
+    assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)]);
+    assert!(
+        said(&gpus, 0)
+            .iter()
+            .any(|l| l.contains("process list failed")),
+        "{:?}",
+        gpus.problems()
+    );
+}
+
+#[test]
+fn drivers_with_the_v3_quirk_are_read_through_v2() {
+    let procs = "procs=5001:10:1024,5002:20:2048,5003:30:4096";
+    // The stub is faithful: read through _v3, as nvml-wrapper does, the
+    // quirky driver's process list comes out garbled.
+    let lib = stub(&format!(
+        "driver_version=535.54.03\ngpu name=A uuid=GPU-0 power_mw=1000 energy=counter {procs}\n"
+    ));
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .expect("stub");
+    let raw: Vec<u32> = nvml
+        .device_by_index(0)
+        .and_then(|d| d.running_compute_processes())
+        .expect("v3")
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_ne!(raw, vec![5001, 5002, 5003], "the stub models the quirk");
+    drop(nvml);
+    let mut gpus = open(&lib);
+    assert_eq!(gpus.driver_version(), Some("535.54.03"));
+    assert!(
+        said(&gpus, 0).iter().any(|l| l.contains("_v2")),
+        "{:?}",
+        gpus.problems()
+    );
+    let r = gpus.read_gpus();
+    let pids: Vec<u32> = r[0].processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![5001, 5002, 5003]);
+    let mem: Vec<u64> = r[0].processes.iter().map(|p| p.memory_bytes).collect();
+    assert_eq!(mem, vec![1024, 2048, 4096]);
+    // Another driver: _v3, as NVML's header says.
+    let lib = stub(&format!(
+        "driver_version=550.54.15\ngpu name=A uuid=GPU-0 power_mw=1000 energy=counter {procs}\n"
+    ));
+    let mut gpus = open(&lib);
+    assert!(said(&gpus, 0).is_empty(), "{:?}", gpus.problems());
+    let pids: Vec<u32> = gpus.read_gpus()[0]
+        .processes
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(pids, vec![5001, 5002, 5003]);
 }

@@ -200,12 +200,18 @@ pub struct GpuRow {
     pub index: u32,
     /// Energy (J).
     pub energy_j: f64,
-    /// Power draw at the read (W).
-    pub power_w: f64,
-    /// Utilization (%).
-    pub util_pct: u32,
-    /// Memory in use (bytes).
-    pub memory_used_bytes: u64,
+    /// Power draw at the read (W; absent when the read failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// Utilization (%; absent when NVML gives none, e.g. with MIG on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub util_pct: Option<u32>,
+    /// Memory in use (bytes; absent when the read failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_bytes: Option<u64>,
+    /// Where the processes' SM shares come from (absent before schema 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_basis: Option<crate::sources::nvml::SmBasis>,
     /// Processes using it (omitted from a machine-only recording).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<GpuProcess>>,
@@ -331,9 +337,10 @@ mod tests {
             gpus: vec![GpuRow {
                 index: 0,
                 energy_j: 1.0,
-                power_w: 2.0,
-                util_pct: 3,
-                memory_used_bytes: 4,
+                power_w: Some(2.0),
+                util_pct: Some(3),
+                memory_used_bytes: Some(4),
+                sm_basis: Some(crate::sources::nvml::SmBasis::Sampled),
                 processes: Some(Vec::new()),
             }],
             ..IntervalRecord::default()

@@ -945,6 +945,7 @@ impl Profile {
             power_w: g.power_w,
             util_pct: g.util_pct,
             memory_used_bytes: g.memory_used_bytes,
+            sm_basis: Some(g.sm_basis),
             processes: Some(g.processes.clone()),
         }));
         let group = |r: Role| GroupRow {
@@ -1559,7 +1560,7 @@ impl Profile {
             gpu_power = iv
                 .gpus
                 .iter()
-                .map(|g| (l(&[("gpu", g.index.to_string())]), g.power_w))
+                .filter_map(|g| Some((l(&[("gpu", g.index.to_string())]), g.power_w?)))
                 .collect();
         }
         use crate::output::prometheus as m;

@@ -9,68 +9,222 @@
 //!     memory_total=85899345920 memory_used=4294967296 mig=0 lost_after=0 \
 //!     procs=4242:70:1073741824,4243:20:536870912
 //! driver=absent        # nvmlInit fails as with no driver loaded
+//! driver_version=535.54.03
 //! ```
 //!
-//! `energy=counter` reports a total-energy counter that grows at `power_mw`
-//! in real time from `nvmlInit`; `energy=unsupported` returns
-//! NVML_ERROR_NOT_SUPPORTED (pre-Volta GPUs). `lost_after=N` makes every
-//! call on the GPU return NVML_ERROR_GPU_IS_LOST after N energy or power
-//! calls (0: never). `mig=1` reports MIG mode enabled. In `procs`, the pid
-//! `child` stands for the loading process's first child (the command that
-//! `wattprof run` started), found in /proc when NVML is asked.
+//! It behaves as the driver does, not as the documentation's happy path:
+//! - **Per-process samples at the driver's pace.** The driver samples each
+//!   process every `sample_ms` (default 167: its fastest, 1/6 s; the
+//!   slowest is 1 s) and keeps its last 16 samples. Timestamps are CPU
+//!   time in microseconds since the epoch. `nvmlDeviceGetProcessUtilization`
+//!   returns only samples newer than `lastSeenTimeStamp`, and
+//!   NVML_ERROR_NOT_FOUND when there is none. `sample_ms=0` samples at
+//!   every call.
+//! - **Garbage on request**, `garbage=pid0,sm_over,future,dup,exited`, added
+//!   to every tick: a pid-0 entry, a second entry for the first process with
+//!   SM 37100 (nvtop issue 110), one a day in the future, an exact
+//!   duplicate, and a pid that is in no process list (an exited process).
+//! - **A count race**, `race=N`: the first N sized calls for samples find a
+//!   sample more than the count call said (NVML_ERROR_INSUFFICIENT_SIZE).
+//! - **A stepped energy counter**, `energy_step_ms=N`: the counter moves
+//!   every N ms (20–100 ms on some GPUs). `energy=counter` grows at
+//!   `power_mw` from `nvmlInit`; `energy=unsupported` (pre-Volta),
+//!   `energy=noperm` and `energy=nofunc` answer NOT_SUPPORTED, NO_PERMISSION
+//!   and FUNCTION_NOT_FOUND.
+//! - **A 1 s averaged power reading**, as Ampere and later report: with
+//!   `power_step_ms=N:MW` the draw changes to MW after N ms, and
+//!   `nvmlDeviceGetPowerUsage` answers the mean over the last second while
+//!   the counter follows the draw at once.
+//! - **MIG**, `mig=1`: MIG mode on; utilization, device and per-process,
+//!   answers NOT_SUPPORTED, as NVML does on a MIG-enabled GPU.
+//! - **Failures**: `lost_after=N` makes every call on the GPU answer
+//!   NVML_ERROR_GPU_IS_LOST after N energy or power calls, and
+//!   `back_after=M` brings it back after M such answers (0: never).
+//!   `fail=CALL@FROM-TO:ERROR,...` makes CALL's FROM-th to TO-th calls
+//!   (from 1) answer ERROR; CALL is energy, power, util, memory, procs or
+//!   samples, ERROR unknown, no_permission, not_supported, gpu_lost or
+//!   function_not_found.
+//! - **The `_v3` quirk of drivers 535.43–535.86**: with such a
+//!   `driver_version`, `nvmlDeviceGetComputeRunningProcesses_v3` writes
+//!   32-byte entries where the caller's are 24 bytes (kept within the
+//!   caller's buffer, so later entries come out garbled rather than
+//!   overrunning it); `_v2` writes 24-byte entries.
+//!
+//! In `procs`, the pid `child` stands for the loading process's first
+//! child (the command that `wattprof run` started), and `child/N` for that
+//! child's N-th child (by pid), found in /proc when NVML is asked; a
+//! process that does not exist (yet) holds no context and has no samples.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 const SUCCESS: c_uint = 0;
+const ERROR_UNINITIALIZED: c_uint = 1;
 const ERROR_INVALID_ARGUMENT: c_uint = 2;
 const ERROR_NOT_SUPPORTED: c_uint = 3;
+const ERROR_NO_PERMISSION: c_uint = 4;
+const ERROR_NOT_FOUND: c_uint = 6;
 const ERROR_INSUFFICIENT_SIZE: c_uint = 7;
 const ERROR_DRIVER_NOT_LOADED: c_uint = 9;
+const ERROR_FUNCTION_NOT_FOUND: c_uint = 13;
 const ERROR_GPU_IS_LOST: c_uint = 15;
-const ERROR_UNINITIALIZED: c_uint = 1;
+const ERROR_UNKNOWN: c_uint = 999;
+
+/// How many samples per process the driver keeps.
+const SAMPLE_BUFFER: u64 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Energy,
+    Power,
+    Util,
+    Memory,
+    Procs,
+    Samples,
+}
+
+impl Call {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "energy" => Self::Energy,
+            "power" => Self::Power,
+            "util" => Self::Util,
+            "memory" => Self::Memory,
+            "procs" => Self::Procs,
+            "samples" => Self::Samples,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Garbage {
+    pid0: bool,
+    sm_over: bool,
+    future: bool,
+    dup: bool,
+    exited: bool,
+}
 
 #[derive(Clone, Debug, Default)]
 struct Gpu {
     name: String,
     uuid: String,
     power_mw: u32,
-    energy_counter: bool,
+    /// (after ms, new draw mW).
+    power_step: Option<(u64, u32)>,
+    /// SUCCESS, or what the energy call answers.
+    energy: c_uint,
+    energy_step_ms: u64,
     util: u32,
     memory_total: u64,
     memory_used: u64,
     mig: bool,
     lost_after: u32,
+    back_after: u32,
+    /// Energy and power calls made while not lost.
     calls: u32,
+    /// GPU_IS_LOST answers given.
+    lost_answers: u32,
     procs: Vec<(u32, u32, u64)>,
+    /// None: the default pace; Some(0): a sample at every call.
+    sample_ms: Option<u64>,
+    garbage: Garbage,
+    race: u32,
+    fail: Vec<(Call, u32, u32, c_uint)>,
+    counts: [u32; 6],
 }
 
 struct State {
     gpus: Vec<Gpu>,
     start: Instant,
+    start_epoch_us: u64,
+    driver_version: String,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
-/// A scenario pid: 0 is the loading process's first child, if any.
-fn resolve(pid: u32) -> u32 {
-    if pid != 0 {
-        return pid;
-    }
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+/// The pid `child/N` stands for in a scenario.
+const CHILD_OF_CHILD: u32 = u32::MAX - 64;
+
+/// The children of `pid`, oldest (lowest pid) first.
+fn children(pid: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
     };
-    tasks
+    let mut out: Vec<u32> = tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .find_map(|c| c.split_whitespace().next()?.parse().ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// A scenario pid: 0 is the loading process's first child, and
+/// CHILD_OF_CHILD + N that child's N-th child; 0 when there is none (yet).
+fn resolve(pid: u32) -> u32 {
+    if pid != 0 && pid <= CHILD_OF_CHILD {
+        return pid;
+    }
+    let Some(&first) = children("self").first() else {
+        return 0;
+    };
+    if pid == 0 {
+        return first;
+    }
+    let n = (pid - CHILD_OF_CHILD) as usize;
+    children(&first.to_string())
+        .get(n - 1)
+        .copied()
         .unwrap_or(0)
 }
 
-fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
+/// The scenario's processes that exist now: (pid, SM %, memory bytes).
+fn running(g: &Gpu) -> Vec<(u32, u32, u64)> {
+    g.procs
+        .iter()
+        .map(|&(pid, sm, mem)| (resolve(pid), sm, mem))
+        .filter(|p| p.0 != 0)
+        .collect()
+}
+
+fn error_code(s: &str) -> Option<c_uint> {
+    Some(match s {
+        "unknown" => ERROR_UNKNOWN,
+        "no_permission" => ERROR_NO_PERMISSION,
+        "not_supported" => ERROR_NOT_SUPPORTED,
+        "gpu_lost" => ERROR_GPU_IS_LOST,
+        "function_not_found" => ERROR_FUNCTION_NOT_FOUND,
+        _ => return None,
+    })
+}
+
+fn parse_fail(v: &str) -> Vec<(Call, u32, u32, c_uint)> {
+    v.split(',')
+        .filter_map(|f| {
+            let (call, rest) = f.split_once('@')?;
+            let (range, err) = rest.split_once(':')?;
+            let (from, to) = range.split_once('-').unwrap_or((range, range));
+            Some((
+                Call::parse(call)?,
+                from.parse().ok()?,
+                to.parse().ok()?,
+                error_code(err)?,
+            ))
+        })
+        .collect()
+}
+
+fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
     let mut gpus = Vec::new();
+    let mut driver_version = "550.54.15".to_string();
     for line in text
         .lines()
         .map(str::trim)
@@ -79,7 +233,14 @@ fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
         if line == "driver=absent" {
             return Err(());
         }
-        let mut g = Gpu::default();
+        if let Some(v) = line.strip_prefix("driver_version=") {
+            driver_version = v.to_string();
+            continue;
+        }
+        let mut g = Gpu {
+            energy: ERROR_NOT_SUPPORTED,
+            ..Gpu::default()
+        };
         for kv in line.split_whitespace().skip(1) {
             let Some((k, v)) = kv.split_once('=') else {
                 continue;
@@ -88,12 +249,41 @@ fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
                 "name" => g.name = v.to_string(),
                 "uuid" => g.uuid = v.to_string(),
                 "power_mw" => g.power_mw = v.parse().unwrap_or(0),
-                "energy" => g.energy_counter = v == "counter",
+                "power_step_ms" => {
+                    g.power_step = v
+                        .split_once(':')
+                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                }
+                "energy" => {
+                    g.energy = match v {
+                        "counter" => SUCCESS,
+                        "noperm" => ERROR_NO_PERMISSION,
+                        "nofunc" => ERROR_FUNCTION_NOT_FOUND,
+                        _ => ERROR_NOT_SUPPORTED,
+                    }
+                }
+                "energy_step_ms" => g.energy_step_ms = v.parse().unwrap_or(0),
                 "util" => g.util = v.parse().unwrap_or(0),
                 "memory_total" => g.memory_total = v.parse().unwrap_or(0),
                 "memory_used" => g.memory_used = v.parse().unwrap_or(0),
                 "mig" => g.mig = v == "1",
                 "lost_after" => g.lost_after = v.parse().unwrap_or(0),
+                "back_after" => g.back_after = v.parse().unwrap_or(0),
+                "sample_ms" => g.sample_ms = v.parse().ok(),
+                "race" => g.race = v.parse().unwrap_or(0),
+                "fail" => g.fail = parse_fail(v),
+                "garbage" => {
+                    for w in v.split(',') {
+                        match w {
+                            "pid0" => g.garbage.pid0 = true,
+                            "sm_over" => g.garbage.sm_over = true,
+                            "future" => g.garbage.future = true,
+                            "dup" => g.garbage.dup = true,
+                            "exited" => g.garbage.exited = true,
+                            _ => {}
+                        }
+                    }
+                }
                 "procs" => {
                     g.procs = v
                         .split(',')
@@ -101,8 +291,16 @@ fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
                             let mut f = p.split(':');
                             let pid = f.next()?;
                             Some((
-                                // 0: the loading process's first child.
-                                if pid == "child" { 0 } else { pid.parse().ok()? },
+                                // The loading process's first child, or
+                                // that child's N-th child.
+                                match pid.strip_prefix("child") {
+                                    Some("") => 0,
+                                    Some(n) => {
+                                        CHILD_OF_CHILD
+                                            + n.strip_prefix('/')?.parse::<u32>().ok()?.clamp(1, 64)
+                                    }
+                                    None => pid.parse().ok()?,
+                                },
                                 f.next()?.parse().ok()?,
                                 f.next()?.parse().ok()?,
                             ))
@@ -114,27 +312,73 @@ fn parse(text: &str) -> Result<Vec<Gpu>, ()> {
         }
         gpus.push(g);
     }
-    Ok(gpus)
+    Ok((gpus, driver_version))
 }
 
-/// Runs `f` on GPU `dev` (handles are index + 1), counting lost GPUs.
-fn with_gpu(dev: *mut c_void, counts: bool, f: impl FnOnce(&Gpu, f64) -> c_uint) -> c_uint {
+/// What the GPU's clock and the scenario's environment say at a call.
+struct Now {
+    /// Seconds since nvmlInit.
+    elapsed: f64,
+    /// Microseconds since the epoch (NVML's sample timestamps).
+    epoch_us: u64,
+    start_epoch_us: u64,
+    driver_version: String,
+}
+
+/// Runs `f` on GPU `dev` (handles are index + 1), answering lost GPUs and
+/// injected failures for `call`.
+fn with_gpu(
+    dev: *mut c_void,
+    call: Option<Call>,
+    f: impl FnOnce(&mut Gpu, &Now) -> c_uint,
+) -> c_uint {
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(state) = guard.as_mut() else {
         return ERROR_UNINITIALIZED;
     };
     let idx = (dev as usize).wrapping_sub(1);
-    let elapsed = state.start.elapsed().as_secs_f64();
+    let now = Now {
+        elapsed: state.start.elapsed().as_secs_f64(),
+        epoch_us: epoch_us(),
+        start_epoch_us: state.start_epoch_us,
+        driver_version: state.driver_version.clone(),
+    };
     let Some(g) = state.gpus.get_mut(idx) else {
         return ERROR_INVALID_ARGUMENT;
     };
     if g.lost_after > 0 && g.calls >= g.lost_after {
-        return ERROR_GPU_IS_LOST;
+        g.lost_answers += 1;
+        if g.back_after > 0 && g.lost_answers > g.back_after {
+            // Back: lost again only after another lost_after calls.
+            g.calls = 0;
+            g.lost_answers = 0;
+            g.lost_after = u32::MAX;
+        } else {
+            return ERROR_GPU_IS_LOST;
+        }
     }
-    if counts {
-        g.calls += 1;
+    if let Some(call) = call {
+        if matches!(call, Call::Energy | Call::Power) {
+            g.calls += 1;
+        }
+        let n = &mut g.counts[call as usize];
+        *n += 1;
+        let n = *n;
+        if let Some(&(_, _, _, err)) = g
+            .fail
+            .iter()
+            .find(|(c, from, to, _)| *c == call && (*from..=*to).contains(&n))
+        {
+            return err;
+        }
     }
-    f(g, elapsed)
+    f(g, &now)
+}
+
+fn epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 unsafe fn write_str(s: &str, out: *mut c_char, len: c_uint) -> c_uint {
@@ -188,10 +432,12 @@ fn scenario_text() -> String {
 pub extern "C" fn nvmlInit_v2() -> c_uint {
     let text = scenario_text();
     match parse(&text) {
-        Ok(gpus) => {
+        Ok((gpus, driver_version)) => {
             *STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(State {
                 gpus,
                 start: Instant::now(),
+                start_epoch_us: epoch_us(),
+                driver_version,
             });
             SUCCESS
         }
@@ -203,6 +449,16 @@ pub extern "C" fn nvmlInit_v2() -> c_uint {
 pub extern "C" fn nvmlShutdown() -> c_uint {
     *STATE.lock().unwrap_or_else(|e| e.into_inner()) = None;
     SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> c_uint {
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(state) = guard.as_ref() else {
+        return ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded NVML contract.
+    unsafe { write_str(&state.driver_version, version, len) }
 }
 
 #[unsafe(no_mangle)]
@@ -240,7 +496,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     len: c_uint,
 ) -> c_uint {
     // SAFETY: forwarded NVML contract.
-    with_gpu(dev, false, |g, _| unsafe { write_str(&g.name, name, len) })
+    with_gpu(dev, None, |g, _| unsafe { write_str(&g.name, name, len) })
 }
 
 #[unsafe(no_mangle)]
@@ -250,7 +506,28 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     len: c_uint,
 ) -> c_uint {
     // SAFETY: forwarded NVML contract.
-    with_gpu(dev, false, |g, _| unsafe { write_str(&g.uuid, uuid, len) })
+    with_gpu(dev, None, |g, _| unsafe { write_str(&g.uuid, uuid, len) })
+}
+
+impl Gpu {
+    /// The draw at `t` seconds (mW).
+    fn draw_mw(&self, t: f64) -> f64 {
+        match self.power_step {
+            Some((ms, mw)) if t * 1e3 >= ms as f64 => f64::from(mw),
+            _ => f64::from(self.power_mw),
+        }
+    }
+
+    /// Energy since nvmlInit (mJ): the draw integrated, exactly.
+    fn energy_mj(&self, t: f64) -> f64 {
+        match self.power_step {
+            Some((ms, mw)) if t * 1e3 >= ms as f64 => {
+                let s = ms as f64 / 1e3;
+                f64::from(self.power_mw) * s + f64::from(mw) * (t - s)
+            }
+            _ => f64::from(self.power_mw) * t,
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -258,21 +535,41 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     dev: *mut c_void,
     mj: *mut c_ulonglong,
 ) -> c_uint {
-    with_gpu(dev, true, |g, elapsed| {
-        if !g.energy_counter {
-            return ERROR_NOT_SUPPORTED;
+    with_gpu(dev, Some(Call::Energy), |g, now| {
+        if g.energy != SUCCESS {
+            return g.energy;
         }
+        // The counter moves in steps where the GPU updates it that way.
+        let t = if g.energy_step_ms > 0 {
+            let step = g.energy_step_ms as f64 / 1e3;
+            (now.elapsed / step).floor() * step
+        } else {
+            now.elapsed
+        };
         // SAFETY: valid out-pointer. Counter starts at 1,000 J.
-        unsafe { *mj = 1_000_000 + (f64::from(g.power_mw) * elapsed) as u64 };
+        unsafe { *mj = 1_000_000 + g.energy_mj(t) as u64 };
         SUCCESS
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: *mut c_void, mw: *mut c_uint) -> c_uint {
-    with_gpu(dev, true, |g, _| {
+    with_gpu(dev, Some(Call::Power), |g, now| {
+        // Where the draw steps, the reading is its mean over the last
+        // second (Ampere and later), as the energy counter's growth says.
+        let w = if g.power_step.is_some() {
+            let from = (now.elapsed - 1.0).max(0.0);
+            let span = now.elapsed - from;
+            if span > 0.0 {
+                (g.energy_mj(now.elapsed) - g.energy_mj(from)) / span
+            } else {
+                g.draw_mw(now.elapsed)
+            }
+        } else {
+            f64::from(g.power_mw)
+        };
         // SAFETY: valid out-pointer.
-        unsafe { *mw = g.power_mw };
+        unsafe { *mw = w.round() as c_uint };
         SUCCESS
     })
 }
@@ -288,7 +585,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     dev: *mut c_void,
     u: *mut Utilization,
 ) -> c_uint {
-    with_gpu(dev, false, |g, _| {
+    with_gpu(dev, Some(Call::Util), |g, _| {
+        if g.mig {
+            return ERROR_NOT_SUPPORTED;
+        }
         // SAFETY: valid out-pointer.
         unsafe {
             *u = Utilization {
@@ -311,7 +611,7 @@ pub struct MemoryV2 {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, m: *mut MemoryV2) -> c_uint {
-    with_gpu(dev, false, |g, _| {
+    with_gpu(dev, Some(Call::Memory), |g, _| {
         // SAFETY: valid out-pointer; the caller set `version`.
         unsafe {
             (*m).total = g.memory_total;
@@ -324,6 +624,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, m: *mut Me
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ProcessSample {
     pid: c_uint,
     time_stamp: c_ulonglong,
@@ -333,35 +634,103 @@ pub struct ProcessSample {
     dec_util: c_uint,
 }
 
+/// The samples the driver holds newer than `last_seen`.
+fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
+    let sample = |pid, time_stamp, sm_util: u32| ProcessSample {
+        pid,
+        time_stamp,
+        sm_util,
+        mem_util: sm_util / 2,
+        enc_util: 0,
+        dec_util: 0,
+    };
+    let period_us = g.sample_ms.unwrap_or(167) * 1000;
+    // The ticks the driver sampled at, its last SAMPLE_BUFFER of them.
+    let ticks: Vec<u64> = match now
+        .epoch_us
+        .saturating_sub(now.start_epoch_us)
+        .checked_div(period_us)
+    {
+        None => vec![now.epoch_us],
+        Some(k_now) => (k_now.saturating_sub(SAMPLE_BUFFER - 1)..=k_now)
+            .filter(|k| *k > 0)
+            .map(|k| now.start_epoch_us + k * period_us)
+            .collect(),
+    };
+    let procs = running(g);
+    let mut out = Vec::new();
+    for &ts in ticks.iter().filter(|ts| **ts > last_seen) {
+        for &(pid, sm, _) in &procs {
+            out.push(sample(pid, ts, sm));
+        }
+        let first = procs.first().map(|p| p.0);
+        let gb = &g.garbage;
+        if gb.pid0 {
+            out.push(sample(0, ts, 50));
+        }
+        if let Some(pid) = first {
+            if gb.sm_over {
+                out.push(sample(pid, ts, 37100));
+            }
+            if gb.dup {
+                out.push(
+                    *out.iter()
+                        .find(|s| s.pid == pid)
+                        .unwrap_or(&sample(pid, ts, 0)),
+                );
+            }
+        }
+        if gb.exited {
+            out.push(sample(4_000_000, ts, 90));
+        }
+    }
+    // A timestamp a day ahead, once per call that has anything new.
+    if let Some(p) = procs
+        .first()
+        .filter(|_| g.garbage.future && !out.is_empty())
+    {
+        out.push(sample(p.0, now.epoch_us + 86_400_000_000, 99));
+    }
+    out
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     dev: *mut c_void,
-    samples: *mut ProcessSample,
+    out: *mut ProcessSample,
     count: *mut c_uint,
-    _last_seen: c_ulonglong,
+    last_seen: c_ulonglong,
 ) -> c_uint {
-    with_gpu(dev, false, |g, elapsed| {
+    with_gpu(dev, Some(Call::Samples), |g, now| {
+        if g.mig {
+            return ERROR_NOT_SUPPORTED;
+        }
+        let mut s = samples(g, now, last_seen);
         // SAFETY: valid pointers per NVML's two-call contract.
         unsafe {
-            if samples.is_null() || (*count as usize) < g.procs.len() {
-                *count = g.procs.len() as c_uint;
-                return if g.procs.is_empty() {
-                    SUCCESS
-                } else {
-                    ERROR_INSUFFICIENT_SIZE
-                };
+            if s.is_empty() {
+                *count = 0;
+                return ERROR_NOT_FOUND;
             }
-            for (i, &(pid, sm, _)) in g.procs.iter().enumerate() {
-                *samples.add(i) = ProcessSample {
-                    pid: resolve(pid),
-                    time_stamp: (elapsed * 1e6) as u64 + 1,
-                    sm_util: sm,
-                    mem_util: sm / 2,
-                    enc_util: 0,
-                    dec_util: 0,
-                };
+            if out.is_null() {
+                *count = s.len() as c_uint;
+                return ERROR_INSUFFICIENT_SIZE;
             }
-            *count = g.procs.len() as c_uint;
+            if g.race > 0 {
+                // A new sample landed since the count call.
+                g.race -= 1;
+                *count = s.len() as c_uint + 1;
+                return ERROR_INSUFFICIENT_SIZE;
+            }
+            if (*count as usize) < s.len() {
+                *count = s.len() as c_uint;
+                return ERROR_INSUFFICIENT_SIZE;
+            }
+            s.truncate(*count as usize);
+            for (i, x) in s.iter().enumerate() {
+                *out.add(i) = *x;
+            }
+            *count = s.len() as c_uint;
         }
         SUCCESS
     })
@@ -375,35 +744,74 @@ pub struct ProcessInfo {
     compute_instance_id: c_uint,
 }
 
+/// Drivers 535.43 to 535.86 write `_v3` entries of 32 bytes (with
+/// usedGpuCcProtectedMemory) where the header, and the caller, say 24.
+fn v3_quirk(version: &str) -> bool {
+    let mut v = version.split('.');
+    let major: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    let minor: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    major == 535 && (43..=86).contains(&minor)
+}
+
+unsafe fn running_processes(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+    v3: bool,
+) -> c_uint {
+    with_gpu(dev, Some(Call::Procs), |g, now| {
+        let procs = running(g);
+        let n = procs.len();
+        // SAFETY: valid pointers per NVML's two-call contract.
+        unsafe {
+            if infos.is_null() || (*count as usize) < n {
+                *count = n as c_uint;
+                return if n == 0 {
+                    SUCCESS
+                } else {
+                    ERROR_INSUFFICIENT_SIZE
+                };
+            }
+            let cap_bytes = *count as usize * std::mem::size_of::<ProcessInfo>();
+            let entry = if v3 && v3_quirk(&now.driver_version) {
+                32
+            } else {
+                std::mem::size_of::<ProcessInfo>()
+            };
+            for (i, &(pid, _, mem)) in procs.iter().enumerate() {
+                let mut bytes = [0u8; 32];
+                bytes[0..4].copy_from_slice(&pid.to_ne_bytes());
+                bytes[8..16].copy_from_slice(&mem.to_ne_bytes());
+                bytes[16..20].copy_from_slice(&u32::MAX.to_ne_bytes());
+                bytes[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+                let at = i * entry;
+                let len = entry.min(cap_bytes.saturating_sub(at));
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), infos.cast::<u8>().add(at), len);
+            }
+            *count = n as c_uint;
+        }
+        SUCCESS
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     dev: *mut c_void,
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> c_uint {
-    with_gpu(dev, false, |g, _| {
-        // SAFETY: valid pointers per NVML's two-call contract.
-        unsafe {
-            if infos.is_null() || (*count as usize) < g.procs.len() {
-                *count = g.procs.len() as c_uint;
-                return if g.procs.is_empty() {
-                    SUCCESS
-                } else {
-                    ERROR_INSUFFICIENT_SIZE
-                };
-            }
-            for (i, &(pid, _, mem)) in g.procs.iter().enumerate() {
-                *infos.add(i) = ProcessInfo {
-                    pid: resolve(pid),
-                    used_gpu_memory: mem,
-                    gpu_instance_id: u32::MAX,
-                    compute_instance_id: u32::MAX,
-                };
-            }
-            *count = g.procs.len() as c_uint;
-        }
-        SUCCESS
-    })
+    // SAFETY: forwarded NVML contract.
+    unsafe { running_processes(dev, count, infos, true) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_uint {
+    // SAFETY: forwarded NVML contract.
+    unsafe { running_processes(dev, count, infos, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -412,7 +820,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> c_uint {
-    with_gpu(dev, false, |g, _| {
+    with_gpu(dev, None, |g, _| {
         // SAFETY: valid out-pointers.
         unsafe {
             *current = u32::from(g.mig);

@@ -1,0 +1,708 @@
+//! NVIDIA GPUs through NVML (nvml-wrapper, loading `libnvidia-ml.so.1`).
+//!
+//! Energy comes from each GPU's total-energy counter (millijoules since
+//! the driver loaded; Volta and later). Where the counter cannot be read
+//! (older GPUs answer `NVML_ERROR_NOT_SUPPORTED`; a container or a driver
+//! may answer NO_PERMISSION, FUNCTION_NOT_FOUND or lack the symbol), energy
+//! is integrated from power readings (trapezoids between reads), marked
+//! estimated and said. Each read also collects utilization, memory, and
+//! per-process SM utilization and GPU memory for attribution.
+//!
+//! NVML is read as it behaves, not as documented:
+//! - per-process samples are sanitised (the pid is in the driver's process
+//!   list, SM at most 100, the timestamp after the last one seen and not in
+//!   the future), duplicates merged, each process's samples averaged, and
+//!   the last timestamp seen never moves into the future;
+//! - a count race (INSUFFICIENT_SIZE) is retried;
+//! - an interval with no new sample (the driver samples every 1/6 s to
+//!   1 s) uses the shares seen within the last 2 s ([`SmBasis::Carried`]),
+//!   else the holders share equally ([`SmBasis::Equal`]);
+//! - every failure that changes a figure is a problem line when it starts
+//!   and when it ends; a failed reading is absent, never 0;
+//! - a transient error (Unknown) skips one read, whose energy comes with
+//!   the next; a lost GPU (GPU_IS_LOST) is tried again every read;
+//! - drivers 535.43–535.86, which write `_v3` process entries NVML's header
+//!   does not describe, are asked through `_v2`.
+//!
+//! MIG devices are listed; their instances are not attributed separately
+//! yet, and NVML gives no utilization on them (said). No driver or no GPU
+//! is a status, not an error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
+use serde::Serialize;
+
+mod samples;
+
+pub use samples::{RawSample, Sanitised, sanitise, v3_quirk};
+
+use super::{
+    Domain, DomainEnergy, Source, SourceError, SourceInfo,
+    counter::{EnergyCounter, WrappingCounter},
+};
+
+/// How a GPU's energy is obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuEnergyMethod {
+    /// The GPU's own total-energy counter (exact to 1 mJ).
+    EnergyCounter,
+    /// Power samples integrated over time (an estimate between samples).
+    PowerIntegration,
+}
+
+/// One process's use of a GPU over the last interval.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct GpuProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Streaming-multiprocessor utilization, percent (the mean of its
+    /// samples over the interval).
+    pub sm_util_pct: u32,
+    /// GPU memory in use, bytes.
+    pub memory_bytes: u64,
+}
+
+/// Where an interval's per-process SM shares come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmBasis {
+    /// NVML's samples taken within the interval.
+    #[default]
+    Sampled,
+    /// No new sample: the latest shares seen within the last 2 s.
+    Carried,
+    /// No sample within 2 s (or none to be had): equal among the holders.
+    Equal,
+}
+
+impl SmBasis {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sampled => "sampled",
+            Self::Carried => "carried",
+            Self::Equal => "equal",
+        }
+    }
+}
+
+/// One GPU over one interval.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuReading {
+    /// NVML index.
+    pub index: u32,
+    /// Energy since the previous read (µJ).
+    pub energy_uj: u64,
+    /// How it was obtained.
+    pub method: GpuEnergyMethod,
+    /// Power draw now (W; on Ampere and later, the driver's mean over the
+    /// last second). `None`: the read failed (said).
+    pub power_w: Option<f64>,
+    /// GPU utilization, percent (`None`: not available, e.g. MIG).
+    pub util_pct: Option<u32>,
+    /// Memory in use, bytes (`None`: the read failed).
+    pub memory_used_bytes: Option<u64>,
+    /// Processes using it.
+    pub processes: Vec<GpuProcess>,
+    /// Where the processes' SM shares come from.
+    pub sm_basis: SmBasis,
+}
+
+/// A GPU found.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct GpuInfo {
+    /// NVML index.
+    pub index: u32,
+    /// Model name.
+    pub name: String,
+    /// UUID.
+    pub uuid: String,
+    /// How its energy is obtained.
+    pub method: GpuEnergyMethod,
+    /// Total memory, bytes.
+    pub memory_total_bytes: u64,
+    /// MIG mode is enabled (instances are not attributed separately yet).
+    pub mig: bool,
+}
+
+#[derive(Debug)]
+enum Energy {
+    Counter(EnergyCounter),
+    Integrate {
+        last: Option<(Instant, f64)>,
+        carry_uj: f64,
+    },
+}
+
+/// How long shares seen are carried into intervals with no new sample:
+/// the driver's slowest sampling period (1 s) twice over, as nvitop reads
+/// 2 s back.
+pub const CARRY_SHARES: Duration = Duration::from_secs(2);
+
+/// How many times a count race (INSUFFICIENT_SIZE) is retried in a read.
+const RACE_RETRIES: u32 = 3;
+
+/// Past this long lost, a GPU's counter is started afresh when it answers
+/// again (its energy meanwhile is not divided: said); within it, the
+/// next read's energy covers the time it was lost.
+const LOST_CATCH_UP: Duration = Duration::from_secs(60);
+
+struct Gpu {
+    info: GpuInfo,
+    energy: Energy,
+    /// Since when it answers GPU_IS_LOST.
+    lost: Option<Instant>,
+    last_sample_ts: u64,
+    /// The latest sampled shares (pid → SM %), and when.
+    shares: Option<(Instant, HashMap<u32, u32>)>,
+    /// Failures going on, by what failed: said when they begin and end.
+    failing: BTreeMap<&'static str, String>,
+}
+
+/// The NVML reader.
+pub struct NvmlGpus {
+    nvml: Nvml,
+    gpus: Vec<Gpu>,
+    problems: Vec<(u32, String)>,
+    /// The last [`Source::read`]'s detail, until taken.
+    last: Vec<GpuReading>,
+    /// The driver's version, when it says.
+    driver_version: Option<String>,
+    /// Process lists through `_v2` (drivers with the `_v3` quirk).
+    processes_v2: bool,
+}
+
+impl std::fmt::Debug for NvmlGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlGpus")
+            .field(
+                "gpus",
+                &self.gpus.iter().map(|g| &g.info).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+fn nvml_err(what: &str, e: &NvmlError) -> String {
+    format!("{what}: {e}")
+}
+
+/// An energy probe failure that power integration can stand in for.
+fn integrate_instead(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported
+            | NvmlError::NoPermission
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+    )
+}
+
+/// Microseconds since the epoch: NVML's sample timestamps.
+fn now_epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Problems said by [`NvmlGpus`]: a failure is a line when it begins and
+/// when it ends.
+struct Said<'a> {
+    index: u32,
+    failing: &'a mut BTreeMap<&'static str, String>,
+    out: &'a mut Vec<(u32, String)>,
+}
+
+impl Said<'_> {
+    /// `what` fails now with `line` (`None`: it works).
+    fn set(&mut self, what: &'static str, line: Option<String>) {
+        match line {
+            Some(line) => {
+                if !self.failing.contains_key(what) {
+                    self.out.push((self.index, line.clone()));
+                }
+                self.failing.insert(what, line);
+            }
+            None => {
+                if self.failing.remove(what).is_some() {
+                    self.out.push((self.index, format!("{what} reads again")));
+                }
+            }
+        }
+    }
+}
+
+impl NvmlGpus {
+    /// Loads NVML (from `lib`, or the driver's `libnvidia-ml.so.1`) and
+    /// finds every GPU.
+    pub fn open(lib: Option<&OsStr>) -> Result<Self, SourceError> {
+        let mut builder = Nvml::builder();
+        if let Some(lib) = lib {
+            builder.lib_path(lib);
+        }
+        let nvml = builder.init().map_err(|e| match e {
+            NvmlError::LibloadingError(_) | NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound => {
+                SourceError::unsupported(
+                    "no NVIDIA driver found",
+                    "install the NVIDIA driver (it provides libnvidia-ml.so.1) if this machine has an NVIDIA GPU",
+                )
+            }
+            NvmlError::NoPermission => SourceError::unsupported(
+                "NVML: no permission",
+                "run wattprof as root or as a user allowed to use the GPU",
+            ),
+            other => SourceError::unsupported(nvml_err("NVML init", &other), "check nvidia-smi"),
+        })?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| SourceError::Retryable(nvml_err("NVML device count", &e)))?;
+        if count == 0 {
+            return Err(SourceError::unsupported(
+                "NVIDIA driver loaded, but it sees no GPU",
+                "check nvidia-smi",
+            ));
+        }
+        let driver_version = nvml.sys_driver_version().ok();
+        let processes_v2 = driver_version.as_deref().is_some_and(v3_quirk);
+        let mut gpus = Vec::new();
+        let mut problems = Vec::new();
+        if processes_v2 {
+            problems.push((
+                0,
+                format!(
+                    "driver {} writes process entries of another size than NVML's header: process lists are read through the _v2 call",
+                    driver_version.as_deref().unwrap_or("?")
+                ),
+            ));
+        }
+        for index in 0..count {
+            let device = match nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    problems.push((index, nvml_err("handle", &e)));
+                    continue;
+                }
+            };
+            let (energy, method) = match device.total_energy_consumption() {
+                Ok(mj) => {
+                    let mut c = EnergyCounter::new(WrappingCounter::bits(64), 1e-3);
+                    c.advance(mj);
+                    (Energy::Counter(c), GpuEnergyMethod::EnergyCounter)
+                }
+                Err(e) if integrate_instead(&e) => {
+                    if !matches!(e, NvmlError::NotSupported) {
+                        problems.push((
+                            index,
+                            format!("energy counter unreadable ({e}): energy integrated from power readings, estimated"),
+                        ));
+                    }
+                    (
+                        Energy::Integrate {
+                            last: device
+                                .power_usage()
+                                .ok()
+                                .map(|mw| (Instant::now(), f64::from(mw) / 1e3)),
+                            carry_uj: 0.0,
+                        },
+                        GpuEnergyMethod::PowerIntegration,
+                    )
+                }
+                Err(e) => {
+                    problems.push((index, nvml_err("energy", &e)));
+                    continue;
+                }
+            };
+            gpus.push(Gpu {
+                info: GpuInfo {
+                    index,
+                    name: device.name().unwrap_or_default(),
+                    uuid: device.uuid().unwrap_or_default(),
+                    method,
+                    memory_total_bytes: device.memory_info().map_or(0, |m| m.total),
+                    mig: device.mig_mode().is_ok_and(|m: MigMode| m.current == 1),
+                },
+                energy,
+                lost: None,
+                last_sample_ts: 0,
+                shares: None,
+                failing: BTreeMap::new(),
+            });
+        }
+        if gpus.is_empty() {
+            return Err(SourceError::unsupported(
+                format!(
+                    "no usable NVIDIA GPU ({})",
+                    problems.first().map_or("none found", |p| p.1.as_str())
+                ),
+                "check nvidia-smi",
+            ));
+        }
+        Ok(Self {
+            nvml,
+            gpus,
+            problems,
+            last: Vec::new(),
+            driver_version,
+            processes_v2,
+        })
+    }
+
+    /// The GPUs found.
+    pub fn gpus(&self) -> Vec<GpuInfo> {
+        self.gpus.iter().map(|g| g.info.clone()).collect()
+    }
+
+    /// The driver's version, when NVML says.
+    pub fn driver_version(&self) -> Option<&str> {
+        self.driver_version.as_deref()
+    }
+
+    /// GPUs that failed at the last open or read: (index, what happened).
+    pub fn problems(&self) -> &[(u32, String)] {
+        &self.problems
+    }
+
+    /// Reads every GPU that still answers.
+    pub fn read_gpus(&mut self) -> Vec<GpuReading> {
+        self.problems.clear();
+        let mut out = Vec::new();
+        for g in &mut self.gpus {
+            if let Some(r) = read_gpu(&self.nvml, g, self.processes_v2, &mut self.problems) {
+                out.push(r);
+            }
+        }
+        out
+    }
+}
+
+/// Why a GPU gave no energy this read.
+enum Miss {
+    /// GPU_IS_LOST.
+    Lost,
+    /// Anything else: the next read catches up.
+    Transient(String),
+}
+
+impl From<NvmlError> for Miss {
+    fn from(e: NvmlError) -> Self {
+        match e {
+            NvmlError::GpuLost => Self::Lost,
+            e => Self::Transient(e.to_string()),
+        }
+    }
+}
+
+/// The GPU's energy since the previous read.
+fn read_energy(
+    device: &nvml_wrapper::Device<'_>,
+    energy: &mut Energy,
+    power: &Result<u32, NvmlError>,
+) -> Result<u64, Miss> {
+    match energy {
+        Energy::Counter(c) => Ok(device
+            .total_energy_consumption()
+            .map(|mj| c.advance(mj).unwrap_or(0))?),
+        Energy::Integrate { last, carry_uj } => match power {
+            Ok(mw) => {
+                let (now, w) = (Instant::now(), f64::from(*mw) / 1e3);
+                let uj = last.map_or(0.0, |(t, w0)| {
+                    (now - t).as_secs_f64() * (w0 + w) / 2.0 * 1e6
+                }) + *carry_uj;
+                *last = Some((now, w));
+                *carry_uj = uj - uj.floor();
+                Ok(uj.floor() as u64)
+            }
+            Err(NvmlError::GpuLost) => Err(Miss::Lost),
+            Err(e) => Err(Miss::Transient(e.to_string())),
+        },
+    }
+}
+
+/// Reads one GPU; `None` when it gave no reading this time (said).
+fn read_gpu(
+    nvml: &Nvml,
+    g: &mut Gpu,
+    processes_v2: bool,
+    problems: &mut Vec<(u32, String)>,
+) -> Option<GpuReading> {
+    let index = g.info.index;
+    let read = nvml
+        .device_by_index(index)
+        .map_err(Miss::from)
+        .and_then(|d| {
+            let power = d.power_usage();
+            let uj = read_energy(&d, &mut g.energy, &power)?;
+            Ok((d, power, uj))
+        });
+    let mut said = Said {
+        index,
+        failing: &mut g.failing,
+        out: problems,
+    };
+    // Lost, transient, or answering (again).
+    let (device, power, energy_uj) = match read {
+        Err(Miss::Lost) => {
+            g.lost.get_or_insert_with(Instant::now);
+            // The same line every read: said once while it lasts.
+            said.out.push((
+                index,
+                "lost (GPU_IS_LOST): tried again every read".to_string(),
+            ));
+            return None;
+        }
+        Err(Miss::Transient(e)) => {
+            said.set(
+                "energy",
+                Some(format!("energy read failed ({e}): this interval's GPU energy comes with the next good read")),
+            );
+            return None;
+        }
+        Ok(x) => x,
+    };
+    said.set("energy", None);
+    let mut energy_uj = energy_uj;
+    if let Some(since) = g.lost.take() {
+        let lost_for = since.elapsed();
+        if lost_for > LOST_CATCH_UP {
+            said.out.push((
+                index,
+                format!(
+                    "answers again after {:.0} s lost: its energy meanwhile ({:.1} J) is not divided",
+                    lost_for.as_secs_f64(),
+                    energy_uj as f64 / 1e6
+                ),
+            ));
+            energy_uj = 0;
+        } else {
+            said.out.push((
+                index,
+                format!(
+                    "answers again after {:.1} s lost: this read's energy covers that time",
+                    lost_for.as_secs_f64()
+                ),
+            ));
+        }
+    }
+    let power_w = match &power {
+        Ok(mw) => {
+            said.set("power", None);
+            Some(f64::from(*mw) / 1e3)
+        }
+        Err(e) => {
+            said.set("power", Some(nvml_err("power read failed", e)));
+            None
+        }
+    };
+    let util_pct = match device.utilization_rates() {
+        Ok(u) => {
+            said.set("utilization", None);
+            Some(u.gpu)
+        }
+        Err(NvmlError::NotSupported) if g.info.mig => None,
+        Err(e) => {
+            said.set("utilization", Some(nvml_err("utilization read failed", &e)));
+            None
+        }
+    };
+    let memory_used_bytes = match device.memory_info() {
+        Ok(m) => {
+            said.set("memory", None);
+            Some(m.used)
+        }
+        Err(e) => {
+            said.set("memory", Some(nvml_err("memory read failed", &e)));
+            None
+        }
+    };
+    // The driver's process list: who holds a context, and their memory.
+    let list = if processes_v2 {
+        device.running_compute_processes_v2()
+    } else {
+        device.running_compute_processes()
+    };
+    let listed: Option<HashMap<u32, u64>> = match list {
+        Ok(l) => {
+            said.set("process list", None);
+            Some(
+                l.into_iter()
+                    .map(|p| {
+                        let bytes = match p.used_gpu_memory {
+                            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                        };
+                        (p.pid, bytes)
+                    })
+                    .collect(),
+            )
+        }
+        Err(e) => {
+            said.set(
+                "process list",
+                Some(format!(
+                    "process list failed ({e}): only processes with samples are known, and its energy goes to them"
+                )),
+            );
+            None
+        }
+    };
+    // The per-process samples since the last seen, a count race retried.
+    let mut samples = device.process_utilization_stats(g.last_sample_ts);
+    for _ in 0..RACE_RETRIES {
+        if !matches!(samples, Err(NvmlError::InsufficientSize(_))) {
+            break;
+        }
+        samples = device.process_utilization_stats(g.last_sample_ts);
+    }
+    let raw: Vec<RawSample> = match samples {
+        Ok(s) => {
+            said.set("samples", None);
+            s.iter()
+                .map(|s| RawSample {
+                    pid: s.pid,
+                    timestamp: s.timestamp,
+                    sm_util: s.sm_util,
+                })
+                .collect()
+        }
+        // Nothing new since the last seen: the driver's pace.
+        Err(NvmlError::NotFound) => {
+            said.set("samples", None);
+            Vec::new()
+        }
+        Err(NvmlError::NotSupported) if g.info.mig => {
+            said.set(
+                "samples",
+                Some("MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into()),
+            );
+            Vec::new()
+        }
+        Err(e) => {
+            said.set(
+                "samples",
+                Some(format!(
+                    "per-process samples failed ({e}): shares carried up to 2 s, then equal"
+                )),
+            );
+            Vec::new()
+        }
+    };
+    let pids: Option<Vec<u32>> = listed.as_ref().map(|l| l.keys().copied().collect());
+    let clean = sanitise(&raw, pids.as_deref(), g.last_sample_ts, now_epoch_us());
+    said.set("sample sanity", clean.discarded());
+    if let Some(ts) = clean.newest {
+        g.last_sample_ts = ts;
+    }
+    let now = Instant::now();
+    let (shares, sm_basis) = if !clean.shares.is_empty() {
+        g.shares = Some((now, clean.shares.clone()));
+        (clean.shares, SmBasis::Sampled)
+    } else {
+        match &g.shares {
+            Some((at, s)) if now.duration_since(*at) <= CARRY_SHARES => {
+                (s.clone(), SmBasis::Carried)
+            }
+            _ => (HashMap::new(), SmBasis::Equal),
+        }
+    };
+    // Holders: the process list, else those with shares.
+    let mut processes: Vec<GpuProcess> = match &listed {
+        Some(l) => l
+            .iter()
+            .map(|(&pid, &memory_bytes)| GpuProcess {
+                pid,
+                sm_util_pct: shares.get(&pid).copied().unwrap_or(0),
+                memory_bytes,
+            })
+            .collect(),
+        None => shares
+            .iter()
+            .map(|(&pid, &sm)| GpuProcess {
+                pid,
+                sm_util_pct: sm,
+                memory_bytes: 0,
+            })
+            .collect(),
+    };
+    processes.sort_by_key(|p| p.pid);
+    // Carried shares of processes that have all left are no shares.
+    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0) {
+        SmBasis::Equal
+    } else {
+        sm_basis
+    };
+    Some(GpuReading {
+        index,
+        energy_uj,
+        method: g.info.method,
+        power_w,
+        util_pct,
+        memory_used_bytes,
+        processes,
+        sm_basis,
+    })
+}
+
+impl Source for NvmlGpus {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn kind(&self) -> super::ReaderKind {
+        super::ReaderKind::Gpu
+    }
+
+    fn info(&self) -> SourceInfo {
+        SourceInfo {
+            domains: self
+                .gpus
+                .iter()
+                .map(|g| (Domain::Gpu, Some(g.info.index)))
+                .collect(),
+            resolution_uj: Some(1000.0),
+            location: "libnvidia-ml".into(),
+        }
+    }
+
+    /// Every GPU's energy; the detail (power, utilization, processes) is
+    /// kept for [`Source::take_gpu_readings`]. When no GPU answers, the
+    /// read fails with every GPU's problem.
+    fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
+        let readings = self.read_gpus();
+        if readings.is_empty() && !self.problems.is_empty() {
+            // Each GPU's problem stays for `take_problems`, a line each.
+            let all: Vec<String> = self
+                .problems
+                .iter()
+                .map(|(i, what)| format!("GPU {i}: {what}"))
+                .collect();
+            return Err(SourceError::Retryable(all.join("; ")));
+        }
+        let energy = readings
+            .iter()
+            .map(|r| DomainEnergy {
+                domain: Domain::Gpu,
+                package: Some(r.index),
+                energy_uj: r.energy_uj,
+                estimated: r.method == GpuEnergyMethod::PowerIntegration,
+                busy_only: false,
+            })
+            .collect();
+        self.last = readings;
+        Ok(energy)
+    }
+
+    fn take_problems(&mut self) -> Vec<String> {
+        self.problems
+            .drain(..)
+            .map(|(i, what)| format!("GPU {i}: {what}"))
+            .collect()
+    }
+
+    fn take_gpu_readings(&mut self) -> Vec<GpuReading> {
+        std::mem::take(&mut self.last)
+    }
+}

@@ -1,0 +1,171 @@
+//! NVML's per-process samples made trustworthy, and the driver quirks
+//! that decide how they are asked for. Pure: no NVML calls here.
+
+use std::collections::HashMap;
+
+/// Whether a driver writes `_v3` process entries of another size than
+/// NVML's header says (535.43 to 535.86; nvitop PRs 79 and 89).
+pub fn v3_quirk(driver_version: &str) -> bool {
+    let mut v = driver_version.trim().split('.');
+    let major: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    let minor: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    major == 535 && (43..=86).contains(&minor)
+}
+
+/// One raw per-process sample, as NVML returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawSample {
+    /// Process id.
+    pub pid: u32,
+    /// CPU timestamp, µs since the epoch.
+    pub timestamp: u64,
+    /// SM utilization, percent.
+    pub sm_util: u32,
+}
+
+/// What [`sanitise`] kept and discarded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sanitised {
+    /// Each kept process's mean SM over its samples.
+    pub shares: HashMap<u32, u32>,
+    /// The newest kept timestamp (the next `lastSeenTimeStamp`).
+    pub newest: Option<u64>,
+    /// Discarded: pid 0 or not in the process list.
+    pub not_listed: u32,
+    /// Discarded: SM over 100.
+    pub sm_over_100: u32,
+    /// Discarded: not after the last seen, or in the future.
+    pub bad_timestamp: u32,
+    /// Exact duplicates dropped.
+    pub duplicates: u32,
+}
+
+impl Sanitised {
+    /// What was discarded, for a problem line; `None` when nothing was.
+    pub fn discarded(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            (self.not_listed, "of a pid not in the process list"),
+            (self.sm_over_100, "with SM over 100%"),
+            (
+                self.bad_timestamp,
+                "with a timestamp not after the last seen or in the future",
+            ),
+            (self.duplicates, "duplicated"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        (!parts.is_empty()).then(|| format!("NVML samples discarded: {}", parts.join(", ")))
+    }
+}
+
+/// Keeps the samples that can be true: the pid is in the driver's process
+/// list (`listed`; `None` when the list could not be read: any pid but 0),
+/// SM at most 100, the timestamp in (`last_seen`, `now_us`]; exact
+/// duplicates once. Each process's share is the mean of its samples.
+pub fn sanitise(
+    samples: &[RawSample],
+    listed: Option<&[u32]>,
+    last_seen: u64,
+    now_us: u64,
+) -> Sanitised {
+    let mut out = Sanitised::default();
+    let mut seen: Vec<RawSample> = Vec::new();
+    let mut sums: HashMap<u32, (u64, u64)> = HashMap::new();
+    for s in samples {
+        if s.pid == 0 || listed.is_some_and(|l| !l.contains(&s.pid)) {
+            out.not_listed += 1;
+        } else if s.sm_util > 100 {
+            out.sm_over_100 += 1;
+        } else if s.timestamp <= last_seen || s.timestamp > now_us {
+            out.bad_timestamp += 1;
+        } else if seen.contains(s) {
+            out.duplicates += 1;
+        } else {
+            seen.push(*s);
+            let e = sums.entry(s.pid).or_default();
+            e.0 += u64::from(s.sm_util);
+            e.1 += 1;
+            out.newest = Some(out.newest.map_or(s.timestamp, |n| n.max(s.timestamp)));
+        }
+    }
+    out.shares = sums
+        .into_iter()
+        .map(|(pid, (sum, n))| (pid, ((sum + n / 2) / n) as u32))
+        .collect();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RawSample, sanitise, v3_quirk};
+
+    fn s(pid: u32, timestamp: u64, sm_util: u32) -> RawSample {
+        RawSample {
+            pid,
+            timestamp,
+            sm_util,
+        }
+    }
+
+    #[test]
+    fn samples_that_cannot_be_true_are_discarded_and_the_rest_averaged() {
+        let now = 10_000;
+        let raw = [
+            s(10, 2_000, 60),
+            s(10, 3_000, 40),
+            s(10, 3_000, 40), // an exact duplicate: once
+            s(20, 3_000, 30),
+            s(0, 3_000, 50),                 // pid 0
+            s(99, 3_000, 90),                // not in the process list (exited)
+            s(10, 3_000, 37_100),            // SM over 100 (nvtop issue 110)
+            s(20, 1_000, 30),                // not after the last seen
+            s(20, now + 86_400_000_000, 99), // in the future
+        ];
+        let c = sanitise(&raw, Some(&[10, 20]), 1_000, now);
+        // pid 10: (60 + 40) / 2, not weighted by its duplicate.
+        assert_eq!(c.shares.get(&10), Some(&50));
+        assert_eq!(c.shares.get(&20), Some(&30));
+        assert_eq!(c.shares.len(), 2);
+        assert_eq!(
+            (c.not_listed, c.sm_over_100, c.bad_timestamp, c.duplicates),
+            (2, 1, 2, 1)
+        );
+        // The next lastSeenTimeStamp is the newest sane one, never the
+        // future one.
+        assert_eq!(c.newest, Some(3_000));
+        let line = c.discarded().expect("said");
+        assert!(
+            line.contains("2 of a pid not in the process list"),
+            "{line}"
+        );
+        assert!(line.contains("1 with SM over 100%"), "{line}");
+    }
+
+    #[test]
+    fn with_no_process_list_any_pid_but_0_is_kept_and_clean_samples_say_nothing() {
+        let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, 0, 10);
+        assert_eq!(c.shares.get(&7), Some(&20));
+        assert_eq!(c.not_listed, 1);
+        let c = sanitise(&[s(7, 5, 20)], Some(&[7]), 0, 10);
+        assert_eq!(c.discarded(), None);
+        assert_eq!(sanitise(&[], Some(&[7]), 0, 10).newest, None);
+    }
+
+    #[test]
+    fn the_v3_quirk_is_drivers_535_43_to_535_86() {
+        for (v, quirk) in [
+            ("535.43.02", true),
+            ("535.54.03", true),
+            ("535.86.10", true),
+            ("535.42.00", false),
+            ("535.104.05", false),
+            ("550.54.15", false),
+            ("525.60.13", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(v3_quirk(v), quirk, "{v}");
+        }
+    }
+}
