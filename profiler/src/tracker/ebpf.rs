@@ -486,8 +486,9 @@ impl EbpfTracker {
         // Threads born from here on count from zero.
         state.set_baseline(monotonic_ns());
         let began = state.read(true, at_read)?;
-        // As in every sample: the read's end is the interval boundary.
-        let at_ns = monotonic_ns();
+        // As in every sample: the walk's start, right after the counters
+        // were read, is the interval boundary.
+        let at_ns = state.walk_at();
         self.drain_events();
         if let Some(state) = self.iter.as_mut() {
             state.apply(began, at_ns);
@@ -912,21 +913,22 @@ impl EbpfTracker {
             Some(i) => i.read(self.closing, at_read)?,
             None => return Err(TrackerError::Load("no iterator".into())),
         };
-        // The final window closes after the ring is drained: a free
-        // drained here carries its thread's final time, which may run past
-        // the read, and the last interval must span every time it hands
-        // out (closed before the drain, a loaded machine left its CPUs
-        // busier than their window, a debt with no later idle to pay). The
-        // others close right after the read, as near the energy read as
-        // can be; what a drain hands out past it is taken from the next
-        // interval's idle time.
+        // The others close where the walk began, right after the energy
+        // read: every thread is read at or after it, and time a running
+        // thread ran past it is carried into the next interval. The final
+        // window closes after the ring is drained: a free drained here
+        // carries its thread's final time, which may run past the read,
+        // and the last interval must span every time it hands out (closed
+        // at the read's end before the drain, a loaded machine left its
+        // CPUs busier than their window: run.rs:39).
         let at_ns = if self.closing {
             self.drain_events();
             monotonic_ns()
         } else {
-            let at_ns = monotonic_ns();
             self.drain_events();
-            at_ns
+            self.iter
+                .as_ref()
+                .map_or_else(monotonic_ns, |s| s.walk_at())
         };
         let now = self.read_cpus()?;
         let Some(state) = self.iter.as_mut() else {

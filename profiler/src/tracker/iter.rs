@@ -36,11 +36,13 @@ pub(super) struct IterState {
     prev_at_ns: u64,
     last_full_ns: u64,
     full_now: bool,
-    /// Per CPU: task time handed out beyond an interval's window, taken
-    /// from the next intervals' idle time so totals conserve.
-    idle_debt: Vec<u64>,
+    /// Busy time beyond a package's capacity, carried (per CPU: on each
+    /// package's first).
+    busy_carry: Vec<u64>,
     /// Per CPU: the kernel's own idle time so far (`/proc/stat`), ns.
     kernel_idle_ns: Vec<u64>,
+    /// When the last read's walk began (right after the energy read).
+    walk_at_ns: u64,
     pub(super) filter_overflow: u64,
     pub(super) read_syscalls: u64,
 }
@@ -70,7 +72,8 @@ impl IterState {
             prev_at_ns: start_ns,
             last_full_ns: 0,
             full_now: false,
-            idle_debt: vec![0; cpus],
+            busy_carry: vec![0; cpus],
+            walk_at_ns: start_ns,
             // Read when the first window starts (`start_window`).
             kernel_idle_ns: vec![0; cpus],
             filter_overflow: 0,
@@ -89,6 +92,11 @@ impl IterState {
         self.prev_at_ns = at_ns;
         // The kernel's own idle time counts from here too.
         self.kernel_idle_ns = read_kernel_idle(self.kernel_idle_ns.len());
+    }
+
+    /// When the last read's walk began: the interval boundary.
+    pub(super) fn walk_at(&self) -> u64 {
+        self.walk_at_ns
     }
 
     /// The iterator's maps, for their memory.
@@ -128,6 +136,10 @@ impl IterState {
         // when every CPU is busy: the energy counters are read here, a few
         // microseconds before the walk.
         at_read();
+        // The interval's boundary: right after the counters, right before
+        // the walk, so every thread's reading is at or after it (a running
+        // thread's time past it is carried, see `cpu_times`).
+        self.walk_at_ns = monotonic_ns();
         let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
             map: "iter/task",
             reason: format!("cannot start a read: {e}"),
@@ -251,7 +263,8 @@ impl IterState {
             &busy,
             window_ns,
             topology,
-            &mut self.idle_debt,
+            &mut self.busy_carry,
+            closing,
             &idle_now,
             &self.kernel_idle_ns,
         );
@@ -264,16 +277,22 @@ impl IterState {
 ///
 /// A thread's delta goes to the CPU it was read on, though it may have run
 /// on several CPUs of its package since the last read: busy time above a
-/// CPU's window is moved to CPUs of the same package with room, so each
-/// CPU's busy + idle is its window while the package's busy stays exact.
-/// Busy time beyond the whole package's capacity (a running thread's
-/// up-to-date figure, read after the interval began) is taken from the
-/// next intervals' idle time.
+/// CPU's window is moved to CPUs of the same package with room. Busy time
+/// beyond the whole package's capacity (a running thread read a little
+/// after the interval's close, on a machine busy enough to delay the read)
+/// is carried to the package's next intervals, into the first CPU with
+/// room (`carry`, per CPU, kept on each package's first CPU). So every
+/// CPU's busy + idle is its window in every interval. Each window begins
+/// where a read's walk does and the last ends after the last read, so
+/// every stretch of intervals up to the last spans the thread time it is
+/// given and nothing is left to carry at the end; whatever is (`last`)
+/// goes to the first CPU, so the package's busy is its threads' time.
 fn cpu_times(
     busy: &[u64],
     window_ns: u64,
     topology: &Topology,
-    debt: &mut [u64],
+    carry: &mut [u64],
+    last: bool,
     kernel_idle_now: &[u64],
     kernel_idle_prev: &[u64],
 ) -> Vec<CpuTimes> {
@@ -284,6 +303,9 @@ fn cpu_times(
         let members: Vec<usize> = (0..busy.len())
             .filter(|c| topology.socket_of_cpu.get(*c) == Some(&package) && online(*c))
             .collect();
+        let Some(&first) = members.first() else {
+            continue;
+        };
         let mut spill: u64 = members
             .iter()
             .map(|c| {
@@ -291,29 +313,29 @@ fn cpu_times(
                 busy[*c] -= over;
                 over
             })
-            .sum();
+            .sum::<u64>()
+            + std::mem::take(&mut carry[first]);
         for c in &members {
             let room = window_ns - busy[*c];
             let take = room.min(spill);
             busy[*c] += take;
             spill -= take;
         }
-        // Beyond the package's capacity: keep it on the first CPU (the
-        // debt below takes it from later idle time).
-        if let Some(first) = members.first() {
-            busy[*first] += spill;
+        if last {
+            busy[first] += spill;
+        } else {
+            carry[first] = spill;
         }
     }
     busy.iter()
         .enumerate()
         .map(|(cpu, busy_ns)| {
             let window = if online(cpu) { window_ns } else { 0 };
-            let idle_ns = super::idle_after_debt(window, *busy_ns, &mut debt[cpu]);
             CpuTimes {
                 cpu: cpu as u32,
                 package: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
                 busy_ns: *busy_ns,
-                idle_ns,
+                idle_ns: window.saturating_sub(*busy_ns),
                 idle_task_ns: kernel_idle_now
                     .get(cpu)
                     .zip(kernel_idle_prev.get(cpu))
@@ -375,27 +397,53 @@ mod tests {
 
     #[test]
     fn busy_above_a_cpus_window_moves_to_a_cpu_of_its_package() {
-        let mut debt = vec![0; 4];
-        let cpus = cpu_times(&[150, 10, 0, 0], 100, &two_packages(), &mut debt, &[], &[]);
+        let mut carry = vec![0; 4];
+        let cpus = cpu_times(
+            &[150, 10, 0, 0],
+            100,
+            &two_packages(),
+            &mut carry,
+            false,
+            &[],
+            &[],
+        );
         let busy: Vec<u64> = cpus.iter().map(|c| c.busy_ns).collect();
         assert_eq!(busy, vec![100, 60, 0, 0]);
         for c in &cpus {
             assert_eq!(c.busy_ns + c.idle_ns, c.window_ns);
         }
-        assert_eq!(debt, vec![0; 4]);
+        assert_eq!(carry, vec![0; 4]);
     }
 
     #[test]
-    fn busy_beyond_the_package_is_kept_and_taken_from_later_idle() {
-        let mut debt = vec![0; 4];
+    fn busy_beyond_the_package_is_carried_to_its_next_intervals() {
+        let mut carry = vec![0; 4];
         let topo = two_packages();
-        let cpus = cpu_times(&[150, 90, 0, 0], 100, &topo, &mut debt, &[], &[]);
-        assert_eq!(cpus[0].busy_ns + cpus[1].busy_ns, 240, "package busy exact");
-        assert_eq!(cpus[0].idle_ns + cpus[1].idle_ns, 0);
-        assert_eq!(debt[0], 40);
-        let cpus = cpu_times(&[0, 0, 0, 0], 100, &topo, &mut debt, &[], &[]);
-        assert_eq!(cpus[0].idle_ns, 60);
-        assert_eq!(debt[0], 0);
+        let cpus = cpu_times(&[150, 90, 0, 0], 100, &topo, &mut carry, false, &[], &[]);
+        let busy: Vec<u64> = cpus.iter().map(|c| c.busy_ns).collect();
+        assert_eq!(busy, vec![100, 100, 0, 0]);
+        assert_eq!(carry, vec![40, 0, 0, 0]);
+        // Every CPU closes in every interval, and the package's busy over
+        // the two is its threads' 240.
+        let later = cpu_times(&[0, 30, 0, 0], 100, &topo, &mut carry, false, &[], &[]);
+        let busy: Vec<u64> = later.iter().map(|c| c.busy_ns).collect();
+        assert_eq!(busy, vec![40, 30, 0, 0]);
+        for c in cpus.iter().chain(&later) {
+            assert_eq!(c.busy_ns + c.idle_ns, c.window_ns, "{c:?}");
+        }
+        assert_eq!(carry, vec![0; 4]);
+        // A package busy throughout keeps carrying, and still closes.
+        let mut carry = vec![0; 4];
+        for _ in 0..3 {
+            for c in cpu_times(&[110, 100, 0, 0], 100, &topo, &mut carry, false, &[], &[]) {
+                assert_eq!(c.busy_ns + c.idle_ns, c.window_ns);
+            }
+        }
+        assert_eq!(carry[0], 30);
+        // The last interval gives what is left to the first CPU.
+        let cpus = cpu_times(&[100, 100, 0, 0], 100, &topo, &mut carry, true, &[], &[]);
+        assert_eq!(cpus[0].busy_ns, 130);
+        assert_eq!(carry[0], 0);
     }
 
     #[test]
