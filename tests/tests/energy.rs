@@ -649,6 +649,107 @@ fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
 }
 
 #[test]
+fn an_idle_holder_beside_a_busy_process_gets_only_its_share_of_held_power() {
+    require_ebpf!();
+    // A GPU whose power follows its load: 31.7 W with no context, +22.3 W
+    // with contexts open, +1.5 W per SM percent. No context for 3.5 s
+    // (idle learned), then both processes hold one at 0% SM for 3 s (held
+    // learned), then the first works at 60% SM while the second only
+    // holds its context.
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub-A uuid=GPU-A energy=counter load=31700:22300:1500 \
+         memory_total=85899345920 memory_used=2147483648 \
+         procs=child/1:0:1024@3500-6500,child/1:60:1024@6500-60000,child/2:0:2048@3500-60000\n",
+    );
+    let lib_arg = format!("--nvml-lib={}", lib.display());
+    let t = testload();
+    let script = format!("{t} burn 10 0.1 & {t} burn 10 0.1 & wait");
+    let run = wattprof_run(
+        &[
+            &lib_arg,
+            "--energy-sysfs=/nonexistent",
+            "--interval",
+            "250ms",
+        ],
+        &["sh", "-c", &script],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    wattprof_tests::schema::assert_valid("recording", report);
+    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
+    pids.sort_unstable();
+    assert_eq!(pids.len(), 2);
+    let (busy, holder) = (pids[0], pids[1]);
+    let intervals = report["intervals"].as_array().expect("intervals");
+    // The figures learned, against the fixture's: the lowest mean over
+    // 2 s or more in each state, exact to the read's timing.
+    let last = intervals
+        .iter()
+        .rev()
+        .find(|i| i["gpus"][0]["held_w"].is_number())
+        .expect("held power learned");
+    let (idle_w, held_w) = (f(last, "/gpus/0/idle_w"), f(last, "/gpus/0/held_w"));
+    eprintln!("learned: idle {idle_w:.3} W, held {held_w:.3} W (fixture 31.7, 22.3)");
+    assert!((idle_w / 31.7 - 1.0).abs() < 0.02, "idle {idle_w}");
+    assert!((held_w / 22.3 - 1.0).abs() < 0.03, "held {held_w}");
+    // While the first works and the second holds: the holder gets half
+    // of the held power and nothing else; the worker the other half and
+    // all of the dynamic power (1.5 W x 60).
+    let (mut secs, mut holder_j, mut busy_j) = (0.0, 0.0, 0.0);
+    for i in intervals {
+        let g = &i["gpus"][0];
+        let procs = g["processes"].as_array().cloned().unwrap_or_default();
+        let sm = |pid: u64| {
+            procs
+                .iter()
+                .find(|p| p["pid"].as_u64() == Some(pid))
+                .and_then(|p| p["sm_util_pct"].as_u64())
+        };
+        // Whole intervals of that phase, with both figures known.
+        if sm(busy) != Some(60) || sm(holder) != Some(0) || !g["held_w"].is_number() {
+            continue;
+        }
+        let gpu_j = |pid: u64| {
+            i["processes"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == Some(pid)))
+                .map_or(0.0, |p| f(p, "/gpu_j"))
+        };
+        secs += u(i, "/duration_ns") as f64 / 1e9;
+        holder_j += gpu_j(holder);
+        busy_j += gpu_j(busy);
+    }
+    eprintln!("{secs:.3} s working: holder {holder_j:.3} J, worker {busy_j:.3} J");
+    assert!(secs > 2.0, "too little of the working phase seen: {secs} s");
+    let want_holder = 22.3 / 2.0 * secs;
+    let want_busy = (22.3 / 2.0 + 90.0) * secs;
+    assert!(
+        (holder_j / want_holder - 1.0).abs() < 0.05,
+        "holder {holder_j} vs {want_holder}"
+    );
+    assert!(
+        (busy_j / want_busy - 1.0).abs() < 0.05,
+        "worker {busy_j} vs {want_busy}"
+    );
+    // The GPU's idle power is the idle row's, whoever held it.
+    let g0 = domain(report, "gpu", Some(0));
+    let wall_s = u(report, "/wall_ns") as f64 / 1e9;
+    assert!(
+        (f(g0, "/idle_j") / (31.7 * wall_s) - 1.0).abs() < 0.05,
+        "{g0}"
+    );
+    assert_eq!(g0["static_source"], "lowest_seen", "{g0}");
+    // The holder's energy is all static: no work, no dynamic energy
+    // once held power is known (before, it shared the resting power
+    // equally, as the same figure).
+    let h = process(report, holder);
+    assert!(
+        f(h, "/energy/static_j") > 0.5 * f(h, "/energy/gpu_j"),
+        "{h}"
+    );
+}
+
+#[test]
 fn the_csv_is_codecarbon_s_emissions_csv_in_its_units() {
     require_ebpf!();
     let rapl = FakeRapl::start(PACKAGE_W, DRAM_W);

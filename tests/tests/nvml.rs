@@ -169,13 +169,40 @@ fn shares(r: &GpuReading) -> Vec<(u32, u32)> {
     r.processes.iter().map(|p| (p.pid, p.sm_util_pct)).collect()
 }
 
-/// The lines said by the last read, for GPU `index`.
+/// The lines said by the last read, for GPU `index`, but the one about
+/// pids this PID namespace cannot see: the scenarios' pids (5001...) are
+/// made up (that line has a test of its own).
 fn said(gpus: &NvmlGpus, index: u32) -> Vec<String> {
     gpus.problems()
         .iter()
-        .filter(|(i, _)| *i == index)
+        .filter(|(i, l)| *i == index && !l.contains("PID namespace"))
         .map(|(_, l)| l.clone())
         .collect()
+}
+
+#[test]
+fn gpu_pids_this_pid_namespace_cannot_see_are_said() {
+    // One real process (this test) and one this namespace has no /proc
+    // entry for, as from inside a container without the host's PIDs.
+    let me = std::process::id();
+    let lib = stub(&format!(
+        "gpu name=A uuid=GPU-0 power_mw=1000 energy=counter procs={me}:10:1024,4000001:20:2048\n"
+    ));
+    let mut gpus = open(&lib);
+    gpus.read_gpus();
+    let lines: Vec<&String> = gpus.problems().iter().map(|(_, l)| l).collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("1 process(es)") && l.contains("PID namespace")),
+        "{lines:?}"
+    );
+    gpus.read_gpus();
+    assert!(
+        gpus.problems().is_empty(),
+        "said once: {:?}",
+        gpus.problems()
+    );
 }
 
 #[test]

@@ -51,6 +51,7 @@ pub use ledger::{DomainTotals, EnergyBy, EnergyLedger};
 use serde::Serialize;
 
 use crate::sources::calibration::{WallModel, WallPer};
+pub use crate::sources::nvml::statics::GpuStaticEnergy;
 use crate::sources::{Domain, DomainEnergy};
 
 /// Who energy is attributed to: an id the caller chooses (a process record).
@@ -95,6 +96,8 @@ pub struct GpuInterval {
     /// The processes that held it: their consumer (`None`: not a known
     /// consumer) and SM utilization (percent).
     pub processes: Vec<(Option<ConsumerId>, u32)>,
+    /// Its static energy over the interval (0 where not known yet).
+    pub statics: GpuStaticEnergy,
 }
 
 /// How a domain's static energy is shared (`--static-power`).
@@ -216,7 +219,8 @@ pub struct DomainShare {
     pub attributed_static: Vec<(ConsumerId, u64)>,
     /// The domain's static energy in this interval, within the measured
     /// (the static figure × the interval, cut to what was measured; a
-    /// calibrated wall's `b`; 0 for busy-only and GPU energy).
+    /// calibrated wall's `b`; a GPU's idle and held power × the interval;
+    /// 0 for busy-only energy).
     pub static_uj: u64,
     /// How much the static figure exceeded what was measured (µJ): the
     /// dynamic part would have been negative.
@@ -385,41 +389,85 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
     out
 }
 
-fn gpu_share(g: &GpuInterval) -> DomainShare {
+/// A GPU's energy divided: its idle power × the interval to the idle row,
+/// its held power × the interval among the processes holding it (equally:
+/// NVML says who holds a context, not since when), and the rest, the
+/// dynamic part, by SM share (equally when none was sampled). With no
+/// static figures yet, all of it is dynamic. `--static-power busy` gives
+/// the idle part to the holders too, `idle` gives them neither.
+fn gpu_share(g: &GpuInterval, rule: StaticShare) -> DomainShare {
+    let e = g.energy_uj;
     let base = DomainShare {
         domain: Domain::Gpu,
         package: Some(g.index),
         estimated: g.estimated,
         basis: Basis::GpuSm,
-        measured_uj: g.energy_uj,
+        measured_uj: e,
         idle_uj: 0,
-        unattributed_uj: g.energy_uj,
+        unattributed_uj: e,
         attributed: Vec::new(),
         attributed_static: Vec::new(),
         static_uj: 0,
         static_cut_uj: 0,
     };
     if g.processes.is_empty() {
+        // No context: all idle, its static part what the figure says.
         return DomainShare {
-            idle_uj: g.energy_uj,
+            idle_uj: e,
             unattributed_uj: 0,
+            static_uj: g.statics.idle_uj.min(e),
+            static_cut_uj: g.statics.idle_uj.saturating_sub(e),
             ..base
         };
     }
+    let idle_part = g.statics.idle_uj.min(e);
+    let held_part = g.statics.held_uj.min(e - idle_part);
+    let static_uj = idle_part + held_part;
+    let static_cut_uj = (g.statics.idle_uj + g.statics.held_uj).saturating_sub(e);
+    let dynamic_uj = e - static_uj;
+    let (to_holders, to_idle) = match rule {
+        StaticShare::Capacity => (held_part, idle_part),
+        StaticShare::Busy => (static_uj, 0),
+        StaticShare::Idle => (0, static_uj),
+    };
     let sm_total: u64 = g.processes.iter().map(|(_, sm)| u64::from(*sm)).sum();
     // No process reported SM activity (NVML's per-process samples can be
     // empty over a short interval): they held the GPU together, equally.
     let weight = |sm: u32| if sm_total == 0 { 1 } else { u64::from(sm) };
     let total: u64 = g.processes.iter().map(|(_, sm)| weight(*sm)).sum();
-    let mut merged: Vec<(ConsumerId, u64)> = Vec::new();
+    let holders = g.processes.len() as u64;
+    let mut attributed: Vec<(ConsumerId, u64)> = Vec::new();
+    let mut attributed_static: Vec<(ConsumerId, u64)> = Vec::new();
+    let add = |v: &mut Vec<(ConsumerId, u64)>, id: ConsumerId, uj: u64| match v
+        .iter_mut()
+        .find(|(c, _)| *c == id)
+    {
+        Some(p) => p.1 += uj,
+        None => v.push((id, uj)),
+    };
     for (id, sm) in &g.processes {
+        // A holder wattprof does not know: its shares stay unattributed.
         let Some(id) = id else { continue };
-        match merged.iter_mut().find(|(m, _)| m == id) {
-            Some(m) => m.1 += weight(*sm),
-            None => merged.push((*id, weight(*sm))),
-        }
+        let held = share(to_holders, 1, holders);
+        add(&mut attributed_static, *id, held);
+        add(
+            &mut attributed,
+            *id,
+            held + share(dynamic_uj, weight(*sm), total),
+        );
     }
-    divide(base, merged.into_iter(), 0, total)
+    attributed.retain(|(_, uj)| *uj > 0);
+    attributed_static.retain(|(_, uj)| *uj > 0);
+    let mut out = DomainShare {
+        attributed,
+        attributed_static,
+        idle_uj: to_idle,
+        static_uj,
+        static_cut_uj,
+        ..base
+    };
+    out.unattributed_uj = e - out.attributed_uj() - out.idle_uj;
+    out
 }
 
 /// Divides one interval's energy among consumers, domain by domain.
@@ -444,7 +492,7 @@ pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
             },
         })
         .collect();
-    out.extend(iv.gpus.iter().map(gpu_share));
+    out.extend(iv.gpus.iter().map(|g| gpu_share(g, iv.static_share)));
     // The calibrated wall is divided after the domains it scales.
     if let Some(model) = iv.wall
         && let Some(i) = out.iter().position(|s| s.domain == Domain::Wall)

@@ -124,6 +124,7 @@ fn conservation_holds_with_rounding_for_every_domain() {
         energy_uj: 1_000_001,
         estimated: false,
         processes: vec![(Some(1), 33), (Some(2), 33), (None, 34)],
+        statics: GpuStaticEnergy::default(),
     }];
     let shares = attribute(&Interval {
         packages: &packages,
@@ -330,18 +331,21 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             energy_uj: 300_000_000,
             estimated: false,
             processes: vec![(Some(1), 60), (Some(2), 30)],
+            statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
             index: 1,
             energy_uj: 50_000_000,
             estimated: false,
             processes: vec![],
+            statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
             index: 2,
             energy_uj: 90_000_000,
             estimated: true,
             processes: vec![(Some(3), 0)],
+            statics: GpuStaticEnergy::default(),
         },
     ];
     let shares = attribute(&Interval {
@@ -364,6 +368,96 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
     let g2 = get(&shares, Domain::Gpu, Some(2));
     assert_eq!(of(g2, 3), 90_000_000);
     assert!(g2.estimated);
+}
+
+/// A GPU at 31.7 W idle, 22.3 W held, over 1 s: 160 J measured, one
+/// process at 60% SM, one holding a context at 0%, one holder wattprof
+/// does not know at 20%.
+fn gpu_with_statics(rule: StaticShare) -> DomainShare {
+    let gpus = vec![GpuInterval {
+        index: 0,
+        energy_uj: 160_000_000,
+        estimated: false,
+        processes: vec![(Some(1), 60), (Some(2), 0), (None, 20)],
+        statics: GpuStaticEnergy {
+            idle_uj: 31_700_000,
+            held_uj: 22_300_000,
+        },
+    }];
+    let shares = attribute(&Interval {
+        gpus: &gpus,
+        static_share: rule,
+        ..Default::default()
+    });
+    conserved(&shares);
+    get(&shares, Domain::Gpu, Some(0)).clone()
+}
+
+#[test]
+fn a_gpu_s_idle_power_is_idle_its_held_power_shared_by_holders_and_the_rest_by_sm() {
+    let g = gpu_with_statics(StaticShare::Capacity);
+    let dynamic = 160_000_000 - 31_700_000 - 22_300_000;
+    let held = 22_300_000 / 3;
+    // The busy process: its third of held power and 60/80 of the dynamic.
+    assert_eq!(of(&g, 1), held + dynamic * 60 / 80);
+    // The idle holder: only its third of held power.
+    assert_eq!(of(&g, 2), held);
+    let st = |id| {
+        g.attributed_static
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map_or(0, |(_, uj)| *uj)
+    };
+    assert_eq!((st(1), st(2)), (held, held));
+    assert_eq!(g.idle_uj, 31_700_000);
+    assert_eq!(g.static_uj, 54_000_000);
+    // The unknown holder's shares are unattributed, not dropped.
+    assert_eq!(
+        g.unattributed_uj,
+        160_000_000 - of(&g, 1) - of(&g, 2) - g.idle_uj
+    );
+    assert!(g.unattributed_uj >= held + dynamic * 20 / 80);
+    // busy: the idle part goes to the holders too; idle: none of the
+    // static part does.
+    let b = gpu_with_statics(StaticShare::Busy);
+    assert_eq!(of(&b, 2), 54_000_000 / 3);
+    assert_eq!(b.idle_uj, 0);
+    let i = gpu_with_statics(StaticShare::Idle);
+    assert_eq!(of(&i, 2), 0);
+    assert_eq!(i.idle_uj, 54_000_000);
+    assert_eq!(of(&i, 1), dynamic * 60 / 80);
+}
+
+#[test]
+fn a_gpu_static_figure_above_what_was_measured_is_cut_and_no_context_is_all_idle() {
+    let mut gpus = vec![GpuInterval {
+        index: 0,
+        energy_uj: 40_000_000,
+        estimated: false,
+        processes: vec![(Some(1), 50)],
+        statics: GpuStaticEnergy {
+            idle_uj: 31_700_000,
+            held_uj: 22_300_000,
+        },
+    }];
+    let shares = attribute(&Interval {
+        gpus: &gpus,
+        ..Default::default()
+    });
+    conserved(&shares);
+    let g = get(&shares, Domain::Gpu, Some(0));
+    assert_eq!((g.idle_uj, of(g, 1)), (31_700_000, 8_300_000));
+    assert_eq!((g.static_uj, g.static_cut_uj), (40_000_000, 14_000_000));
+    gpus[0].processes.clear();
+    let shares = attribute(&Interval {
+        gpus: &gpus,
+        ..Default::default()
+    });
+    let g = get(&shares, Domain::Gpu, Some(0));
+    assert_eq!(
+        (g.idle_uj, g.attributed_uj(), g.unattributed_uj),
+        (40_000_000, 0, 0)
+    );
 }
 
 #[test]

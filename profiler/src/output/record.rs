@@ -212,6 +212,12 @@ pub struct GpuRow {
     /// Where the processes' SM shares come from (absent before schema 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_basis: Option<crate::sources::nvml::SmBasis>,
+    /// Its power with no context open (W), once learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_w: Option<f64>,
+    /// The extra power of contexts held with no work (W), once learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_w: Option<f64>,
     /// Processes using it (omitted from a machine-only recording).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<GpuProcess>>,
@@ -341,6 +347,8 @@ mod tests {
                 util_pct: Some(3),
                 memory_used_bytes: Some(4),
                 sm_basis: Some(crate::sources::nvml::SmBasis::Sampled),
+                idle_w: None,
+                held_w: None,
                 processes: Some(Vec::new()),
             }],
             ..IntervalRecord::default()

@@ -677,10 +677,9 @@ impl Profile {
         for p in self.readers.take_problems() {
             self.problem(p);
         }
-        let gpus: Vec<GpuInterval> = read
-            .gpus
-            .iter()
-            .map(|g| GpuInterval {
+        let mut gpus: Vec<GpuInterval> = Vec::with_capacity(read.gpus.len());
+        for g in &read.gpus {
+            gpus.push(GpuInterval {
                 index: g.index,
                 energy_uj: g.energy_uj,
                 estimated: g.method == crate::sources::nvml::GpuEnergyMethod::PowerIntegration,
@@ -689,8 +688,9 @@ impl Profile {
                     .iter()
                     .map(|p| (self.table.id_of(p.pid), p.sm_util_pct))
                     .collect(),
-            })
-            .collect();
+                statics: self.statics.gpu_interval(g, duration_ns),
+            });
+        }
         let cpu_usage: Vec<attribution::Usage> = usage
             .iter()
             .map(|u| attribution::Usage {
@@ -939,6 +939,7 @@ impl Profile {
             )
         }));
         record.gpus.clear();
+        let statics = &self.statics;
         record.gpus.extend(read.gpus.iter().map(|g| GpuRow {
             index: g.index,
             energy_j: joules(g.energy_uj),
@@ -946,6 +947,8 @@ impl Profile {
             util_pct: g.util_pct,
             memory_used_bytes: g.memory_used_bytes,
             sm_basis: Some(g.sm_basis),
+            idle_w: statics.gpu_figures(g.index).0,
+            held_w: statics.gpu_figures(g.index).1,
             processes: Some(g.processes.clone()),
         }));
         let group = |r: Role| GroupRow {

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::attribution::{DomainShare, PackageTime, StaticEnergy, StaticShare};
+use crate::sources::nvml::statics::{GpuState, GpuStaticEnergy, GpuStatics};
+use crate::sources::nvml::{GpuReading, SmBasis};
 use crate::sources::registry::Readers;
 use crate::sources::static_power::{
     DEFAULT_HOST_MODEL, HostModel, Machine, StaticFigure, StaticPowers, StaticSource,
@@ -110,6 +112,10 @@ pub struct Statics {
     save_path: Option<PathBuf>,
     packages: usize,
     reader: Option<&'static str>,
+    /// Each GPU's static figures, learned from its counter.
+    gpus: std::collections::BTreeMap<u32, GpuStatics>,
+    /// The GPUs' figures of the last interval.
+    gpu_last: Vec<StaticFigure>,
 }
 
 impl Statics {
@@ -129,6 +135,8 @@ impl Statics {
             save_path: cfg.save_path.clone(),
             packages: cfg.packages,
             reader: readers.cpu_reader(),
+            gpus: std::collections::BTreeMap::new(),
+            gpu_last: Vec::new(),
         }
     }
 
@@ -182,7 +190,52 @@ impl Statics {
     pub fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
         self.last
             .iter()
+            .chain(&self.gpu_last)
             .find(|f| f.domain == domain && f.package == package)
+    }
+
+    /// A GPU's static energy over an interval of `duration_ns`, after
+    /// learning from it (see [`GpuStatics`]): its idle and held power, the
+    /// latter only when a process held it. Also its figures in reports:
+    /// idle + held power (held only with a holder), `lowest_seen`.
+    pub fn gpu_interval(&mut self, g: &GpuReading, duration_ns: u64) -> GpuStaticEnergy {
+        let state = if g.processes.is_empty() {
+            GpuState::Idle
+        } else if g.sm_basis == SmBasis::Sampled && g.processes.iter().all(|p| p.sm_util_pct == 0) {
+            GpuState::Held
+        } else {
+            GpuState::Working
+        };
+        let learner = self.gpus.entry(g.index).or_default();
+        learner.observe(state, g.energy_uj, duration_ns);
+        let held = state != GpuState::Idle;
+        let energy = learner.energy(duration_ns, held);
+        let watts = learner.idle_w().unwrap_or(0.0)
+            + if held {
+                learner.held_w().unwrap_or(0.0)
+            } else {
+                0.0
+            };
+        let known = learner.idle_w().is_some() || (held && learner.held_w().is_some());
+        self.gpu_last.retain(|f| f.package != Some(g.index));
+        if known {
+            self.gpu_last.push(StaticFigure {
+                domain: Domain::Gpu,
+                package: Some(g.index),
+                static_w: watts,
+                source: StaticSource::LowestSeen,
+                per_cpu_w: None,
+                r_squared: None,
+            });
+        }
+        energy
+    }
+
+    /// A GPU's idle and held power (W), where learned.
+    pub fn gpu_figures(&self, index: u32) -> (Option<f64>, Option<f64>) {
+        self.gpus
+            .get(&index)
+            .map_or((None, None), |g| (g.idle_w(), g.held_w()))
     }
 
     /// What was learned during the profile.
@@ -274,7 +327,9 @@ impl Statics {
     /// what was measured (said once per domain).
     pub fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
         let mut out = std::mem::take(&mut self.pending);
-        for s in shares {
+        // A GPU's counter steps every 20-100 ms: an interval under a step
+        // can read 0 J. Its static figure is the lowest seen, not a model.
+        for s in shares.iter().filter(|s| s.domain != Domain::Gpu) {
             let key = (s.domain, s.package);
             let beyond = s.static_cut_uj > CUT_SAID_UJ
                 && s.static_cut_uj as f64 > CUT_SAID_SHARE * s.measured_uj as f64;
@@ -299,7 +354,7 @@ impl Statics {
 
     /// One note for the table: the rule, and each figure.
     pub fn note(&self) -> Option<String> {
-        if self.last.is_empty() {
+        if self.last.is_empty() && self.gpu_last.is_empty() {
             return None;
         }
         let rule = match self.share {
@@ -310,7 +365,12 @@ impl Statics {
             StaticShare::Busy => "static power charged by CPU time to whoever ran",
             StaticShare::Idle => "static power left idle, none to processes",
         };
-        let figures: Vec<String> = self.last.iter().map(StaticFigure::describe).collect();
+        let figures: Vec<String> = self
+            .last
+            .iter()
+            .chain(&self.gpu_last)
+            .map(StaticFigure::describe)
+            .collect();
         let hint = if self
             .last
             .iter()

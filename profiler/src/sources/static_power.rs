@@ -113,9 +113,11 @@ impl StaticFigure {
         format!(
             "{}{}: {:.2} W static ({what}{fit})",
             self.domain.name(),
-            self.package
-                .map(|p| format!(" of package {p}"))
-                .unwrap_or_default(),
+            match (self.domain, self.package) {
+                (Domain::Gpu, Some(p)) => format!(" {p}"),
+                (_, Some(p)) => format!(" of package {p}"),
+                (_, None) => String::new(),
+            },
             self.static_w
         )
     }

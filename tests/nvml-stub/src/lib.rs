@@ -31,10 +31,17 @@
 //!   `power_mw` from `nvmlInit`; `energy=unsupported` (pre-Volta),
 //!   `energy=noperm` and `energy=nofunc` answer NOT_SUPPORTED, NO_PERMISSION
 //!   and FUNCTION_NOT_FOUND.
+//! - **Power that follows the load**, `load=IDLE:HELD:PER_SM` (mW): the
+//!   draw is IDLE, + HELD while any process holds a context, + PER_SM per
+//!   SM percent of each holder; the counter integrates it exactly. With
+//!   `procs=PID:SM:MEM@FROM-TO` a process holds the GPU only from FROM to
+//!   TO ms after nvmlInit (several entries may give one pid phases).
 //! - **A 1 s averaged power reading**, as Ampere and later report: with
 //!   `power_step_ms=N:MW` the draw changes to MW after N ms, and
 //!   `nvmlDeviceGetPowerUsage` answers the mean over the last second while
 //!   the counter follows the draw at once.
+//! - **Field values**: NVML_FI_DEV_POWER_INSTANT (the draw now) and
+//!   NVML_FI_DEV_POWER_AVERAGE (its mean over the last second), in mW.
 //! - **MIG**, `mig=1`: MIG mode on; utilization, device and per-process,
 //!   answers NOT_SUPPORTED, as NVML does on a MIG-enabled GPU.
 //! - **Failures**: `lost_after=N` makes every call on the GPU answer
@@ -108,6 +115,22 @@ struct Garbage {
     exited: bool,
 }
 
+#[derive(Clone, Copy, Debug)]
+struct Proc {
+    pid: u32,
+    sm: u32,
+    mem: u64,
+    /// Held from..to (ms after nvmlInit); always when `None`.
+    window: Option<(u64, u64)>,
+}
+
+impl Proc {
+    fn active(&self, t: f64) -> bool {
+        self.window
+            .is_none_or(|(a, b)| t * 1e3 >= a as f64 && t * 1e3 < b as f64)
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Gpu {
     name: String,
@@ -128,7 +151,11 @@ struct Gpu {
     calls: u32,
     /// GPU_IS_LOST answers given.
     lost_answers: u32,
-    procs: Vec<(u32, u32, u64)>,
+    /// (pid, SM %, memory bytes, held from..to ms after nvmlInit).
+    procs: Vec<Proc>,
+    /// Power that follows the load (mW): idle, + held with a context
+    /// open, + per SM percent of every process; replaces `power_mw`.
+    load: Option<(f64, f64, f64)>,
     /// None: the default pace; Some(0): a sample at every call.
     sample_ms: Option<u64>,
     garbage: Garbage,
@@ -186,11 +213,13 @@ fn resolve(pid: u32) -> u32 {
         .unwrap_or(0)
 }
 
-/// The scenario's processes that exist now: (pid, SM %, memory bytes).
-fn running(g: &Gpu) -> Vec<(u32, u32, u64)> {
+/// The scenario's processes that hold the GPU at `t` s and exist: (pid,
+/// SM %, memory bytes).
+fn running(g: &Gpu, t: f64) -> Vec<(u32, u32, u64)> {
     g.procs
         .iter()
-        .map(|&(pid, sm, mem)| (resolve(pid), sm, mem))
+        .filter(|p| p.active(t))
+        .map(|p| (resolve(p.pid), p.sm, p.mem))
         .filter(|p| p.0 != 0)
         .collect()
 }
@@ -288,12 +317,19 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                     g.procs = v
                         .split(',')
                         .filter_map(|p| {
+                            let (p, window) = match p.split_once('@') {
+                                Some((p, w)) => {
+                                    let (a, b) = w.split_once('-')?;
+                                    (p, Some((a.parse().ok()?, b.parse().ok()?)))
+                                }
+                                None => (p, None),
+                            };
                             let mut f = p.split(':');
                             let pid = f.next()?;
-                            Some((
+                            Some(Proc {
                                 // The loading process's first child, or
                                 // that child's N-th child.
-                                match pid.strip_prefix("child") {
+                                pid: match pid.strip_prefix("child") {
                                     Some("") => 0,
                                     Some(n) => {
                                         CHILD_OF_CHILD
@@ -301,11 +337,18 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                     }
                                     None => pid.parse().ok()?,
                                 },
-                                f.next()?.parse().ok()?,
-                                f.next()?.parse().ok()?,
-                            ))
+                                sm: f.next()?.parse().ok()?,
+                                mem: f.next()?.parse().ok()?,
+                                window,
+                            })
                         })
                         .collect()
+                }
+                "load" => {
+                    let w: Vec<f64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
+                    if let [idle, held, per_sm] = w[..] {
+                        g.load = Some((idle, held, per_sm));
+                    }
                 }
                 _ => {}
             }
@@ -512,21 +555,37 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 impl Gpu {
     /// The draw at `t` seconds (mW).
     fn draw_mw(&self, t: f64) -> f64 {
+        if let Some((idle, held, per_sm)) = self.load {
+            let on: Vec<&Proc> = self.procs.iter().filter(|p| p.active(t)).collect();
+            let sm: u32 = on.iter().map(|p| p.sm).sum();
+            return idle + if on.is_empty() { 0.0 } else { held } + per_sm * f64::from(sm);
+        }
         match self.power_step {
             Some((ms, mw)) if t * 1e3 >= ms as f64 => f64::from(mw),
             _ => f64::from(self.power_mw),
         }
     }
 
-    /// Energy since nvmlInit (mJ): the draw integrated, exactly.
+    /// Energy since nvmlInit (mJ): the draw integrated exactly, piece by
+    /// piece between the times it changes.
     fn energy_mj(&self, t: f64) -> f64 {
-        match self.power_step {
-            Some((ms, mw)) if t * 1e3 >= ms as f64 => {
-                let s = ms as f64 / 1e3;
-                f64::from(self.power_mw) * s + f64::from(mw) * (t - s)
-            }
-            _ => f64::from(self.power_mw) * t,
+        let mut cuts: Vec<f64> = self
+            .procs
+            .iter()
+            .filter_map(|p| p.window)
+            .flat_map(|(a, b)| [a as f64 / 1e3, b as f64 / 1e3])
+            .chain(self.power_step.map(|(ms, _)| ms as f64 / 1e3))
+            .filter(|c| *c > 0.0 && *c < t)
+            .collect();
+        cuts.push(t);
+        cuts.sort_by(f64::total_cmp);
+        let mut from = 0.0;
+        let mut mj = 0.0;
+        for to in cuts {
+            mj += self.draw_mw((from + to) / 2.0) * (to - from);
+            from = to;
         }
+        mj
     }
 }
 
@@ -557,7 +616,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: *mut c_void, mw: *mut c_ui
     with_gpu(dev, Some(Call::Power), |g, now| {
         // Where the draw steps, the reading is its mean over the last
         // second (Ampere and later), as the energy counter's growth says.
-        let w = if g.power_step.is_some() {
+        let w = if g.power_step.is_some() || g.load.is_some() {
             let from = (now.elapsed - 1.0).max(0.0);
             let span = now.elapsed - from;
             if span > 0.0 {
@@ -570,6 +629,57 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: *mut c_void, mw: *mut c_ui
         };
         // SAFETY: valid out-pointer.
         unsafe { *mw = w.round() as c_uint };
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct FieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_uint,
+    nvml_return: c_uint,
+    value: c_ulonglong,
+}
+
+/// NVML_FI_DEV_POWER_AVERAGE and NVML_FI_DEV_POWER_INSTANT: the 1 s mean
+/// and the draw now (mW, unsigned int); other fields are not supported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    dev: *mut c_void,
+    count: i32,
+    values: *mut FieldValue,
+) -> c_uint {
+    with_gpu(dev, Some(Call::Power), |g, now| {
+        for i in 0..count.max(0) as usize {
+            // SAFETY: the caller gave `count` entries.
+            let v = unsafe { &mut *values.add(i) };
+            let mw = match v.field_id {
+                185 => {
+                    let from = (now.elapsed - 1.0).max(0.0);
+                    let span = now.elapsed - from;
+                    Some(if span > 0.0 {
+                        (g.energy_mj(now.elapsed) - g.energy_mj(from)) / span
+                    } else {
+                        g.draw_mw(now.elapsed)
+                    })
+                }
+                186 => Some(g.draw_mw(now.elapsed)),
+                _ => None,
+            };
+            v.timestamp = now.epoch_us as i64;
+            v.latency_usec = 0;
+            match mw {
+                Some(mw) => {
+                    v.value_type = 1;
+                    v.nvml_return = SUCCESS;
+                    v.value = mw.round() as c_ulonglong;
+                }
+                None => v.nvml_return = ERROR_NOT_SUPPORTED,
+            }
+        }
         SUCCESS
     })
 }
@@ -657,9 +767,11 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
             .map(|k| now.start_epoch_us + k * period_us)
             .collect(),
     };
-    let procs = running(g);
     let mut out = Vec::new();
+    let mut procs = Vec::new();
     for &ts in ticks.iter().filter(|ts| **ts > last_seen) {
+        // Who held the GPU then.
+        procs = running(g, ts.saturating_sub(now.start_epoch_us) as f64 / 1e6);
         for &(pid, sm, _) in &procs {
             out.push(sample(pid, ts, sm));
         }
@@ -760,7 +872,7 @@ unsafe fn running_processes(
     v3: bool,
 ) -> c_uint {
     with_gpu(dev, Some(Call::Procs), |g, now| {
-        let procs = running(g);
+        let procs = running(g, now.elapsed);
         let n = procs.len();
         // SAFETY: valid pointers per NVML's two-call contract.
         unsafe {

@@ -36,6 +36,7 @@ use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
 use serde::Serialize;
 
 mod samples;
+pub mod statics;
 
 pub use samples::{RawSample, Sanitised, sanitise, v3_quirk};
 
@@ -191,6 +192,31 @@ fn nvml_err(what: &str, e: &NvmlError) -> String {
     format!("{what}: {e}")
 }
 
+/// In a container (seen from the root `root`), what the NVIDIA container
+/// toolkit was not asked for: `None` outside one.
+pub fn container_hint(root: &std::path::Path) -> Option<String> {
+    let cgroup = std::fs::read_to_string(root.join("proc/1/cgroup")).unwrap_or_default();
+    let inside = root.join(".dockerenv").exists()
+        || root.join("run/.containerenv").exists()
+        || ["docker", "kubepods", "libpod", "containerd"]
+            .iter()
+            .any(|w| cgroup.contains(w));
+    if !inside {
+        return None;
+    }
+    Some(if root.join("dev/nvidiactl").exists() {
+        // The devices were given, not the driver's libraries.
+        "the GPU devices are here but not libnvidia-ml.so.1: set NVIDIA_DRIVER_CAPABILITIES=utility \
+         (or all) so the NVIDIA container toolkit mounts it"
+            .into()
+    } else {
+        "run it with the NVIDIA container toolkit: `docker run --gpus all -e \
+         NVIDIA_DRIVER_CAPABILITIES=utility` (Kubernetes: runtimeClassName: nvidia and \
+         NVIDIA_VISIBLE_DEVICES=all), or --no-gpu on a node without GPUs"
+            .into()
+    })
+}
+
 /// An energy probe failure that power integration can stand in for.
 fn integrate_instead(e: &NvmlError) -> bool {
     matches!(
@@ -246,10 +272,20 @@ impl NvmlGpus {
         }
         let nvml = builder.init().map_err(|e| match e {
             NvmlError::LibloadingError(_) | NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound => {
-                SourceError::unsupported(
-                    "no NVIDIA driver found",
-                    "install the NVIDIA driver (it provides libnvidia-ml.so.1) if this machine has an NVIDIA GPU",
-                )
+                // A container marker (an image built with Docker leaves one
+                // on a VM too): the toolkit's option first, then the driver.
+                match container_hint(std::path::Path::new("/")) {
+                    Some(hint) => SourceError::unsupported(
+                        "no NVIDIA driver found",
+                        format!(
+                            "in a container, {hint}; otherwise install the NVIDIA driver (it provides libnvidia-ml.so.1)"
+                        ),
+                    ),
+                    None => SourceError::unsupported(
+                        "no NVIDIA driver found",
+                        "install the NVIDIA driver (it provides libnvidia-ml.so.1) if this machine has an NVIDIA GPU",
+                    ),
+                }
             }
             NvmlError::NoPermission => SourceError::unsupported(
                 "NVML: no permission",
@@ -549,6 +585,22 @@ fn read_gpu(
             None
         }
     };
+    // NVML lists host pids: ones this PID namespace cannot see (wattprof in
+    // a container without the host's PIDs) are no process wattprof knows.
+    let unseen = listed.as_ref().map_or(0, |l| {
+        l.keys()
+            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .count()
+    });
+    said.set(
+        "pid namespace",
+        (unseen > 0).then(|| {
+            format!(
+                "{unseen} process(es) holding it are not in this PID namespace (another container, \
+                 or wattprof without --pid=host / hostPID: true): their GPU energy is unattributed"
+            )
+        }),
+    );
     // The per-process samples since the last seen, a count race retried.
     let mut samples = device.process_utilization_stats(g.last_sample_ts);
     for _ in 0..RACE_RETRIES {
@@ -704,5 +756,31 @@ impl Source for NvmlGpus {
 
     fn take_gpu_readings(&mut self) -> Vec<GpuReading> {
         std::mem::take(&mut self.last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::container_hint;
+
+    #[test]
+    fn in_a_container_the_missing_toolkit_option_is_named() {
+        let root = std::env::temp_dir().join(format!("wattprof-nvml-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("dev")).expect("dir");
+        assert_eq!(container_hint(&root), None, "not a container");
+        std::fs::write(root.join(".dockerenv"), "").expect("write");
+        let hint = container_hint(&root).expect("a container");
+        assert!(
+            hint.contains("--gpus all") && hint.contains("runtimeClassName"),
+            "{hint}"
+        );
+        std::fs::write(root.join("dev/nvidiactl"), "").expect("write");
+        let hint = container_hint(&root).expect("a container");
+        assert!(
+            hint.contains("NVIDIA_DRIVER_CAPABILITIES=utility"),
+            "{hint}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
