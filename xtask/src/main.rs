@@ -41,6 +41,23 @@ enum Command {
         #[arg(long, default_value = concat!("wattprof:", env!("CARGO_PKG_VERSION")))]
         tag: String,
     },
+    /// The GPU check (scripts/gpu-check.py) with the release binary: NVML's
+    /// raw behaviour, the energy counter against instant power, two
+    /// processes 2:1, idle and held power, overhead. Needs root, an NVIDIA
+    /// GPU and PyTorch; `--stub` runs it against the NVML stub instead (as
+    /// CI does). On a machine with no Rust, copy target/release/wattprof
+    /// and scripts/gpu-check.py and run the script.
+    GpuCheck {
+        /// Against tests/nvml-stub, with stand-in loads: no GPU needed.
+        #[arg(long)]
+        stub: bool,
+        /// Short steps instead of the full durations (60 s of load...).
+        #[arg(long)]
+        quick: bool,
+        /// Where the summary (gpu-check.json, gpu-check.txt) goes.
+        #[arg(long, default_value = "target/gpu-check")]
+        out: std::path::PathBuf,
+    },
     /// Benchmarks; results go to stdout, to be recorded in BENCHMARKS.md.
     Bench {
         #[command(subcommand)]
@@ -58,6 +75,28 @@ fn main() -> Result<()> {
         }
         Command::Test { no_ebpf_check } => test::run(!no_ebpf_check),
         Command::Bench { which } => bench::run(which),
+        Command::GpuCheck { stub, quick, out } => {
+            let wattprof = bench::wattprof_release()?;
+            let mut cmd = std::process::Command::new("python3");
+            cmd.arg(workspace_root().join("scripts/gpu-check.py"))
+                .arg("--wattprof")
+                .arg(&wattprof)
+                .arg("--out")
+                .arg(workspace_root().join(out));
+            if stub {
+                run_cmd(
+                    std::process::Command::new("cargo")
+                        .current_dir(workspace_root())
+                        .args(["build", "--release", "--locked", "-p", "nvml-stub"]),
+                )?;
+                cmd.arg("--stub")
+                    .arg(workspace_root().join("target/release/libnvml_stub.so"));
+            }
+            if quick {
+                cmd.arg("--quick");
+            }
+            run_cmd(&mut cmd)
+        }
         Command::Image { tag } => {
             let wattprof = bench::wattprof_release()?;
             let out = std::process::Command::new("sh")

@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""wattprof's check for a machine with an NVIDIA GPU: one script beside a
+wattprof binary, PyTorch already installed, no network, no Rust.
+
+    python3 gpu-check.py --wattprof ./wattprof [--out DIR] [--quick]
+
+It measures, on GPU 0:
+  1. NVML as it is: how often the energy counter moves, how often the
+     per-process samples answer NOT_FOUND at 100 ms, their timestamps'
+     clock and format, and samples that cannot be true;
+  2. the energy counter against NVML_FI_DEV_POWER_INSTANT integrated at
+     100 Hz, under load;
+  3. two processes taking turns on the GPU 2:1 in time, under `wattprof run`
+     at 1 s and at 100 ms: each one's GPU joules against its busy time;
+  4. an idle GPU, a process holding a context and doing nothing, and such a
+     holder beside a busy process: the idle and held power wattprof learns,
+     and what the holder is charged;
+  5. overhead: a fixed PyTorch job alone and under `wattprof run`,
+     alternated over several rounds.
+
+It writes DIR/gpu-check.json and DIR/gpu-check.txt: each figure with the
+bound it is held to and pass/fail; the exit status is 0 when all pass.
+
+`--stub LIB` runs the same steps against wattprof's NVML stand-in
+(tests/nvml-stub) with stand-in loads (no GPU, no PyTorch): the script
+writes the stub's scenario for each step, so what the "GPU" does is known.
+CI runs it so, through `cargo xtask gpu-check --stub`.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_FI_DEV_POWER_INSTANT = 186
+
+
+class ProcessSample(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
+
+
+class FieldValue(ctypes.Structure):
+    _fields_ = [
+        ("fieldId", ctypes.c_uint),
+        ("scopeId", ctypes.c_uint),
+        ("timestamp", ctypes.c_longlong),
+        ("latencyUsec", ctypes.c_longlong),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_ulonglong),
+    ]
+
+
+class Nvml:
+    """The few NVML calls the check makes, through ctypes (no pynvml)."""
+
+    def __init__(self, lib):
+        self.lib = ctypes.CDLL(lib)
+        self.check(self.lib.nvmlInit_v2(), "nvmlInit_v2")
+        self.dev = ctypes.c_void_p()
+        self.check(self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev)), "handle")
+
+    @staticmethod
+    def check(rc, what):
+        if rc != NVML_SUCCESS:
+            raise RuntimeError(f"NVML {what}: error {rc}")
+
+    def text(self, fn, *args):
+        buf = ctypes.create_string_buffer(96)
+        rc = fn(*args, buf, ctypes.c_uint(96))
+        return buf.value.decode(errors="replace") if rc == NVML_SUCCESS else f"error {rc}"
+
+    def name(self):
+        return self.text(self.lib.nvmlDeviceGetName, self.dev)
+
+    def driver(self):
+        return self.text(self.lib.nvmlSystemGetDriverVersion)
+
+    def energy_mj(self):
+        mj = ctypes.c_ulonglong()
+        self.check(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.dev, ctypes.byref(mj)), "energy")
+        return mj.value
+
+    def instant_mw(self):
+        v = FieldValue(fieldId=NVML_FI_DEV_POWER_INSTANT)
+        self.check(self.lib.nvmlDeviceGetFieldValues(self.dev, 1, ctypes.byref(v)), "field values")
+        if v.nvmlReturn != NVML_SUCCESS:
+            raise RuntimeError(f"NVML_FI_DEV_POWER_INSTANT: error {v.nvmlReturn}")
+        # valueType 1 (unsigned int) or 2 (unsigned long): the low word.
+        return float(v.value & 0xFFFFFFFF if v.valueType == 1 else v.value)
+
+    def samples(self, last_seen):
+        """(rc, samples) since last_seen, a count race retried."""
+        for _ in range(4):
+            count = ctypes.c_uint(0)
+            rc = self.lib.nvmlDeviceGetProcessUtilization(
+                self.dev, None, ctypes.byref(count), ctypes.c_ulonglong(last_seen))
+            if rc != NVML_ERROR_INSUFFICIENT_SIZE:
+                return rc, []
+            buf = (ProcessSample * count.value)()
+            rc = self.lib.nvmlDeviceGetProcessUtilization(
+                self.dev, buf, ctypes.byref(count), ctypes.c_ulonglong(last_seen))
+            if rc == NVML_SUCCESS:
+                return rc, list(buf[: count.value])
+        return rc, []
+
+
+# ---------------------------------------------------------------- loads ---
+
+def torch_device():
+    import torch  # noqa: PLC0415 (PyTorch only where the GPU is)
+
+    torch.cuda.init()
+    return torch, torch.device("cuda:0")
+
+
+def gpu_work(seconds, stub):
+    """Keeps the GPU busy for `seconds` (its own clock); the busy time."""
+    start = time.monotonic()
+    if stub:
+        time.sleep(seconds)
+        return seconds
+    torch, dev = torch_device()
+    a = torch.randn(4096, 4096, device=dev)
+    b = torch.randn(4096, 4096, device=dev)
+    while time.monotonic() - start < seconds:
+        for _ in range(4):
+            a = (a @ b).tanh_()
+        torch.cuda.synchronize()
+    return time.monotonic() - start
+
+
+def worker(argv, stub):
+    """The processes the steps run under wattprof (`--worker MODE ...`)."""
+    mode = argv[0]
+    me = [sys.executable, os.path.abspath(__file__)] + (["--stub", "-"] if stub else [])
+    if mode == "turns":
+        # Two children take turns: A busy 200 ms, B 100 ms, of every 300.
+        seconds, t0 = float(argv[1]), time.monotonic() + 1.5
+        kids = [subprocess.Popen(me + ["--worker", "turn", str(seconds), str(t0), a, b],
+                                 stdout=subprocess.PIPE, text=True)
+                for a, b in (("0.0", "0.2"), ("0.2", "0.3"))]
+        for k in kids:
+            print(k.communicate()[0].strip(), flush=True)
+    elif mode == "turn":
+        seconds, t0, a, b = (float(x) for x in argv[1:5])
+        busy = 0.0
+        if stub:
+            ctx = None
+        else:
+            torch, dev = torch_device()
+            x = torch.randn(2048, 2048, device=dev)
+            ctx = (torch, x)
+        while time.monotonic() < t0:
+            time.sleep(0.01)
+        end = t0 + seconds
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            phase = (now - t0) % 0.3
+            if a <= phase < b:
+                slot_end = min(now + (b - phase), end)
+                s = time.monotonic()
+                if ctx is None:
+                    time.sleep(max(0.0, slot_end - s))
+                else:
+                    torch, x = ctx
+                    while time.monotonic() < slot_end:
+                        x = (x @ x).tanh_()
+                        torch.cuda.synchronize()
+                busy += time.monotonic() - s
+            else:
+                wait = (a - phase) % 0.3
+                time.sleep(min(wait, max(0.0, end - now)))
+        print(json.dumps({"pid": os.getpid(), "busy_s": busy}), flush=True)
+    elif mode == "hold":
+        # Wait, then hold a context and do nothing.
+        delay, seconds = float(argv[1]), float(argv[2])
+        time.sleep(delay)
+        if not stub:
+            torch, dev = torch_device()
+            keep = torch.zeros(1, device=dev)  # noqa: F841 (the context)
+        time.sleep(seconds)
+        print(json.dumps({"pid": os.getpid(), "held_s": seconds}), flush=True)
+    elif mode == "busy":
+        delay, seconds = float(argv[1]), float(argv[2])
+        time.sleep(delay)
+        busy = gpu_work(seconds, stub)
+        print(json.dumps({"pid": os.getpid(), "busy_s": busy}), flush=True)
+    elif mode == "beside":
+        # A holder and, after it, a busy process: both children.
+        delay, seconds = argv[1], argv[2]
+        kids = [subprocess.Popen(me + ["--worker", "hold", delay, seconds], stdout=subprocess.PIPE, text=True),
+                subprocess.Popen(me + ["--worker", "busy", str(float(delay) + 3.0),
+                                       str(float(seconds) - 3.0)], stdout=subprocess.PIPE, text=True)]
+        for k in kids:
+            print(k.communicate()[0].strip(), flush=True)
+    elif mode == "job":
+        # A fixed amount of work: the overhead step's job.
+        n = int(argv[1])
+        if stub:
+            x = 0
+            for i in range(n * 20000):
+                x += i * i
+        else:
+            torch, dev = torch_device()
+            a = torch.randn(2048, 2048, device=dev)
+            for _ in range(n):
+                a = (a @ a).tanh_()
+            torch.cuda.synchronize()
+    else:
+        raise SystemExit(f"unknown worker {mode}")
+
+
+# ---------------------------------------------------------------- check ---
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.stub = args.stub is not None
+        self.out = args.out
+        self.results = []
+        os.makedirs(self.out, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix="wattprof-gpu-check-")
+        self.lib = None if not self.stub else os.path.join(self.tmp, "libnvidia-ml.so.1")
+        if self.stub:
+            shutil.copy(args.stub, self.lib)
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter load=60000:0:0\n")
+
+    def scenario(self, text):
+        with open(os.path.join(self.tmp, "scenario.txt"), "w") as f:
+            f.write(text)
+
+    def quick(self, real, quick):
+        return quick if self.args.quick else real
+
+    def me(self):
+        return [sys.executable, os.path.abspath(__file__)] + (["--stub", "-"] if self.stub else [])
+
+    def record(self, step, figure, value, bound, ok, unit="", note=""):
+        self.results.append({"step": step, "figure": figure, "value": value, "unit": unit,
+                             "bound": bound, "pass": bool(ok), "note": note})
+        mark = "pass" if ok else "FAIL"
+        v = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"[{mark}] {step}: {figure} = {v} {unit} (bound: {bound}) {note}".rstrip(), flush=True)
+
+    def wattprof(self, args, cmd, name):
+        out = os.path.join(self.tmp, f"{name}.json")
+        lib = ["--nvml-lib", self.lib] if self.lib else []
+        full = [self.args.wattprof] + args[:1] + lib + args[1:] + ["--output", out]
+        if cmd:
+            full += ["--"] + cmd
+        p = subprocess.run(full, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(full)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+        with open(out) as f:
+            rec = json.load(f)
+        shutil.copy(out, os.path.join(self.out, f"{name}.json"))
+        lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        return rec, lines
+
+    def nvml(self):
+        return Nvml(self.lib or "libnvidia-ml.so.1")
+
+    def background_load(self, seconds):
+        return subprocess.Popen(self.me() + ["--worker", "busy", "0", str(seconds)],
+                                stdout=subprocess.DEVNULL)
+
+    # 1
+    def nvml_raw(self):
+        step = "nvml"
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter energy_step_ms=20 "
+                          "sample_ms=167 load=60000:20000:2000 garbage=pid0,sm_over "
+                          "procs=child:50:1024\n")
+        secs = self.quick(5.0, 2.0)
+        load = self.background_load(secs + 2)
+        time.sleep(1.0)
+        n = self.nvml()
+        self.host = {"gpu": n.name(), "driver": n.driver(), "kernel": os.uname().release}
+        # The counter's update period: distinct values polled every 1 ms.
+        changes, last, t_end = [], n.energy_mj(), time.monotonic() + secs / 2
+        while time.monotonic() < t_end:
+            v = n.energy_mj()
+            if v != last:
+                changes.append(time.monotonic())
+                last = v
+            time.sleep(0.001)
+        period = statistics.median(b - a for a, b in zip(changes, changes[1:])) * 1e3 if len(changes) > 2 else float("inf")
+        self.record(step, "energy counter update period", period, "<= 100 ms", period <= 100.0, "ms")
+        # Per-process samples every 100 ms.
+        last_seen, calls, not_found, raw = 0, 0, 0, []
+        t_end = time.monotonic() + secs / 2
+        while time.monotonic() < t_end:
+            rc, s = n.samples(last_seen)
+            calls += 1
+            if rc == NVML_ERROR_NOT_FOUND:
+                not_found += 1
+            raw += s
+            sane = [x.timeStamp for x in s if x.pid and x.smUtil <= 100 and x.timeStamp <= time.time() * 1e6 + 1e6]
+            if sane:
+                last_seen = max(last_seen, max(sane))
+            time.sleep(0.1)
+        load.wait()
+        self.record(step, "NOT_FOUND at 100 ms", not_found / max(calls, 1), "recorded (no bound)", True,
+                    note=f"{not_found} of {calls} calls")
+        now_us = time.time() * 1e6
+        offsets = [now_us - x.timeStamp for x in raw if x.pid]
+        off = statistics.median(offsets) / 1e6 if offsets else float("nan")
+        self.record(step, "sample timestamp: CPU time, µs since the epoch (median age)", off,
+                    "0 to 30 s old", 0 <= off <= 30, "s")
+        bad = {"pid 0": sum(1 for x in raw if x.pid == 0),
+               "SM over 100": sum(1 for x in raw if x.smUtil > 100),
+               "future": sum(1 for x in raw if x.timeStamp > now_us + 1e6)}
+        self.record(step, "samples that cannot be true", sum(bad.values()), "recorded (wattprof discards them)",
+                    True, note=json.dumps(bad))
+
+    # 2
+    def counter_vs_instant(self):
+        step = "counter vs instant power"
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter power_mw=150000 "
+                          "power_step_ms=1500:250000\n")
+        secs = self.quick(60.0, 4.0)
+        load = self.background_load(secs + 2)
+        n = self.nvml()
+        time.sleep(1.0)
+        e0, t_prev, p_prev, joules = n.energy_mj(), time.monotonic(), n.instant_mw(), 0.0
+        t_end = t_prev + secs
+        while time.monotonic() < t_end:
+            time.sleep(0.01)
+            t, p = time.monotonic(), n.instant_mw()
+            joules += (p + p_prev) / 2 / 1e3 * (t - t_prev)
+            t_prev, p_prev = t, p
+        counter = (n.energy_mj() - e0) / 1e3
+        load.wait()
+        diff = abs(counter - joules) / counter if counter else float("inf")
+        self.record(step, f"counter {counter:.1f} J vs instant power integrated {joules:.1f} J over {secs:.0f} s",
+                    diff, "within 5%", diff < 0.05)
+
+    # 3
+    def turns(self):
+        step = "two processes 2:1"
+        secs = self.quick(20.0, 4.0)
+        for interval in ("1s", "100ms"):
+            if self.stub:
+                # The stand-in GPU: A at 60% SM, B at 30%, as their turns.
+                self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter sample_ms=500 "
+                              "load=40000:15000:2000 procs=child/1:60:1024,child/2:30:1024\n")
+            rec, lines = self.wattprof(["run", "--interval", interval], self.me() + ["--worker", "turns", str(secs)],
+                                       f"turns-{interval}")
+            kids = [x for x in lines if "busy_s" in x]
+            by_pid = {p["pid"]: p for p in rec["processes"]}
+            j = [by_pid.get(k["pid"], {}).get("energy", {}).get("gpu_j", 0.0) for k in kids]
+            busy = [k["busy_s"] for k in kids]
+            if len(j) != 2 or min(j) <= 0 or min(busy) <= 0:
+                self.record(step, f"{interval}: both processes' GPU energy", 0.0, "both > 0", False, note=str(j))
+                continue
+            ratio_j, ratio_t = j[0] / j[1], busy[0] / busy[1]
+            off = abs(ratio_j / ratio_t - 1)
+            self.record(step, f"{interval}: GPU J {j[0]:.2f}:{j[1]:.2f} = {ratio_j:.3f} vs busy {ratio_t:.3f}",
+                        off, "within 10%", off < 0.10,
+                        note=f"dynamic {[round(x, 2) for x in j]} J, busy {[round(x, 2) for x in busy]} s")
+
+    # 4
+    def idle_and_held(self):
+        step = "idle and held power"
+        secs = self.quick(20.0, 8.0)
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter load=31700:22300:1500\n")
+        rec, _ = self.wattprof(["monitor", "--duration", f"{secs / 2:.0f}s"], None, "idle")
+        g = next(d for d in rec["energy"]["domains"] if d["domain"] == "gpu")
+        self.record(step, "idle GPU: mean power", g["avg_power_w"], "recorded; all of it idle",
+                    abs(g["idle_j"] - g["measured_j"]) < 1e-6, "W")
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter load=31700:22300:1500 "
+                          "procs=child:0:1024@5000-600000\n")
+        # 5 s with no context (wattprof's start, then at least 2 s whole to
+        # learn the idle power), then a context and no work.
+        rec, lines = self.wattprof(["run", "--interval", "250ms"],
+                                   self.me() + ["--worker", "hold", "5", str(secs - 2)], "hold")
+        figs = [i["gpus"][0] for i in rec.get("intervals", []) if i.get("gpus") and "held_w" in i["gpus"][0]]
+        idle_w = figs[-1].get("idle_w", float("nan")) if figs else float("nan")
+        held_w = figs[-1]["held_w"] if figs else float("nan")
+        self.record(step, "learned idle power", idle_w, "> 0", idle_w > 0, "W")
+        self.record(step, "learned held power (a context, no work)", held_w, ">= 0", held_w >= 0, "W")
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter load=31700:22300:1500 sample_ms=167 "
+                          "procs=child/1:0:1024@5000-600000,child/2:0:1024@8000-8500,"
+                          "child/2:80:1024@8500-600000\n")
+        rec, lines = self.wattprof(["run", "--interval", "250ms"],
+                                   self.me() + ["--worker", "beside", "5", str(secs + 2)], "beside")
+        holder = next((x for x in lines if "held_s" in x), None)
+        p = next((q for q in rec["processes"] if holder and q["pid"] == holder["pid"]), None)
+        figs = [i["gpus"][0] for i in rec.get("intervals", []) if i.get("gpus") and "held_w" in i["gpus"][0]]
+        if p is None or not figs:
+            self.record(step, "holder beside a busy process", 0.0, "found", False)
+            return
+        # While the other works: the holder's GPU energy per second against
+        # half the held power (two holders).
+        per_s, held = [], figs[-1]["held_w"]
+        for i in rec["intervals"]:
+            procs = {q["pid"]: q["sm_util_pct"] for q in (i.get("gpus") or [{}])[0].get("processes", [])}
+            if len(procs) == 2 and procs.get(holder["pid"]) == 0 and max(procs.values()) > 0:
+                row = next((q for q in i.get("processes", []) if q["pid"] == holder["pid"]), None)
+                if row:
+                    per_s.append(row["gpu_j"] / (i["duration_ns"] / 1e9))
+        w = statistics.median(per_s) if per_s else float("nan")
+        off = abs(w / (held / 2) - 1) if held > 0 and per_s else float("inf")
+        self.record(step, f"holder beside a busy process: {w:.2f} W vs held/2 {held / 2:.2f} W", off,
+                    "within 20%", off < 0.20, note=f"{len(per_s)} intervals")
+
+    # 5
+    def overhead(self):
+        step = "overhead"
+        rounds = self.quick(7, 3)
+        if self.stub:
+            self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter power_mw=60000\n")
+            n = 40
+        else:
+            # A fixed job of about 20 s on this GPU (so wattprof's start-up,
+            # about a second, is part of the cost but not all of it).
+            t = time.monotonic()
+            subprocess.run(self.me() + ["--worker", "job", "200"], check=True)
+            n = max(200, int(200 * self.quick(20.0, 5.0) / max(time.monotonic() - t, 1e-3)))
+        alone, under = [], []
+        job = self.me() + ["--worker", "job", str(n)]
+        for _ in range(rounds):
+            t = time.monotonic()
+            subprocess.run(job, check=True)
+            alone.append(time.monotonic() - t)
+            t = time.monotonic()
+            self.wattprof(["run"], job, "overhead")
+            under.append(time.monotonic() - t)
+        ratio = statistics.median(u / a for a, u in zip(alone, under))
+        self.record(step, f"job under wattprof run / alone, median of {rounds} rounds", ratio,
+                    "<= 1.05 on a GPU" if not self.stub else "recorded (stub: CPU job, wattprof start-up)",
+                    ratio <= 1.05 or self.stub,
+                    note=f"alone {statistics.median(alone):.3f} s, under {statistics.median(under):.3f} s")
+
+    def run(self):
+        self.host = {}
+        for step in (self.nvml_raw, self.counter_vs_instant, self.turns, self.idle_and_held, self.overhead):
+            try:
+                step()
+            except Exception as e:  # a step that cannot run is a failure, said
+                self.record(step.__name__, "ran", 0.0, "runs", False, note=str(e)[-300:])
+        summary = {"host": self.host, "stub": self.stub, "quick": self.args.quick, "results": self.results,
+                   "passed": sum(r["pass"] for r in self.results),
+                   "failed": sum(not r["pass"] for r in self.results)}
+        with open(os.path.join(self.out, "gpu-check.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        with open(os.path.join(self.out, "gpu-check.txt"), "w") as f:
+            f.write(f"{self.host}\n")
+            for r in self.results:
+                f.write(f"{'pass' if r['pass'] else 'FAIL'}  {r['step']}: {r['figure']} = {r['value']} {r['unit']}"
+                        f" (bound: {r['bound']}) {r['note']}\n")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        print(f"gpu-check: {summary['passed']} passed, {summary['failed']} failed", flush=True)
+        return 0 if summary["failed"] == 0 else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--wattprof", default=shutil.which("wattprof") or "./wattprof",
+                    help="the wattprof binary (default: on PATH, else ./wattprof)")
+    ap.add_argument("--out", default="gpu-check", help="where the summary and recordings go")
+    ap.add_argument("--quick", action="store_true", help="short steps (CI), not the full durations")
+    ap.add_argument("--stub", metavar="LIB", help="wattprof's NVML stub (libnvml_stub.so): no GPU, no PyTorch")
+    ap.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.stub is not None)
+    if not os.access(args.wattprof, os.X_OK):
+        print(f"gpu-check: no wattprof binary at {args.wattprof}: give --wattprof PATH", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("gpu-check: wattprof loads eBPF programs: run as root", file=sys.stderr)
+        return 2
+    if args.stub is None:
+        try:
+            torch_device()
+        except Exception as e:
+            print(f"gpu-check: PyTorch with CUDA is needed on a GPU machine ({e}); "
+                  "or --stub LIB to check against wattprof's NVML stub", file=sys.stderr)
+            return 2
+    return Check(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main() or 0)
