@@ -585,6 +585,40 @@ fn gpu_energy_goes_to_the_command_by_its_sm_share() {
     assert!(cmd["memory"]["peak_pss_bytes"].as_u64().unwrap_or(0) > 0);
 }
 
+/// `wattprof run` on the NVML stub (`lib_arg`) of a shell whose two
+/// children burn `seconds` at `duty` (the stub's `child/1` and `child/2`):
+/// the recording, schema-checked, and the two pids in order.
+fn two_burners_on_the_stub(
+    lib_arg: &str,
+    interval: &str,
+    seconds: &str,
+    duty: &str,
+) -> (Value, Vec<u64>) {
+    let t = testload();
+    let script = format!("{t} burn {seconds} {duty} & {t} burn {seconds} {duty} & wait");
+    let run = wattprof_run(
+        &[
+            lib_arg,
+            "--energy-sysfs=/nonexistent",
+            "--interval",
+            interval,
+        ],
+        &["sh", "-c", &script],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report().clone();
+    wattprof_tests::schema::assert_valid("recording", &report);
+    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
+    pids.sort_unstable();
+    assert_eq!(
+        pids.len(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&run.output.stdout)
+    );
+    (report, pids)
+}
+
 #[test]
 fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
     require_ebpf!();
@@ -597,29 +631,9 @@ fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
          procs=child/1:60:1073741824,child/2:30:536870912\n",
     );
     let lib_arg = format!("--nvml-lib={}", lib.display());
-    let t = testload();
-    let script = format!("{t} burn 3 0.2 & {t} burn 3 0.2 & wait");
     for interval in ["1s", "100ms"] {
-        let run = wattprof_run(
-            &[
-                &lib_arg,
-                "--energy-sysfs=/nonexistent",
-                "--interval",
-                interval,
-            ],
-            &["sh", "-c", &script],
-        );
-        assert!(run.output.status.success(), "{}", run.stderr());
-        let report = run.report();
-        wattprof_tests::schema::assert_valid("recording", report);
-        let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
-        pids.sort_unstable();
-        assert_eq!(
-            pids.len(),
-            2,
-            "{}",
-            String::from_utf8_lossy(&run.output.stdout)
-        );
+        let (report, pids) = two_burners_on_the_stub(&lib_arg, interval, "3", "0.2");
+        let report = &report;
         let gpu = |pid| f(process(report, pid), "/energy/gpu_j");
         let (a, b) = (gpu(pids[0]), gpu(pids[1]));
         let g0 = domain(report, "gpu", Some(0));
@@ -662,23 +676,8 @@ fn an_idle_holder_beside_a_busy_process_gets_only_its_share_of_held_power() {
          procs=child/1:0:1024@3500-6500,child/1:60:1024@6500-60000,child/2:0:2048@3500-60000\n",
     );
     let lib_arg = format!("--nvml-lib={}", lib.display());
-    let t = testload();
-    let script = format!("{t} burn 10 0.1 & {t} burn 10 0.1 & wait");
-    let run = wattprof_run(
-        &[
-            &lib_arg,
-            "--energy-sysfs=/nonexistent",
-            "--interval",
-            "250ms",
-        ],
-        &["sh", "-c", &script],
-    );
-    assert!(run.output.status.success(), "{}", run.stderr());
-    let report = run.report();
-    wattprof_tests::schema::assert_valid("recording", report);
-    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
-    pids.sort_unstable();
-    assert_eq!(pids.len(), 2);
+    let (report, pids) = two_burners_on_the_stub(&lib_arg, "250ms", "10", "0.1");
+    let report = &report;
     let (busy, holder) = (pids[0], pids[1]);
     let intervals = report["intervals"].as_array().expect("intervals");
     // The figures learned, against the fixture's: the lowest mean over
