@@ -46,9 +46,12 @@ fn the_gpu_check_passes_against_the_stub() {
             "{step} missing: {stdout}"
         );
     }
-    let failed: Vec<&serde_json::Value> = results.iter().filter(|r| r["pass"] != true).collect();
+    let failed: Vec<&serde_json::Value> = results.iter().filter(|r| r["pass"] == false).collect();
     assert!(failed.is_empty(), "{failed:?}");
     assert!(run.status.success(), "{stdout}");
+    // Every bounded figure counted: 9 against the stub (the rest are
+    // recorded with no bound).
+    assert_eq!(summary["passed"], 9, "{stdout}");
     // The stub's figures come back: the learned idle and held power of its
     // 31.7 W + 22.3 W GPU, and the 2:1 turns.
     let value = |figure: &str| {

@@ -655,8 +655,12 @@ impl Profile {
             // Lost time is task time too: a model's energy covers it.
             busy_ns += c.busy_ns + c.lost_ns;
             if let Some(s) = packages.get_mut(c.package as usize) {
-                s.busy_ns += c.busy_ns;
-                s.idle_ns += c.idle_ns;
+                // Time carried in from the interval before was divided
+                // there, with the threads that claimed it: here it is
+                // divided as idle, so no dynamic energy goes unclaimed.
+                let carried = c.carried_ns.min(c.busy_ns);
+                s.busy_ns += c.busy_ns - carried;
+                s.idle_ns += c.idle_ns + carried;
                 s.lost_ns += c.lost_ns;
             }
             online += usize::from(c.window_ns > 0);

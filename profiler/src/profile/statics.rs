@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::attribution::{DomainShare, PackageTime, StaticEnergy, StaticShare};
+use crate::sources::nvml::GpuReading;
 use crate::sources::nvml::statics::{GpuState, GpuStaticEnergy, GpuStatics};
-use crate::sources::nvml::{GpuReading, SmBasis};
 use crate::sources::registry::Readers;
 use crate::sources::static_power::{
     DEFAULT_HOST_MODEL, HostModel, Machine, StaticFigure, StaticPowers, StaticSource,
@@ -116,6 +116,9 @@ pub struct Statics {
     gpus: std::collections::BTreeMap<u32, GpuStatics>,
     /// The GPUs' figures of the last interval.
     gpu_last: Vec<StaticFigure>,
+    /// Per GPU, static energy an interval could not hold (its counter had
+    /// not stepped yet), owed by the next.
+    gpu_debt: std::collections::BTreeMap<u32, GpuStaticEnergy>,
 }
 
 impl Statics {
@@ -137,6 +140,7 @@ impl Statics {
             reader: readers.cpu_reader(),
             gpus: std::collections::BTreeMap::new(),
             gpu_last: Vec::new(),
+            gpu_debt: std::collections::BTreeMap::new(),
         }
     }
 
@@ -201,15 +205,29 @@ impl Statics {
     pub fn gpu_interval(&mut self, g: &GpuReading, duration_ns: u64) -> GpuStaticEnergy {
         let state = if g.processes.is_empty() {
             GpuState::Idle
-        } else if g.sm_basis == SmBasis::Sampled && g.processes.iter().all(|p| p.sm_util_pct == 0) {
+        } else if g.at_rest {
             GpuState::Held
         } else {
             GpuState::Working
         };
         let learner = self.gpus.entry(g.index).or_default();
-        learner.observe(state, g.energy_uj, duration_ns);
+        if g.whole {
+            learner.observe(state, g.energy_uj, duration_ns);
+        } else {
+            // Energy over more or less than the interval teaches nothing,
+            // and ends the stretch it falls in.
+            learner.observe(GpuState::Working, 0, duration_ns);
+        }
         let held = state != GpuState::Idle;
-        let energy = learner.energy(duration_ns, held);
+        let figure = learner.energy(duration_ns, held);
+        // A counter that steps every 20-100 ms reads 0 J over some short
+        // intervals and two steps over the next: static energy an interval
+        // could not hold is taken from the next ones (up to a second's
+        // worth; more means the figure is above the power: dropped), so
+        // the idle row and the holders get all of theirs over a run.
+        let cap = learner.energy(1_000_000_000, true);
+        let debt = self.gpu_debt.entry(g.index).or_default();
+        let energy = figure.charge(debt, g.energy_uj, held, cap);
         let watts = learner.idle_w().unwrap_or(0.0)
             + if held {
                 learner.held_w().unwrap_or(0.0)

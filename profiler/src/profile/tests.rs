@@ -185,6 +185,7 @@ impl Rig {
             lost_ns: 0,
             switches: 0,
             window_ns: WINDOW_NS,
+            carried_ns: 0,
         };
         self.script.samples.push_back(CpuSample {
             at_ns: self.at_ns,

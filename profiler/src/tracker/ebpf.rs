@@ -1087,6 +1087,7 @@ impl CpuSampler for EbpfTracker {
                     lost_ns,
                     switches: n.switches.saturating_sub(p.switches),
                     window_ns,
+                    carried_ns: 0,
                 }
             })
             .collect();

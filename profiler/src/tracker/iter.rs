@@ -298,6 +298,7 @@ fn cpu_times(
 ) -> Vec<CpuTimes> {
     let online = |cpu: usize| topology.online.contains(&(cpu as u32));
     let mut busy = busy.to_vec();
+    let mut carried_in = vec![0u64; busy.len()];
     let packages = topology.sockets().max(1);
     for package in 0..packages as u32 {
         let members: Vec<usize> = (0..busy.len())
@@ -306,6 +307,8 @@ fn cpu_times(
         let Some(&first) = members.first() else {
             continue;
         };
+        // This interval's time above a CPU's window first, then what
+        // earlier intervals carried, into the package's room.
         let mut spill: u64 = members
             .iter()
             .map(|c| {
@@ -313,18 +316,21 @@ fn cpu_times(
                 busy[*c] -= over;
                 over
             })
-            .sum::<u64>()
-            + std::mem::take(&mut carry[first]);
+            .sum::<u64>();
+        let mut carried = std::mem::take(&mut carry[first]);
         for c in &members {
-            let room = window_ns - busy[*c];
-            let take = room.min(spill);
+            let take = (window_ns - busy[*c]).min(spill);
             busy[*c] += take;
             spill -= take;
+            let take = (window_ns - busy[*c]).min(carried);
+            busy[*c] += take;
+            carried -= take;
+            carried_in[*c] = take;
         }
         if last {
-            busy[first] += spill;
+            busy[first] += spill + carried;
         } else {
-            carry[first] = spill;
+            carry[first] = spill + carried;
         }
     }
     busy.iter()
@@ -343,6 +349,7 @@ fn cpu_times(
                 lost_ns: 0,
                 switches: 0,
                 window_ns: window,
+                carried_ns: carried_in[cpu],
             }
         })
         .collect()
@@ -428,6 +435,8 @@ mod tests {
         let later = cpu_times(&[0, 30, 0, 0], 100, &topo, &mut carry, false, &[], &[]);
         let busy: Vec<u64> = later.iter().map(|c| c.busy_ns).collect();
         assert_eq!(busy, vec![40, 30, 0, 0]);
+        // The 40 carried in: busy time no thread of this interval claims.
+        assert_eq!(later[0].carried_ns, 40);
         for c in cpus.iter().chain(&later) {
             assert_eq!(c.busy_ns + c.idle_ns, c.window_ns, "{c:?}");
         }

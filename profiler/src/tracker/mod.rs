@@ -94,6 +94,12 @@ pub struct CpuTimes {
     pub switches: u64,
     /// Length of this CPU's accounting window over the interval.
     pub window_ns: u64,
+    /// The part of `busy_ns` carried from earlier intervals (threads read
+    /// a little after a boundary: their time past it was counted in the
+    /// interval before). No task of this interval claims it, so energy is
+    /// divided as if it were idle. Not in the recording.
+    #[serde(skip)]
+    pub carried_ns: u64,
 }
 
 /// One thread's on-CPU time over an interval.

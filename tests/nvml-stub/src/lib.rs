@@ -392,7 +392,7 @@ fn with_gpu(
     if g.lost_after > 0 && g.calls >= g.lost_after {
         g.lost_answers += 1;
         if g.back_after > 0 && g.lost_answers > g.back_after {
-            // Back: lost again only after another lost_after calls.
+            // Back, for good.
             g.calls = 0;
             g.lost_answers = 0;
             g.lost_after = u32::MAX;
@@ -772,7 +772,8 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
     for &ts in ticks.iter().filter(|ts| **ts > last_seen) {
         // Who held the GPU then.
         procs = running(g, ts.saturating_sub(now.start_epoch_us) as f64 / 1e6);
-        for &(pid, sm, _) in &procs {
+        // The driver gives samples only of processes that used the SM.
+        for &(pid, sm, _) in procs.iter().filter(|p| p.1 > 0) {
             out.push(sample(pid, ts, sm));
         }
         let first = procs.first().map(|p| p.0);
@@ -891,13 +892,18 @@ unsafe fn running_processes(
                 std::mem::size_of::<ProcessInfo>()
             };
             for (i, &(pid, _, mem)) in procs.iter().enumerate() {
+                let at = i * entry;
+                if at >= cap_bytes {
+                    // A real driver writes on past the buffer; the stub
+                    // stops at its end.
+                    break;
+                }
                 let mut bytes = [0u8; 32];
                 bytes[0..4].copy_from_slice(&pid.to_ne_bytes());
                 bytes[8..16].copy_from_slice(&mem.to_ne_bytes());
                 bytes[16..20].copy_from_slice(&u32::MAX.to_ne_bytes());
                 bytes[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
-                let at = i * entry;
-                let len = entry.min(cap_bytes.saturating_sub(at));
+                let len = entry.min(cap_bytes - at);
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), infos.cast::<u8>().add(at), len);
             }
             *count = n as c_uint;

@@ -111,6 +111,13 @@ pub struct GpuReading {
     pub processes: Vec<GpuProcess>,
     /// Where the processes' SM shares come from.
     pub sm_basis: SmBasis,
+    /// Processes hold it and none worked: NVML's samples (which it gives
+    /// only for processes that used the SM) show none above 0% within
+    /// the last 2 s, and the GPU's utilization, where known, is 0.
+    pub at_rest: bool,
+    /// The energy covers this interval only (not a catch-up after failed
+    /// reads, nor a counter started afresh): it may teach static power.
+    pub whole: bool,
 }
 
 /// A GPU found.
@@ -466,6 +473,8 @@ fn read_gpu(
     problems: &mut Vec<(u32, String)>,
 ) -> Option<GpuReading> {
     let index = g.info.index;
+    // Power integration's first reading has nothing to integrate from.
+    let from_nothing = matches!(g.energy, Energy::Integrate { last: None, .. });
     let read = nvml
         .device_by_index(index)
         .map_err(Miss::from)
@@ -499,9 +508,12 @@ fn read_gpu(
         }
         Ok(x) => x,
     };
+    // A read after failed ones covers their intervals too.
+    let mut whole = !said.failing.contains_key("energy") && !from_nothing;
     said.set("energy", None);
     let mut energy_uj = energy_uj;
     if let Some(since) = g.lost.take() {
+        whole = false;
         let lost_for = since.elapsed();
         if lost_for > LOST_CATCH_UP {
             said.out.push((
@@ -587,20 +599,21 @@ fn read_gpu(
     };
     // NVML lists host pids: ones this PID namespace cannot see (wattprof in
     // a container without the host's PIDs) are no process wattprof knows.
-    let unseen = listed.as_ref().map_or(0, |l| {
-        l.keys()
+    if let Some(l) = &listed {
+        let unseen = l
+            .keys()
             .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-            .count()
-    });
-    said.set(
-        "pid namespace",
-        (unseen > 0).then(|| {
-            format!(
-                "{unseen} process(es) holding it are not in this PID namespace (another container, \
-                 or wattprof without --pid=host / hostPID: true): their GPU energy is unattributed"
-            )
-        }),
-    );
+            .count();
+        said.set(
+            "pid namespace",
+            (unseen > 0).then(|| {
+                format!(
+                    "{unseen} process(es) holding it are not in this PID namespace (another container, \
+                     or wattprof without --pid=host / hostPID: true): their GPU energy is unattributed"
+                )
+            }),
+        );
+    }
     // The per-process samples since the last seen, a count race retried.
     let mut samples = device.process_utilization_stats(g.last_sample_ts);
     for _ in 0..RACE_RETRIES {
@@ -609,6 +622,7 @@ fn read_gpu(
         }
         samples = device.process_utilization_stats(g.last_sample_ts);
     }
+    let samples_ok = matches!(samples, Ok(_) | Err(NvmlError::NotFound));
     let raw: Vec<RawSample> = match samples {
         Ok(s) => {
             said.set("samples", None);
@@ -644,7 +658,10 @@ fn read_gpu(
     };
     let pids: Option<Vec<u32>> = listed.as_ref().map(|l| l.keys().copied().collect());
     let clean = sanitise(&raw, pids.as_deref(), g.last_sample_ts, now_epoch_us());
-    said.set("sample sanity", clean.discarded());
+    // Judged only on reads that returned samples (NOT_FOUND says nothing).
+    if !raw.is_empty() {
+        said.set("sample sanity", clean.discarded());
+    }
     if let Some(ts) = clean.newest {
         g.last_sample_ts = ts;
     }
@@ -686,6 +703,13 @@ fn read_gpu(
     } else {
         sm_basis
     };
+    // NVML samples only processes that used the SM: holders with no
+    // sample within 2 s, and a GPU whose utilization is 0 where known,
+    // did no work.
+    let at_rest = !processes.is_empty()
+        && samples_ok
+        && processes.iter().all(|p| p.sm_util_pct == 0)
+        && util_pct.is_none_or(|u| u == 0);
     Some(GpuReading {
         index,
         energy_uj,
@@ -695,6 +719,8 @@ fn read_gpu(
         memory_used_bytes,
         processes,
         sm_basis,
+        at_rest,
+        whole,
     })
 }
 
@@ -724,13 +750,25 @@ impl Source for NvmlGpus {
     /// read fails with every GPU's problem.
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         let readings = self.read_gpus();
-        if readings.is_empty() && !self.problems.is_empty() {
-            // Each GPU's problem stays for `take_problems`, a line each.
-            let all: Vec<String> = self
+        if readings.is_empty() {
+            // No GPU gave a reading: the read failed, whether or not its
+            // lines were said already (each stays for `take_problems`).
+            let mut all: Vec<String> = self
                 .problems
                 .iter()
                 .map(|(i, what)| format!("GPU {i}: {what}"))
                 .collect();
+            for g in &self.gpus {
+                all.extend(
+                    g.failing
+                        .values()
+                        .map(|w| format!("GPU {}: {w}", g.info.index)),
+                );
+            }
+            all.dedup();
+            if all.is_empty() {
+                all.push("no GPU answered".into());
+            }
             return Err(SourceError::Retryable(all.join("; ")));
         }
         let energy = readings

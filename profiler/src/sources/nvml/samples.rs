@@ -30,7 +30,9 @@ pub struct Sanitised {
     pub shares: HashMap<u32, u32>,
     /// The newest kept timestamp (the next `lastSeenTimeStamp`).
     pub newest: Option<u64>,
-    /// Discarded: pid 0 or not in the process list.
+    /// Discarded: pid 0.
+    pub pid0: u32,
+    /// Discarded: not in the process list (ended, or never a holder).
     pub not_listed: u32,
     /// Discarded: SM over 100.
     pub sm_over_100: u32,
@@ -43,8 +45,11 @@ pub struct Sanitised {
 impl Sanitised {
     /// What was discarded, for a problem line; `None` when nothing was.
     pub fn discarded(&self) -> Option<String> {
+        // A pid no longer in the process list is a process that just
+        // ended (its last samples come after): dropped, not a problem;
+        // pid 0 never is a process.
         let parts: Vec<String> = [
-            (self.not_listed, "of a pid not in the process list"),
+            (self.pid0, "of pid 0"),
             (self.sm_over_100, "with SM over 100%"),
             (
                 self.bad_timestamp,
@@ -74,7 +79,9 @@ pub fn sanitise(
     let mut seen: Vec<RawSample> = Vec::new();
     let mut sums: HashMap<u32, (u64, u64)> = HashMap::new();
     for s in samples {
-        if s.pid == 0 || listed.is_some_and(|l| !l.contains(&s.pid)) {
+        if s.pid == 0 {
+            out.pid0 += 1;
+        } else if listed.is_some_and(|l| !l.contains(&s.pid)) {
             out.not_listed += 1;
         } else if s.sm_util > 100 {
             out.sm_over_100 += 1;
@@ -129,16 +136,23 @@ mod tests {
         assert_eq!(c.shares.get(&20), Some(&30));
         assert_eq!(c.shares.len(), 2);
         assert_eq!(
-            (c.not_listed, c.sm_over_100, c.bad_timestamp, c.duplicates),
-            (2, 1, 2, 1)
+            (
+                c.pid0,
+                c.not_listed,
+                c.sm_over_100,
+                c.bad_timestamp,
+                c.duplicates
+            ),
+            (1, 1, 1, 2, 1)
         );
         // The next lastSeenTimeStamp is the newest sane one, never the
         // future one.
         assert_eq!(c.newest, Some(3_000));
         let line = c.discarded().expect("said");
+        assert!(line.contains("1 of pid 0"), "{line}");
         assert!(
-            line.contains("2 of a pid not in the process list"),
-            "{line}"
+            !line.contains("process list"),
+            "an ended process is no problem: {line}"
         );
         assert!(line.contains("1 with SM over 100%"), "{line}");
     }
@@ -147,7 +161,10 @@ mod tests {
     fn with_no_process_list_any_pid_but_0_is_kept_and_clean_samples_say_nothing() {
         let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, 0, 10);
         assert_eq!(c.shares.get(&7), Some(&20));
-        assert_eq!(c.not_listed, 1);
+        assert_eq!(c.pid0, 1);
+        // Samples of a process that has just ended: dropped, not said.
+        let c = sanitise(&[s(7, 5, 20), s(8, 5, 20)], Some(&[7]), 0, 10);
+        assert_eq!((c.not_listed, c.discarded()), (1, None));
         let c = sanitise(&[s(7, 5, 20)], Some(&[7]), 0, 10);
         assert_eq!(c.discarded(), None);
         assert_eq!(sanitise(&[], Some(&[7]), 0, 10).newest, None);

@@ -10,8 +10,9 @@
 //! - **dynamic**: the rest, what the work caused, by SM share.
 //!
 //! The idle figure is the lowest mean power seen over stretches with no
-//! context, the held figure the lowest over stretches where every holder
-//! was sampled at 0% SM, less the idle figure. A stretch is consecutive
+//! context, the held figure the lowest over stretches where no holder
+//! worked (NVML gave no sample above 0% SM within 2 s, and the GPU's
+//! utilization was 0 where it says), less the idle figure. A stretch is consecutive
 //! intervals in the same state (less the first, which straddles the change
 //! of state), at least [`MIN_STRETCH_NS`] long: a
 //! counter that steps every 20-100 ms is exact to a step at each end of
@@ -27,7 +28,7 @@ pub const MIN_STRETCH_NS: u64 = 2_000_000_000;
 pub enum GpuState {
     /// No process held a context.
     Idle,
-    /// Processes held contexts, all sampled at 0% SM.
+    /// Processes held contexts and none worked.
     Held,
     /// Anything else (work, or shares not sampled).
     Working,
@@ -75,6 +76,27 @@ pub struct GpuStaticEnergy {
     /// Held power × the interval, when a process holds the GPU: shared by
     /// the holders.
     pub held_uj: u64,
+}
+
+impl GpuStaticEnergy {
+    /// What an interval that measured `measured_uj` is charged of this
+    /// static energy plus `debt` (what earlier intervals could not hold: a
+    /// counter that steps every 20-100 ms reads 0 J over some short
+    /// intervals and two steps over the next), at most what it measured,
+    /// idle first; what it cannot hold becomes the debt, up to `cap` (more
+    /// means the figure is above the power: dropped). Held energy is owed
+    /// only while a process holds the GPU (`held`).
+    pub fn charge(self, debt: &mut Self, measured_uj: u64, held: bool, cap: Self) -> Self {
+        let want_idle = self.idle_uj + debt.idle_uj;
+        let want_held = if held { self.held_uj + debt.held_uj } else { 0 };
+        let idle_uj = want_idle.min(measured_uj);
+        let held_uj = want_held.min(measured_uj - idle_uj);
+        *debt = Self {
+            idle_uj: (want_idle - idle_uj).min(cap.idle_uj),
+            held_uj: (want_held - held_uj).min(cap.held_uj),
+        };
+        Self { idle_uj, held_uj }
+    }
 }
 
 impl GpuStatics {
@@ -165,6 +187,44 @@ mod tests {
         let e = g.energy(S / 4, true);
         assert_eq!((e.idle_uj, e.held_uj), (7_925_000, 5_550_000));
         assert_eq!(g.energy(S / 4, false).held_uj, 0);
+    }
+
+    #[test]
+    fn static_energy_an_interval_could_not_hold_is_charged_to_the_next() {
+        use super::GpuStaticEnergy as E;
+        // 10 J idle + 5 J held an interval; the counter stepped 0 J, then
+        // 40 J, then 20 J.
+        let figure = E {
+            idle_uj: 10,
+            held_uj: 5,
+        };
+        let cap = E {
+            idle_uj: 40,
+            held_uj: 20,
+        };
+        let mut debt = E::default();
+        assert_eq!(figure.charge(&mut debt, 0, true, cap), E::default());
+        assert_eq!(debt, figure);
+        assert_eq!(
+            figure.charge(&mut debt, 40, true, cap),
+            E {
+                idle_uj: 20,
+                held_uj: 10
+            }
+        );
+        assert_eq!(debt, E::default());
+        // Over the three: 30 J idle and 15 J held, as three intervals owe.
+        assert_eq!(figure.charge(&mut debt, 20, true, cap), figure);
+        // With no holder, held energy is neither charged nor owed.
+        let mut debt = E::default();
+        let got = figure.charge(&mut debt, 12, false, cap);
+        assert_eq!((got.held_uj, debt.held_uj), (0, 0));
+        // A figure far above the power: the debt stops at the cap.
+        let mut debt = E::default();
+        for _ in 0..10 {
+            figure.charge(&mut debt, 0, true, cap);
+        }
+        assert_eq!(debt, cap);
     }
 
     #[test]
