@@ -648,6 +648,9 @@ impl Profile {
         let duration_ns = sample.at_ns.saturating_sub(self.last_ns);
         self.last_ns = sample.at_ns;
         let mut packages = vec![PackageTime::default(); self.package_ids.len().max(1)];
+        // What the CPUs did, carried-in time included: what the power
+        // followed, and so what static power is learned from.
+        let mut physical = packages.clone();
         let mut online = 0;
         let (mut window_ns, mut busy_ns) = (0, 0);
         for c in &sample.cpus {
@@ -663,6 +666,11 @@ impl Profile {
                 s.idle_ns += c.idle_ns + carried;
                 s.lost_ns += c.lost_ns;
             }
+            if let Some(s) = physical.get_mut(c.package as usize) {
+                s.busy_ns += c.busy_ns;
+                s.idle_ns += c.idle_ns;
+                s.lost_ns += c.lost_ns;
+            }
             online += usize::from(c.window_ns > 0);
         }
         self.readers
@@ -671,7 +679,7 @@ impl Profile {
         let (statics, static_w) = self.statics.interval(
             &read.energy,
             &read.caught_up,
-            &packages,
+            &physical,
             &self.package_ids,
             duration_ns,
             self.readers.model_static_uj(window_ns),
