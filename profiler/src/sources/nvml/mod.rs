@@ -1,12 +1,11 @@
 //! NVIDIA GPUs through NVML (nvml-wrapper, loading `libnvidia-ml.so.1`).
-//!
 //! Energy comes from each GPU's total-energy counter (millijoules since
 //! the driver loaded; Volta and later). Where the counter cannot be read
 //! (older GPUs answer `NVML_ERROR_NOT_SUPPORTED`; a container or a driver
 //! may answer NO_PERMISSION, FUNCTION_NOT_FOUND or lack the symbol), energy
 //! is integrated from power readings (trapezoids between reads), marked
-//! estimated and said. Each read also collects utilization, memory, and
-//! per-process SM utilization and GPU memory for attribution.
+//! estimated and said. Each read also takes utilization, memory and each
+//! process's SM share and memory.
 //!
 //! NVML is read as it behaves, not as documented:
 //! - per-process samples are sanitised (the pid is in the driver's process
@@ -798,27 +797,4 @@ impl Source for NvmlGpus {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::container_hint;
-
-    #[test]
-    fn in_a_container_the_missing_toolkit_option_is_named() {
-        let root = std::env::temp_dir().join(format!("wattprof-nvml-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("dev")).expect("dir");
-        assert_eq!(container_hint(&root), None, "not a container");
-        std::fs::write(root.join(".dockerenv"), "").expect("write");
-        let hint = container_hint(&root).expect("a container");
-        assert!(
-            hint.contains("--gpus all") && hint.contains("runtimeClassName"),
-            "{hint}"
-        );
-        std::fs::write(root.join("dev/nvidiactl"), "").expect("write");
-        let hint = container_hint(&root).expect("a container");
-        assert!(
-            hint.contains("NVIDIA_DRIVER_CAPABILITIES=utility"),
-            "{hint}"
-        );
-        let _ = std::fs::remove_dir_all(&root);
-    }
-}
+mod tests;
