@@ -127,9 +127,37 @@ impl PerfPower {
                 format!("no energy events in {}", pmu.display())
             })));
         }
+        // A VM can list the PMU and open its events without the hardware
+        // behind them (seen on a Firecracker guest: psys read 0 J for
+        // good). RAPL's counters step about every millisecond, so one that
+        // has not moved in COUNTS_WITHIN counts nothing.
+        let opened_at = std::time::Instant::now();
+        let moved = loop {
+            let moved = events.iter_mut().any(|e| {
+                e.counter
+                    .read()
+                    .is_ok_and(|raw| e.energy.advance(raw).unwrap_or(0) > 0)
+            });
+            if moved || opened_at.elapsed() >= COUNTS_WITHIN {
+                break moved;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        if !moved {
+            return Err(SourceError::unsupported(
+                format!(
+                    "the perf power events in {} count nothing (a VM that lists the PMU without the hardware)",
+                    pmu.display()
+                ),
+                "another reader is used; on bare metal, check `perf stat -a -e power/energy-pkg/ sleep 1`",
+            ));
+        }
         Ok(Self { pmu, events })
     }
 }
+
+/// How long an opened event may take to count its first step.
+const COUNTS_WITHIN: std::time::Duration = std::time::Duration::from_millis(60);
 
 /// `events/<name>.scale`: joules per count (an event without one cannot be
 /// turned into energy and is skipped).
@@ -216,6 +244,31 @@ mod tests {
             (0.9..=1.05).contains(&ratio),
             "{uj} µJ over {elapsed_us} µs"
         );
+    }
+
+    #[test]
+    fn events_that_count_nothing_are_not_a_reader() {
+        if !crate::privilege::may_perf_system_wide() {
+            skip_test!("system-wide perf counters need CAP_PERFMON");
+            return;
+        }
+        // As a Firecracker guest's psys: listed, opened, never counting
+        // (here the dummy software event, 9, which counts nothing).
+        let dir = tempfile::tempdir().expect("tempdir");
+        software_backed_power_pmu(dir.path());
+        std::fs::write(
+            dir.path()
+                .join("bus/event_source/devices/power/events/energy-pkg"),
+            "event=0x09\n",
+        )
+        .expect("event");
+        match PerfPower::open(&SysRoot::at(dir.path())) {
+            Err(SourceError::NotSupported { reason, .. }) => {
+                assert!(reason.contains("count nothing"), "{reason}")
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("a counter that never moves was taken as a reader"),
+        }
     }
 
     #[test]
