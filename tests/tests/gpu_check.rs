@@ -61,7 +61,10 @@ fn the_gpu_check_passes_against_the_stub() {
             .and_then(|r| r["value"].as_f64())
             .unwrap_or_else(|| panic!("{figure}: {stdout}"))
     };
-    assert!((value("learned idle power") - 31.7).abs() < 0.5, "{stdout}");
-    assert!((value("learned held power") - 22.3).abs() < 0.7, "{stdout}");
+    // Its counter steps every 100 ms, as an H200's does: a stretch of T
+    // seconds at rest is exact to 0.1/T of its power, about 6 s idle
+    // (±0.5 W) and 9 s held (±0.6 W of the 54 W, less the idle figure).
+    assert!((value("learned idle power") - 31.7).abs() < 0.6, "{stdout}");
+    assert!((value("learned held power") - 22.3).abs() < 1.2, "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }

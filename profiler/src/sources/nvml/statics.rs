@@ -9,19 +9,35 @@
 //!   one;
 //! - **dynamic**: the rest, what the work caused, by SM share.
 //!
-//! The idle figure is the lowest mean power seen over stretches with no
-//! context, the held figure the lowest over stretches where no holder
-//! worked (NVML gave no sample above 0% SM within 2 s, and the GPU's
-//! utilization was 0 where it says), less the idle figure. A stretch is consecutive
-//! intervals in the same state (less the first, which straddles the change
-//! of state), at least [`MIN_STRETCH_NS`] long: a
-//! counter that steps every 20-100 ms is exact to a step at each end of
-//! it, so 2 s bounds that error to 10% at worst and usually 1-2%, and the
-//! lowest of the stretches is kept. Both are upper bounds (the GPU may
-//! never have been at rest), said so as `lowest_seen`.
+//! The idle figure is learned from stretches with no context, the held
+//! figure from stretches where no holder worked (NVML gave no sample above
+//! 0% SM within 2 s, and the GPU's utilization was 0 where it says), less
+//! the idle figure. A stretch is consecutive intervals in the same state,
+//! less its first [`SETTLE_NS`] (the first interval straddles the change of
+//! state, and an H200 took half a second to fall from 126 W to its 77.5 W
+//! idle after a load), and it teaches once it is [`MIN_STRETCH_NS`] long.
+//!
+//! A stretch grows as long as the state lasts: its figure is its whole
+//! mean. The energy counter steps every 20-100 ms (100 ms on an H200), so a
+//! stretch's energy is exact to a step: ±5% over 2 s, ±0.5% over 20 s
+//! ([`COUNTER_STEP_NS`] / length). Of several stretches, a lower one
+//! replaces the one kept only when the two differ by more than that;
+//! otherwise the longer is kept. So a short stretch that read a step low
+//! does not win over a long exact one (on the H200, cutting an idle GPU
+//! into 2 s pieces and keeping the lowest read 75.8 W for 77.5 W), while a
+//! stretch still settling from a load (clearly higher) loses to a later
+//! one. Both figures are upper bounds (the GPU may never have
+//! been at rest), said so as `lowest_seen`.
 
 /// A stretch must be at least this long to teach a figure.
 pub const MIN_STRETCH_NS: u64 = 2_000_000_000;
+
+/// The start of a stretch that is left out: the power still settling.
+pub const SETTLE_NS: u64 = 1_000_000_000;
+
+/// The longest step of a GPU energy counter (NVML's documentation: 20-100
+/// ms; 100 ms measured on an H200).
+pub const COUNTER_STEP_NS: u64 = 100_000_000;
 
 /// What an interval showed of the GPU's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,25 +50,50 @@ pub enum GpuState {
     Working,
 }
 
+/// One stretch of a state.
 #[derive(Clone, Copy, Debug, Default)]
 struct Stretch {
+    /// Time in the state before the part that counts.
+    settled_ns: u64,
     uj: u64,
     ns: u64,
 }
 
 impl Stretch {
-    /// Adds an interval; the mean power (W) once the stretch is long
-    /// enough, after which it starts again.
-    fn add(&mut self, uj: u64, ns: u64) -> Option<f64> {
-        self.uj += uj;
-        self.ns += ns;
-        if self.ns < MIN_STRETCH_NS {
-            return None;
+    /// The mean power (W) and its upper bound, once long enough.
+    fn figure(&self) -> Option<Figure> {
+        (self.ns >= MIN_STRETCH_NS).then(|| {
+            // µJ / ns = kW: × 1e3 for watts.
+            let w = self.uj as f64 / self.ns as f64 * 1e3;
+            Figure {
+                w,
+                err: COUNTER_STEP_NS as f64 / self.ns as f64,
+            }
+        })
+    }
+}
+
+/// A stretch's mean power and how far off it could be.
+#[derive(Clone, Copy, Debug)]
+struct Figure {
+    w: f64,
+    /// The most the counter's steps can put it off, as a fraction.
+    err: f64,
+}
+
+/// The better of two figures: the lower where they differ by more than
+/// their errors, else the more exact (the longer stretch).
+fn better(a: Option<Figure>, b: Option<Figure>) -> Option<Figure> {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            let apart = |x: Figure, y: Figure| x.w * (1.0 + x.err) < y.w * (1.0 - y.err);
+            Some(if apart(b, a) || (!apart(a, b) && b.err < a.err) {
+                b
+            } else {
+                a
+            })
         }
-        // µJ / ns = kW: × 1e3 for watts.
-        let w = self.uj as f64 / self.ns as f64 * 1e3;
-        *self = Self::default();
-        Some(w)
+        (a, b) => a.or(b),
     }
 }
 
@@ -61,11 +102,12 @@ impl Stretch {
 pub struct GpuStatics {
     /// The state of the last interval seen.
     last: Option<GpuState>,
-    idle: Stretch,
-    held: Stretch,
-    idle_w: Option<f64>,
+    /// The stretch under way (of `last`'s state).
+    now: Stretch,
+    /// The best of the idle and held stretches that have ended.
+    idle: Option<Figure>,
     /// Idle + held: the lowest power with contexts open and no work.
-    held_total_w: Option<f64>,
+    held_total: Option<Figure>,
 }
 
 /// A GPU's static energy over one interval (µJ).
@@ -102,46 +144,54 @@ impl GpuStaticEnergy {
 impl GpuStatics {
     /// Learns from an interval of `uj` over `ns` in `state`.
     pub fn observe(&mut self, state: GpuState, uj: u64, ns: u64) {
-        // The first interval in a state straddles the change: part of it
-        // was still the state before (the state is what the read saw).
-        let first = self.last != Some(state);
-        self.last = Some(state);
-        if first {
-            self.idle = Stretch::default();
-            self.held = Stretch::default();
+        if self.last != Some(state) {
+            self.end_stretch();
+            self.last = Some(state);
+            self.now = Stretch::default();
+        }
+        if !matches!(state, GpuState::Idle | GpuState::Held) {
             return;
         }
-        match state {
-            GpuState::Idle => {
-                self.held = Stretch::default();
-                if let Some(w) = self.idle.add(uj, ns) {
-                    self.idle_w = Some(self.idle_w.map_or(w, |x| x.min(w)));
-                }
-            }
-            GpuState::Held => {
-                self.idle = Stretch::default();
-                if let Some(w) = self.held.add(uj, ns) {
-                    self.held_total_w = Some(self.held_total_w.map_or(w, |x| x.min(w)));
-                }
-            }
-            GpuState::Working => {
-                self.idle = Stretch::default();
-                self.held = Stretch::default();
-            }
+        // The first interval always straddles the change; then the power
+        // settles.
+        if self.now.settled_ns < SETTLE_NS {
+            self.now.settled_ns += ns.max(1);
+            return;
         }
+        self.now.uj += uj;
+        self.now.ns += ns;
+    }
+
+    /// Keeps the stretch that ended if it is the better one.
+    fn end_stretch(&mut self) {
+        let done = self.now.figure();
+        match self.last {
+            Some(GpuState::Idle) => self.idle = better(self.idle, done),
+            Some(GpuState::Held) => self.held_total = better(self.held_total, done),
+            _ => {}
+        }
+    }
+
+    /// The best figure of a state: the stretches ended and the one under
+    /// way.
+    fn best(&self, state: GpuState, ended: Option<Figure>) -> Option<f64> {
+        let now = (self.last == Some(state))
+            .then(|| self.now.figure())
+            .flatten();
+        better(ended, now).map(|f| f.w)
     }
 
     /// The power with no context open (W), once seen.
     pub fn idle_w(&self) -> Option<f64> {
-        self.idle_w
+        self.best(GpuState::Idle, self.idle)
     }
 
     /// The extra power of holding contexts with no work (W), once seen.
     /// Until an idle stretch is seen too, it is all the power with
     /// contexts open and no work (the idle power charged as held).
     pub fn held_w(&self) -> Option<f64> {
-        self.held_total_w
-            .map(|h| (h - self.idle_w.unwrap_or(0.0)).max(0.0))
+        self.best(GpuState::Held, self.held_total)
+            .map(|h| (h - self.idle_w().unwrap_or(0.0)).max(0.0))
     }
 
     /// The static energy of an interval of `ns`, `held` when a process
@@ -149,7 +199,7 @@ impl GpuStatics {
     pub fn energy(&self, ns: u64, held: bool) -> GpuStaticEnergy {
         let uj = |w: f64| (w * ns as f64 / 1e3).round().max(0.0) as u64;
         GpuStaticEnergy {
-            idle_uj: self.idle_w.map_or(0, uj),
+            idle_uj: self.idle_w().map_or(0, uj),
             held_uj: if held { self.held_w().map_or(0, uj) } else { 0 },
         }
     }
@@ -157,16 +207,17 @@ impl GpuStatics {
 
 #[cfg(test)]
 mod tests {
-    use super::{GpuState, GpuStatics, MIN_STRETCH_NS};
+    use super::{GpuState, GpuStatics, MIN_STRETCH_NS, SETTLE_NS};
 
     const S: u64 = 1_000_000_000;
 
     #[test]
-    fn idle_and_held_are_the_lowest_long_stretches_of_their_state() {
+    fn idle_and_held_are_learned_from_long_settled_stretches_of_their_state() {
         let mut g = GpuStatics::default();
-        // 31.7 W idle in 500 ms intervals: known after 2 s, not before,
-        // the first interval (straddling the change) left out.
-        g.observe(GpuState::Idle, 1, S / 2);
+        // 31.7 W idle in 500 ms intervals: the first second settles (the
+        // first interval at 90 W, still falling from a load), then 2 s.
+        g.observe(GpuState::Idle, 45_000_000, S / 2);
+        g.observe(GpuState::Idle, 15_850_000, S / 2);
         for i in 0..4 {
             assert_eq!(g.idle_w(), None, "{i}");
             g.observe(GpuState::Idle, 15_850_000, S / 2);
@@ -174,19 +225,87 @@ mod tests {
         assert!((g.idle_w().expect("idle") - 31.7).abs() < 1e-9);
         // Work breaks a stretch: 1.5 s held, then work, teaches nothing.
         g.observe(GpuState::Held, 1, S / 2);
+        g.observe(GpuState::Held, 1, S / 2);
         g.observe(GpuState::Held, 80_000_000, 3 * S / 2);
         g.observe(GpuState::Working, 400_000_000, S);
-        g.observe(GpuState::Held, 1, S / 2);
         assert_eq!(g.held_w(), None);
         // 53.9 W with contexts open and no work: 22.2 W held.
+        g.observe(GpuState::Held, 1, S);
         g.observe(GpuState::Held, 53_900_000 * 2, 2 * S);
         assert!((g.held_w().expect("held") - 22.2).abs() < 1e-9);
-        // A higher stretch later keeps the lowest.
+        // A higher stretch later does not replace it.
+        g.observe(GpuState::Working, 400_000_000, S);
+        g.observe(GpuState::Held, 1, S);
         g.observe(GpuState::Held, 60_000_000 * 3, 3 * S);
         assert!((g.held_w().expect("held") - 22.2).abs() < 1e-9);
         let e = g.energy(S / 4, true);
         assert_eq!((e.idle_uj, e.held_uj), (7_925_000, 5_550_000));
         assert_eq!(g.energy(S / 4, false).held_uj, 0);
+    }
+
+    /// Energy read about every 250 ms (a sampler's jitter, ±45 ms) from a
+    /// counter that steps every 100 ms at `w` watts, as an H200's does:
+    /// each read's growth (µJ) and its interval (ns).
+    fn stepped(w: f64, reads: u64, phase_ms: u64) -> Vec<(u64, u64)> {
+        let t = |i: u64| {
+            if i == 0 {
+                0
+            } else {
+                i * 250 + (i * 37) % 91 - 45
+            }
+        };
+        let at = |t_ms: u64| ((t_ms + phase_ms) / 100 * 100) as f64 * w * 1e3;
+        (0..reads)
+            .map(|i| {
+                (
+                    (at(t(i + 1)) - at(t(i))) as u64,
+                    (t(i + 1) - t(i)) * 1_000_000,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_counter_that_steps_is_not_read_low_by_keeping_the_lowest_piece() {
+        // 77.5 W idle for 20 s: each read holds 2 or 3 steps (15.5 or
+        // 23.25 J). Kept as 2 s pieces, the lowest read 75.8 W on an H200;
+        // the whole stretch is exact to a step.
+        for phase in [0, 30, 60, 90] {
+            let mut g = GpuStatics::default();
+            for (uj, ns) in stepped(77.5, 80, phase) {
+                g.observe(GpuState::Idle, uj, ns);
+            }
+            let w = g.idle_w().expect("idle");
+            assert!((w / 77.5 - 1.0).abs() < 0.006, "phase {phase}: {w}");
+        }
+        // A short stretch that read a step low does not replace it.
+        let mut g = GpuStatics::default();
+        for (uj, ns) in stepped(77.5, 80, 0) {
+            g.observe(GpuState::Idle, uj, ns);
+        }
+        g.observe(GpuState::Working, 1, S);
+        // 2 s at 77.5 W less one 7.75 J step: 73.6 W.
+        let mut short = vec![(1, S / 4); 4];
+        short.extend(vec![(19_375_000, S / 4); 8]);
+        short[11].0 -= 7_750_000;
+        for (uj, ns) in short {
+            g.observe(GpuState::Idle, uj, ns);
+        }
+        g.observe(GpuState::Working, 1, S);
+        let w = g.idle_w().expect("idle");
+        assert!((w / 77.5 - 1.0).abs() < 0.006, "{w}");
+        // But a stretch clearly lower (the first was still settling from
+        // a load) does.
+        let mut g = GpuStatics::default();
+        for _ in 0..16 {
+            g.observe(GpuState::Idle, 25_000_000, S / 4);
+        }
+        g.observe(GpuState::Working, 1, S);
+        for (uj, ns) in stepped(77.5, 40, 0) {
+            g.observe(GpuState::Idle, uj, ns);
+        }
+        let w = g.idle_w().expect("idle");
+        assert!((w / 77.5 - 1.0).abs() < 0.012, "{w}");
     }
 
     #[test]
@@ -230,7 +349,7 @@ mod tests {
     #[test]
     fn held_before_any_idle_stretch_is_all_of_the_resting_power() {
         let mut g = GpuStatics::default();
-        g.observe(GpuState::Held, 1, 1);
+        g.observe(GpuState::Held, 1, SETTLE_NS);
         g.observe(GpuState::Held, 70_000_000 * 2, MIN_STRETCH_NS);
         assert_eq!(g.idle_w(), None);
         assert!((g.held_w().expect("held") - 70.0).abs() < 1e-9);
