@@ -666,17 +666,18 @@ fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
 fn an_idle_holder_beside_a_busy_process_gets_only_its_share_of_held_power() {
     require_ebpf!();
     // A GPU whose power follows its load: 31.7 W with no context, +22.3 W
-    // with contexts open, +1.5 W per SM percent. No context for 4 s (idle
-    // learned: a second to settle, then a stretch), then both processes
-    // hold one at 0% SM for 4 s (held learned), then the first works at
-    // 60% SM while the second only holds its context.
+    // with contexts open, +1.5 W per SM percent. No context for 6 s (idle
+    // learned: the first interval and a second to settle left out, then
+    // 2 s of stretch and the second held back after it), then both
+    // processes hold one at 0% SM for 5 s (held learned), then the first
+    // works at 60% SM while the second only holds its context.
     let lib = wattprof_tests::nvml_stub(
         "gpu name=Stub-A uuid=GPU-A energy=counter load=31700:22300:1500 \
          memory_total=85899345920 memory_used=2147483648 \
-         procs=child/1:0:1024@4000-8000,child/1:60:1024@8000-60000,child/2:0:2048@4000-60000\n",
+         procs=child/1:0:1024@6000-11000,child/1:60:1024@11000-60000,child/2:0:2048@6000-60000\n",
     );
     let lib_arg = format!("--nvml-lib={}", lib.display());
-    let (report, pids) = two_burners_on_the_stub(&lib_arg, "250ms", "12", "0.1");
+    let (report, pids) = two_burners_on_the_stub(&lib_arg, "250ms", "15", "0.1");
     let report = &report;
     let (busy, holder) = (pids[0], pids[1]);
     let intervals = report["intervals"].as_array().expect("intervals");

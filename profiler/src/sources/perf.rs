@@ -129,21 +129,41 @@ impl PerfPower {
         }
         // A VM can list the PMU and open its events without the hardware
         // behind them (seen on a Firecracker guest: psys read 0 J for
-        // good). RAPL's counters step about every millisecond, so one that
-        // has not moved in COUNTS_WITHIN counts nothing.
+        // good). RAPL's counters step about every millisecond; a VM's
+        // virtual RAPL (QEMU's) refreshes once a second. So events are
+        // watched until one moves, for up to COUNTS_WITHIN_SLOW, then a
+        // little longer for the rest (COUNTS_WITHIN after the start); an
+        // event that has not moved by then counts nothing and is dropped.
+        let first: Vec<Option<u64>> = events.iter_mut().map(|e| e.counter.read().ok()).collect();
         let opened_at = std::time::Instant::now();
-        let moved = loop {
-            let moved = events.iter_mut().any(|e| {
-                e.counter
-                    .read()
-                    .is_ok_and(|raw| e.energy.advance(raw).unwrap_or(0) > 0)
-            });
-            if moved || opened_at.elapsed() >= COUNTS_WITHIN {
-                break moved;
+        let mut moved = vec![false; events.len()];
+        let mut read_error = None;
+        loop {
+            for ((e, m), f) in events.iter_mut().zip(&mut moved).zip(&first) {
+                match e.counter.read() {
+                    Ok(raw) => *m |= f.is_some_and(|f| f != raw),
+                    Err(err) => {
+                        read_error.get_or_insert(format!("perf read: {err}"));
+                    }
+                }
+            }
+            let waited = opened_at.elapsed();
+            let any = moved.iter().any(|m| *m);
+            if moved.iter().all(|m| *m)
+                || (any && waited >= COUNTS_WITHIN)
+                || waited >= COUNTS_WITHIN_SLOW
+            {
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        if !moved {
+        }
+        if let Some(err) = read_error {
+            return Err(SourceError::unsupported(
+                err,
+                "check `perf stat -a -e power/energy-pkg/ sleep 1`",
+            ));
+        }
+        if !moved.iter().any(|m| *m) {
             return Err(SourceError::unsupported(
                 format!(
                     "the perf power events in {} count nothing (a VM that lists the PMU without the hardware)",
@@ -152,12 +172,27 @@ impl PerfPower {
                 "another reader is used; on bare metal, check `perf stat -a -e power/energy-pkg/ sleep 1`",
             ));
         }
+        // Events that count nothing beside ones that do are left out.
+        let mut keep = moved.iter();
+        events.retain(|_| *keep.next().unwrap_or(&false));
+        // The energy counted from here on (the probe's is not the
+        // profile's).
+        for e in &mut events {
+            if let Ok(raw) = e.counter.read() {
+                e.energy.advance(raw);
+            }
+        }
         Ok(Self { pmu, events })
     }
 }
 
-/// How long an opened event may take to count its first step.
+/// How long, once one event counted, the others may take to count their
+/// first step (RAPL steps about every millisecond).
 const COUNTS_WITHIN: std::time::Duration = std::time::Duration::from_millis(60);
+
+/// How long the first event may take to count (a VM's virtual RAPL
+/// refreshes once a second).
+const COUNTS_WITHIN_SLOW: std::time::Duration = std::time::Duration::from_millis(1100);
 
 /// `events/<name>.scale`: joules per count (an event without one cannot be
 /// turned into energy and is skipped).
@@ -191,7 +226,7 @@ impl Source for PerfPower {
         }
     }
 
-    /// Counters were read when opened, so even the first read reports the
+    /// Counters were read when probed, so even the first read reports the
     /// energy since then.
     fn read(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         // All counters first: if one fails, none has advanced.
@@ -269,6 +304,22 @@ mod tests {
             Err(other) => panic!("{other:?}"),
             Ok(_) => panic!("a counter that never moves was taken as a reader"),
         }
+    }
+
+    #[test]
+    fn an_event_that_counts_nothing_beside_one_that_counts_is_left_out() {
+        if !crate::privilege::may_perf_system_wide() {
+            skip_test!("system-wide perf counters need CAP_PERFMON");
+            return;
+        }
+        // A live package counter and a dead psys (the dummy event, 9).
+        let dir = tempfile::tempdir().expect("tempdir");
+        software_backed_power_pmu(dir.path());
+        let events = dir.path().join("bus/event_source/devices/power/events");
+        std::fs::write(events.join("energy-psys"), "event=0x09\n").expect("event");
+        std::fs::write(events.join("energy-psys.scale"), "1e-9\n").expect("scale");
+        let perf = PerfPower::open(&SysRoot::at(dir.path())).expect("open");
+        assert_eq!(perf.info().domains, vec![(Domain::Package, Some(0))]);
     }
 
     #[test]

@@ -13,27 +13,38 @@
 //! figure from stretches where no holder worked (NVML gave no sample above
 //! 0% SM within 2 s, and the GPU's utilization was 0 where it says), less
 //! the idle figure. A stretch is consecutive intervals in the same state,
-//! less its first [`SETTLE_NS`] (the first interval straddles the change of
-//! state, and an H200 took half a second to fall from 126 W to its 77.5 W
-//! idle after a load), and it teaches once it is [`MIN_STRETCH_NS`] long.
+//! less its first interval (it straddles the change of state), the next
+//! [`SETTLE_NS`] (the power settles: an H200 took up to a second to fall to
+//! its 77.5 W idle after a load) and its last [`TAIL_NS`] (the read that
+//! sees work comes after the work began); it teaches once
+//! [`MIN_STRETCH_NS`] long. At the default 1 s interval a state must last
+//! about 5 s to teach.
 //!
 //! A stretch grows as long as the state lasts: its figure is its whole
 //! mean. The energy counter steps every 20-100 ms (100 ms on an H200), so a
 //! stretch's energy is exact to a step: ±5% over 2 s, ±0.5% over 20 s
-//! ([`COUNTER_STEP_NS`] / length). Of several stretches, a lower one
-//! replaces the one kept only when the two differ by more than that;
-//! otherwise the longer is kept. So a short stretch that read a step low
-//! does not win over a long exact one (on the H200, cutting an idle GPU
-//! into 2 s pieces and keeping the lowest read 75.8 W for 77.5 W), while a
-//! stretch still settling from a load (clearly higher) loses to a later
-//! one. Both figures are upper bounds (the GPU may never have
-//! been at rest), said so as `lowest_seen`.
+//! ([`COUNTER_STEP_NS`] / length). Of several stretches the one with the
+//! lowest upper bound (mean + that error) is kept: one key, so no chain of
+//! stretches drifts upward, and a short stretch wins over a long exact one
+//! only when it reads lower by most of its own error (on the H200, cutting
+//! an idle GPU into 2 s pieces and keeping the lowest read 75.8 W for
+//! 77.5 W), while a stretch still settling from a load (higher) loses to a
+//! later one. Both figures are upper bounds (the GPU may never have been
+//! at rest), said so as `lowest_seen`.
 
 /// A stretch must be at least this long to teach a figure.
 pub const MIN_STRETCH_NS: u64 = 2_000_000_000;
 
 /// The start of a stretch that is left out: the power still settling.
 pub const SETTLE_NS: u64 = 1_000_000_000;
+
+/// The end of a stretch that is held back until the state is seen to go
+/// on past it: the read that sees work (a sample above 0% SM) comes up to
+/// a sample period or so after the work began.
+pub const TAIL_NS: u64 = 1_000_000_000;
+
+/// Timer slack in the lengths above (a 999.9 ms interval is a second).
+const SLACK_NS: u64 = 50_000_000;
 
 /// The longest step of a GPU energy counter (NVML's documentation: 20-100
 /// ms; 100 ms measured on an H200).
@@ -51,18 +62,39 @@ pub enum GpuState {
 }
 
 /// One stretch of a state.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Stretch {
-    /// Time in the state before the part that counts.
+    /// The first interval (straddling the change) was seen.
+    started: bool,
+    /// Time in the state after the first interval, before the part that
+    /// counts.
     settled_ns: u64,
+    /// Intervals held back (the last [`TAIL_NS`]): (µJ, ns).
+    tail: std::collections::VecDeque<(u64, u64)>,
     uj: u64,
     ns: u64,
 }
 
 impl Stretch {
-    /// The mean power (W) and its upper bound, once long enough.
+    /// Adds an interval to the tail, and what has left the tail to the
+    /// stretch.
+    fn add(&mut self, uj: u64, ns: u64) {
+        self.tail.push_back((uj, ns));
+        let mut tail_ns: u64 = self.tail.iter().map(|t| t.1).sum();
+        while let Some(&(u, n)) = self.tail.front() {
+            if tail_ns - n + SLACK_NS < TAIL_NS {
+                break;
+            }
+            self.tail.pop_front();
+            tail_ns -= n;
+            self.uj += u;
+            self.ns += n;
+        }
+    }
+
+    /// The mean power (W) and how far off it could be, once long enough.
     fn figure(&self) -> Option<Figure> {
-        (self.ns >= MIN_STRETCH_NS).then(|| {
+        (self.ns + SLACK_NS >= MIN_STRETCH_NS).then(|| {
             // µJ / ns = kW: × 1e3 for watts.
             let w = self.uj as f64 / self.ns as f64 * 1e3;
             Figure {
@@ -81,24 +113,25 @@ struct Figure {
     err: f64,
 }
 
-/// The better of two figures: the lower where they differ by more than
-/// their errors, else the more exact (the longer stretch).
+/// The better of two figures: the one whose true mean can be the higher
+/// is worse (the lower upper bound wins). One key, so no chain of
+/// stretches drifts upward, and a short stretch replaces a long exact one
+/// only when it reads lower by most of its own error.
 fn better(a: Option<Figure>, b: Option<Figure>) -> Option<Figure> {
     match (a, b) {
-        (Some(a), Some(b)) => {
-            let apart = |x: Figure, y: Figure| x.w * (1.0 + x.err) < y.w * (1.0 - y.err);
-            Some(if apart(b, a) || (!apart(a, b) && b.err < a.err) {
-                b
-            } else {
-                a
-            })
-        }
+        (Some(a), Some(b)) => Some(if b.upper() < a.upper() { b } else { a }),
         (a, b) => a.or(b),
     }
 }
 
+impl Figure {
+    fn upper(&self) -> f64 {
+        self.w * (1.0 + self.err)
+    }
+}
+
 /// One GPU's static figures, learned as it is read.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct GpuStatics {
     /// The state of the last interval seen.
     last: Option<GpuState>,
@@ -152,14 +185,16 @@ impl GpuStatics {
         if !matches!(state, GpuState::Idle | GpuState::Held) {
             return;
         }
-        // The first interval always straddles the change; then the power
-        // settles.
-        if self.now.settled_ns < SETTLE_NS {
-            self.now.settled_ns += ns.max(1);
+        // The first interval straddles the change; then the power settles.
+        if !self.now.started {
+            self.now.started = true;
             return;
         }
-        self.now.uj += uj;
-        self.now.ns += ns;
+        if self.now.settled_ns + SLACK_NS < SETTLE_NS {
+            self.now.settled_ns += ns;
+            return;
+        }
+        self.now.add(uj, ns);
     }
 
     /// Keeps the stretch that ended if it is the better one.
@@ -207,40 +242,65 @@ impl GpuStatics {
 
 #[cfg(test)]
 mod tests {
-    use super::{GpuState, GpuStatics, MIN_STRETCH_NS, SETTLE_NS};
+    use super::{GpuState, GpuStatics, MIN_STRETCH_NS, SETTLE_NS, TAIL_NS};
 
     const S: u64 = 1_000_000_000;
 
     #[test]
     fn idle_and_held_are_learned_from_long_settled_stretches_of_their_state() {
         let mut g = GpuStatics::default();
-        // 31.7 W idle in 500 ms intervals: the first second settles (the
-        // first interval at 90 W, still falling from a load), then 2 s.
+        // 31.7 W idle in 500 ms intervals: the first interval (at 90 W,
+        // still falling from a load) and the next second are left out,
+        // then 2 s counts once a further second has followed it.
         g.observe(GpuState::Idle, 45_000_000, S / 2);
-        g.observe(GpuState::Idle, 15_850_000, S / 2);
-        for i in 0..4 {
+        g.observe(GpuState::Idle, 20_000_000, S / 2);
+        g.observe(GpuState::Idle, 16_000_000, S / 2);
+        for i in 0..6 {
             assert_eq!(g.idle_w(), None, "{i}");
             g.observe(GpuState::Idle, 15_850_000, S / 2);
         }
         assert!((g.idle_w().expect("idle") - 31.7).abs() < 1e-9);
-        // Work breaks a stretch: 1.5 s held, then work, teaches nothing.
-        g.observe(GpuState::Held, 1, S / 2);
-        g.observe(GpuState::Held, 1, S / 2);
-        g.observe(GpuState::Held, 80_000_000, 3 * S / 2);
+        // Work breaks a stretch: 3 s held, then work, teaches nothing.
+        for _ in 0..6 {
+            g.observe(GpuState::Held, 27_000_000, S / 2);
+        }
         g.observe(GpuState::Working, 400_000_000, S);
         assert_eq!(g.held_w(), None);
-        // 53.9 W with contexts open and no work: 22.2 W held.
+        // 53.9 W with contexts open and no work: 22.2 W held; the last
+        // second before work began (at 80 W: the work already under way
+        // when the read saw it) is left out.
         g.observe(GpuState::Held, 1, S);
-        g.observe(GpuState::Held, 53_900_000 * 2, 2 * S);
+        g.observe(GpuState::Held, 1, S);
+        for _ in 0..2 {
+            g.observe(GpuState::Held, 53_900_000, S);
+        }
+        g.observe(GpuState::Held, 80_000_000, S);
+        g.observe(GpuState::Working, 400_000_000, S);
         assert!((g.held_w().expect("held") - 22.2).abs() < 1e-9);
         // A higher stretch later does not replace it.
-        g.observe(GpuState::Working, 400_000_000, S);
         g.observe(GpuState::Held, 1, S);
-        g.observe(GpuState::Held, 60_000_000 * 3, 3 * S);
+        g.observe(GpuState::Held, 1, S);
+        for _ in 0..4 {
+            g.observe(GpuState::Held, 60_000_000, S);
+        }
         assert!((g.held_w().expect("held") - 22.2).abs() < 1e-9);
         let e = g.energy(S / 4, true);
         assert_eq!((e.idle_uj, e.held_uj), (7_925_000, 5_550_000));
         assert_eq!(g.energy(S / 4, false).held_uj, 0);
+    }
+
+    #[test]
+    fn a_state_that_flips_every_interval_teaches_nothing() {
+        let mut g = GpuStatics::default();
+        for i in 0..100 {
+            let state = if i % 2 == 0 {
+                GpuState::Idle
+            } else {
+                GpuState::Held
+            };
+            g.observe(state, 20_000_000, S / 4);
+        }
+        assert_eq!((g.idle_w(), g.held_w()), (None, None));
     }
 
     /// Energy read about every 250 ms (a sampler's jitter, ±45 ms) from a
@@ -278,34 +338,43 @@ mod tests {
             let w = g.idle_w().expect("idle");
             assert!((w / 77.5 - 1.0).abs() < 0.006, "phase {phase}: {w}");
         }
-        // A short stretch that read a step low does not replace it.
+        // A short stretch that read 3% low does not replace it.
         let mut g = GpuStatics::default();
         for (uj, ns) in stepped(77.5, 80, 0) {
             g.observe(GpuState::Idle, uj, ns);
         }
         g.observe(GpuState::Working, 1, S);
-        // 2 s at 77.5 W less one 7.75 J step: 73.6 W.
-        let mut short = vec![(1, S / 4); 4];
-        short.extend(vec![(19_375_000, S / 4); 8]);
-        short[11].0 -= 7_750_000;
+        let mut short = vec![(1, S / 4); 5];
+        short.extend(vec![(18_794_000, S / 4); 12]);
         for (uj, ns) in short {
             g.observe(GpuState::Idle, uj, ns);
         }
         g.observe(GpuState::Working, 1, S);
         let w = g.idle_w().expect("idle");
         assert!((w / 77.5 - 1.0).abs() < 0.006, "{w}");
-        // But a stretch clearly lower (the first was still settling from
-        // a load) does.
+        // But a shorter stretch clearly lower does: the first, 10 s at
+        // 100 W, was still settling from a load.
         let mut g = GpuStatics::default();
-        for _ in 0..16 {
+        for _ in 0..45 {
             g.observe(GpuState::Idle, 25_000_000, S / 4);
         }
         g.observe(GpuState::Working, 1, S);
-        for (uj, ns) in stepped(77.5, 40, 0) {
+        for (uj, ns) in stepped(77.5, 25, 0) {
             g.observe(GpuState::Idle, uj, ns);
         }
         let w = g.idle_w().expect("idle");
-        assert!((w / 77.5 - 1.0).abs() < 0.012, "{w}");
+        assert!((w / 77.5 - 1.0).abs() < 0.05, "{w}");
+        // No chain of longer, higher stretches drifts upward.
+        let mut g = GpuStatics::default();
+        for (secs, w) in [(3u64, 77.0), (5, 80.0), (10, 83.0)] {
+            g.observe(GpuState::Working, 1, S);
+            for _ in 0..(secs + 3) {
+                g.observe(GpuState::Idle, (w * 1e6) as u64, S);
+            }
+        }
+        g.observe(GpuState::Working, 1, S);
+        let w = g.idle_w().expect("idle");
+        assert!((w - 77.0).abs() < 1e-9, "{w}");
     }
 
     #[test]
@@ -349,8 +418,10 @@ mod tests {
     #[test]
     fn held_before_any_idle_stretch_is_all_of_the_resting_power() {
         let mut g = GpuStatics::default();
+        g.observe(GpuState::Held, 1, S);
         g.observe(GpuState::Held, 1, SETTLE_NS);
         g.observe(GpuState::Held, 70_000_000 * 2, MIN_STRETCH_NS);
+        g.observe(GpuState::Held, 70_000_000, TAIL_NS);
         assert_eq!(g.idle_w(), None);
         assert!((g.held_w().expect("held") - 70.0).abs() < 1e-9);
         assert_eq!(g.energy(S, true).idle_uj, 0);
