@@ -312,21 +312,29 @@ class Check:
         period = statistics.median(b - a for a, b in zip(changes, changes[1:])) * 1e3 if len(changes) > 2 else float("inf")
         self.record(step, "energy counter update period", period, "<= 105 ms (NVML: 20-100 ms)", period <= 105.0, "ms")
         # Per-process samples every 100 ms.
-        last_seen, calls, not_found, raw = 0, 0, 0, []
+        last_seen, calls, not_found, raw, lags = 0, 0, 0, [], []
         t_end = time.monotonic() + secs / 2
         while time.monotonic() < t_end:
             rc, s = n.samples(last_seen)
             calls += 1
             if rc == NVML_ERROR_NOT_FOUND:
                 not_found += 1
+            now_us = time.time() * 1e6
+            # How old each new sample is when first returned: the driver's
+            # publication lag (a late one is skipped by a lastSeen that
+            # another process's newer sample has already moved past).
+            lags += [(now_us - x.timeStamp) / 1e3 for x in s if x.pid and x.timeStamp > last_seen]
             raw += s
-            sane = [x.timeStamp for x in s if x.pid and x.smUtil <= 100 and x.timeStamp <= time.time() * 1e6 + 1e6]
+            sane = [x.timeStamp for x in s if x.pid and x.smUtil <= 100 and x.timeStamp <= now_us + 1e6]
             if sane:
                 last_seen = max(last_seen, max(sane))
             time.sleep(0.1)
         load.wait()
         self.record(step, "NOT_FOUND at 100 ms", not_found / max(calls, 1), "recorded (no bound)", None,
                     note=f"{not_found} of {calls} calls")
+        if lags:
+            self.record(step, "a new sample's age when first returned (median)", statistics.median(lags),
+                        "recorded (no bound)", None, "ms", note=f"max {max(lags):.0f} ms over {len(lags)} samples")
         now_us = time.time() * 1e6
         offsets = [now_us - x.timeStamp for x in raw if x.pid]
         off = statistics.median(offsets) / 1e6 if offsets else float("nan")

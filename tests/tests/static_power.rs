@@ -294,7 +294,7 @@ fn with_no_model_a_varying_load_is_learned_and_said() {
     // Busy CPUs go 0 → 2 → 1 → 0 → 2 (and whatever else runs beside the
     // test), 2 s each: with a CPU kept busy beside, the busy CPUs span
     // only 1 to 2 and the intercept is extrapolated twice as far, so the
-    // fit needs the points (at 1 s each it read 1-6% high under load).
+    // fit needs the points (at 1 s each it read 1.5-6% high under load).
     let script = format!(
         "sleep 2; {t} cpu 2.0 & {t} cpu 2.0 & wait; {t} cpu 2.0; sleep 2; {t} cpu 2.0 & \
          {t} cpu 2.0 & wait"

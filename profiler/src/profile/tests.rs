@@ -59,6 +59,9 @@ struct Rig {
     unreadable: bool,
     /// These pids exit at the end of the next interval.
     exiting: Vec<u32>,
+    /// Time the kernel counts busy on each CPU beyond its tasks'
+    /// (interrupts, waking from idle), up to the CPU's idle time.
+    kernel_extra_ns: u64,
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -138,6 +141,7 @@ impl Rig {
             profile,
             cgroups,
             unreadable: false,
+            kernel_extra_ns: 0,
             exiting: Vec::new(),
         }
     }
@@ -176,12 +180,13 @@ impl Rig {
         self.at_ns += WINDOW_NS;
         let busy: u64 = tasks.iter().map(|t| t.2).sum();
         assert!(busy <= 2 * WINDOW_NS);
+        let extra = self.kernel_extra_ns;
         let cpu = |cpu: u32, busy_ns: u64| CpuTimes {
             cpu,
             package: 0,
             busy_ns,
             idle_ns: WINDOW_NS - busy_ns,
-            idle_task_ns: WINDOW_NS - busy_ns,
+            idle_task_ns: (WINDOW_NS - busy_ns).saturating_sub(extra),
             lost_ns: 0,
             switches: 0,
             window_ns: WINDOW_NS,
@@ -728,4 +733,38 @@ fn monitor_rows_are_the_top_processes_by_energy_in_order() {
     let (report, stream) = rig.finish();
     assert_eq!(stream[1]["processes"].as_array().map(Vec::len), Some(2));
     assert!(report.processes.len() >= 2);
+}
+
+#[test]
+fn static_power_is_learned_against_the_kernel_s_busy_time_not_task_time() {
+    // A package of 10 W + 5 W per busy CPU, where the kernel counts 5% of
+    // each CPU busy beyond the tasks (interrupts, waking from idle) unless
+    // the tasks fill it: task time alone would put the intercept at
+    // 10.5 W.
+    let mut rig = Rig::new(
+        "kernel-busy",
+        Scope::Tree,
+        KeepIntervals::All,
+        Filter::default(),
+    );
+    rig.kernel_extra_ns = WINDOW_NS / 20;
+    let user = rig.cgroup("user.slice");
+    let loads = [200_000_000u64, 1_000_000_000, 1_800_000_000, 600_000_000];
+    for i in 0..16 {
+        let busy = loads[i % loads.len()];
+        let kernel = |b: u64| (b + WINDOW_NS / 20).min(WINDOW_NS);
+        let busy_cpus = (kernel(busy.min(WINDOW_NS)) + kernel(busy.saturating_sub(WINDOW_NS)))
+            as f64
+            / WINDOW_NS as f64;
+        let seconds = WINDOW_NS as f64 / 1e9;
+        rig.interval(
+            (10.0 + 5.0 * busy_cpus) * seconds,
+            &[(5001001, user, busy)],
+            i == 15,
+        );
+    }
+    let (report, _) = rig.finish();
+    let pkg = &report.energy.domains[0];
+    let w = pkg.static_w.expect("a learned figure");
+    assert!((w - 10.0).abs() < 0.05, "{w} W: {pkg:?}");
 }

@@ -39,8 +39,12 @@ pub(super) struct IterState {
     /// Busy time beyond a package's capacity, carried (per CPU: on each
     /// package's first).
     busy_carry: Vec<u64>,
-    /// Per CPU: the kernel's own idle time so far (`/proc/stat`), ns.
-    kernel_idle_ns: Vec<u64>,
+    /// Per CPU: the kernel's own idle time so far (`/proc/stat`), ns, at
+    /// the last window boundary; `None` where it could not be read.
+    kernel_idle_ns: Vec<Option<u64>>,
+    /// The same, read at the last read's boundary (right after the energy
+    /// read), for the window it closes.
+    kernel_idle_at_walk: Option<Vec<Option<u64>>>,
     /// When the last read's walk began (right after the energy read).
     walk_at_ns: u64,
     pub(super) filter_overflow: u64,
@@ -75,7 +79,8 @@ impl IterState {
             busy_carry: vec![0; cpus],
             walk_at_ns: start_ns,
             // Read when the first window starts (`start_window`).
-            kernel_idle_ns: vec![0; cpus],
+            kernel_idle_ns: vec![None; cpus],
+            kernel_idle_at_walk: None,
             filter_overflow: 0,
             read_syscalls: 0,
         }
@@ -90,8 +95,13 @@ impl IterState {
     /// read).
     pub(super) fn start_window(&mut self, at_ns: u64) {
         self.prev_at_ns = at_ns;
-        // The kernel's own idle time counts from here too.
-        self.kernel_idle_ns = read_kernel_idle(self.kernel_idle_ns.len());
+        // The kernel's own idle time counts from here too: as read at the
+        // baseline read's boundary.
+        let n = self.kernel_idle_ns.len();
+        self.kernel_idle_ns = self
+            .kernel_idle_at_walk
+            .take()
+            .unwrap_or_else(|| read_kernel_idle(n));
     }
 
     /// When the last read's walk began: the interval boundary.
@@ -140,6 +150,9 @@ impl IterState {
         // the walk, so every thread's reading is at or after it (a running
         // thread's time past it is carried, see `cpu_times`).
         self.walk_at_ns = monotonic_ns();
+        // The kernel's idle time at the same boundary (its clock ticks are
+        // 10 ms; read here, not after the walk, whose length varies).
+        self.kernel_idle_at_walk = Some(read_kernel_idle(self.kernel_idle_ns.len()));
         let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
             map: "iter/task",
             reason: format!("cannot start a read: {e}"),
@@ -258,7 +271,10 @@ impl IterState {
         let busy = self.ledger.take_cpu_busy();
         let window_ns = at_ns.saturating_sub(self.prev_at_ns);
         self.prev_at_ns = at_ns;
-        let idle_now = read_kernel_idle(busy.len());
+        let idle_now = self
+            .kernel_idle_at_walk
+            .take()
+            .unwrap_or_else(|| read_kernel_idle(busy.len()));
         let cpus = cpu_times(
             &busy,
             window_ns,
@@ -293,8 +309,8 @@ fn cpu_times(
     topology: &Topology,
     carry: &mut [u64],
     last: bool,
-    kernel_idle_now: &[u64],
-    kernel_idle_prev: &[u64],
+    kernel_idle_now: &[Option<u64>],
+    kernel_idle_prev: &[Option<u64>],
 ) -> Vec<CpuTimes> {
     let online = |cpu: usize| topology.online.contains(&(cpu as u32));
     let mut busy = busy.to_vec();
@@ -342,10 +358,16 @@ fn cpu_times(
                 package: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
                 busy_ns: *busy_ns,
                 idle_ns: window.saturating_sub(*busy_ns),
-                idle_task_ns: kernel_idle_now
-                    .get(cpu)
-                    .zip(kernel_idle_prev.get(cpu))
-                    .map_or(0, |(n, p)| n.saturating_sub(*p)),
+                // The kernel's count where both ends were read; else (a
+                // CPU /proc/stat did not list, as one gone offline) the
+                // time no task ran.
+                idle_task_ns: match (
+                    kernel_idle_now.get(cpu).copied().flatten(),
+                    kernel_idle_prev.get(cpu).copied().flatten(),
+                ) {
+                    (Some(n), Some(p)) => n.saturating_sub(p),
+                    _ => window.saturating_sub(*busy_ns),
+                },
                 lost_ns: 0,
                 switches: 0,
                 window_ns: window,
@@ -356,9 +378,10 @@ fn cpu_times(
 }
 
 /// Each CPU's idle + iowait time so far by the kernel's own count
-/// (`/proc/stat`, in clock ticks), in ns; 0 for CPUs it does not list.
-fn read_kernel_idle(cpus: usize) -> Vec<u64> {
-    let mut out = vec![0; cpus];
+/// (`/proc/stat`, in clock ticks), in ns; `None` for CPUs it does not list
+/// (offline), and for all when it cannot be read.
+fn read_kernel_idle(cpus: usize) -> Vec<Option<u64>> {
+    let mut out = vec![None; cpus];
     let Ok(text) = std::fs::read_to_string("/proc/stat") else {
         return out;
     };
@@ -372,7 +395,7 @@ fn clock_tick_ns() -> u64 {
     1_000_000_000 / u64::try_from(hz).ok().filter(|h| *h > 0).unwrap_or(100)
 }
 
-fn parse_proc_stat_idle(text: &str, out: &mut [u64], tick_ns: u64) {
+fn parse_proc_stat_idle(text: &str, out: &mut [Option<u64>], tick_ns: u64) {
     for line in text.lines() {
         let mut words = line.split_whitespace();
         let Some(cpu) = words
@@ -385,7 +408,7 @@ fn parse_proc_stat_idle(text: &str, out: &mut [u64], tick_ns: u64) {
         let fields: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
         // user nice system idle iowait ...
         if let (Some(idle), Some(slot)) = (fields.get(3), out.get_mut(cpu)) {
-            *slot = (idle + fields.get(4).copied().unwrap_or(0)) * tick_ns;
+            *slot = Some((idle + fields.get(4).copied().unwrap_or(0)) * tick_ns);
         }
     }
 }
@@ -459,8 +482,29 @@ mod tests {
     fn proc_stat_idle_and_iowait_per_cpu() {
         let text = "cpu  10 0 5 900 4 0 0 0 0 0\ncpu0 5 0 2 450 2 0 0 0 0 0\n\
                     cpu1 5 0 3 450 2 0 0 0 0 0\nintr 1 2 3\n";
-        let mut out = vec![0; 3];
+        let mut out = vec![None; 3];
         parse_proc_stat_idle(text, &mut out, 10_000_000);
-        assert_eq!(out, vec![4_520_000_000, 4_520_000_000, 0]);
+        assert_eq!(out, vec![Some(4_520_000_000), Some(4_520_000_000), None]);
+    }
+
+    #[test]
+    fn a_cpu_the_kernel_did_not_list_has_the_time_no_task_ran_as_idle() {
+        // CPU 1 unlisted at the start (offline then, say): its idle is the
+        // window less its busy time, not the window (which read as 0% busy
+        // for the static learner) nor 0 (100% busy).
+        let mut carry = vec![0; 4];
+        let now = [Some(1_000), Some(2_000), None, None];
+        let prev = [Some(960), None, None, None];
+        let cpus = cpu_times(
+            &[30, 70, 0, 0],
+            100,
+            &two_packages(),
+            &mut carry,
+            false,
+            &now,
+            &prev,
+        );
+        let idle: Vec<u64> = cpus.iter().map(|c| c.idle_task_ns).collect();
+        assert_eq!(&idle[..2], &[40, 30]);
     }
 }

@@ -71,9 +71,13 @@ pub enum TrackerError {
 /// One CPU's time over an interval.
 ///
 /// `busy_ns + idle_ns + lost_ns == window_ns`: `idle_ns` is the time the
-/// scheduler charged to no task. `idle_task_ns` is the wall time between
-/// context switches with the idle task on CPU; the two differ by where the
-/// scheduler draws slice boundaries (see `sched_gap_ns`).
+/// scheduler charged to no task. `idle_task_ns` is the kernel's idle time:
+/// with the switch tracker the wall time between context switches with the
+/// idle task on CPU (interrupts taken while idle included), with the
+/// iterator tracker `/proc/stat`'s idle + iowait over the window (in 10 ms
+/// ticks; interrupts and waking from idle not included), or the time no
+/// task ran for a CPU it does not list. The two differ by where the
+/// scheduler draws slice boundaries (see `sched_gap_ns`) and by that.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct CpuTimes {
@@ -86,7 +90,7 @@ pub struct CpuTimes {
     pub busy_ns: u64,
     /// Time charged to no task: `window_ns - busy_ns - lost_ns`.
     pub idle_ns: u64,
-    /// Wall time with the idle task on CPU, between context switches.
+    /// The kernel's idle time over the window (see above).
     pub idle_task_ns: u64,
     /// Time tasks ran that could not be recorded per task.
     pub lost_ns: u64,
