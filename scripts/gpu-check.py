@@ -297,7 +297,7 @@ class Check:
                           "sample_ms=167 load=60000:20000:2000 garbage=pid0,sm_over "
                           "procs=child:50:1024\n")
         secs = self.quick(5.0, 2.0)
-        load = self.background_load(secs + 2)
+        load = self.background_load(secs + 5)
         time.sleep(1.0)
         n = self.nvml()
         self.host = {"gpu": n.name(), "driver": n.driver(), "kernel": os.uname().release}
@@ -329,9 +329,24 @@ class Check:
             if sane:
                 last_seen = max(last_seen, max(sane))
             time.sleep(0.1)
+        # Then a call a second: does NVML return every sample since the
+        # last seen, or each process's latest only? (At 1 s intervals the
+        # latter makes a share the last sample period's, not the interval's.)
+        per_call = []
+        for _ in range(2):
+            time.sleep(1.0)
+            rc, s = n.samples(last_seen)
+            mine = [x for x in s if x.pid and x.smUtil <= 100 and x.timeStamp > last_seen]
+            if mine:
+                per_call.append(len(mine) / len({x.pid for x in mine}))
+                last_seen = max(x.timeStamp for x in mine)
         load.wait()
         self.record(step, "NOT_FOUND at 100 ms", not_found / max(calls, 1), "recorded (no bound)", None,
                     note=f"{not_found} of {calls} calls")
+        if per_call:
+            self.record(step, "samples per process in a call a second apart", statistics.median(per_call),
+                        "recorded (no bound)", None,
+                        note="1: NVML gives each process's latest sample only; ~5 at 200 ms: every sample")
         if lags:
             self.record(step, "a new sample's age when first returned (median)", statistics.median(lags),
                         "recorded (no bound)", None, "ms", note=f"max {max(lags):.0f} ms over {len(lags)} samples")
