@@ -293,8 +293,12 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "util-linux",
         "the capabilities-only tests",
     );
-    ensure_dockerd();
+    // containerd first: dockerd uses a containerd that answers on the
+    // default socket, and a socket file left by one that was killed (no
+    // daemon behind it) made dockerd fail to start, skipping the Docker
+    // tests (seen here after a containerd was stopped).
     ensure_podman_and_containerd();
+    ensure_dockerd();
     let mut counts = Counts::default();
     let mut ok = run_tests(
         cargo().args([
