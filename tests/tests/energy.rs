@@ -358,8 +358,14 @@ fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
     let rounding = 3e-6 * (intervals + 1.0);
     let idle_s = u(report, "/machine/idle_ns") as f64 / 1e9;
     let idle_j = f(pkg, "/idle_j");
+    // Time a thread ran past a read, carried into the next interval, is
+    // divided there as idle (so no energy goes unclaimed) but is not the
+    // machine's idle time: under a loaded machine (fresh-clone run 16:
+    // 0.16 mJ over 2.9 ms idle) the idle row holds that too, within the
+    // same 0.05% of the energy as the burner's dynamic part below.
     assert!(
-        (idle_j - 0.5 * idle_s).abs() <= rounding,
+        idle_j >= 0.5 * idle_s - rounding
+            && idle_j <= 0.5 * idle_s + rounding + 0.0005 * f(pkg, "/measured_j"),
         "idle {idle_j} J over {idle_s} s idle (0.5 W each): {pkg}"
     );
     let burner = report["processes"]
