@@ -346,27 +346,24 @@ fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
     // The model's static part is its idle watts × vCPUs, so under the
     // capacity rule idle energy is 0.5 W × the idle CPU time, and each
     // process gets the full 2.5 W × its CPU time (0.5 W of rent + 2 W it
-    // caused), whatever ran beside it. Idle and the static part are exact
-    // but for µJ rounding (3 µJ an interval: the model's energy, the static
-    // figure, each share). The dynamic part too, but where the iterator
-    // tracker read a package busier than its window (a read preempted on a
-    // loaded machine: the excess is paid from the next interval's idle),
-    // the model counts the busy time up to the window only: 30-100 µJ of
-    // 1.5-2.5 J measured beside a CPU burner, so 0.05%.
+    // caused), whatever ran beside it. Exact but for µJ rounding (3 µJ an
+    // interval: the model's energy, the static figure, each share), and
+    // for one thing a loaded machine does: a read delayed past the
+    // interval's close finds a package busier than its window. That time
+    // (`machine.carried_ns`) is in the burner's on-CPU time, but its
+    // interval's energy covered the window only; the next intervals divide
+    // its energy as idle. So the burner may fall short, and the idle row
+    // hold more, by at most 2.5 W × that time (0.5 W of it static).
+    // Fresh-clone runs 16 and 20 under load: 2.9 ms and 70 µs carried.
     assert_eq!(pkg["static_source"], "shipped_model", "{pkg}");
     let intervals = report["intervals"].as_array().expect("intervals").len() as f64;
     let rounding = 3e-6 * (intervals + 1.0);
+    let carried_s = u(report, "/machine/carried_ns") as f64 / 1e9;
     let idle_s = u(report, "/machine/idle_ns") as f64 / 1e9;
     let idle_j = f(pkg, "/idle_j");
-    // Time a thread ran past a read, carried into the next interval, is
-    // divided there as idle (so no energy goes unclaimed) but is not the
-    // machine's idle time: under a loaded machine (fresh-clone run 16:
-    // 0.16 mJ over 2.9 ms idle) the idle row holds that too, within the
-    // same 0.05% of the energy as the burner's dynamic part below.
     assert!(
-        idle_j >= 0.5 * idle_s - rounding
-            && idle_j <= 0.5 * idle_s + rounding + 0.0005 * f(pkg, "/measured_j"),
-        "idle {idle_j} J over {idle_s} s idle (0.5 W each): {pkg}"
+        idle_j >= 0.5 * idle_s - rounding && idle_j <= 0.5 * idle_s + 2.5 * carried_s + rounding,
+        "idle {idle_j} J over {idle_s} s idle (0.5 W each), {carried_s} s carried: {pkg}"
     );
     let burner = report["processes"]
         .as_array()
@@ -375,14 +372,22 @@ fn the_vcpu_model_has_an_idle_term_and_is_divided_like_a_counter() {
         .find(|p| p["comm"] == "wp-burn")
         .expect("the burner");
     let on_cpu_s = u(burner, "/on_cpu_ns") as f64 / 1e9;
-    let burner_j = f(burner, "/energy/package_j");
+    let within = |got: f64, watts: f64| {
+        got <= watts * on_cpu_s + rounding && got >= watts * (on_cpu_s - carried_s) - rounding
+    };
     assert!(
-        (burner_j - 2.5 * on_cpu_s).abs() <= rounding + 0.0005 * burner_j,
-        "the burner: {burner_j} J over {on_cpu_s} s on CPU (2.5 W each)"
+        within(f(burner, "/energy/package_j"), 2.5),
+        "the burner over {on_cpu_s} s on CPU (2.5 W each), {carried_s} s carried: {burner}"
     );
     assert!(
-        (f(burner, "/energy/static_j") - 0.5 * on_cpu_s).abs() <= rounding,
-        "{burner}"
+        within(f(burner, "/energy/static_j"), 0.5),
+        "the burner's static part over {on_cpu_s} s on CPU (0.5 W each), {carried_s} s carried: {burner}"
+    );
+    // On a quiet machine nothing is carried, and the bounds are exact; a
+    // read delayed by more than a few scheduler slices is a fault.
+    assert!(
+        carried_s < 0.05 * on_cpu_s,
+        "{carried_s} s carried of {on_cpu_s} s on CPU"
     );
     let cpu = report["energy"]["readers"]
         .as_array()

@@ -53,6 +53,8 @@ impl MachineTimes {
             acc.lost_ns += c.lost_ns;
             acc.switches += c.switches;
             acc.window_ns += c.window_ns;
+            acc.carried_ns += c.carried_ns;
+            acc.over_ns += c.over_ns;
         }
         self.events_lost += sample.events_lost;
         self.discarded_ns += sample.discarded_ns;
@@ -194,6 +196,15 @@ pub struct MachineReport {
     pub attributed_ns: u64,
     /// Context switches.
     pub switches: u64,
+    /// Iterator tracker: thread time read beyond its package's capacity in
+    /// its interval (a read delayed on a loaded machine). It is in its
+    /// threads' `on_cpu_ns`, but its interval's energy did not cover it:
+    /// it is carried to the next intervals, where its energy is divided as
+    /// idle. A process's energy can fall short of its time's by at most
+    /// this time's share, and the idle row hold as much more; 0 on a quiet
+    /// machine and with the switch tracker.
+    #[serde(default)]
+    pub carried_ns: u64,
     /// Per CPU.
     pub per_cpu: Vec<CpuTimes>,
 }
@@ -548,6 +559,7 @@ impl MachineTimes {
             window_ns: sum(|c| c.window_ns),
             attributed_ns,
             switches: sum(|c| c.switches),
+            carried_ns: sum(|c| c.over_ns),
             per_cpu: cpus,
         }
     }

@@ -191,6 +191,7 @@ impl Rig {
             switches: 0,
             window_ns: WINDOW_NS,
             carried_ns: 0,
+            over_ns: 0,
         };
         self.script.samples.push_back(CpuSample {
             at_ns: self.at_ns,

@@ -1088,6 +1088,7 @@ impl CpuSampler for EbpfTracker {
                     switches: n.switches.saturating_sub(p.switches),
                     window_ns,
                     carried_ns: 0,
+                    over_ns: 0,
                 }
             })
             .collect();

@@ -315,6 +315,7 @@ fn cpu_times(
     let online = |cpu: usize| topology.online.contains(&(cpu as u32));
     let mut busy = busy.to_vec();
     let mut carried_in = vec![0u64; busy.len()];
+    let mut over = vec![0u64; busy.len()];
     let packages = topology.sockets().max(1);
     for package in 0..packages as u32 {
         let members: Vec<usize> = (0..busy.len())
@@ -343,6 +344,7 @@ fn cpu_times(
             carried -= take;
             carried_in[*c] = take;
         }
+        over[first] = spill;
         if last {
             busy[first] += spill + carried;
         } else {
@@ -372,6 +374,7 @@ fn cpu_times(
                 switches: 0,
                 window_ns: window,
                 carried_ns: carried_in[cpu],
+                over_ns: over[cpu],
             }
         })
         .collect()
@@ -453,6 +456,10 @@ mod tests {
         let busy: Vec<u64> = cpus.iter().map(|c| c.busy_ns).collect();
         assert_eq!(busy, vec![100, 100, 0, 0]);
         assert_eq!(carry, vec![40, 0, 0, 0]);
+        // Said on the package's first CPU: the time its interval's energy
+        // did not cover.
+        let over: Vec<u64> = cpus.iter().map(|c| c.over_ns).collect();
+        assert_eq!(over, vec![40, 0, 0, 0]);
         // Every CPU closes in every interval, and the package's busy over
         // the two is its threads' 240.
         let later = cpu_times(&[0, 30, 0, 0], 100, &topo, &mut carry, false, &[], &[]);
@@ -460,6 +467,7 @@ mod tests {
         assert_eq!(busy, vec![40, 30, 0, 0]);
         // The 40 carried in: busy time no thread of this interval claims.
         assert_eq!(later[0].carried_ns, 40);
+        assert!(later.iter().all(|c| c.over_ns == 0), "{later:?}");
         for c in cpus.iter().chain(&later) {
             assert_eq!(c.busy_ns + c.idle_ns, c.window_ns, "{c:?}");
         }

@@ -104,6 +104,13 @@ pub struct CpuTimes {
     /// divided as if it were idle. Not in the recording.
     #[serde(skip)]
     pub carried_ns: u64,
+    /// Thread time read in this interval beyond its package's capacity
+    /// (a read delayed on a loaded machine), on the package's first CPU:
+    /// not in this interval's busy time, so its energy did not cover it;
+    /// carried to the next intervals (`carried_ns`). Iterator tracker
+    /// only. Not in the recording.
+    #[serde(skip)]
+    pub over_ns: u64,
 }
 
 /// One thread's on-CPU time over an interval.
