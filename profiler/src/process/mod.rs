@@ -81,6 +81,24 @@ impl ProcFs {
         self.root.join(pid.to_string()).exists()
     }
 
+    /// The command line of `pid`, its arguments (empty when it is gone or
+    /// has none, as kernel threads).
+    pub fn cmdline(&self, pid: u32) -> Vec<String> {
+        std::fs::read(self.root.join(pid.to_string()).join("cmdline"))
+            .map(|b| {
+                b.split(|c| *c == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The text of `/proc/PID/cgroup` (empty when it cannot be read).
+    pub fn cgroup(&self, pid: u32) -> String {
+        std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).unwrap_or_default()
+    }
+
     /// Memory of `pid`, if it is alive and readable (kernel threads have
     /// none).
     pub fn memory(&self, pid: u32) -> Option<Memory> {

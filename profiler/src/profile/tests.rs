@@ -9,7 +9,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::tracker::{CpuTimes, EventRing, TaskTime};
+use serde_json::Value;
+
+use crate::output::{ProcessReport, ProfilerReport, RunReport};
+use crate::tracker::{CpuSample, CpuTimes, EventRing, TaskTime};
 
 const WINDOW_NS: u64 = 1_000_000_000;
 const START_NS: u64 = 5_000_000_000;

@@ -1,0 +1,365 @@
+//! Sums per cgroup and container: filled each interval, named while the
+//! cgroups exist, pruned into per-path sums on a host that creates
+//! cgroups all day, and reported per cgroup and per container.
+
+use std::collections::HashMap;
+
+use super::Profile;
+use super::report::most_energy_first;
+use crate::attribution::{ConsumerId, EnergyBy};
+use crate::hash::IntMap;
+use crate::output::{CgroupReport, ContainerReport, EnergyJ};
+use crate::process::{IntervalUsage, Role};
+
+/// A cgroup whose processes have not run for this long is folded into its
+/// path's sums (and looked up again if they run again): a host that
+/// creates cgroups all day keeps one entry per path, not per cgroup.
+pub(super) const PRUNE_AFTER_NS: u64 = 120_000_000_000;
+
+/// How often cgroups are pruned.
+pub(super) const PRUNE_EVERY_NS: u64 = 10_000_000_000;
+
+/// Paths of pruned cgroups kept one by one (those that ran least recently
+/// beyond this are summed together, `[N older cgroups]`).
+pub const MAX_PRUNED_PATHS: usize = 10_000;
+
+/// One cgroup's sums.
+#[derive(Clone, Debug, Default)]
+pub(super) struct CgroupSum {
+    pub(super) on_cpu_ns: u64,
+    pub(super) energy: EnergyBy,
+    /// Its path, once found.
+    pub(super) name: Option<String>,
+    /// When a process of it last ran (monotonic ns).
+    pub(super) last_ns: u64,
+    /// Its path was looked at for a container (once named).
+    pub(super) recognized: bool,
+    /// The container it is, if it is one.
+    pub(super) container: Option<crate::process::container::Container>,
+    /// Its runtime was asked for the container's name.
+    pub(super) name_asked: bool,
+    /// That container's name, once its runtime answered.
+    pub(super) container_name: Option<String>,
+}
+
+/// Adds `c`'s sums to `into` (its path kept, its last run the later).
+pub(super) fn fold(into: &mut CgroupSum, c: &CgroupSum) {
+    into.on_cpu_ns += c.on_cpu_ns;
+    into.energy.merge(&c.energy);
+    into.last_ns = into.last_ns.max(c.last_ns);
+    if into.name.is_none() {
+        into.name.clone_from(&c.name);
+    }
+    into.recognized |= c.recognized;
+    into.name_asked |= c.name_asked;
+    if into.container.is_none() {
+        into.container.clone_from(&c.container);
+    }
+    if c.container_name.is_some() {
+        into.container_name.clone_from(&c.container_name);
+    }
+}
+
+impl Profile {
+    /// Folds cgroups whose processes have not run for [`PRUNE_AFTER_NS`]
+    /// into their path's sums (every [`PRUNE_EVERY_NS`]); keeps at most
+    /// [`MAX_PRUNED_PATHS`] paths, summing the least recently run beyond.
+    /// Per-path and per-container figures, and so the exporter's counters,
+    /// are unchanged by it.
+    pub(super) fn prune_cgroups(&mut self, now_ns: u64) {
+        if now_ns.saturating_sub(self.pruned_at_ns) < PRUNE_EVERY_NS {
+            return;
+        }
+        self.pruned_at_ns = now_ns;
+        let cutoff = now_ns.saturating_sub(PRUNE_AFTER_NS);
+        // Cgroups of processes the table still holds (alive, or in the
+        // tree) are kept: their reports name them. So are v1 keys of live
+        // processes (named only once), and cgroup 0 (energy of processes
+        // with no cgroup).
+        let kept: crate::hash::IntSet<u64> = self
+            .v1_cgroup
+            .values()
+            .flatten()
+            .copied()
+            .chain(self.table.processes().map(|p| p.cgroup_id))
+            .chain(std::iter::once(0))
+            .collect();
+        let stale: Vec<u64> = self
+            .cgroups
+            .iter()
+            .filter(|(id, c)| c.last_ns < cutoff && !kept.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            let Some(c) = self.cgroups.remove(&id) else {
+                continue;
+            };
+            self.cgroup_names.forget(id);
+            match &c.name {
+                Some(path) => fold(self.pruned.entry(path.clone()).or_default(), &c),
+                None => {
+                    self.older.0 += 1;
+                    fold(&mut self.older.1, &c);
+                }
+            }
+        }
+        if self.pruned.len() > MAX_PRUNED_PATHS {
+            let mut by_age: Vec<(u64, String)> = self
+                .pruned
+                .iter()
+                .map(|(p, c)| (c.last_ns, p.clone()))
+                .collect();
+            by_age.sort_unstable();
+            for (_, path) in by_age
+                .into_iter()
+                .take(self.pruned.len() - MAX_PRUNED_PATHS)
+            {
+                if let Some(c) = self.pruned.remove(&path) {
+                    self.older.0 += 1;
+                    fold(&mut self.older.1, &c);
+                }
+            }
+        }
+    }
+
+    /// Every cgroup sum: those kept by id, then the pruned ones by path.
+    pub(super) fn cgroup_sums(&self) -> impl Iterator<Item = &CgroupSum> {
+        self.cgroups.values().chain(self.pruned.values())
+    }
+
+    /// Tasks in the cgroup v2 root on a host whose units and containers
+    /// live in cgroup v1 hierarchies: their v1 path, read once per process
+    /// while it is alive.
+    pub(super) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage]) {
+        for u in usage {
+            if self.cgroup_root.is_some_and(|r| u.cgroup_id != r) {
+                continue;
+            }
+            let cgroups = &mut self.cgroups;
+            let procfs = &self.procfs;
+            let key = *self.v1_cgroup.entry(u.id).or_insert_with(|| {
+                let text = procfs.cgroup(u.pid);
+                crate::process::cgroup::v1_path(&text)
+                    .filter(|p| p != "/")
+                    .map(|p| {
+                        let key = crate::process::cgroup::v1_key(&p);
+                        cgroups.entry(key).or_default().name = Some(p);
+                        key
+                    })
+            });
+            if let Some(key) = key {
+                u.cgroup_id = key;
+            }
+        }
+    }
+
+    /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
+    /// whose processes ran since then.
+    pub fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
+        let span = self.last_ns.saturating_sub(self.start_ns);
+        let recent = |c: &CgroupSum| since_ns.is_none_or(|t| c.last_ns >= t);
+        // One row per path: a pruned cgroup's sums go to the row of the
+        // cgroup now at its path (a restarted unit), or stand alone.
+        let mut rows: Vec<(String, u64, CgroupSum)> = self
+            .cgroups
+            .iter()
+            .map(|(id, c)| {
+                let path = c.name.clone().unwrap_or_else(|| format!("id:{id}"));
+                (path, *id, c.clone())
+            })
+            .collect();
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for (i, (path, _, _)) in rows.iter().enumerate() {
+            at.entry(path.clone()).or_insert(i);
+        }
+        for (path, c) in &self.pruned {
+            match at.get(path) {
+                Some(i) => fold(&mut rows[*i].2, c),
+                None => rows.push((path.clone(), 0, c.clone())),
+            }
+        }
+        if self.older.0 > 0 {
+            rows.push((
+                format!("[{} older cgroups]", self.older.0),
+                0,
+                self.older.1.clone(),
+            ));
+        }
+        let mut cgroups: Vec<CgroupReport> = rows
+            .into_iter()
+            .filter(|(_, _, c)| recent(c))
+            .map(|(path, id, c)| CgroupReport {
+                path,
+                id,
+                on_cpu_ns: c.on_cpu_ns,
+                energy: EnergyJ::new(&c.energy, span, &self.cfg.carbon),
+            })
+            .collect();
+        cgroups
+            .sort_by(|a, b| most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns)));
+        cgroups
+    }
+
+    /// The container a cgroup's sums are for: the one recognized while
+    /// it ran, else what its path says.
+    pub(super) fn container_of(cg: &CgroupSum) -> Option<crate::process::container::Container> {
+        cg.container.clone().or_else(|| {
+            cg.name
+                .as_deref()
+                .and_then(crate::process::container::from_cgroup_path)
+        })
+    }
+
+    /// Asks the runtimes for the name of every container again: those
+    /// not named yet, and the others' current names (renamed since).
+    pub(super) fn ask_container_names(&self) {
+        self.containers.expire();
+        for cg in self.cgroup_sums() {
+            if let Some(c) = Self::container_of(cg) {
+                let _ = self.containers.name(&c);
+            }
+        }
+    }
+
+    /// Per container and systemd unit so far (from the cgroups), most
+    /// energy first; with `since_ns`, only those whose processes ran since.
+    pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
+        type Sums = (u64, EnergyBy, Vec<String>, Option<String>);
+        let mut by: HashMap<crate::process::container::Container, Sums> = HashMap::new();
+        let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
+        for cg in self.cgroup_sums() {
+            let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
+            let Some(path) = &cg.name else { continue };
+            let Some(c) = Self::container_of(cg) else {
+                continue;
+            };
+            let l = last.entry(c.clone()).or_default();
+            *l = (*l).max(cg.last_ns);
+            let entry = by.entry(c).or_default();
+            entry.0 += ns;
+            entry.1.merge(e);
+            entry.2.push(path.clone());
+            if entry.3.is_none() {
+                entry.3.clone_from(&cg.container_name);
+            }
+        }
+        let span = self.last_ns.saturating_sub(self.start_ns);
+        let mut v: Vec<ContainerReport> = by
+            .into_iter()
+            .filter(|(c, _)| since_ns.is_none_or(|t| last.get(c).is_some_and(|l| *l >= t)))
+            .map(|(c, (ns, e, mut cgroups, kept_name))| {
+                cgroups.sort();
+                // The runtime's latest answer (a `docker rename`), else
+                // the one kept, else asked for now.
+                let name = self
+                    .containers
+                    .cached(&c)
+                    .or(kept_name)
+                    .or_else(|| self.containers.name(&c));
+                ContainerReport {
+                    name,
+                    runtime: c.runtime,
+                    id: c.id,
+                    pod_uid: c.pod_uid,
+                    qos: c.qos,
+                    cgroups,
+                    on_cpu_ns: ns,
+                    energy: EnergyJ::new(&e, span, &self.cfg.carbon),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
+                .then(a.id.cmp(&b.id))
+        });
+        v
+    }
+
+    /// Sums this interval's energy per group (returned: this interval's
+    /// per group) and per cgroup, and each cgroup's CPU time.
+    pub(super) fn sum_groups_and_cgroups(
+        &mut self,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        index: &IntMap<ConsumerId, usize>,
+        at_ns: u64,
+    ) -> [EnergyBy; 3] {
+        let mut interval_groups: [EnergyBy; 3] = Default::default();
+        for (id, e) in energy {
+            // A consumer the table no longer knows was an exited process
+            // outside the tree.
+            let u = index.get(id).map(|i| &usage[*i]);
+            // A process forgotten since it ran in an interval whose read
+            // failed: its role and cgroup as they were then.
+            let origin = self.held_origin.get(id).copied();
+            let role = u.map_or_else(|| origin.map_or(Role::Other, |o| o.1), |u| u.role);
+            self.groups[role as usize].merge(e);
+            interval_groups[role as usize].merge(e);
+            // A process that was in several cgroups in this interval: each
+            // gets the energy of its share of the process's time.
+            let mut rest = *e;
+            if let Some(u) = u.filter(|u| !u.other_cgroups_ns.is_empty()) {
+                let total: u64 = u.on_cpu_ns.iter().sum();
+                for (cgroup, ns) in &u.other_cgroups_ns {
+                    let part = e.share(*ns, total);
+                    rest = rest.less(&part);
+                    self.cgroups.entry(*cgroup).or_default().energy.merge(&part);
+                }
+            }
+            let cgroup = u.map_or_else(|| origin.map_or(0, |o| o.0), |u| u.cgroup_id);
+            self.cgroups.entry(cgroup).or_default().energy.merge(&rest);
+        }
+        // While reads are held, where each process that ran was (its
+        // record may be forgotten before the read that covers it comes);
+        // at most a minute of processes (HELD_MAX_NS).
+        if !self.held.any_live() {
+            self.held_origin.clear();
+        } else {
+            self.held_origin
+                .extend(usage.iter().map(|u| (u.id, (u.cgroup_id, u.role))));
+        }
+        for u in usage {
+            let mut rest: u64 = u.on_cpu_ns.iter().sum();
+            for (cgroup, ns) in &u.other_cgroups_ns {
+                rest = rest.saturating_sub(*ns);
+                let c = self.cgroups.entry(*cgroup).or_default();
+                c.on_cpu_ns += ns;
+                c.last_ns = at_ns;
+            }
+            let c = self.cgroups.entry(u.cgroup_id).or_default();
+            c.on_cpu_ns += rest;
+            c.last_ns = at_ns;
+        }
+        interval_groups
+    }
+
+    /// Names new cgroups and recognizes their containers while they
+    /// still exist, and asks the runtime for a new container's name now:
+    /// the recording has it even when no exporter or screen asks, and
+    /// even if the container is gone by the end.
+    pub(super) fn name_cgroups(&mut self, at_ns: u64) {
+        for (id, entry) in &mut self.cgroups {
+            if entry.name.is_none() {
+                entry.name = self.cgroup_names.name(*id, at_ns).map(str::to_string);
+            }
+            if !entry.recognized
+                && let Some(path) = entry.name.as_deref()
+            {
+                entry.recognized = true;
+                entry.container = self.containers.recognize(path);
+            }
+            if let Some(c) = &entry.container {
+                // Asked once the runtime is there (it may start later).
+                if !entry.name_asked && self.containers.available(c.runtime) {
+                    entry.name_asked = true;
+                    let _ = self.containers.name(c);
+                }
+                // The answer is kept with the cgroup (the lookup cache is
+                // bounded and forgets).
+                if entry.container_name.is_none() && entry.name_asked {
+                    entry.container_name = self.containers.cached(c);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Which processes are reported one by one: `--pid`, `--cgroup`,
+//! `--container`, and `monitor`'s top rows (energy is still divided over
+//! every process).
+
+use super::Profile;
+use super::Scope;
+use super::stacks;
+use crate::attribution::ConsumerId;
+use crate::attribution::EnergyBy;
+use crate::hash::IntMap;
+use crate::process::IntervalUsage;
+use crate::process::ProcFs;
+use crate::process::ProcessTable;
+use crate::process::Role;
+use crate::process::names::ContainerNames;
+
+/// Which processes are reported one by one (`--cgroup`, `--container`);
+/// energy is still divided over every process.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// cgroup path, and everything below it.
+    pub cgroup: Option<String>,
+    /// Container id (or a prefix of 4 or more characters), name, or pod UID.
+    pub container: Option<String>,
+}
+
+impl Filter {
+    /// Whether it lets every process through.
+    pub fn is_empty(&self) -> bool {
+        self.cgroup.is_none() && self.container.is_none()
+    }
+
+    pub(super) fn matches(&self, path: Option<&str>, names: &ContainerNames) -> bool {
+        if self.cgroup.is_none() && self.container.is_none() {
+            return true;
+        }
+        let Some(path) = path else { return false };
+        if let Some(prefix) = &self.cgroup {
+            let prefix = prefix.trim_end_matches('/');
+            let below = path == prefix
+                || path
+                    .strip_prefix(prefix)
+                    .is_some_and(|r| r.starts_with('/'))
+                || prefix.is_empty();
+            if !below {
+                return false;
+            }
+        }
+        if let Some(want) = &self.container {
+            let Some(c) = names.recognize(path) else {
+                return false;
+            };
+            let name = names.name(&c);
+            let hit = (want.len() >= 4 && c.id.starts_with(want.as_str()))
+                || name.as_deref() == Some(want.as_str())
+                || c.pod_uid.as_deref() == Some(want.as_str());
+            if !hit {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Profile {
+    /// cgroup path of a process record, when known (its v1 path where its
+    /// v2 one is the root).
+    pub(super) fn cgroup_path(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
+        let key = match self.v1_cgroup.get(&id) {
+            Some(Some(v1)) if self.cgroup_root.is_none_or(|r| cgroup_id == r) => *v1,
+            _ => cgroup_id,
+        };
+        self.cgroups.get(&key).and_then(|c| c.name.as_deref())
+    }
+
+    /// Whether a process passes `--pid`, `--cgroup` and `--container`.
+    pub(super) fn wanted(&self, id: ConsumerId, cgroup_id: u64) -> bool {
+        let pids_ok = match &self.cfg.scope {
+            Scope::Machine { pids, .. } if !pids.is_empty() => {
+                pids.iter().any(|p| self.table.descends_from(id, *p))
+            }
+            _ => true,
+        };
+        pids_ok
+            && self
+                .cfg
+                .filter
+                .matches(self.cgroup_path(id, cgroup_id), &self.containers)
+    }
+
+    /// Indices in `usage` of the processes reported one by one this
+    /// interval.
+    pub(super) fn selected(
+        &self,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+    ) -> Vec<usize> {
+        let all = 0..usage.len();
+        match &self.cfg.scope {
+            Scope::Tree => all
+                .filter(|i| matches!(usage[*i].role, Role::Tree | Role::Profiler))
+                .filter(|i| {
+                    let u = &usage[*i];
+                    u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id)
+                })
+                .collect(),
+            Scope::Machine { top, pids } => {
+                // Most energy, then most CPU time, then first seen.
+                let key = |i: &usize| {
+                    let u = &usage[*i];
+                    (
+                        std::cmp::Reverse((
+                            energy.get(&u.id).map_or(0, EnergyBy::total_uj),
+                            u.on_cpu_ns.iter().sum::<u64>(),
+                        )),
+                        *i,
+                    )
+                };
+                let mut v: Vec<usize> = all.collect();
+                let filtered = !pids.is_empty() || !self.cfg.filter.is_empty();
+                if !filtered && v.len() > *top {
+                    // Only the top ones are ordered: O(n), not O(n log n),
+                    // with thousands of processes each interval.
+                    v.select_nth_unstable_by_key(*top, key);
+                    v.truncate(*top);
+                }
+                v.sort_unstable_by_key(key);
+                v.into_iter()
+                    .filter(|i| self.wanted(usage[*i].id, usage[*i].cgroup_id))
+                    .take(*top)
+                    .collect()
+            }
+        }
+    }
+
+    /// Whose stacks are profiled: the command's tree in `run` (within
+    /// `--container`/`--cgroup`), every process in `monitor`.
+    pub(super) fn stack_filter(
+        &self,
+    ) -> impl Fn(&ProcessTable<ProcFs>, u32) -> stacks::Wanted + use<> {
+        let tree_only = matches!(self.cfg.scope, Scope::Tree);
+        move |table, pid| match table.get(pid) {
+            None if tree_only => stacks::Wanted::NotKnownYet,
+            None => stacks::Wanted::Yes,
+            Some(p) if !tree_only || p.role == Role::Tree => stacks::Wanted::Yes,
+            Some(_) => stacks::Wanted::No,
+        }
+    }
+}

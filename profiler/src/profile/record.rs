@@ -1,0 +1,241 @@
+//! One interval's record: the rows of the processes reported one by one,
+//! with their memory (read at a rationed pace).
+
+use super::{KeepIntervals, Profile, Scope};
+use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
+use crate::hash::IntMap;
+use crate::output::record::{
+    DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord, ProcessRow,
+    joules,
+};
+use crate::process::{IntervalUsage, Role};
+use crate::sources::registry::{DomainKey, IntervalEnergy};
+use crate::tracker::CpuSample;
+
+/// Shortest time between two memory reads of one process.
+const MEMORY_EVERY_NS: u64 = 1_000_000_000;
+
+/// Most memory reads a second, all processes together: with a changing
+/// top 10 at 100 ms, a read per process per second was still 100
+/// `smaps_rollup` walks a second (18% of the monitor's CPU with 1,000
+/// busy processes). A row whose process could not be read in time shows
+/// its last reading, or none.
+const MEMORY_READS_PER_S: u64 = 20;
+
+impl Profile {
+    /// The rows of the processes reported one by one, with the memory of
+    /// those that ran (one that did not run cannot have changed its own
+    /// memory).
+    pub(super) fn process_rows(
+        &mut self,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        read: &IntervalEnergy,
+        at_ns: u64,
+        rows: &mut Vec<ProcessRow>,
+    ) {
+        let selected: Vec<usize> = self.selected(usage, energy);
+        let gpu_bytes_of = |id: ConsumerId| -> u64 {
+            read.gpus
+                .iter()
+                .flat_map(|g| &g.processes)
+                .filter(|p| self.table.id_of(p.pid) == Some(id))
+                .map(|p| p.memory_bytes)
+                .sum()
+        };
+        let exited = |id: ConsumerId| self.table.by_id(id).is_none_or(|p| p.exit_ns.is_some());
+        let due = |reads: &IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
+                   id: ConsumerId| {
+            reads
+                .get(&id)
+                .is_none_or(|(t, _)| at_ns.saturating_sub(*t) >= MEMORY_EVERY_NS)
+        };
+        // smaps_rollup walks the page tables: at most once a second per
+        // process, however short the interval. In `monitor`, whose top
+        // rows change from interval to interval, also at most
+        // MEMORY_READS_PER_S in all, those read longest ago (or never)
+        // first; `run` reads every process of its tree.
+        let rationed = matches!(self.cfg.scope, Scope::Machine { .. });
+        let mut may_read: Vec<ConsumerId> = Vec::new();
+        if rationed {
+            if at_ns.saturating_sub(self.memory_budget.1) >= 1_000_000_000 {
+                self.memory_budget = (MEMORY_READS_PER_S, at_ns);
+            }
+            let mut stale: Vec<(u64, ConsumerId)> = selected
+                .iter()
+                .map(|i| usage[*i].id)
+                .filter(|id| !exited(*id) && due(&self.memory_read_ns, *id))
+                .map(|id| (self.memory_read_ns.get(&id).map_or(0, |(t, _)| *t), id))
+                .collect();
+            stale.sort_unstable();
+            let n = stale.len().min(self.memory_budget.0 as usize);
+            self.memory_budget.0 -= n as u64;
+            may_read.extend(stale[..n].iter().map(|(_, id)| *id));
+        }
+        for i in selected {
+            let u = &usage[i];
+            let gpu_bytes = if read.gpus.is_empty() {
+                0
+            } else {
+                gpu_bytes_of(u.id)
+            };
+            let last = self.memory_read_ns.get(&u.id).and_then(|(_, m)| *m);
+            let mem = if exited(u.id) {
+                None
+            } else if !due(&self.memory_read_ns, u.id) || (rationed && !may_read.contains(&u.id)) {
+                last
+            } else {
+                let m = self.procfs.memory(u.pid);
+                self.memory_read_ns.insert(u.id, (at_ns, m));
+                m
+            };
+            let peak = self.memory.entry(u.id).or_default();
+            if let Some(m) = mem {
+                peak.peak_pss_bytes = peak.peak_pss_bytes.max(m.pss_bytes);
+                peak.peak_uss_bytes = peak.peak_uss_bytes.max(m.uss_bytes);
+            }
+            peak.peak_gpu_bytes = peak.peak_gpu_bytes.max(gpu_bytes);
+            let e = energy.get(&u.id).copied().unwrap_or_default();
+            rows.push(ProcessRow {
+                pid: u.pid,
+                comm: self
+                    .table
+                    .by_id(u.id)
+                    .map_or_else(String::new, |p| p.comm.clone()),
+                on_cpu_ns: u.on_cpu_ns.iter().sum(),
+                package_j: joules(e.package_uj),
+                core_j: joules(e.core_uj),
+                dram_j: joules(e.dram_uj),
+                gpu_j: joules(e.gpu_uj),
+                static_j: joules(e.static_uj()),
+                pss_bytes: mem.map(|m| m.pss_bytes),
+                uss_bytes: mem.map(|m| m.uss_bytes),
+                gpu_memory_bytes: gpu_bytes,
+            });
+        }
+    }
+
+    /// The interval's record, in the previous record's buffers.
+    pub(super) fn build_record(&mut self, b: &Built<'_>) -> IntervalRecord {
+        let Built {
+            sample,
+            duration_ns,
+            usage,
+            energy,
+            read,
+            shares,
+            covers_ns,
+            groups: interval_groups,
+        } = *b;
+        let mut record = self.last.take().unwrap_or_default();
+        let mut rows = record.processes.take().unwrap_or_default();
+        rows.clear();
+        self.process_rows(usage, energy, read, sample.at_ns, &mut rows);
+        record.domains.clear();
+        record.domains.extend(shares.iter().map(|s| {
+            DomainRow::from_uj(
+                DomainUj {
+                    domain: s.domain,
+                    package: s.package,
+                    estimated: s.estimated,
+                    basis: s.basis,
+                    measured: s.measured_uj,
+                    attributed: s.attributed_uj(),
+                    idle: s.idle_uj,
+                    unattributed: s.unattributed_uj,
+                    static_uj: s.static_uj,
+                    attributed_static: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
+                    figure: self.statics.figure(s.domain, s.package).copied(),
+                },
+                covers_ns
+                    .iter()
+                    .find(|(k, _)| *k == (s.domain, s.package))
+                    .map_or(duration_ns, |(_, ns)| *ns),
+                |power_w| IntervalPower {
+                    power_w,
+                    covers_ns: covers_ns
+                        .iter()
+                        .find(|(k, _)| *k == (s.domain, s.package))
+                        .map(|(_, ns)| *ns),
+                },
+            )
+        }));
+        record.gpus.clear();
+        let statics = &self.statics;
+        record.gpus.extend(read.gpus.iter().map(|g| GpuRow {
+            index: g.index,
+            energy_j: joules(g.energy_uj),
+            power_w: g.power_w,
+            util_pct: g.util_pct,
+            memory_used_bytes: g.memory_used_bytes,
+            sm_basis: Some(g.sm_basis),
+            idle_w: statics.gpu_figures(g.index).0,
+            held_w: statics.gpu_figures(g.index).1,
+            processes: Some(g.processes.clone()),
+        }));
+        let group = |r: Role| GroupRow {
+            on_cpu_ns: usage
+                .iter()
+                .filter(|u| u.role == r)
+                .map(|u| u.on_cpu_ns.iter().sum::<u64>())
+                .sum(),
+            energy_j: joules(interval_groups[r as usize].total_uj()),
+            package_j: joules(interval_groups[r as usize].package_uj),
+            core_j: joules(interval_groups[r as usize].core_uj),
+            dram_j: joules(interval_groups[r as usize].dram_uj),
+            gpu_j: joules(interval_groups[r as usize].gpu_uj),
+            static_j: joules(interval_groups[r as usize].static_uj()),
+        };
+        record.groups = GroupRows {
+            tree: group(Role::Tree),
+            profiler: group(Role::Profiler),
+            other: group(Role::Other),
+        };
+        record.t_ns = sample.at_ns.saturating_sub(self.start_ns);
+        record.duration_ns = duration_ns;
+        record.busy_ns = sample.busy_ns();
+        record.processes = Some(rows);
+        record
+    }
+
+    /// Streams the record (JSON lines, the interval CSV) and keeps it for
+    /// the recording.
+    pub(super) fn write_record(&mut self, record: IntervalRecord) {
+        if let Some(s) = &mut self.jsonl {
+            s.write(&record);
+        }
+        if let Some(c) = &mut self.interval_csv {
+            c.write(&record, self.start_unix_ns, self.cfg.carbon.g_per_kwh);
+        }
+        // Kept serialized: a parsed record costs several times its text,
+        // and a run can last days.
+        let kept = match self.cfg.keep {
+            KeepIntervals::All => serde_json::value::to_raw_value(&record).ok(),
+            KeepIntervals::MachineOnly => {
+                serde_json::value::to_raw_value(&record.machine_only()).ok()
+            }
+            KeepIntervals::Nothing => None,
+        };
+        if let Some(kept) = kept {
+            self.intervals.push(kept);
+        }
+        if let Some(p) = self.intervals.take_problem() {
+            self.problem(p);
+        }
+        self.last = Some(record);
+    }
+}
+
+/// What an interval's record is built from.
+pub(super) struct Built<'a> {
+    pub sample: &'a CpuSample,
+    pub duration_ns: u64,
+    pub usage: &'a [IntervalUsage],
+    pub energy: &'a IntMap<ConsumerId, EnergyBy>,
+    pub read: &'a IntervalEnergy,
+    pub shares: &'a [DomainShare],
+    /// The span each caught-up domain's energy covers.
+    pub covers_ns: &'a [(DomainKey, u64)],
+    /// This interval's energy per group.
+    pub groups: &'a [EnergyBy; 3],
+}

@@ -1,0 +1,339 @@
+//! The end of a profile: its figures as the run document
+//! ([`RunReport`]).
+
+use super::Profile;
+use super::Scope;
+use super::windows;
+use crate::output::CommandReport;
+use crate::output::DomainReport;
+use crate::output::EnergyJ;
+use crate::output::EnergyReport;
+use crate::output::GroupEnergy;
+use crate::output::HostReport;
+use crate::output::LearnedFit;
+use crate::output::ProcessReport;
+use crate::output::ProfilerReport;
+use crate::output::RUN_SCHEMA_VERSION;
+use crate::output::RunReport;
+use crate::output::StaticPowerReport;
+use crate::output::WindowDomainReport;
+use crate::output::WindowReport;
+use crate::output::jsonl::Typed;
+use crate::output::record::AveragePower;
+use crate::output::record::DomainUj;
+use crate::output::record::joules;
+use crate::output::record::watts;
+use crate::process::Process;
+use crate::process::Role;
+use serde_json::Value;
+
+/// Report order: most energy first, then most on-CPU time.
+pub(super) fn most_energy_first(a: (&EnergyJ, u64), b: (&EnergyJ, u64)) -> std::cmp::Ordering {
+    b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
+}
+
+/// Host facts for the report header.
+pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let cpu_model = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    HostReport {
+        hostname: crate::topology::hostname(),
+        kernel: read("/proc/sys/kernel/osrelease"),
+        cpu_model,
+        gpus,
+    }
+}
+
+/// How the profiled command ended.
+pub struct CommandEnd {
+    /// Its command line.
+    pub argv: Vec<String>,
+    /// Its pid.
+    pub pid: u32,
+    /// Exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+}
+
+/// Facts about how the profile ended, for the report.
+pub struct Ending {
+    /// `run` or `monitor`.
+    pub mode: &'static str,
+    /// The command (`run`).
+    pub command: Option<CommandEnd>,
+    /// Wall-clock start (ns since the epoch).
+    pub start_unix_ns: u64,
+    /// The tracker's facts.
+    pub profiler: ProfilerReport,
+}
+
+impl Profile {
+    pub(super) fn window_report(&self, w: &windows::Window) -> WindowReport {
+        let span = w.end_ns.saturating_sub(w.begin_ns);
+        WindowReport {
+            name: w.name.clone(),
+            pid: w.pid,
+            depth: w.depth,
+            begin_ns: w.begin_ns.saturating_sub(self.start_ns),
+            end_ns: w.end_ns.saturating_sub(self.start_ns),
+            unterminated: w.unterminated,
+            on_cpu_ns: w.on_cpu_ns,
+            energy: EnergyJ::new(&w.energy, span, &self.cfg.carbon),
+            machine: w
+                .machine
+                .iter()
+                .map(|m| WindowDomainReport {
+                    domain: m.domain,
+                    package: m.package,
+                    measured_j: joules(m.measured_uj),
+                    avg_power_w: watts(m.measured_uj, span),
+                    estimated: m.estimated,
+                })
+                .collect(),
+        }
+    }
+
+    pub(super) fn process_report(&self, p: &Process, end_ns: u64) -> ProcessReport {
+        let from = p.start_ns.unwrap_or(self.start_ns).max(self.start_ns);
+        let to = p.exit_ns.unwrap_or(end_ns);
+        ProcessReport {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: p.comm.clone(),
+            on_cpu_ns: p.total_ns(),
+            on_cpu_ns_per_socket: p.on_cpu_ns.clone(),
+            start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),
+            exit_ns: p.exit_ns.map(|t| t.saturating_sub(self.start_ns)),
+            energy: EnergyJ::new(
+                &self.ledger.consumer(p.id),
+                to.saturating_sub(from),
+                &self.cfg.carbon,
+            ),
+            memory: self.memory.get(&p.id).copied().unwrap_or_default(),
+            cgroup: self.cgroup_path(p.id, p.cgroup_id).map(str::to_string),
+        }
+    }
+
+    /// Ends the profile: closes open windows and builds the report. Call
+    /// after the final [`Profile::step`].
+    pub fn finish(mut self, ending: Ending) -> RunReport {
+        let end_ns = self.last_ns;
+        let span = end_ns.saturating_sub(self.start_ns);
+        let (windows, window_errors) = self.windows.finish(end_ns);
+        let windows: Vec<WindowReport> = windows.iter().map(|w| self.window_report(w)).collect();
+        if let Some(s) = &mut self.jsonl {
+            for w in windows.iter().filter(|w| w.unterminated) {
+                s.write(&Typed {
+                    kind: "window",
+                    record: w,
+                });
+            }
+        }
+        let carbon = &self.cfg.carbon;
+        let processes = self.process_reports(end_ns);
+        let groups = self.table.totals().clone();
+        let group_energy = GroupEnergy {
+            tree: EnergyJ::new(&self.groups[Role::Tree as usize], span, carbon),
+            profiler: EnergyJ::new(&self.groups[Role::Profiler as usize], span, carbon),
+            other: EnergyJ::new(&self.groups[Role::Other as usize], span, carbon),
+        };
+        let cgroups = self.cgroup_reports(None);
+        // Every container's name asked for (those first seen while the
+        // daemon was not there yet too), and the answers waited for (each
+        // lookup takes at most 0.5 s).
+        self.ask_container_names();
+        self.containers
+            .settle(std::time::Duration::from_millis(600));
+        let containers = self.container_reports(None);
+        let profiler = self.profiler_report(ending.profiler, &processes);
+        let command = ending.command.map(|c| CommandReport {
+            argv: c.argv,
+            pid: c.pid,
+            exit_code: c.exit_code,
+            signal: c.signal,
+            on_cpu_ns: groups.tree_ns,
+            processes: processes.len(),
+            energy: group_energy.tree,
+        });
+        let attributed_ns = groups.tree_ns + groups.profiler_ns + groups.other_ns;
+        let mut report = RunReport {
+            schema_version: RUN_SCHEMA_VERSION,
+            wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: ending.mode.to_string(),
+            start_unix_ns: ending.start_unix_ns,
+            wall_ns: span,
+            host: self.host.clone(),
+            command,
+            processes,
+            energy: EnergyReport {
+                readers: self.readers.used().to_vec(),
+                domains: self.domain_reports(span),
+                groups: group_energy,
+                carbon_intensity_g_per_kwh: carbon.g_per_kwh,
+                carbon_intensity_source: carbon.source.clone(),
+                problems: self.problem_lines(),
+                static_power: self.static_power_report(),
+            },
+            groups,
+            cgroups,
+            containers,
+            windows,
+            window_errors,
+            machine: self.machine.report(self.package_ids.clone(), attributed_ns),
+            lost_ns: self.machine.lost_ns(),
+            profiler,
+            stacks: self
+                .stacks
+                .as_ref()
+                .map(|st| crate::output::flamegraph::StackReport {
+                    functions: crate::output::flamegraph::functions(st.ledger(), 20, span, carbon),
+                    ..st.report()
+                }),
+            intervals: Default::default(),
+        };
+        report.profiler.output_errors = self.output_errors();
+        // The stream's last record: the summary, without the intervals it
+        // already holds.
+        if let Some(s) = &mut self.jsonl {
+            let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
+            if let Some(o) = summary.as_object_mut() {
+                o.remove("intervals");
+                o.insert("type".into(), "summary".into());
+            }
+            s.write(&summary);
+        }
+        let mut report = RunReport {
+            intervals: std::mem::take(&mut self.intervals),
+            ..report
+        };
+        report.profiler.output_errors = self.output_errors();
+        report
+    }
+
+    /// The processes reported one by one: the command's tree in start
+    /// order (`run`), or the live processes with the most energy
+    /// (`monitor`, at least 100).
+    fn process_reports(&self, end_ns: u64) -> Vec<ProcessReport> {
+        let mut processes: Vec<ProcessReport> = match &self.cfg.scope {
+            Scope::Tree => self
+                .table
+                .tree()
+                .into_iter()
+                .filter(|p| self.wanted(p.id, p.cgroup_id))
+                .map(|p| self.process_report(p, end_ns))
+                .collect(),
+            Scope::Machine { top, .. } => {
+                let mut v: Vec<ProcessReport> = self
+                    .table
+                    .processes()
+                    .filter(|p| p.exit_ns.is_none() && self.wanted(p.id, p.cgroup_id))
+                    .map(|p| self.process_report(p, end_ns))
+                    .collect();
+                v.sort_by(|a, b| {
+                    most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
+                });
+                v.truncate((*top).max(100));
+                v
+            }
+        };
+        if matches!(self.cfg.scope, Scope::Tree) {
+            processes.sort_by_key(|p| (p.start_ns.unwrap_or(0), p.pid));
+        }
+        processes
+    }
+
+    /// Each domain's energy over the profile.
+    fn domain_reports(&self, span: u64) -> Vec<DomainReport> {
+        self.ledger
+            .domains()
+            .iter()
+            .map(|t| {
+                DomainReport::from_uj(
+                    DomainUj {
+                        domain: t.domain,
+                        package: t.package,
+                        estimated: t.estimated,
+                        basis: t.basis,
+                        measured: t.measured_uj,
+                        attributed: t.attributed_uj,
+                        idle: t.idle_uj,
+                        unattributed: t.unattributed_uj,
+                        static_uj: t.static_uj,
+                        attributed_static: t.attributed_static_uj,
+                        figure: self.statics.figure(t.domain, t.package).copied(),
+                    },
+                    span,
+                    |avg_power_w| AveragePower { avg_power_w },
+                )
+            })
+            .collect()
+    }
+
+    /// The problems kept, and how many more there were.
+    fn problem_lines(&self) -> Vec<String> {
+        let mut problems = self.problems.clone();
+        if self.problem_count > problems.len() as u64 {
+            problems.push(format!(
+                "... and {} more",
+                self.problem_count - problems.len() as u64
+            ));
+        }
+        problems
+    }
+
+    /// How static power was shared and what was learned of it.
+    fn static_power_report(&self) -> Option<StaticPowerReport> {
+        self.statics.note().map(|note| StaticPowerReport {
+            rule: self.statics.share(),
+            note,
+            learned: self
+                .statics
+                .learned()
+                .into_iter()
+                .map(
+                    |(domain, package, static_w, per_cpu_w, r_squared, intervals)| LearnedFit {
+                        domain,
+                        package,
+                        static_w,
+                        per_cpu_w,
+                        r_squared,
+                        intervals,
+                    },
+                )
+                .collect(),
+        })
+    }
+
+    /// wattprof's own figures: the tracker's, with the health of its
+    /// samples and what the end found.
+    fn profiler_report(
+        &self,
+        mut profiler: ProfilerReport,
+        processes: &[ProcessReport],
+    ) -> ProfilerReport {
+        profiler.on_cpu_ns = self.table.totals().profiler_ns;
+        (
+            profiler.events_lost,
+            profiler.discarded_ns,
+            profiler.samples,
+        ) = self.machine.health();
+        profiler.unmatched_forks = self.table.unmatched_forks();
+        profiler.ended_unseen = processes
+            .iter()
+            .filter(|p| p.exit_ns.is_none() && self.unlisted_at_end.contains(&p.pid))
+            .count() as u64;
+        profiler
+    }
+}

@@ -1,0 +1,204 @@
+//! The Prometheus view of a profile so far.
+
+use super::Profile;
+use crate::attribution::EnergyBy;
+use crate::output::EnergyJ;
+use crate::output::prometheus::Labels;
+use crate::output::prometheus::Snapshot;
+use crate::output::record::ProcessRow;
+use crate::output::record::joules;
+use crate::process::Role;
+use crate::sources::Domain;
+
+impl Profile {
+    /// The Prometheus view of the profile so far: counters per domain,
+    /// container, cgroup; CPU seconds; wattprof's own cost; the power of
+    /// the last interval's `top` processes and of all others together.
+    /// Containers and cgroups whose processes have not run for `grace_ns`
+    /// are left out (their series end).
+    pub fn snapshot(&self, top: usize, grace_ns: u64) -> Snapshot {
+        let since = self.last_ns.saturating_sub(grace_ns);
+        let l = |pairs: &[(&str, String)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), v.clone()))
+                .collect()
+        };
+        let pkg = |p: Option<u32>| p.map_or_else(|| "machine".to_string(), |p| p.to_string());
+        let kinds = |e: &EnergyJ| {
+            [
+                ("package", e.package_j),
+                ("dram", e.dram_j),
+                ("gpu", e.gpu_j),
+            ]
+        };
+        let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
+        for t in self.ledger.domains() {
+            let labels = l(&[
+                ("domain", t.domain.name().to_string()),
+                ("package", pkg(t.package)),
+            ]);
+            measured.push((labels.clone(), joules(t.measured_uj)));
+            idle.push((labels.clone(), joules(t.idle_uj)));
+            if let Some(f) = self.statics.figure(t.domain, t.package) {
+                static_energy.push((labels.clone(), joules(t.static_uj)));
+                let mut with_source = labels.clone();
+                with_source.push(("source".into(), f.source.name().into()));
+                static_power.push((with_source, f.static_w));
+            }
+            unattributed.push((labels, joules(t.unattributed_uj)));
+        }
+        let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
+        let mut c_static = Vec::new();
+        for c in self.container_reports(Some(since)) {
+            // The name can arrive late or change (docker rename): it is on
+            // an info series, never on the counters.
+            let base = l(&[
+                ("runtime", c.runtime.name().to_string()),
+                ("container_id", c.id.clone()),
+                ("pod_uid", c.pod_uid.clone().unwrap_or_default()),
+                ("qos", c.qos.clone().unwrap_or_default()),
+            ]);
+            if let Some(name) = &c.name {
+                c_info.push((
+                    l(&[
+                        ("runtime", c.runtime.name().to_string()),
+                        ("container_id", c.id.clone()),
+                        ("container_name", name.clone()),
+                    ]),
+                    1.0,
+                ));
+            }
+            c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
+            c_static.push((base.clone(), c.energy.static_j));
+            for (domain, v) in kinds(&c.energy) {
+                let mut labels = base.clone();
+                labels.push(("domain".into(), domain.into()));
+                c_energy.push((labels, v));
+            }
+        }
+        let (mut g_energy, mut g_cpu, mut g_static) = (Vec::new(), Vec::new(), Vec::new());
+        // Per path: a restarted service or container gets a new cgroup
+        // (a new id) at the same path, and its series must go on rising,
+        // so every cgroup that ever had the path counts, for as long as
+        // one of them ran within the grace period.
+        let mut by_path: std::collections::BTreeMap<&str, (u64, EnergyBy, u64)> =
+            std::collections::BTreeMap::new();
+        for c in self.cgroup_sums() {
+            let Some(path) = c.name.as_deref() else {
+                continue;
+            };
+            let e = by_path.entry(path).or_default();
+            e.0 += c.on_cpu_ns;
+            e.1.merge(&c.energy);
+            e.2 = e.2.max(c.last_ns);
+        }
+        for (path, (ns, energy, last)) in by_path {
+            if last < since {
+                continue;
+            }
+            g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
+            let e = EnergyJ::new(&energy, 0, &self.cfg.carbon);
+            g_static.push((l(&[("cgroup", path.to_string())]), e.static_j));
+            for (domain, v) in kinds(&e) {
+                g_energy.push((
+                    l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
+                    v,
+                ));
+            }
+        }
+        let (busy, idle_ns, lost) = self.machine.totals();
+        let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
+            .into_iter()
+            .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
+            .collect();
+        let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
+        let self_energy = kinds(&me)
+            .into_iter()
+            .map(|(d, v)| (l(&[("domain", d.into())]), v))
+            .collect();
+        // Power of the last interval's processes: the top ones by name, the
+        // rest as one `other` series.
+        let mut power = Vec::new();
+        let mut gpu_power = Vec::new();
+        if let Some(iv) = &self.last {
+            let dur_s = iv.duration_s();
+            let mut rows: Vec<(f64, &ProcessRow)> = iv
+                .process_rows()
+                .iter()
+                .map(|p| (p.total_j() / dur_s, p))
+                .collect();
+            rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (w, p) in rows.iter().take(top) {
+                power.push((
+                    l(&[("pid", p.pid.to_string()), ("comm", p.comm.clone())]),
+                    *w,
+                ));
+            }
+            // Everything attributed in the interval that is not in the top.
+            // Core energy is part of package energy: not added again.
+            let attributed: f64 = iv
+                .domains
+                .iter()
+                .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram | Domain::Gpu))
+                .map(|d| d.attributed_j)
+                .sum::<f64>()
+                / dur_s;
+            let shown: f64 = power.iter().map(|(_, w)| w).sum();
+            power.push((
+                l(&[("pid", "other".into()), ("comm", "other".into())]),
+                (attributed - shown).max(0.0),
+            ));
+            gpu_power = iv
+                .gpus
+                .iter()
+                .filter_map(|g| Some((l(&[("gpu", g.index.to_string())]), g.power_w?)))
+                .collect();
+        }
+        use crate::output::prometheus as m;
+        Snapshot {
+            families: vec![
+                (&m::ENERGY, measured),
+                (&m::IDLE_ENERGY, idle),
+                (&m::STATIC_ENERGY, static_energy),
+                (&m::STATIC_POWER, static_power),
+                (&m::UNATTRIBUTED_ENERGY, unattributed),
+                (&m::CONTAINER_ENERGY, c_energy),
+                (&m::CONTAINER_STATIC_ENERGY, c_static),
+                (&m::CONTAINER_CPU, c_cpu),
+                (&m::CGROUP_ENERGY, g_energy),
+                (&m::CGROUP_STATIC_ENERGY, g_static),
+                (&m::CGROUP_CPU, g_cpu),
+                (&m::CPU, cpu),
+                (
+                    &m::SELF_CPU,
+                    vec![(Vec::new(), self.table.totals().profiler_ns as f64 / 1e9)],
+                ),
+                (&m::SELF_ENERGY, self_energy),
+                (&m::PROCESS_POWER, power),
+                (&m::GPU_POWER, gpu_power),
+                (&m::CONTAINER_INFO, c_info),
+                (
+                    &m::ENERGY_READER_INFO,
+                    self.readers
+                        .used()
+                        .iter()
+                        .filter(|u| u.name != "none")
+                        .map(|u| {
+                            (
+                                l(&[
+                                    ("kind", u.kind.to_string()),
+                                    ("reader", u.name.to_string()),
+                                    ("model", u.model.clone().unwrap_or_default()),
+                                    ("estimated", u.estimated.to_string()),
+                                ]),
+                                1.0,
+                            )
+                        })
+                        .collect(),
+                ),
+            ],
+        }
+    }
+}
