@@ -3,7 +3,7 @@
 pub mod calibrate;
 pub mod child;
 pub mod energy;
-mod host_model;
+
 pub mod monitor;
 pub mod report;
 pub mod run;

@@ -124,7 +124,7 @@ pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
         let text = if args.json {
             serde_json::to_string_pretty(&c)? + "\n"
         } else {
-            output::render_comparison(&c)
+            report::render::render_comparison(&c)
         };
         print_out(&text)?;
         return Ok(0);
@@ -137,10 +137,10 @@ pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
     let text = match (args.metrics, args.json) {
         (true, true) => serde_json::to_string_pretty(&report::metrics::list(&loaded))? + "\n",
         (true, false) => {
-            output::render_metrics(&loaded.summary.file, &report::metrics::list(&loaded))
+            report::render::render_metrics(&loaded.summary.file, &report::metrics::list(&loaded))
         }
         (false, true) => serde_json::to_string_pretty(&loaded.summary)? + "\n",
-        (false, false) => output::render_summary(&loaded.summary, args.top),
+        (false, false) => report::render::render_summary(&loaded.summary, args.top),
     };
     print_out(&text)?;
     write_files(&args, &loaded)?;

@@ -6,13 +6,10 @@ pub mod jsonl;
 pub mod prometheus;
 pub mod record;
 pub mod spill;
-mod table;
+pub(crate) mod table;
 pub mod vm_export;
 
-pub use table::{
-    By, container_label, render_comparison, render_metrics, render_monitor_frame, render_run_table,
-    render_summary,
-};
+pub use table::{By, container_label, render_monitor_frame, render_run_table};
 
 use serde::{Deserialize, Serialize};
 

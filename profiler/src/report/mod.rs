@@ -6,6 +6,7 @@ pub mod compare;
 pub mod metrics;
 pub mod plot;
 pub mod read;
+pub mod render;
 
 use std::collections::BTreeMap;
 

@@ -10,7 +10,7 @@ use profiler_common::{
     ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
 };
 
-use super::ebpf::map_err;
+use super::load::map_err;
 use super::{
     CpuTimes, TaskTime, TrackerError, monotonic_ns,
     runtime::{Kind, Reading, RuntimeLedger},

@@ -9,6 +9,7 @@ mod btf;
 mod ebpf;
 mod forks;
 mod iter;
+mod load;
 pub mod runtime;
 pub mod stacks;
 mod sys;

@@ -21,7 +21,7 @@ use profiler_common::{
 };
 
 use super::TrackerError;
-use super::ebpf::{attach_err, is_permission, map_err, program, raise_memlock_limit, take_map};
+use super::load::{attach_err, load_err, map_err, program, raise_memlock_limit, take_map};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof-stacks.bpf.o");
 
@@ -124,17 +124,7 @@ impl StackSampler {
             .override_global("EXEC_FILENAME_OFFSET", &filename, true)
             .map_max_entries("SAMPLES", ring_bytes)
             .load(OBJECT)
-            .map_err(|e| {
-                if is_permission(&e) {
-                    TrackerError::Privilege(format!(
-                        "the kernel refused to load wattprof's eBPF programs ({e}) although it \
-                     holds CAP_BPF and CAP_PERFMON: is a security module (lockdown, SELinux, \
-                     seccomp) blocking bpf()?"
-                    ))
-                } else {
-                    TrackerError::Load(format!("stack sampler: {e}"))
-                }
-            })?;
+            .map_err(|e| load_err("stack sampler: ", e))?;
         let exec: &mut TracePoint = program(&mut ebpf, "wattprof_stack_exec")?;
         exec.load().map_err(attach_err("wattprof_stack_exec"))?;
         exec.attach("sched", "sched_process_exec")

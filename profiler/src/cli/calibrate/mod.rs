@@ -1,22 +1,24 @@
 //! `wattprof calibrate`: a load staircase against a wattmeter, and the
 //! wall power fitted as a linear function of the counters (or of CPU
 //! utilization where there is none); with no wattmeter, the host power
-//! model (`super::host_model`).
+//! model (`host_model`). The staircase itself (the load, its steps and
+//! windows) is [`crate::staircase`]; this parses, checks and fits.
 
+mod host_model;
+
+use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Fatal;
 use super::setup::parse_interval;
 use crate::profile::ReaderConfig;
-use crate::sources::Domain;
 use crate::sources::Source;
 use crate::sources::calibration::{Calibration, Point, Regressor, fit};
 use crate::sources::estimate::{ModelChoice, ModelRequest};
 use crate::sources::registry::Readers;
 use crate::sources::wattmeter::{Line, Wattmeter, default_power_column, parse_line};
+use crate::staircase::{Step, StepLoad, climb, measure};
 
 /// Arguments of `wattprof calibrate`.
 #[derive(clap::Args, Debug)]
@@ -70,33 +72,8 @@ pub struct CalibrateArgs {
     pub energy_sysfs: Option<PathBuf>,
 }
 
-/// `/proc/stat`'s busy and total jiffies over all CPUs.
-fn cpu_jiffies() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    // idle + iowait are not busy.
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
-}
-
-/// Reads the counters, timed by the middle of the read: a read that is
-/// preempted on a loaded machine then skews nothing.
-pub(super) fn timed_read(
-    readers: &mut Readers,
-) -> (crate::sources::registry::IntervalEnergy, Instant) {
-    let before = Instant::now();
-    let e = readers.read_counters(false);
-    (e, before + before.elapsed() / 2)
-}
-
 /// Now, in ns since the Unix epoch (a file's creation time).
-pub(super) fn unix_now_ns() -> u64 {
+fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -105,7 +82,7 @@ pub(super) fn unix_now_ns() -> u64 {
 /// The readers of a calibration: only what is measured is fitted (no
 /// power model), and the wattmeter is read by calibrate itself, for its
 /// frames' times.
-pub(super) fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
+fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
     ReaderConfig {
         sys: args.energy_sysfs.clone(),
         model: ModelRequest {
@@ -122,124 +99,10 @@ pub(super) fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig 
     }
 }
 
-/// Keeps `n` CPUs busy until dropped.
-pub(super) struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    child: Option<std::process::Child>,
-}
-
-impl Load {
-    pub(super) fn cpus(n: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = (0..n)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let mut x = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) + 1);
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            threads,
-            child: None,
-        }
-    }
-
-    fn command(cmd: &str) -> Result<Self, Fatal> {
-        let argv: Vec<&str> = cmd.split_whitespace().collect();
-        let (program, rest) = argv
-            .split_first()
-            .ok_or_else(|| Fatal::profiler("--gpu-load: empty command"))?;
-        let child = std::process::Command::new(program)
-            .args(rest)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| Fatal::profiler(format!("--gpu-load {cmd}: cannot start: {e}")))?;
-        Ok(Self {
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Vec::new(),
-            child: Some(child),
-        })
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// One window's reading: counters' energy (µJ) over the seconds that
-/// really passed between their two reads (a loaded machine oversleeps),
-/// the wall's mean power over the span of the frames integrated in the
-/// window (exact whatever the frames' arrival), busy CPUs, and problems.
-struct Window {
-    counters_uj: u64,
-    counter_s: f64,
-    wall_w: Option<f64>,
-    busy: f64,
-    problems: Vec<String>,
-}
-
-fn measure(readers: &mut Readers, meter: &mut Wattmeter, window: Duration, cpus: f64) -> Window {
-    // Each counter read is timed by the middle of the read: a read that
-    // is preempted on a loaded machine then skews nothing.
-    let j0 = cpu_jiffies();
-    let _ = meter.read();
-    let f0 = meter.last_frame_s();
-    let (_, t0) = timed_read(readers);
-    let _ = readers.take_problems();
-    std::thread::sleep(window);
-    let (e, t1) = timed_read(readers);
-    let counter_s = t1.duration_since(t0).as_secs_f64();
-    let mut problems = readers.take_problems();
-    let read = meter.read();
-    if let Err(err) = &read {
-        problems.push(format!("wattmeter: {err}"));
-    }
-    let wall_uj = read.map_or(0, |d| d.iter().map(|x| x.energy_uj).sum::<u64>());
-    let f1 = meter.last_frame_s();
-    let j1 = cpu_jiffies();
-    let counters_uj: u64 = e
-        .energy
-        .iter()
-        .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram))
-        .map(|d| d.energy_uj)
-        .sum::<u64>()
-        + e.gpus.iter().map(|g| g.energy_uj).sum::<u64>();
-    let wall_w = match (f0, f1) {
-        (Some(a), Some(b)) if b > a && wall_uj > 0 => Some(wall_uj as f64 / 1e6 / (b - a)),
-        _ => None,
-    };
-    let busy = match (j0, j1) {
-        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64 * cpus,
-        _ => 0.0,
-    };
-    Window {
-        counters_uj,
-        counter_s,
-        wall_w,
-        busy,
-        problems,
-    }
-}
-
 /// Runs `wattprof calibrate`.
 pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     if args.wattmeter_log.is_none() && args.wattmeter_cmd.is_none() {
-        return super::host_model::execute(&args);
+        return host_model::execute(&args);
     }
     let output = args
         .output
@@ -316,66 +179,69 @@ pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .into());
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut steps: Vec<(String, Option<usize>)> = (0..=cpus)
-        .map(|n| (format!("{n} CPUs busy"), Some(n)))
+    let mut steps: Vec<Step> = (0..=cpus)
+        .map(|n| Step {
+            name: format!("{n} CPUs busy"),
+            load: StepLoad::Cpus(n),
+        })
         .collect();
     if let Some(cmd) = &args.gpu_load {
-        steps.push((format!("GPU load: {cmd}"), None));
+        steps.push(Step {
+            name: format!("GPU load: {cmd}"),
+            load: StepLoad::Command(cmd.clone()),
+        });
     }
-    let settle = (args.step / 4).min(Duration::from_secs(2));
-    let window = ((args.step - settle) / 4).min(Duration::from_secs(1));
     eprintln!(
         "wattprof calibrate: {} steps of {:.1} s ({}), fitting wall power against {}",
         steps.len(),
         args.step.as_secs_f64(),
         steps
             .iter()
-            .map(|s| s.0.as_str())
+            .map(|s| s.name.as_str())
             .collect::<Vec<_>>()
             .join(", "),
         regressor.describe()
     );
-    let mut points = Vec::new();
+    let points: RefCell<Vec<Point>> = RefCell::default();
     let mut problems = Vec::new();
-    for (name, load) in &steps {
-        let _load = match load {
-            Some(n) => Load::cpus(*n),
-            None => Load::command(args.gpu_load.as_deref().unwrap_or_default())?,
-        };
-        let end = Instant::now() + args.step;
-        std::thread::sleep(settle);
-        let mut got = 0;
-        while Instant::now() + window <= end {
+    climb(
+        &steps,
+        args.step,
+        |name, window| {
             let w = measure(&mut readers, &mut meter, window, cpus as f64);
             problems.extend(w.problems);
             // A window with no good frame span is no point.
             let Some(wall_w) = w.wall_w else {
-                continue;
+                return false;
             };
-            got += 1;
-            points.push(Point {
-                step: name.clone(),
+            points.borrow_mut().push(Point {
+                step: name.to_string(),
                 x: match regressor {
                     Regressor::CountersW => w.counters_uj as f64 / 1e6 / w.counter_s,
                     Regressor::BusyCpus => w.busy,
                 },
                 wall_w,
             });
-        }
-        let mean = |f: fn(&Point) -> f64| {
-            let v: Vec<f64> = points.iter().rev().take(got).map(f).collect();
-            v.iter().sum::<f64>() / v.len().max(1) as f64
-        };
-        if got == 0 {
-            eprintln!("  {name:<16} no wattmeter energy");
-        } else {
-            eprintln!(
-                "  {name:<16} {got} windows: x {:.2}, wall {:.2} W",
-                mean(|p| p.x),
-                mean(|p| p.wall_w)
-            );
-        }
-    }
+            true
+        },
+        |name, got| {
+            let points = points.borrow();
+            let mean = |f: fn(&Point) -> f64| {
+                points.iter().rev().take(got).map(f).sum::<f64>() / got.max(1) as f64
+            };
+            if got == 0 {
+                eprintln!("  {name:<16} no wattmeter energy");
+            } else {
+                eprintln!(
+                    "  {name:<16} {got} windows: x {:.2}, wall {:.2} W",
+                    mean(|p| p.x),
+                    mean(|p| p.wall_w)
+                );
+            }
+        },
+    )
+    .map_err(Fatal::profiler)?;
+    let points = points.into_inner();
     if points.is_empty() {
         return Err(Fatal::profiler(format!(
             "the wattmeter gave no energy during the staircase{} (is its log being written, and \

@@ -3,16 +3,17 @@
 //! package fitted as power = static + k × busy CPUs, written as the host
 //! power model that `run` and `monitor` read.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use super::Fatal;
-use super::calibrate::{CalibrateArgs, Load, timed_read, unix_now_ns};
+use super::{CalibrateArgs, measured_only, unix_now_ns};
+use crate::cli::Fatal;
 use crate::sources::Domain;
 use crate::sources::calibration::Point;
 use crate::sources::registry::Readers;
 use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
+use crate::staircase::{Step, StepLoad, climb, idle_s, timed_read};
 
 /// A fit whose line explains less of the staircase's power than this is
 /// refused: the power followed something else (another load, a turbo
@@ -24,23 +25,8 @@ const MIN_R2: f64 = 0.9;
 /// line (static ≈ the mean, slope ≈ 0) is right.
 const FLAT_RESIDUAL: f64 = 0.02;
 
-/// All CPUs' idle time so far (s): `/proc/stat`'s idle + iowait, which the
-/// kernel counts exactly (no-tick idle time), in clock ticks of 1/CLK_TCK.
-/// Busy CPUs over a window are then the CPUs less the idle time over the
-/// window's wall time: more exact than the ratio of tick-sampled busy to
-/// total ticks.
-fn idle_s() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((v.get(3)? + v.get(4).copied().unwrap_or(0)) as f64 / hz)
-}
+/// Each CPU energy domain's points, per package.
+type PointsByDomain = BTreeMap<(Domain, Option<u32>), Vec<Point>>;
 
 /// Runs the staircase and writes the host power model.
 pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
@@ -55,7 +41,7 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_HOST_MODEL));
-    let cfg = super::calibrate::measured_only(args, true);
+    let cfg = measured_only(args, true);
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let Some(reader) = readers.cpu_reader() else {
         let why = readers
@@ -79,23 +65,24 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
     // time is summed.
     // SAFETY: sysconf has no preconditions.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as f64;
-    let settle = (args.step / 4).min(Duration::from_secs(2));
-    let window = ((args.step - settle) / 4).min(Duration::from_secs(1));
     eprintln!(
         "wattprof calibrate: {} steps of {:.1} s (0 to {cpus} CPUs busy), fitting each CPU \
          energy domain ({reader}) as static + k x busy CPUs",
         cpus + 1,
         args.step.as_secs_f64()
     );
-    let mut points: BTreeMap<(Domain, Option<u32>), Vec<Point>> = BTreeMap::new();
+    let steps: Vec<Step> = (0..=cpus)
+        .map(|n| Step {
+            name: format!("{n} CPUs busy"),
+            load: StepLoad::Cpus(n),
+        })
+        .collect();
+    let points: RefCell<PointsByDomain> = RefCell::default();
     let mut problems = Vec::new();
-    for n in 0..=cpus {
-        let name = format!("{n} CPUs busy");
-        let _load = Load::cpus(n);
-        let end = Instant::now() + args.step;
-        std::thread::sleep(settle);
-        let mut got = 0;
-        while Instant::now() + window <= end {
+    climb(
+        &steps,
+        args.step,
+        |name, window| {
             let i0 = idle_s();
             let (_, t0) = timed_read(&mut readers);
             let _ = readers.take_problems();
@@ -106,12 +93,12 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
             let secs = t1.duration_since(t0).as_secs_f64();
             let busy = match (i0, i1) {
                 (Some(a), Some(b)) if secs > 0.0 => (online - (b - a) / secs).max(0.0),
-                _ => continue,
+                _ => return false,
             };
             if !e.missed.is_empty() || secs <= 0.0 {
-                continue;
+                return false;
             }
-            got += 1;
+            let mut points = points.borrow_mut();
             for d in e
                 .energy
                 .iter()
@@ -121,26 +108,32 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
                     .entry((d.domain, d.package))
                     .or_default()
                     .push(Point {
-                        step: name.clone(),
+                        step: name.to_string(),
                         x: busy,
                         wall_w: d.energy_uj as f64 / 1e6 / secs,
                     });
             }
-        }
-        let mean = |f: fn(&Point) -> f64| {
-            let v: Vec<f64> = points
-                .values()
-                .next()
-                .map(|p| p.iter().rev().take(got).map(f).collect())
-                .unwrap_or_default();
-            v.iter().sum::<f64>() / v.len().max(1) as f64
-        };
-        eprintln!(
-            "  {name:<16} {got} windows: {:.2} busy CPUs, first domain {:.2} W",
-            mean(|p| p.x),
-            mean(|p| p.wall_w)
-        );
-    }
+            true
+        },
+        |name, got| {
+            let points = points.borrow();
+            let mean = |f: fn(&Point) -> f64| {
+                let v: Vec<f64> = points
+                    .values()
+                    .next()
+                    .map(|p| p.iter().rev().take(got).map(f).collect())
+                    .unwrap_or_default();
+                v.iter().sum::<f64>() / v.len().max(1) as f64
+            };
+            eprintln!(
+                "  {name:<16} {got} windows: {:.2} busy CPUs, first domain {:.2} W",
+                mean(|p| p.x),
+                mean(|p| p.wall_w)
+            );
+        },
+    )
+    .map_err(Fatal::profiler)?;
+    let points = points.into_inner();
     if points.is_empty() {
         return Err(Fatal::profiler(format!(
             "the counters gave no energy during the staircase{}",
