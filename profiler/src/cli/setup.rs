@@ -36,36 +36,26 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     )
 }
 
+/// humantime's grammar (`1m30s`, `2.5s`, `500 msec`, `µs`), today's
+/// messages and bounds.
 fn parse_duration_within(
     text: &str,
     min: Duration,
     max: Duration,
     range: &str,
 ) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: use e.g. 1s or 250ms"))?;
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration: use e.g. 1s or 250ms"))?;
-    let scale = match unit {
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
-        _ => {
-            return Err(format!(
-                "unknown unit `{unit}` in `{text}`: use us, ms, s, m, h or d"
-            ));
-        }
-    };
-    match Duration::try_from_secs_f64(value * scale) {
+    use humantime::DurationError as E;
+    let out_of_range = || format!("`{text}` out of range: use {range}");
+    match humantime::parse_duration(text.trim()) {
         Ok(d) if d >= min && d <= max => Ok(d),
-        _ => Err(format!("`{text}` out of range: use {range}")),
+        Ok(_) | Err(E::NumberOverflow) => Err(out_of_range()),
+        Err(E::UnknownUnit { unit, .. }) if unit.is_empty() => {
+            Err(format!("`{text}` has no unit: use e.g. 1s or 250ms"))
+        }
+        Err(E::UnknownUnit { unit, .. }) => Err(format!(
+            "unknown unit `{unit}` in `{text}`: use us, ms, s, m, h or d"
+        )),
+        Err(_) => Err(format!("`{text}` is not a duration: use e.g. 1s or 250ms")),
     }
 }
 
@@ -332,5 +322,26 @@ mod tests {
         assert_eq!(super::parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_interval("1h").is_ok() && parse_interval("2h").is_err());
         assert!(super::parse_duration("100000000000000000000000d").is_err());
+        // humantime's forms too.
+        assert_eq!(parse_interval("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_interval("500 msec"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("20µs").map_err(|_| ()), Err(()));
+        assert_eq!(parse_interval("10000us"), Ok(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn duration_errors_say_what_is_wrong_with_a_hint() {
+        let err = |t: &str| parse_interval(t).expect_err(t);
+        assert_eq!(err("5"), "`5` has no unit: use e.g. 1s or 250ms");
+        assert_eq!(
+            err("5 parsecs"),
+            "unknown unit `parsecs` in `5 parsecs`: use us, ms, s, m, h or d"
+        );
+        assert_eq!(err("fast"), "`fast` is not a duration: use e.g. 1s or 250ms");
+        assert_eq!(err("5ms"), "`5ms` out of range: use 10ms to 1h");
+        assert_eq!(
+            super::parse_duration("100000000000000000000000d").expect_err("huge"),
+            "`100000000000000000000000d` out of range: use 10ms to 30d"
+        );
     }
 }
