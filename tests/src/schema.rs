@@ -1,12 +1,8 @@
-//! A JSON Schema validator for the keywords `docs/recording.schema.json`
-//! uses (`$ref`, `type`, `properties`, `required`, `additionalProperties`,
-//! `items`, `enum`, `minimum`, `anyOf`). Any other keyword is an error, so
-//! the schema cannot use one this validator would silently ignore.
+//! The recording's JSON Schema (`docs/recording.schema.json`), checked
+//! with the `jsonschema` crate: a full draft 2020-12 validator, so the
+//! schema may use any keyword and none is silently ignored.
 
 use serde_json::Value;
-
-/// Keywords that carry no constraint.
-const ANNOTATIONS: &[&str] = &["description", "title", "$schema", "$id", "$defs"];
 
 /// The schema shipped in `docs/`.
 pub fn recording_schema() -> Value {
@@ -15,123 +11,29 @@ pub fn recording_schema() -> Value {
         .expect("the schema is JSON")
 }
 
-fn type_ok(v: &Value, t: &str) -> bool {
-    match t {
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "integer" => v.is_i64() || v.is_u64(),
-        "number" => v.is_number(),
-        "boolean" => v.is_boolean(),
-        "null" => v.is_null(),
-        other => panic!("schema uses unknown type {other}"),
-    }
-}
-
-/// Validates `v` against `schema` (resolving `$ref`s in `root`); returns
-/// every violation as `pointer: what`.
-pub fn validate(root: &Value, schema: &Value, v: &Value, at: &str, errors: &mut Vec<String>) {
-    let Some(s) = schema.as_object() else {
-        panic!("schema at {at} is not an object");
-    };
-    for (k, rule) in s {
-        match k.as_str() {
-            k if ANNOTATIONS.contains(&k) => {}
-            "$ref" => {
-                let r = rule.as_str().expect("$ref is a string");
-                let target = root
-                    .pointer(r.trim_start_matches('#'))
-                    .unwrap_or_else(|| panic!("dangling $ref {r}"));
-                validate(root, target, v, at, errors);
-            }
-            "type" => {
-                let ok = match rule {
-                    Value::String(t) => type_ok(v, t),
-                    Value::Array(ts) => ts.iter().any(|t| type_ok(v, t.as_str().unwrap_or(""))),
-                    _ => panic!("bad type at {at}"),
-                };
-                if !ok {
-                    errors.push(format!("{at}: {v} is not of type {rule}"));
-                }
-            }
-            "enum" => {
-                if !rule.as_array().expect("enum array").contains(v) {
-                    errors.push(format!("{at}: {v} not in {rule}"));
-                }
-            }
-            "minimum" => {
-                if v.as_f64().is_some_and(|x| x < rule.as_f64().unwrap_or(0.0)) {
-                    errors.push(format!("{at}: {v} below {rule}"));
-                }
-            }
-            "required" => {
-                if let Some(o) = v.as_object() {
-                    for name in rule.as_array().expect("required array") {
-                        let name = name.as_str().expect("name");
-                        if !o.contains_key(name) {
-                            errors.push(format!("{at}: missing `{name}`"));
-                        }
-                    }
-                }
-            }
-            "properties" => {
-                if let Some(o) = v.as_object() {
-                    for (name, sub) in rule.as_object().expect("properties object") {
-                        if let Some(x) = o.get(name) {
-                            validate(root, sub, x, &format!("{at}/{name}"), errors);
-                        }
-                    }
-                }
-            }
-            "additionalProperties" => {
-                let known = s.get("properties").and_then(Value::as_object);
-                if let Some(o) = v.as_object() {
-                    for (name, x) in o {
-                        if known.is_some_and(|p| p.contains_key(name)) {
-                            continue;
-                        }
-                        match rule {
-                            Value::Bool(false) => {
-                                errors.push(format!("{at}: unexpected `{name}`"));
-                            }
-                            Value::Bool(true) => {}
-                            sub => validate(root, sub, x, &format!("{at}/{name}"), errors),
-                        }
-                    }
-                }
-            }
-            "items" => {
-                if let Some(a) = v.as_array() {
-                    for (i, x) in a.iter().enumerate() {
-                        validate(root, rule, x, &format!("{at}/{i}"), errors);
-                    }
-                }
-            }
-            "anyOf" => {
-                let any = rule.as_array().expect("anyOf array").iter().any(|sub| {
-                    let mut e = Vec::new();
-                    validate(root, sub, v, at, &mut e);
-                    e.is_empty()
-                });
-                if !any {
-                    errors.push(format!("{at}: matches none of anyOf"));
-                }
-            }
-            other => panic!("schema keyword `{other}` at {at} is not supported by this validator"),
-        }
-    }
+/// Every violation of `#/$defs/<def>` of `root` by `v`, as `pointer:
+/// what`.
+pub fn violations(root: &Value, def: &str, v: &Value) -> Vec<String> {
+    assert!(
+        root.pointer(&format!("/$defs/{def}")).is_some(),
+        "no $defs/{def}"
+    );
+    // The whole document, its root pointed at the definition: its $refs
+    // resolve as they do in the file.
+    let mut schema = root.clone();
+    schema["$ref"] = Value::String(format!("#/$defs/{def}"));
+    let validator = jsonschema::validator_for(&schema)
+        .unwrap_or_else(|e| panic!("the schema is not a valid JSON Schema: {e}"));
+    validator
+        .iter_errors(v)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
 }
 
 /// Validates `v` against `#/$defs/<def>` of the recording schema; panics
 /// with every violation.
 pub fn assert_valid(def: &str, v: &Value) {
-    let root = recording_schema();
-    let schema = root
-        .pointer(&format!("/$defs/{def}"))
-        .unwrap_or_else(|| panic!("no $defs/{def}"))
-        .clone();
-    let mut errors = Vec::new();
-    validate(&root, &schema, v, "", &mut errors);
+    let errors = violations(&recording_schema(), def, v);
     assert!(
         errors.is_empty(),
         "{def} does not match the schema:\n{}",
@@ -146,24 +48,41 @@ mod tests {
 
     #[test]
     fn the_validator_rejects_what_the_schema_forbids() {
-        let root = json!({"$defs": {"e": {
-            "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": 0}, "b": {"enum": ["x"]}},
-            "required": ["a"],
-            "additionalProperties": false
-        }}});
-        let s = root.pointer("/$defs/e").cloned().unwrap_or_default();
-        let check = |v: Value| {
-            let mut e = Vec::new();
-            validate(&root, &s, &v, "", &mut e);
-            e.len()
-        };
-        assert_eq!(check(json!({"a": 1, "b": "x"})), 0);
-        assert_eq!(check(json!({"b": "x"})), 1);
-        assert_eq!(check(json!({"a": -1})), 1);
-        assert_eq!(check(json!({"a": 1.5})), 1);
-        assert_eq!(check(json!({"a": 1, "b": "y"})), 1);
-        assert_eq!(check(json!({"a": 1, "c": 0})), 1);
-        assert_eq!(check(json!([1])), 1);
+        let root = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$defs": {
+                "n": {"type": "integer", "minimum": 0},
+                "e": {
+                    "type": "object",
+                    "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"enum": ["x"]}},
+                    "required": ["a"],
+                    "additionalProperties": false
+                }
+            }
+        });
+        let check = |v: Value| violations(&root, "e", &v);
+        assert_eq!(check(json!({"a": 1, "b": "x"})), Vec::<String>::new());
+        assert_eq!(check(json!({"b": "x"})).len(), 1);
+        assert_eq!(check(json!({"a": -1})).len(), 1);
+        assert_eq!(check(json!({"a": 1.5})).len(), 1);
+        assert_eq!(check(json!({"a": 1, "b": "y"})).len(), 1);
+        assert_eq!(check(json!({"a": 1, "c": 0})).len(), 1);
+        assert_eq!(check(json!([1])).len(), 1);
+        // Each says where.
+        assert!(
+            check(json!({"a": -1}))[0].starts_with("/a: "),
+            "{:?}",
+            check(json!({"a": -1}))
+        );
+    }
+
+    #[test]
+    fn the_shipped_schema_is_a_valid_json_schema() {
+        let root = recording_schema();
+        assert_eq!(
+            root["$schema"],
+            "https://json-schema.org/draft/2020-12/schema"
+        );
+        jsonschema::meta::validate(&root).expect("valid against its meta-schema");
     }
 }

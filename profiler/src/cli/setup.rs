@@ -337,7 +337,10 @@ mod tests {
             err("5 parsecs"),
             "unknown unit `parsecs` in `5 parsecs`: use us, ms, s, m, h or d"
         );
-        assert_eq!(err("fast"), "`fast` is not a duration: use e.g. 1s or 250ms");
+        assert_eq!(
+            err("fast"),
+            "`fast` is not a duration: use e.g. 1s or 250ms"
+        );
         assert_eq!(err("5ms"), "`5ms` out of range: use 10ms to 1h");
         assert_eq!(
             super::parse_duration("100000000000000000000000d").expect_err("huge"),
