@@ -15,6 +15,15 @@ const TABLE: &str = include_str!("../data/carbon-intensity.tsv");
 pub const WORLD_AVERAGE_G_PER_KWH: f64 = 475.0;
 
 /// A carbon intensity and where it comes from.
+/// Joules in a kWh.
+pub const J_PER_KWH: f64 = 3.6e6;
+
+/// Grams of CO2eq for `joules` at `g_per_kwh`: the one conversion every
+/// figure (recording, report, CSV) is made with.
+pub fn grams(joules: f64, g_per_kwh: f64) -> f64 {
+    joules / J_PER_KWH * g_per_kwh
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CarbonIntensity {
     /// Grams of CO2 equivalent per kWh of electricity.
@@ -96,8 +105,7 @@ impl CarbonIntensity {
 
     /// Grams of CO2eq for `energy_uj` microjoules.
     pub fn grams(&self, energy_uj: u64) -> f64 {
-        // 1 kWh = 3.6e12 µJ.
-        energy_uj as f64 / 3.6e12 * self.g_per_kwh
+        grams(energy_uj as f64 / 1e6, self.g_per_kwh)
     }
 }
 

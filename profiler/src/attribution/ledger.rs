@@ -44,6 +44,19 @@ impl EnergyBy {
         }
     }
 
+    /// The energy of `domain` in this sum (0 for domains a sum does not
+    /// keep: uncore and psys are inside package).
+    pub fn of(&self, domain: Domain) -> u64 {
+        match domain {
+            Domain::Package => self.package_uj,
+            Domain::Core => self.core_uj,
+            Domain::Dram => self.dram_uj,
+            Domain::Gpu => self.gpu_uj,
+            Domain::Wall => self.wall_uj,
+            Domain::Uncore | Domain::Psys => 0,
+        }
+    }
+
     /// Marks `uj` of what was added for `domain` as static.
     pub fn add_static(&mut self, domain: Domain, uj: u64) {
         match domain {

@@ -5,6 +5,7 @@
 //! Columns wattprof cannot know (location, cloud, Python, water) are left
 //! empty.
 
+use crate::carbon::J_PER_KWH;
 use std::io::BufRead;
 use std::path::Path;
 
@@ -53,8 +54,6 @@ pub const COLUMNS: [&str; 38] = [
     "pue",
     "wue",
 ];
-
-const J_PER_KWH: f64 = 3.6e6;
 
 /// What a codecarbon row is made of: a recording's figures, or those
 /// `report` read back (`report::Summary::emissions`).
@@ -127,7 +126,7 @@ pub fn emissions_row(r: Emissions<'_>, ram_total_gb: Option<f64>, run_id: &str) 
         )
     };
     let total_j = cpu_j + ram_j + gpu_j;
-    let kg = total_j / J_PER_KWH * r.g_per_kwh / 1000.0;
+    let kg = crate::carbon::grams(total_j, r.g_per_kwh) / 1000.0;
     let per_s = |x: f64| {
         if duration_s > 0.0 {
             x / duration_s

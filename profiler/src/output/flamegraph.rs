@@ -7,26 +7,26 @@ use super::EnergyJ;
 use crate::attribution::EnergyBy;
 use crate::attribution::stacks::StackLedger;
 use crate::carbon::CarbonIntensity;
+use crate::sources::Domain;
 
-/// A domain's energy in a sum.
-pub type DomainOf = fn(&EnergyBy) -> u64;
-
-/// The domains a flame graph can weigh by: the name used as the folded
-/// file's first frame and by `--flamegraph-domain`, and its energy.
-pub const DOMAINS: [(&str, DomainOf); 5] = [
-    ("package", |e| e.package_uj),
-    ("core", |e| e.core_uj),
-    ("dram", |e| e.dram_uj),
-    ("gpu", |e| e.gpu_uj),
-    ("wall", |e| e.wall_uj),
+/// The domains a flame graph can weigh by; each one's name
+/// ([`Domain::name`]) is the folded file's first frame and what
+/// `--flamegraph-domain` takes.
+pub const DOMAINS: [Domain; 5] = [
+    Domain::Package,
+    Domain::Core,
+    Domain::Dram,
+    Domain::Gpu,
+    Domain::Wall,
 ];
 
-/// The energy of `domain` in `e` (0 for an unknown name).
+/// The energy of the domain named `domain` in `e` (0 for an unknown
+/// name).
 pub fn domain_uj(domain: &str, e: &EnergyBy) -> u64 {
     DOMAINS
         .iter()
-        .find(|(n, _)| *n == domain)
-        .map_or(0, |(_, f)| f(e))
+        .find(|d| d.name() == domain)
+        .map_or(0, |d| e.of(*d))
 }
 
 /// A frame name as folded stacks can carry it: `;` separates frames and a
@@ -44,12 +44,13 @@ fn clean(frame: &str) -> std::borrow::Cow<'_, str> {
 /// by its domain). Entries with no energy in a domain are left out of it.
 pub fn folded_lines(ledger: &StackLedger, domain: Option<&str>) -> Vec<String> {
     let mut lines = Vec::new();
-    for (name, f) in DOMAINS {
-        if domain.is_some_and(|d| d != name) {
+    for d in DOMAINS {
+        let name = d.name();
+        if domain.is_some_and(|want| want != name) {
             continue;
         }
         for (process, stack, w) in ledger.entries() {
-            let uj = f(&w.energy);
+            let uj = w.energy.of(d);
             if uj == 0 {
                 continue;
             }
@@ -87,11 +88,11 @@ pub fn folded(ledger: &StackLedger) -> (Vec<u8>, usize) {
 /// The domain a flame graph shows when none is asked for: package where it
 /// has energy, else the first domain that has any.
 pub fn default_domain(ledger: &StackLedger) -> &'static str {
-    let has = |f: fn(&EnergyBy) -> u64| ledger.entries().any(|(_, _, w)| f(&w.energy) > 0);
+    let has = |d: Domain| ledger.entries().any(|(_, _, w)| w.energy.of(d) > 0);
     DOMAINS
-        .iter()
-        .find(|(_, f)| has(*f))
-        .map_or("package", |(n, _)| n)
+        .into_iter()
+        .find(|d| has(*d))
+        .map_or("package", Domain::name)
 }
 
 /// The energy flame graph of `domain` (an interactive SVG: hover for a

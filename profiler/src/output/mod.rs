@@ -100,6 +100,42 @@ pub struct EnergyJ {
 }
 
 impl EnergyJ {
+    /// From joules read back (`report`): totals, power and CO2 made as
+    /// [`EnergyJ::new`] makes them.
+    pub fn of_joules(
+        package_j: f64,
+        core_j: f64,
+        dram_j: f64,
+        gpu_j: f64,
+        static_j: f64,
+        span_ns: u64,
+        g_per_kwh: f64,
+    ) -> Self {
+        let total_j = package_j + dram_j + gpu_j;
+        Self {
+            static_j,
+            dynamic_j: (total_j - static_j).max(0.0),
+            package_j,
+            core_j,
+            dram_j,
+            gpu_j,
+            total_j,
+            avg_power_w: record::joules_per_s(total_j, span_ns),
+            co2_g: crate::carbon::grams(total_j, g_per_kwh),
+            wall_j: 0.0,
+        }
+    }
+
+    /// The domains a sum reports apart (core is inside package), with
+    /// their joules, named as everywhere ([`Domain::name`]).
+    pub fn by_domain(&self) -> [(&'static str, f64); 3] {
+        [
+            (Domain::Package.name(), self.package_j),
+            (Domain::Dram.name(), self.dram_j),
+            (Domain::Gpu.name(), self.gpu_j),
+        ]
+    }
+
     /// From microjoules over `span_ns`, at `g_per_kwh`.
     pub fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
         let j = record::joules;

@@ -15,11 +15,12 @@ pub fn joules(uj: u64) -> f64 {
 
 /// Average power of `uj` over `ns` (W); 0 over no time.
 pub fn watts(uj: u64, ns: u64) -> f64 {
-    if ns == 0 {
-        0.0
-    } else {
-        joules(uj) / (ns as f64 / 1e9)
-    }
+    joules_per_s(joules(uj), ns)
+}
+
+/// Average power of `j` joules over `ns` (W); 0 over no time.
+pub fn joules_per_s(j: f64, ns: u64) -> f64 {
+    if ns == 0 { 0.0 } else { j / (ns as f64 / 1e9) }
 }
 
 /// One interval: what was measured and how it was divided.

@@ -25,13 +25,6 @@ impl Profile {
                 .collect()
         };
         let pkg = |p: Option<u32>| p.map_or_else(|| "machine".to_string(), |p| p.to_string());
-        let kinds = |e: &EnergyJ| {
-            [
-                ("package", e.package_j),
-                ("dram", e.dram_j),
-                ("gpu", e.gpu_j),
-            ]
-        };
         let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
         let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
         for t in self.ledger.domains() {
@@ -72,7 +65,7 @@ impl Profile {
             }
             c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
             c_static.push((base.clone(), c.energy.static_j));
-            for (domain, v) in kinds(&c.energy) {
+            for (domain, v) in c.energy.by_domain() {
                 let mut labels = base.clone();
                 labels.push(("domain".into(), domain.into()));
                 c_energy.push((labels, v));
@@ -101,7 +94,7 @@ impl Profile {
             g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
             let e = EnergyJ::new(&energy, 0, &self.cfg.carbon);
             g_static.push((l(&[("cgroup", path.to_string())]), e.static_j));
-            for (domain, v) in kinds(&e) {
+            for (domain, v) in e.by_domain() {
                 g_energy.push((
                     l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
                     v,
@@ -114,7 +107,8 @@ impl Profile {
             .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
             .collect();
         let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
-        let self_energy = kinds(&me)
+        let self_energy = me
+            .by_domain()
             .into_iter()
             .map(|(d, v)| (l(&[("domain", d.into())]), v))
             .collect();

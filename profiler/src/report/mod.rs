@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::output::record::{AveragePower, DomainOf, IntervalRecord};
+use crate::output::record::{AveragePower, DomainOf, IntervalRecord, joules_per_s};
 use crate::output::{
     ContainerReport, DomainReport, EnergyJ, GroupEnergy, HostReport, MemoryReport, ProcessReport,
     RunReport, WindowReport,
@@ -172,43 +172,6 @@ fn into_loaded(path: &std::path::Path, read: read::File) -> Result<Loaded, ReadE
     })
 }
 
-fn co2_g(total_j: f64, g_per_kwh: f64) -> f64 {
-    total_j / 3.6e6 * g_per_kwh
-}
-
-fn energy_of(
-    package_j: f64,
-    core_j: f64,
-    dram_j: f64,
-    gpu_j: f64,
-    static_j: f64,
-    span_ns: u64,
-    g: f64,
-) -> EnergyJ {
-    let total_j = package_j + dram_j + gpu_j;
-    EnergyJ {
-        static_j,
-        dynamic_j: (total_j - static_j).max(0.0),
-        package_j,
-        core_j,
-        dram_j,
-        gpu_j,
-        total_j,
-        avg_power_w: per_s(total_j, span_ns),
-        co2_g: co2_g(total_j, g),
-        wall_j: 0.0,
-    }
-}
-
-/// `j` over `span_ns` (W); 0 over no time.
-fn per_s(j: f64, span_ns: u64) -> f64 {
-    if span_ns == 0 {
-        0.0
-    } else {
-        j / (span_ns as f64 / 1e9)
-    }
-}
-
 impl Summary {
     /// From a whole document (a recording, or a stream's summary).
     pub fn of_report(r: &RunReport, file: String, format: Format, intervals: usize) -> Self {
@@ -310,7 +273,7 @@ impl Summary {
             }
         }
         for d in &mut domains {
-            d.power.avg_power_w = per_s(d.measured_j, span_ns);
+            d.power.avg_power_w = joules_per_s(d.measured_j, span_ns);
         }
         let mut group_times = GroupTotals::default();
         // package, core, DRAM, GPU, total, static (J) per group.
@@ -377,13 +340,13 @@ impl Summary {
             }
         }
         let group = |x: [f64; 6]| {
-            let mut e = energy_of(x[0], x[1], x[2], x[3], x[5], span_ns, g);
+            let mut e = EnergyJ::of_joules(x[0], x[1], x[2], x[3], x[5], span_ns, g);
             // Streams from before the per-domain group fields have only
             // the total.
             if x[4] > 0.0 && e.total_j == 0.0 {
                 e.total_j = x[4];
-                e.avg_power_w = per_s(x[4], span_ns);
-                e.co2_g = co2_g(x[4], g);
+                e.avg_power_w = joules_per_s(x[4], span_ns);
+                e.co2_g = crate::carbon::grams(x[4], g);
             }
             e
         };
@@ -392,7 +355,7 @@ impl Summary {
             .map(|(mut r, first, last)| {
                 let e = r.energy;
                 let span = last.saturating_sub(first);
-                r.energy = energy_of(
+                r.energy = EnergyJ::of_joules(
                     e.package_j,
                     e.core_j,
                     e.dram_j,
