@@ -64,7 +64,7 @@ impl SysRoot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Dense package index (`0..sockets`) per possible CPU, indexed by CPU id.
-    pub socket_of_cpu: Vec<u32>,
+    pub package_of_cpu: Vec<u32>,
     /// The kernel's `physical_package_id` of each dense index.
     pub package_ids: Vec<u32>,
     /// Online CPU ids.
@@ -103,7 +103,7 @@ impl Topology {
                 max: MAX_SOCKETS,
             });
         }
-        let socket_of_cpu = raw
+        let package_of_cpu = raw
             .iter()
             .map(|id| {
                 id.and_then(|id| package_ids.iter().position(|p| *p == id))
@@ -111,7 +111,7 @@ impl Topology {
             })
             .collect();
         Ok(Self {
-            socket_of_cpu,
+            package_of_cpu,
             package_ids,
             online,
         })
@@ -120,18 +120,18 @@ impl Topology {
     /// The kernel's `physical_package_id` of `cpu` (the first package for
     /// a CPU the topology does not know).
     pub fn package_id_of(&self, cpu: u32) -> u32 {
-        let dense = self.socket_of_cpu.get(cpu as usize).copied().unwrap_or(0);
+        let dense = self.package_of_cpu.get(cpu as usize).copied().unwrap_or(0);
         self.package_ids.get(dense as usize).copied().unwrap_or(0)
     }
 
     /// Number of packages.
-    pub fn sockets(&self) -> usize {
+    pub fn packages(&self) -> usize {
         self.package_ids.len()
     }
 
     /// Number of possible CPUs (the size of per-CPU data).
     pub fn possible_cpus(&self) -> usize {
-        self.socket_of_cpu.len()
+        self.package_of_cpu.len()
     }
 }
 
@@ -210,9 +210,9 @@ mod tests {
         }
         let t = Topology::read(&SysRoot::at(root)).expect("topology");
         assert_eq!(t.package_ids, vec![0, 3]);
-        assert_eq!(t.socket_of_cpu, vec![0, 0, 1, 1, 0]);
+        assert_eq!(t.package_of_cpu, vec![0, 0, 1, 1, 0]);
         assert_eq!(t.online, vec![0, 1, 2, 3]);
-        assert_eq!((t.sockets(), t.possible_cpus()), (2, 5));
+        assert_eq!((t.packages(), t.possible_cpus()), (2, 5));
         assert_eq!(
             (t.package_id_of(2), t.package_id_of(4), t.package_id_of(99)),
             (3, 0, 0)

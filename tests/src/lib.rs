@@ -342,7 +342,7 @@ pub struct PowerLaw {
 pub fn host_model_file(dir: &Path, package: PowerLaw, dram: PowerLaw) -> PathBuf {
     // The machine as wattprof identifies it (the library's own reading).
     let packages = wattprof::topology::Topology::read(&wattprof::topology::SysRoot::real())
-        .map_or(1, |t| t.sockets());
+        .map_or(1, |t| t.packages());
     let machine = wattprof::sources::static_power::Machine::this(packages);
     let fit = |domain: &str, law: PowerLaw| {
         serde_json::json!({

@@ -56,9 +56,9 @@ fn assert_cpu_time_closes(report: &serde_json::Value, not_task: &[u64]) {
     }
     let iter = report["profiler"]["tracker"] == "iter";
     let groups: Vec<Vec<&serde_json::Value>> = if iter {
-        let packages = per_cpu.iter().map(|c| u(c, "/socket")).max().unwrap_or(0);
+        let packages = per_cpu.iter().map(|c| u(c, "/package")).max().unwrap_or(0);
         (0..=packages)
-            .map(|p| per_cpu.iter().filter(|c| u(c, "/socket") == p).collect())
+            .map(|p| per_cpu.iter().filter(|c| u(c, "/package") == p).collect())
             .collect()
     } else {
         per_cpu.iter().map(|c| vec![c]).collect()
@@ -502,7 +502,7 @@ fn migrations_between_packages_split_a_threads_time_per_package() {
         .find(|p| p["pid"].as_u64() == Some(pid))
         .expect("the migrating process");
     for package in 0..2 {
-        let measured = u(process, &format!("/on_cpu_ns_per_socket/{package}"));
+        let measured = u(process, &format!("/on_cpu_ns_per_package/{package}"));
         let own = u(truth, &format!("/cpu_ns/{package}"));
         let err = rel_err(measured, own);
         eprintln!(

@@ -169,7 +169,7 @@ pub(super) fn start_profile(
         EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let table = ProcessTable::new(
         ProcFs::real(),
-        tracker.topology().sockets(),
+        tracker.topology().packages(),
         std::process::id(),
     );
     let host = profile::host_report(readers.gpus());
@@ -178,7 +178,7 @@ pub(super) fn start_profile(
     let mut statics = crate::profile::statics::StaticsConfig::load(
         energy.static_power,
         energy.host_model.as_deref(),
-        tracker.topology().sockets(),
+        tracker.topology().packages(),
         may_create,
     )
     .map_err(Fatal::usage)?;

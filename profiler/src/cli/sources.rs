@@ -138,7 +138,7 @@ fn static_status(
     cpuinfo: &str,
 ) -> Result<StaticPowerStatus, String> {
     use crate::sources::static_power::StaticSource;
-    let packages = crate::topology::Topology::read(&SysRoot::real()).map_or(1, |t| t.sockets());
+    let packages = crate::topology::Topology::read(&SysRoot::real()).map_or(1, |t| t.packages());
     let cfg =
         crate::profile::statics::StaticsConfig::load(Default::default(), given, packages, false)?;
     let mut figures: Vec<StaticLine> = cfg

@@ -20,7 +20,7 @@ use crate::sources::Domain;
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub const RUN_SCHEMA_VERSION: u32 = 3;
+pub const RUN_SCHEMA_VERSION: u32 = 4;
 
 /// The oldest layout `wattprof report` still reads (2: before the static
 /// and dynamic split, whose figures read as 0).
@@ -178,7 +178,8 @@ pub struct ProcessReport {
     /// On-CPU ns, all threads.
     pub on_cpu_ns: u64,
     /// On-CPU ns per package (dense index, see `machine.package_ids`).
-    pub on_cpu_ns_per_socket: Vec<u64>,
+    #[serde(alias = "on_cpu_ns_per_socket")]
+    pub on_cpu_ns_per_package: Vec<u64>,
     /// When it was forked, if during the run.
     pub start_ns: Option<u64>,
     /// When it exited; null if still running at the end.
@@ -215,7 +216,7 @@ pub struct CommandReport {
 pub struct MachineReport {
     /// Possible CPUs.
     pub cpus: usize,
-    /// The kernel's package id of each dense socket index.
+    /// The kernel's package id of each dense package index.
     pub package_ids: Vec<u32>,
     /// CPU time of all tasks.
     pub busy_ns: u64,
@@ -653,5 +654,33 @@ mod closed_tests {
         // Over the package's capacity: kept, on its first CPU.
         let cpus = closed(&[cpu(0, 0, 1_100, 0, 0, 1_000), cpu(1, 0, 1_000, 0, 0, 1_000)]);
         assert_eq!((cpus[0].busy_ns, cpus[1].busy_ns), (1_100, 1_000));
+    }
+}
+
+#[cfg(test)]
+mod schema_names {
+    use super::{CpuTimes, ProcessReport};
+
+    #[test]
+    fn recordings_before_schema_4_are_read_with_their_socket_names() {
+        let cpu: CpuTimes = serde_json::from_str(
+            r#"{"cpu": 3, "socket": 1, "busy_ns": 5, "idle_ns": 5, "idle_task_ns": 5,
+                "lost_ns": 0, "switches": 0, "window_ns": 10}"#,
+        )
+        .expect("a schema-3 per_cpu entry");
+        assert_eq!((cpu.cpu, cpu.package), (3, 1));
+        let p: ProcessReport = serde_json::from_str(
+            r#"{"pid": 7, "ppid": 1, "comm": "x", "on_cpu_ns": 30,
+                "on_cpu_ns_per_socket": [10, 20], "start_ns": 0, "exit_ns": null,
+                "energy": {"package_j": 0, "core_j": 0, "dram_j": 0, "gpu_j": 0,
+                           "total_j": 0, "avg_power_w": 0, "co2_g": 0},
+                "memory": {"peak_pss_bytes": 0, "peak_uss_bytes": 0, "peak_gpu_bytes": 0},
+                "cgroup": null}"#,
+        )
+        .expect("a schema-3 process");
+        assert_eq!(p.on_cpu_ns_per_package, vec![10, 20]);
+        // Written with the new names.
+        let text = serde_json::to_string(&cpu).expect("JSON");
+        assert!(text.contains("\"package\":1") && !text.contains("socket"), "{text}");
     }
 }

@@ -277,7 +277,7 @@ pub struct HeaderRecord {
     pub start_unix_ns: u64,
     /// The machine.
     pub host: super::HostReport,
-    /// The kernel's package id of each dense socket index.
+    /// The kernel's package id of each dense package index.
     pub package_ids: Vec<u32>,
     /// The readers in use, and the kinds of energy not measured and why.
     pub readers: Vec<crate::sources::registry::ReaderUse>,

@@ -113,7 +113,7 @@ impl Profile {
             ppid: p.ppid,
             comm: p.comm.clone(),
             on_cpu_ns: p.total_ns(),
-            on_cpu_ns_per_socket: p.on_cpu_ns.clone(),
+            on_cpu_ns_per_package: p.on_cpu_ns.clone(),
             start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),
             exit_ns: p.exit_ns.map(|t| t.saturating_sub(self.start_ns)),
             energy: EnergyJ::new(

@@ -313,7 +313,7 @@ impl Summary {
                             ppid: None,
                             comm: p.comm.clone(),
                             on_cpu_ns: 0,
-                            on_cpu_ns_per_socket: Vec::new(),
+                            on_cpu_ns_per_package: Vec::new(),
                             start_ns: None,
                             exit_ns: None,
                             energy: EnergyJ::default(),

@@ -383,7 +383,7 @@ pub fn choose_on(
     sys: &crate::topology::SysRoot,
     cpuinfo: &str,
 ) -> Result<Option<Chosen>, SourceError> {
-    let packages = crate::topology::Topology::read(sys).map_or(1, |t| t.sockets());
+    let packages = crate::topology::Topology::read(sys).map_or(1, |t| t.packages());
     choose(req, cpuinfo, packages)
 }
 

@@ -315,7 +315,7 @@ impl EbpfTracker {
         write_epoch(&mut epoch_map, 1)?;
         let active =
             RingBuf::try_from(take_map(&mut ebpf, "ACTIVE")?).map_err(map_err("ACTIVE"))?;
-        let sockets = topology.sockets();
+        let sockets = topology.packages();
         let log = KernelLog::default();
         let kernel_log = aya_log::EbpfLogger::init_with_logger(&mut ebpf, log.clone())
             .ok()
@@ -374,7 +374,7 @@ impl EbpfTracker {
         {
             let mut view = Array::<&mut MapData, u32>::try_from(&mut package)
                 .map_err(map_err("CPU_PACKAGE"))?;
-            for (cpu, socket) in topology.socket_of_cpu.iter().enumerate() {
+            for (cpu, socket) in topology.package_of_cpu.iter().enumerate() {
                 view.set(cpu as u32, *socket, 0)
                     .map_err(map_err("CPU_PACKAGE"))?;
             }
@@ -400,7 +400,7 @@ impl EbpfTracker {
         }
         // A move between packages is a checkpoint; on one package there
         // is nothing to split.
-        if topology.sockets() > 1 {
+        if topology.packages() > 1 {
             attach_raw(&mut ebpf, "wattprof_thread_migrate", "sched_migrate_task")?;
         }
         attach_raw(&mut ebpf, "wattprof_cgroup_attach", "cgroup_attach_task")?;
@@ -1068,7 +1068,7 @@ fn init_cpus(cpus: &mut Map, topology: &Topology, flags: u32) -> Result<(), Trac
     let mut view =
         PerCpuArray::<&mut MapData, CpuState>::try_from(cpus).map_err(map_err("CPUS"))?;
     let values: Vec<CpuState> = topology
-        .socket_of_cpu
+        .package_of_cpu
         .iter()
         .map(|s| CpuState {
             socket: *s,

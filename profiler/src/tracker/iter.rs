@@ -63,14 +63,14 @@ impl IterState {
         topology: &Topology,
         start_ns: u64,
     ) -> Self {
-        let cpus = topology.socket_of_cpu.len();
+        let cpus = topology.package_of_cpu.len();
         Self {
             link,
             last,
             control,
             package,
             read_state,
-            ledger: RuntimeLedger::new(topology.socket_of_cpu.clone(), start_ns),
+            ledger: RuntimeLedger::new(topology.package_of_cpu.clone(), start_ns),
             buf: Vec::new(),
             records: Vec::new(),
             prev_at_ns: start_ns,
@@ -316,10 +316,10 @@ fn cpu_times(
     let mut busy = busy.to_vec();
     let mut carried_in = vec![0u64; busy.len()];
     let mut over = vec![0u64; busy.len()];
-    let packages = topology.sockets().max(1);
+    let packages = topology.packages().max(1);
     for package in 0..packages as u32 {
         let members: Vec<usize> = (0..busy.len())
-            .filter(|c| topology.socket_of_cpu.get(*c) == Some(&package) && online(*c))
+            .filter(|c| topology.package_of_cpu.get(*c) == Some(&package) && online(*c))
             .collect();
         let Some(&first) = members.first() else {
             continue;
@@ -357,7 +357,7 @@ fn cpu_times(
             let window = if online(cpu) { window_ns } else { 0 };
             CpuTimes {
                 cpu: cpu as u32,
-                package: topology.socket_of_cpu.get(cpu).copied().unwrap_or(0),
+                package: topology.package_of_cpu.get(cpu).copied().unwrap_or(0),
                 busy_ns: *busy_ns,
                 idle_ns: window.saturating_sub(*busy_ns),
                 // The kernel's count where both ends were read; else (a
@@ -422,7 +422,7 @@ mod tests {
 
     fn two_packages() -> Topology {
         Topology {
-            socket_of_cpu: vec![0, 0, 1, 1],
+            package_of_cpu: vec![0, 0, 1, 1],
             package_ids: vec![0, 1],
             online: vec![0, 1, 2, 3],
         }

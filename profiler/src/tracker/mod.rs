@@ -84,8 +84,9 @@ pub enum TrackerError {
 pub struct CpuTimes {
     /// CPU id.
     pub cpu: u32,
-    /// Dense package index (`socket` in the recording, schema 2).
-    #[serde(rename = "socket")]
+    /// Dense package index (`socket` in recordings before schema 4, read
+    /// as well).
+    #[serde(alias = "socket")]
     pub package: u32,
     /// Time tasks ran (recorded per task).
     pub busy_ns: u64,

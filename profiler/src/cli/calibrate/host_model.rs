@@ -58,7 +58,7 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
     };
     let topology = crate::topology::Topology::read(&crate::topology::SysRoot::real())
         .map_err(|e| Fatal::profiler(format!("cannot read the CPU topology: {e}")))?;
-    let machine = Machine::this(topology.sockets());
+    let machine = Machine::this(topology.packages());
     // Threads to start: the CPUs this process may use (affinity, cpuset).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Busy CPUs are counted over every online CPU, as /proc/stat's idle
