@@ -14,7 +14,6 @@ const TABLE: &str = include_str!("../data/carbon-intensity.tsv");
 /// The world average used when nothing else is given (gCO2eq/kWh).
 pub const WORLD_AVERAGE_G_PER_KWH: f64 = 475.0;
 
-/// A carbon intensity and where it comes from.
 /// Joules in a kWh.
 pub const J_PER_KWH: f64 = 3.6e6;
 
@@ -24,6 +23,7 @@ pub fn grams(joules: f64, g_per_kwh: f64) -> f64 {
     joules / J_PER_KWH * g_per_kwh
 }
 
+/// A carbon intensity and where it comes from.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CarbonIntensity {
     /// Grams of CO2 equivalent per kWh of electricity.

@@ -5,7 +5,10 @@
 //! Paths are read from the syntax tree (`use` trees and every path in the
 //! code, `crate::`, `super::` and `self::` resolved against the file's
 //! module), not matched as text: a comment or string naming a module is
-//! not an import, and a path spelled `super::super::x` is.
+//! not an import, and a path spelled `super::super::x` is. Paths inside
+//! macro invocations are read from their tokens. What no path names is
+//! not seen: a method call (`self.cgroup_reports()`) between files that
+//! extend one type's `impl` (as `profile`'s do) is no import here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -82,8 +85,33 @@ impl Refs {
             }
             _ => return,
         }
+        // A bare `crate`, `super` or `self` (a visibility, a receiver)
+        // names no item; a glob of one (`use crate::*`) is resolved by
+        // `glob`.
+        if rest.is_empty() {
+            return;
+        }
         at.extend(rest.iter().cloned());
-        if !at.is_empty() {
+        self.found.insert(at);
+    }
+
+    /// `use PREFIX::*`: the module it opens, or, for the crate root, an
+    /// empty path (refused: it reaches every layer).
+    fn glob(&mut self, prefix: &[String]) {
+        let before = self.found.len();
+        self.resolve(prefix);
+        let keyword = |s: &String| matches!(s.as_str(), "crate" | "super" | "self");
+        if self.found.len() == before && !prefix.is_empty() && prefix.iter().all(keyword) {
+            let mut at = self.here.clone();
+            for s in prefix {
+                match s.as_str() {
+                    "crate" => at.clear(),
+                    "super" => {
+                        at.pop();
+                    }
+                    _ => {}
+                }
+            }
             self.found.insert(at);
         }
     }
@@ -105,7 +133,7 @@ impl Refs {
                 self.resolve(&prefix.clone());
                 prefix.pop();
             }
-            syn::UseTree::Glob(_) => self.resolve(&prefix.clone()),
+            syn::UseTree::Glob(_) => self.glob(prefix),
             syn::UseTree::Group(g) => {
                 for t in &g.items {
                     self.use_tree(prefix, t);
@@ -131,6 +159,66 @@ impl<'ast> Visit<'ast> for Refs {
         syn::visit::visit_item_mod(self, m);
         self.here.pop();
     }
+
+    /// syn leaves a macro's tokens unparsed (`assert!`, `format!`,
+    /// `matches!`): the paths in them are found in the tokens.
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        syn::visit::visit_macro(self, m);
+        let mut tokens = Vec::new();
+        flatten(m.tokens.clone(), &mut tokens);
+        for path in paths_in(&tokens) {
+            self.resolve(&path);
+        }
+    }
+}
+
+/// Identifiers and punctuation of a token stream, groups opened.
+fn flatten(stream: proc_macro2::TokenStream, out: &mut Vec<String>) {
+    for t in stream {
+        match t {
+            proc_macro2::TokenTree::Group(g) => {
+                out.push(String::new());
+                flatten(g.stream(), out);
+                out.push(String::new());
+            }
+            proc_macro2::TokenTree::Ident(i) => out.push(i.to_string()),
+            proc_macro2::TokenTree::Punct(p) => out.push(p.as_char().to_string()),
+            proc_macro2::TokenTree::Literal(_) => out.push(String::new()),
+        }
+    }
+}
+
+/// The paths in flattened tokens that start at `crate`, `super` or
+/// `self` (`a :: b` is the tokens `a`, `:`, `:`, `b`).
+fn paths_in(tokens: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        let starts = matches!(tokens[i].as_str(), "crate" | "super" | "self")
+            && tokens.get(i + 1).is_some_and(|t| t == ":")
+            && tokens.get(i + 2).is_some_and(|t| t == ":")
+            && (i == 0 || tokens[i - 1] != ":");
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut path = vec![tokens[i].clone()];
+        let mut j = i + 1;
+        while tokens.get(j).is_some_and(|t| t == ":")
+            && tokens.get(j + 1).is_some_and(|t| t == ":")
+            && tokens.get(j + 2).is_some_and(|t| {
+                t.chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+            })
+        {
+            path.push(tokens[j + 2].clone());
+            j += 3;
+        }
+        out.push(path);
+        i = j;
+    }
+    out
 }
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -149,15 +237,49 @@ fn parse(path: &Path) -> syn::File {
     syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Files a `#[path = "..."]` module declaration names, and the module
+/// each defines (the declaring file's module and the declared name).
+fn path_attributes(src: &Path, paths: &[PathBuf]) -> BTreeMap<PathBuf, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for path in paths {
+        for item in parse(path).items {
+            let syn::Item::Mod(m) = item else { continue };
+            for a in &m.attrs {
+                let syn::Meta::NameValue(nv) = &a.meta else {
+                    continue;
+                };
+                if !nv.path.is_ident("path") {
+                    continue;
+                }
+                if let syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(file),
+                    ..
+                }) = &nv.value
+                {
+                    let dir = path.parent().unwrap_or(src);
+                    let mut module = module_of(src, path);
+                    module.push(m.ident.to_string());
+                    out.insert(dir.join(file.value()), module);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Each file's module and the crate paths it refers to.
 fn references(src: &Path) -> Vec<(PathBuf, Vec<String>, BTreeSet<Vec<String>>)> {
     let mut paths = Vec::new();
     files(src, &mut paths);
     paths.sort();
+    let declared_at = path_attributes(src, &paths);
     paths
         .into_iter()
         .map(|path| {
-            let here = module_of(src, &path);
+            let here = declared_at
+                .get(&path)
+                .cloned()
+                .unwrap_or_else(|| module_of(src, &path));
             let mut refs = Refs {
                 here: here.clone(),
                 found: BTreeSet::new(),
@@ -188,13 +310,26 @@ fn upward(src: &Path) -> Vec<String> {
             continue;
         };
         for r in &refs {
-            let target = &r[0];
+            let Some(target) = r.first() else {
+                bad.push(format!(
+                    "{} uses the crate root as a whole (a glob reaches every layer)",
+                    path.strip_prefix(src).unwrap_or(&path).display()
+                ));
+                continue;
+            };
             if here.first() == Some(target) {
                 continue;
             }
-            if let Some(theirs) = rank(target)
-                && theirs > mine
-            {
+            let Some(theirs) = rank(target) else {
+                bad.push(format!(
+                    "{} uses crate::{}, which has no layer (a root item: give it a module and \
+                     a layer)",
+                    path.strip_prefix(src).unwrap_or(&path).display(),
+                    r.join("::")
+                ));
+                continue;
+            };
+            if theirs > mine {
                 bad.push(format!(
                     "{} uses {} ({target} is above {})",
                     path.strip_prefix(src).unwrap_or(&path).display(),
@@ -314,15 +449,25 @@ fn the_checks_find_an_upward_import_and_a_circle_and_nothing_else() {
     // imports.
     write(
         "output/mod.rs",
-        "pub mod table;\n// crate::report::x is only a comment\nfn f() { let _ = \"crate::report::y\"; }\n",
+        "pub mod table;\n#[cfg(test)]\n#[path = \"tests_of_table.rs\"]\nmod tests;\n\
+         // crate::report::x is only a comment\nfn f() { let _ = \"crate::report::y\"; }\n",
     );
     write(
         "output/table.rs",
         "use crate::report::Summary;\nfn g() { super::super::report::render(); }\n",
     );
     write("report/mod.rs", "use crate::output::table;\n");
+    // Inside a macro, and through a glob of the root.
+    write("tracker/c.rs", "fn h() { assert!(crate::report::ok()); }\n");
+    write("tracker/d.rs", "use crate::*;\n");
+    // A #[path] file is the module that declares it: `super` there is
+    // output, not the crate root.
+    write(
+        "output/tests_of_table.rs",
+        "use super::table::x;\nuse super::super::report::y;\n",
+    );
     // Two tracker files that import each other.
-    write("tracker/mod.rs", "mod a;\nmod b;\n");
+    write("tracker/mod.rs", "mod a;\nmod b;\nmod c;\nmod d;\n");
     write("tracker/a.rs", "use super::b::f;\n");
     write("tracker/b.rs", "pub fn f() {}\nfn g() { super::a::h(); }\n");
     write("stray.rs", "");
@@ -332,6 +477,9 @@ fn the_checks_find_an_upward_import_and_a_circle_and_nothing_else() {
         vec![
             "output/table.rs uses report::Summary (report is above output)".to_string(),
             "output/table.rs uses report::render (report is above output)".to_string(),
+            "output/tests_of_table.rs uses report::y (report is above output)".to_string(),
+            "tracker/c.rs uses report::ok (report is above tracker)".to_string(),
+            "tracker/d.rs uses the crate root as a whole (a glob reaches every layer)".to_string(),
         ]
     );
     let circles = circles(&dir);

@@ -37,7 +37,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// humantime's grammar (`1m30s`, `2.5s`, `500 msec`, `µs`), today's
-/// messages and bounds.
+/// messages and bounds. A single number and unit humantime refuses (a
+/// fraction it cannot make exact, as `0.001h`; a leading dot, `.5s`) is
+/// read as before: the number as a float, the unit's length humantime's.
 fn parse_duration_within(
     text: &str,
     min: Duration,
@@ -45,10 +47,11 @@ fn parse_duration_within(
     range: &str,
 ) -> Result<Duration, String> {
     use humantime::DurationError as E;
-    let out_of_range = || format!("`{text}` out of range: use {range}");
-    match humantime::parse_duration(text.trim()) {
+    let t = text.trim();
+    let parsed = humantime::parse_duration(t).or_else(|e| decimal(t).ok_or(e));
+    match parsed {
         Ok(d) if d >= min && d <= max => Ok(d),
-        Ok(_) | Err(E::NumberOverflow) => Err(out_of_range()),
+        Ok(_) | Err(E::NumberOverflow) => Err(format!("`{text}` out of range: use {range}")),
         Err(E::UnknownUnit { unit, .. }) if unit.is_empty() => {
             Err(format!("`{text}` has no unit: use e.g. 1s or 250ms"))
         }
@@ -57,6 +60,16 @@ fn parse_duration_within(
         )),
         Err(_) => Err(format!("`{text}` is not a duration: use e.g. 1s or 250ms")),
     }
+}
+
+/// `<decimal><unit>`, the number as a float and the unit's length as
+/// humantime reads `1<unit>`.
+fn decimal(t: &str) -> Option<Duration> {
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let unit = humantime::parse_duration(&format!("1{}", unit.trim())).ok()?;
+    Duration::try_from_secs_f64(value * unit.as_secs_f64()).ok()
 }
 
 /// The output file is written to a temporary name beside it and renamed at
@@ -327,6 +340,13 @@ mod tests {
         assert_eq!(parse_interval("500 msec"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_interval("20µs").map_err(|_| ()), Err(()));
         assert_eq!(parse_interval("10000us"), Ok(Duration::from_millis(10)));
+        // What the parser before humantime took, humantime alone not.
+        assert_eq!(parse_interval("0.001h"), Ok(Duration::from_millis(3600)));
+        assert_eq!(parse_interval(".5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(
+            parse_interval("0.0123456789s").map(|d| d.as_nanos()),
+            Ok(12_345_679)
+        );
     }
 
     #[test]

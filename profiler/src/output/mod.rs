@@ -681,6 +681,9 @@ mod schema_names {
         assert_eq!(p.on_cpu_ns_per_package, vec![10, 20]);
         // Written with the new names.
         let text = serde_json::to_string(&cpu).expect("JSON");
-        assert!(text.contains("\"package\":1") && !text.contains("socket"), "{text}");
+        assert!(
+            text.contains("\"package\":1") && !text.contains("socket"),
+            "{text}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::Profile;
-use super::report::most_energy_first;
+use super::most_energy_first;
 use crate::attribution::{ConsumerId, EnergyBy};
 use crate::hash::IntMap;
 use crate::output::{CgroupReport, ContainerReport, EnergyJ};

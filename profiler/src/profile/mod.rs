@@ -39,6 +39,14 @@ use crate::process::{ProcFs, ProcessTable, Role};
 use crate::sources::Domain;
 use crate::tracker::{CpuSampler, TrackerError};
 
+/// Report order: most energy first, then most on-CPU time.
+fn most_energy_first(
+    a: (&crate::output::EnergyJ, u64),
+    b: (&crate::output::EnergyJ, u64),
+) -> std::cmp::Ordering {
+    b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
+}
+
 /// Which processes a profile reports one by one.
 #[derive(Clone, Debug)]
 pub enum Scope {

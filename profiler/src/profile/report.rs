@@ -3,6 +3,7 @@
 
 use super::Profile;
 use super::Scope;
+use super::most_energy_first;
 use super::windows;
 use crate::output::CommandReport;
 use crate::output::DomainReport;
@@ -26,11 +27,6 @@ use crate::output::record::watts;
 use crate::process::Process;
 use crate::process::Role;
 use serde_json::Value;
-
-/// Report order: most energy first, then most on-CPU time.
-pub(super) fn most_energy_first(a: (&EnergyJ, u64), b: (&EnergyJ, u64)) -> std::cmp::Ordering {
-    b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
-}
 
 /// Host facts for the report header.
 pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {

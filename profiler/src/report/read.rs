@@ -392,7 +392,9 @@ mod tests {
         let v = err("{\"schema_version\": 9, \"wattprof_version\": \"9.0.0\"}");
         assert!(
             v.contains("schema version 9 (written by wattprof 9.0.0)")
-                && v.contains("reads versions 2 to 3"),
+                && v.contains(&format!(
+                    "reads versions {RUN_SCHEMA_OLDEST} to {RUN_SCHEMA_VERSION}"
+                )),
             "{v}"
         );
         let v = err("{\"type\":\"header\",\"schema_version\":1}\n");
