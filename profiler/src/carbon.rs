@@ -12,29 +12,29 @@ use serde::Serialize;
 const TABLE: &str = include_str!("../data/carbon-intensity.tsv");
 
 /// The world average used when nothing else is given (gCO2eq/kWh).
-pub const WORLD_AVERAGE_G_PER_KWH: f64 = 475.0;
+pub(crate) const WORLD_AVERAGE_G_PER_KWH: f64 = 475.0;
 
 /// Joules in a kWh.
-pub const J_PER_KWH: f64 = 3.6e6;
+pub(crate) const J_PER_KWH: f64 = 3.6e6;
 
 /// Grams of CO2eq for `joules` at `g_per_kwh`: the one conversion every
 /// figure (recording, report, CSV) is made with.
-pub fn grams(joules: f64, g_per_kwh: f64) -> f64 {
+pub(crate) fn grams(joules: f64, g_per_kwh: f64) -> f64 {
     joules / J_PER_KWH * g_per_kwh
 }
 
 /// A carbon intensity and where it comes from.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct CarbonIntensity {
+pub(crate) struct CarbonIntensity {
     /// Grams of CO2 equivalent per kWh of electricity.
-    pub g_per_kwh: f64,
+    pub(crate) g_per_kwh: f64,
     /// Where the figure comes from (for people).
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// A bad `--country` or `--carbon-intensity`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CarbonError {
+pub(crate) enum CarbonError {
     /// Not in the table.
     #[error(
         "--country {0}: not in wattprof's table (use an ISO 3166-1 alpha-3 code such as FRA, \
@@ -48,7 +48,7 @@ pub enum CarbonError {
 
 impl CarbonIntensity {
     /// The world average, with its source.
-    pub fn world_average() -> Self {
+    pub(crate) fn world_average() -> Self {
         Self {
             g_per_kwh: WORLD_AVERAGE_G_PER_KWH,
             source: "default: world average (IEA Global Energy & CO2 Status Report 2019, as used \
@@ -58,7 +58,7 @@ impl CarbonIntensity {
     }
 
     /// A figure the user gave.
-    pub fn given(g_per_kwh: f64) -> Result<Self, CarbonError> {
+    pub(crate) fn given(g_per_kwh: f64) -> Result<Self, CarbonError> {
         if !(g_per_kwh.is_finite() && (0.0..=2000.0).contains(&g_per_kwh)) {
             return Err(CarbonError::Implausible(g_per_kwh.to_string()));
         }
@@ -70,7 +70,7 @@ impl CarbonIntensity {
 
     /// A country's figure from the shipped table (ISO 3166-1 alpha-3,
     /// any case).
-    pub fn country(iso3: &str) -> Result<Self, CarbonError> {
+    pub(crate) fn country(iso3: &str) -> Result<Self, CarbonError> {
         let code = iso3.trim().to_ascii_uppercase();
         TABLE
             .lines()
@@ -95,7 +95,7 @@ impl CarbonIntensity {
 
     /// Chooses from the command line: an explicit intensity, a country,
     /// or the world average.
-    pub fn choose(given: Option<f64>, country: Option<&str>) -> Result<Self, CarbonError> {
+    pub(crate) fn choose(given: Option<f64>, country: Option<&str>) -> Result<Self, CarbonError> {
         match (given, country) {
             (Some(g), _) => Self::given(g),
             (None, Some(c)) => Self::country(c),
@@ -104,7 +104,7 @@ impl CarbonIntensity {
     }
 
     /// Grams of CO2eq for `energy_uj` microjoules.
-    pub fn grams(&self, energy_uj: u64) -> f64 {
+    pub(crate) fn grams(&self, energy_uj: u64) -> f64 {
         grams(energy_uj as f64 / 1e6, self.g_per_kwh)
     }
 }

@@ -9,7 +9,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A multiplicative hasher for integer keys (FxHash's step, rustc-hash
 /// 2's constant).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct IntHasher(u64);
+pub(crate) struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -35,10 +35,10 @@ impl Hasher for IntHasher {
 }
 
 /// A `HashMap` keyed by integers.
-pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 /// A `HashSet` of integers.
-pub type IntSet<K> = HashSet<K, BuildHasherDefault<IntHasher>>;
+pub(crate) type IntSet<K> = HashSet<K, BuildHasherDefault<IntHasher>>;
 
 #[cfg(test)]
 mod tests {

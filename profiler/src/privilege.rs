@@ -19,13 +19,13 @@
 use caps::{CapSet, Capability};
 
 /// Whether the effective set holds `cap`.
-pub fn has(cap: Capability) -> bool {
+pub(crate) fn has(cap: Capability) -> bool {
     caps::has_cap(None, CapSet::Effective, cap).unwrap_or(false)
 }
 
 /// The capabilities loading eBPF programs needs that the process lacks
 /// (`CAP_SYS_ADMIN` covers both, as on kernels before 5.8).
-pub fn missing_for_ebpf() -> Vec<&'static str> {
+pub(crate) fn missing_for_ebpf() -> Vec<&'static str> {
     if has(Capability::CAP_SYS_ADMIN) {
         return Vec::new();
     }
@@ -41,7 +41,8 @@ pub fn missing_for_ebpf() -> Vec<&'static str> {
 
 /// Whether system-wide perf events may be opened (`CAP_PERFMON`, or
 /// `CAP_SYS_ADMIN`; `perf_event_paranoid` -1 lets anyone).
-pub fn may_perf_system_wide() -> bool {
+#[cfg(test)]
+pub(crate) fn may_perf_system_wide() -> bool {
     has(Capability::CAP_PERFMON)
         || has(Capability::CAP_SYS_ADMIN)
         || std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
@@ -52,7 +53,7 @@ pub fn may_perf_system_wide() -> bool {
 
 /// The hint for a root-only file that could not be read: root, or
 /// `CAP_DAC_READ_SEARCH`.
-pub fn read_hint() -> &'static str {
+pub(crate) fn read_hint() -> &'static str {
     if has(Capability::CAP_DAC_READ_SEARCH) || has(Capability::CAP_DAC_OVERRIDE) {
         "even with CAP_DAC_READ_SEARCH (is it mounted read-only elsewhere, or blocked by an LSM?)"
     } else {
@@ -61,7 +62,7 @@ pub fn read_hint() -> &'static str {
 }
 
 /// The line for a program that may not load its eBPF programs.
-pub fn ebpf_message(missing: &[&str]) -> String {
+pub(crate) fn ebpf_message(missing: &[&str]) -> String {
     format!(
         "missing {}: loading wattprof's eBPF programs needs CAP_BPF and CAP_PERFMON \
          (CAP_SYS_ADMIN before Linux 5.8); run it as root (sudo), or grant CAP_BPF, \
@@ -73,7 +74,7 @@ pub fn ebpf_message(missing: &[&str]) -> String {
 /// Drops every ambient capability, so a command `wattprof run` starts
 /// does not inherit wattprof's (call in the child before `exec`).
 /// Async-signal-safe: one `prctl`.
-pub fn clear_ambient() {
+pub(crate) fn clear_ambient() {
     // SAFETY: prctl with integer arguments; no memory is passed.
     unsafe {
         libc::prctl(

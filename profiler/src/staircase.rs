@@ -15,7 +15,7 @@ use crate::sources::wattmeter::Wattmeter;
 
 /// What a step runs.
 #[derive(Clone, Debug)]
-pub enum StepLoad {
+pub(crate) enum StepLoad {
     /// This many CPUs kept busy.
     Cpus(usize),
     /// A command (a GPU load), run alone.
@@ -24,17 +24,17 @@ pub enum StepLoad {
 
 /// One step of the staircase.
 #[derive(Clone, Debug)]
-pub struct Step {
+pub(crate) struct Step {
     /// As printed, and as each point names its step.
-    pub name: String,
+    pub(crate) name: String,
     /// What runs.
-    pub load: StepLoad,
+    pub(crate) load: StepLoad,
 }
 
 /// A step's settling time and window length: the first quarter of the
 /// step (at most 2 s) settles and is not read; the rest is read in
 /// windows of a quarter of it (at most 1 s).
-pub fn timing(step: Duration) -> (Duration, Duration) {
+pub(crate) fn timing(step: Duration) -> (Duration, Duration) {
     let settle = (step / 4).min(Duration::from_secs(2));
     let window = ((step - settle) / 4).min(Duration::from_secs(1));
     (settle, window)
@@ -44,7 +44,7 @@ pub fn timing(step: Duration) -> (Duration, Duration) {
 /// `window(step, length)` called while a whole window fits in the step
 /// (it measures one, and says whether it made a point); `done(step,
 /// points)` after each step. A load that cannot start ends the climb.
-pub fn climb(
+pub(crate) fn climb(
     steps: &[Step],
     step: Duration,
     mut window: impl FnMut(&str, Duration) -> bool,
@@ -68,7 +68,7 @@ pub fn climb(
 }
 
 /// Keeps `n` CPUs busy until dropped.
-pub struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     child: Option<std::process::Child>,
@@ -76,7 +76,7 @@ pub struct Load {
 
 impl Load {
     /// `n` threads spinning.
-    pub fn cpus(n: usize) -> Self {
+    pub(crate) fn cpus(n: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..n)
             .map(|_| {
@@ -97,7 +97,7 @@ impl Load {
     }
 
     /// A command (split at white space), killed when dropped.
-    pub fn command(cmd: &str) -> Result<Self, String> {
+    pub(crate) fn command(cmd: &str) -> Result<Self, String> {
         let argv: Vec<&str> = cmd.split_whitespace().collect();
         let (program, rest) = argv
             .split_first()
@@ -148,7 +148,7 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
 /// Busy CPUs over a window are then the CPUs less the idle time over the
 /// window's wall time: more exact than the ratio of tick-sampled busy to
 /// total ticks.
-pub fn idle_s() -> Option<f64> {
+pub(crate) fn idle_s() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line
@@ -163,7 +163,9 @@ pub fn idle_s() -> Option<f64> {
 
 /// Reads the counters, timed by the middle of the read: a read that is
 /// preempted on a loaded machine then skews nothing.
-pub fn timed_read(readers: &mut Readers) -> (crate::sources::registry::IntervalEnergy, Instant) {
+pub(crate) fn timed_read(
+    readers: &mut Readers,
+) -> (crate::sources::registry::IntervalEnergy, Instant) {
     let before = Instant::now();
     let e = readers.read_counters(false);
     (e, before + before.elapsed() / 2)
@@ -173,22 +175,22 @@ pub fn timed_read(readers: &mut Readers) -> (crate::sources::registry::IntervalE
 /// really passed between their two reads (a loaded machine oversleeps),
 /// the wall's mean power over the span of the frames integrated in the
 /// window (exact whatever the frames' arrival), busy CPUs, and problems.
-pub struct Window {
+pub(crate) struct Window {
     /// Package and DRAM energy, and the GPUs' (µJ).
-    pub counters_uj: u64,
+    pub(crate) counters_uj: u64,
     /// Seconds between the counters' two reads.
-    pub counter_s: f64,
+    pub(crate) counter_s: f64,
     /// The wall's mean power (W), when frames spanned the window.
-    pub wall_w: Option<f64>,
+    pub(crate) wall_w: Option<f64>,
     /// Busy CPUs (by `/proc/stat`'s ticks).
-    pub busy: f64,
+    pub(crate) busy: f64,
     /// What went wrong reading.
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
 }
 
 /// One window against a wattmeter: the counters and the wall over
 /// `window`, and the busy CPUs of `cpus`.
-pub fn measure(
+pub(crate) fn measure(
     readers: &mut Readers,
     meter: &mut Wattmeter,
     window: Duration,

@@ -3,14 +3,14 @@
 use std::path::Path;
 
 /// Writes `text` to `root/rel`, creating directories.
-pub fn write(root: &Path, rel: &str, text: &str) {
+pub(crate) fn write(root: &Path, rel: &str, text: &str) {
     let p = root.join(rel);
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(p, text).expect("write");
 }
 
 /// A sysfs CPU topology of `n` CPUs spread evenly over `packages`.
-pub fn topology(root: &Path, n: u32, packages: u32) {
+pub(crate) fn topology(root: &Path, n: u32, packages: u32) {
     write(
         root,
         "devices/system/cpu/possible",
@@ -29,7 +29,7 @@ pub fn topology(root: &Path, n: u32, packages: u32) {
 /// One CPU on package 0, and a `power` PMU whose `energy-pkg` is really
 /// the kernel's software `cpu-clock` event (type 1, config 0) scaled by
 /// 1e-9: a real perf counter that counts one "joule" per second.
-pub fn software_backed_power_pmu(root: &Path) {
+pub(crate) fn software_backed_power_pmu(root: &Path) {
     topology(root, 1, 1);
     let pmu = "bus/event_source/devices/power";
     write(root, &format!("{pmu}/type"), "1\n");
@@ -43,7 +43,7 @@ pub fn software_backed_power_pmu(root: &Path) {
 /// A self-signed certificate for localhost (`c.pem`) and its key
 /// (`k.pem`) in `dir`, made by the openssl command; false where there is
 /// none (the caller skips).
-pub fn self_signed(dir: &Path) -> bool {
+pub(crate) fn self_signed(dir: &Path) -> bool {
     std::process::Command::new("openssl")
         .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
         .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])

@@ -50,12 +50,12 @@ impl SysRoot {
     }
 
     /// A fixture tree standing in for `/sys`.
-    pub fn at(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn at(path: impl Into<PathBuf>) -> Self {
         Self(path.into())
     }
 
     /// A path below the root, given without its leading `/sys/`.
-    pub fn join(&self, rel: &str) -> PathBuf {
+    pub(crate) fn join(&self, rel: &str) -> PathBuf {
         self.0.join(rel)
     }
 }
@@ -64,11 +64,11 @@ impl SysRoot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Dense package index (`0..sockets`) per possible CPU, indexed by CPU id.
-    pub package_of_cpu: Vec<u32>,
+    pub(crate) package_of_cpu: Vec<u32>,
     /// The kernel's `physical_package_id` of each dense index.
-    pub package_ids: Vec<u32>,
+    pub(crate) package_ids: Vec<u32>,
     /// Online CPU ids.
-    pub online: Vec<u32>,
+    pub(crate) online: Vec<u32>,
 }
 
 impl Topology {
@@ -119,7 +119,7 @@ impl Topology {
 
     /// The kernel's `physical_package_id` of `cpu` (the first package for
     /// a CPU the topology does not know).
-    pub fn package_id_of(&self, cpu: u32) -> u32 {
+    pub(crate) fn package_id_of(&self, cpu: u32) -> u32 {
         let dense = self.package_of_cpu.get(cpu as usize).copied().unwrap_or(0);
         self.package_ids.get(dense as usize).copied().unwrap_or(0)
     }
@@ -130,20 +130,20 @@ impl Topology {
     }
 
     /// Number of possible CPUs (the size of per-CPU data).
-    pub fn possible_cpus(&self) -> usize {
+    pub(crate) fn possible_cpus(&self) -> usize {
         self.package_of_cpu.len()
     }
 }
 
 /// This machine's host name (empty when unreadable).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()
 }
 
 /// Parses a kernel CPU list file such as `0-3,8,10-11`.
-pub fn read_cpu_list(path: &Path) -> Result<Vec<u32>, TopologyError> {
+pub(crate) fn read_cpu_list(path: &Path) -> Result<Vec<u32>, TopologyError> {
     let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
         path: path.to_path_buf(),
         source,

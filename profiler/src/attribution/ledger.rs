@@ -33,7 +33,7 @@ pub struct EnergyBy {
 impl EnergyBy {
     /// Adds `uj` of `domain` (uncore and psys are not kept per consumer
     /// and are ignored; wall is, when a calibration divides it).
-    pub fn add(&mut self, domain: Domain, uj: u64) {
+    pub(crate) fn add(&mut self, domain: Domain, uj: u64) {
         match domain {
             Domain::Package => self.package_uj += uj,
             Domain::Core => self.core_uj += uj,
@@ -46,7 +46,7 @@ impl EnergyBy {
 
     /// The energy of `domain` in this sum (0 for domains a sum does not
     /// keep: uncore and psys are inside package).
-    pub fn of(&self, domain: Domain) -> u64 {
+    pub(crate) fn of(&self, domain: Domain) -> u64 {
         match domain {
             Domain::Package => self.package_uj,
             Domain::Core => self.core_uj,
@@ -58,7 +58,7 @@ impl EnergyBy {
     }
 
     /// Marks `uj` of what was added for `domain` as static.
-    pub fn add_static(&mut self, domain: Domain, uj: u64) {
+    pub(crate) fn add_static(&mut self, domain: Domain, uj: u64) {
         match domain {
             Domain::Package => self.package_static_uj += uj,
             Domain::Core => self.core_static_uj += uj,
@@ -70,18 +70,18 @@ impl EnergyBy {
     }
 
     /// The static part of [`EnergyBy::total_uj`].
-    pub fn static_uj(&self) -> u64 {
+    pub(crate) fn static_uj(&self) -> u64 {
         self.package_static_uj + self.dram_static_uj + self.gpu_static_uj
     }
 
     /// The dynamic part of [`EnergyBy::total_uj`].
-    pub fn dynamic_uj(&self) -> u64 {
+    pub(crate) fn dynamic_uj(&self) -> u64 {
         self.total_uj().saturating_sub(self.static_uj())
     }
 
     /// `part / whole` of each domain (rounded down; all of it when
     /// `whole` is 0 or `part` is all of it).
-    pub fn share(&self, part: u64, whole: u64) -> EnergyBy {
+    pub(crate) fn share(&self, part: u64, whole: u64) -> EnergyBy {
         if whole == 0 || part >= whole {
             return *self;
         }
@@ -100,7 +100,7 @@ impl EnergyBy {
     }
 
     /// This sum less `o` (never below zero).
-    pub fn less(&self, o: &EnergyBy) -> EnergyBy {
+    pub(crate) fn less(&self, o: &EnergyBy) -> EnergyBy {
         EnergyBy {
             package_uj: self.package_uj.saturating_sub(o.package_uj),
             core_uj: self.core_uj.saturating_sub(o.core_uj),
@@ -115,7 +115,7 @@ impl EnergyBy {
     }
 
     /// Adds another sum.
-    pub fn merge(&mut self, o: &EnergyBy) {
+    pub(crate) fn merge(&mut self, o: &EnergyBy) {
         self.package_uj += o.package_uj;
         self.core_uj += o.core_uj;
         self.dram_uj += o.dram_uj;
@@ -128,49 +128,49 @@ impl EnergyBy {
     }
 
     /// Package + DRAM + GPU (core is inside package).
-    pub fn total_uj(&self) -> u64 {
+    pub(crate) fn total_uj(&self) -> u64 {
         self.package_uj + self.dram_uj + self.gpu_uj
     }
 }
 
 /// One domain's energy summed over intervals.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DomainTotals {
+pub(crate) struct DomainTotals {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Kernel package id, GPU index, or `None` (machine level).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Some interval's figure was modelled rather than measured.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// How it was divided.
-    pub basis: Basis,
+    pub(crate) basis: Basis,
     /// Measured (µJ).
-    pub measured_uj: u64,
+    pub(crate) measured_uj: u64,
     /// Attributed to consumers (µJ).
-    pub attributed_uj: u64,
+    pub(crate) attributed_uj: u64,
     /// Idle share (µJ).
-    pub idle_uj: u64,
+    pub(crate) idle_uj: u64,
     /// Neither (µJ).
-    pub unattributed_uj: u64,
+    pub(crate) unattributed_uj: u64,
     /// The domain's static energy (its static figure × time, within
     /// the measured; a calibrated wall's `b`).
-    pub static_uj: u64,
+    pub(crate) static_uj: u64,
     /// The static part of `attributed_uj`.
-    pub attributed_static_uj: u64,
+    pub(crate) attributed_static_uj: u64,
     /// How much the static figure exceeded the measured energy, summed.
-    pub static_cut_uj: u64,
+    pub(crate) static_cut_uj: u64,
 }
 
 /// Energy attributed so far: per domain, and per consumer.
 #[derive(Clone, Debug, Default)]
-pub struct EnergyLedger {
+pub(crate) struct EnergyLedger {
     domains: Vec<DomainTotals>,
     consumers: crate::hash::IntMap<ConsumerId, EnergyBy>,
 }
 
 impl EnergyLedger {
     /// Adds one interval's shares.
-    pub fn add(&mut self, shares: &[DomainShare]) {
+    pub(crate) fn add(&mut self, shares: &[DomainShare]) {
         for s in shares {
             let t = match self
                 .domains
@@ -222,24 +222,25 @@ impl EnergyLedger {
     }
 
     /// Per-domain totals, ordered by domain then package.
-    pub fn domains(&self) -> &[DomainTotals] {
+    pub(crate) fn domains(&self) -> &[DomainTotals] {
         &self.domains
     }
 
     /// A consumer's energy so far.
-    pub fn consumer(&self, id: ConsumerId) -> EnergyBy {
+    pub(crate) fn consumer(&self, id: ConsumerId) -> EnergyBy {
         self.consumers.get(&id).copied().unwrap_or_default()
     }
 
     /// Forgets consumers `keep` rejects (their energy stays in the domain
     /// totals; callers fold it into their groups first).
-    pub fn retain(&mut self, mut keep: impl FnMut(ConsumerId) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(ConsumerId) -> bool) {
         self.consumers.retain(|id, _| keep(*id));
     }
 
     /// Sum over domains of one kind: (measured, attributed, idle,
     /// unattributed) µJ.
-    pub fn sum_of(&self, domain: Domain) -> (u64, u64, u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn sum_of(&self, domain: Domain) -> (u64, u64, u64, u64) {
         self.domains
             .iter()
             .filter(|t| t.domain == domain)

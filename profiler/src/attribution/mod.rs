@@ -43,61 +43,61 @@
 //! `attributed + idle + unattributed == measured`, exactly.
 
 mod ledger;
-pub mod stacks;
-pub mod vms;
+pub(crate) mod stacks;
+pub(crate) mod vms;
 
-pub use ledger::{DomainTotals, EnergyBy, EnergyLedger};
+pub(crate) use ledger::{EnergyBy, EnergyLedger};
 
 use serde::Serialize;
 
 use crate::sources::calibration::{WallModel, WallPer};
-pub use crate::sources::nvml::statics::GpuStaticEnergy;
+pub(crate) use crate::sources::nvml::statics::GpuStaticEnergy;
 use crate::sources::{Domain, DomainEnergy};
 
 /// Who energy is attributed to: an id the caller chooses (a process record).
-pub type ConsumerId = u64;
+pub(crate) type ConsumerId = u64;
 
 /// One package's CPU time over an interval (summed over its CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PackageTime {
+pub(crate) struct PackageTime {
     /// Time charged to tasks.
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// Time charged to no task.
-    pub idle_ns: u64,
+    pub(crate) idle_ns: u64,
     /// Time tasks ran that could not be recorded per task.
-    pub lost_ns: u64,
+    pub(crate) lost_ns: u64,
 }
 
 impl PackageTime {
     /// All the CPU time that existed on the package.
-    pub fn window_ns(&self) -> u64 {
+    pub(crate) fn window_ns(&self) -> u64 {
         self.busy_ns + self.idle_ns + self.lost_ns
     }
 }
 
 /// One consumer's on-CPU time over an interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Who.
-    pub id: ConsumerId,
+    pub(crate) id: ConsumerId,
     /// Nanoseconds on CPU per dense package index.
-    pub on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: Vec<u64>,
 }
 
 /// One GPU over an interval.
 #[derive(Clone, Debug, PartialEq)]
-pub struct GpuInterval {
+pub(crate) struct GpuInterval {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// Energy measured (µJ).
-    pub energy_uj: u64,
+    pub(crate) energy_uj: u64,
     /// Integrated from power samples rather than read from a counter.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// The processes that held it: their consumer (`None`: not a known
     /// consumer) and SM utilization (percent).
-    pub processes: Vec<(Option<ConsumerId>, u32)>,
+    pub(crate) processes: Vec<(Option<ConsumerId>, u32)>,
     /// Its static energy over the interval (0 where not known yet).
-    pub statics: GpuStaticEnergy,
+    pub(crate) statics: GpuStaticEnergy,
 }
 
 /// How a domain's static energy is shared (`--static-power`).
@@ -105,7 +105,7 @@ pub struct GpuInterval {
     Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
-pub enum StaticShare {
+pub(crate) enum StaticShare {
     /// By each consumer's share of the package's capacity (its CPU time
     /// over CPUs × interval); the rest is idle.
     #[default]
@@ -119,7 +119,7 @@ pub enum StaticShare {
 
 impl StaticShare {
     /// Its name in reports and on the command line.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Capacity => "capacity",
             Self::Busy => "busy",
@@ -131,41 +131,41 @@ impl StaticShare {
 /// A domain's static energy over one interval (µJ): its static power ×
 /// the interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StaticEnergy {
+pub(crate) struct StaticEnergy {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Its package (`None`: a machine-wide model's domain).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Static power × the interval (µJ).
-    pub static_uj: u64,
+    pub(crate) static_uj: u64,
 }
 
 /// Everything one interval measured.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Interval<'a> {
+pub(crate) struct Interval<'a> {
     /// CPU time per dense package index.
-    pub packages: &'a [PackageTime],
+    pub(crate) packages: &'a [PackageTime],
     /// The kernel's package id of each dense package index.
-    pub package_ids: &'a [u32],
+    pub(crate) package_ids: &'a [u32],
     /// Per-consumer on-CPU time.
-    pub usage: &'a [Usage],
+    pub(crate) usage: &'a [Usage],
     /// CPU-side energy (RAPL domains, wattmeter).
-    pub energy: &'a [DomainEnergy],
+    pub(crate) energy: &'a [DomainEnergy],
     /// GPUs.
-    pub gpus: &'a [GpuInterval],
+    pub(crate) gpus: &'a [GpuInterval],
     /// How the wall domain is divided, where a calibration models it.
-    pub wall: Option<WallModel>,
+    pub(crate) wall: Option<WallModel>,
     /// Static energy per divided domain (package, core, DRAM); a domain
     /// not listed is all static.
-    pub statics: &'a [StaticEnergy],
+    pub(crate) statics: &'a [StaticEnergy],
     /// How static energy is shared.
-    pub static_share: StaticShare,
+    pub(crate) static_share: StaticShare,
 }
 
 /// How a domain's energy was divided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Basis {
+pub(crate) enum Basis {
     /// By on-CPU time over all CPU time of the package(s); idle time's share
     /// is idle energy.
     CpuTime,
@@ -184,7 +184,7 @@ pub enum Basis {
 
 impl Basis {
     /// Its name in the recording.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::CpuTime => "cpu_time",
             Self::BusyTime => "busy_time",
@@ -197,39 +197,39 @@ impl Basis {
 
 /// One domain's energy over one interval, divided.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DomainShare {
+pub(crate) struct DomainShare {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Kernel package id, GPU index, or `None` (machine level).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Modelled rather than measured.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// How it was divided.
-    pub basis: Basis,
+    pub(crate) basis: Basis,
     /// What the reader measured (µJ).
-    pub measured_uj: u64,
+    pub(crate) measured_uj: u64,
     /// The idle share (µJ).
-    pub idle_uj: u64,
+    pub(crate) idle_uj: u64,
     /// Neither attributed nor idle: lost time, unknown consumers, machine
     /// level domains, rounding (µJ).
-    pub unattributed_uj: u64,
+    pub(crate) unattributed_uj: u64,
     /// Per consumer (µJ), only non-zero shares.
-    pub attributed: Vec<(ConsumerId, u64)>,
+    pub(crate) attributed: Vec<(ConsumerId, u64)>,
     /// The static part of each consumer's share (µJ), only non-zero ones.
-    pub attributed_static: Vec<(ConsumerId, u64)>,
+    pub(crate) attributed_static: Vec<(ConsumerId, u64)>,
     /// The domain's static energy in this interval, within the measured
     /// (the static figure × the interval, cut to what was measured; a
     /// calibrated wall's `b`; a GPU's idle and held power × the interval;
     /// 0 for busy-only energy).
-    pub static_uj: u64,
+    pub(crate) static_uj: u64,
     /// How much the static figure exceeded what was measured (µJ): the
     /// dynamic part would have been negative.
-    pub static_cut_uj: u64,
+    pub(crate) static_cut_uj: u64,
 }
 
 impl DomainShare {
     /// Sum of the attributed shares.
-    pub fn attributed_uj(&self) -> u64 {
+    pub(crate) fn attributed_uj(&self) -> u64 {
         self.attributed.iter().map(|(_, e)| e).sum()
     }
 }
@@ -471,7 +471,7 @@ fn gpu_share(g: &GpuInterval, rule: StaticShare) -> DomainShare {
 }
 
 /// Divides one interval's energy among consumers, domain by domain.
-pub fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
+pub(crate) fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
     let mut out: Vec<DomainShare> = iv
         .energy
         .iter()

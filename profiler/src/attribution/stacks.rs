@@ -14,17 +14,17 @@ use std::collections::HashMap;
 use super::EnergyBy;
 
 /// An interned stack.
-pub type StackId = u32;
+pub(crate) type StackId = u32;
 
 /// The frame of energy a process had in an interval with no sample.
-pub const NO_SAMPLES: &str = "[no samples]";
+pub(crate) const NO_SAMPLES: &str = "[no samples]";
 
 /// The frame stacks are merged into once the ledger is full.
-pub const OTHER_STACKS: &str = "[other stacks]";
+pub(crate) const OTHER_STACKS: &str = "[other stacks]";
 
 /// The process name processes are merged into once the ledger holds as
 /// many names as entries.
-pub const OTHER_PROCESSES: &str = "[other processes]";
+pub(crate) const OTHER_PROCESSES: &str = "[other processes]";
 
 /// Values numbered in the order first seen.
 #[derive(Debug)]
@@ -65,14 +65,14 @@ impl<K: std::hash::Hash + Eq + Clone> Interner<K> {
 /// Interned frame names and stacks (each a list of frames, outermost
 /// first).
 #[derive(Debug, Default)]
-pub struct StackTable {
+pub(crate) struct StackTable {
     names: Interner<Box<str>>,
     stacks: Interner<Box<[u32]>>,
 }
 
 impl StackTable {
     /// The id of this stack, outermost frame first.
-    pub fn intern(&mut self, frames: &[String]) -> StackId {
+    pub(crate) fn intern(&mut self, frames: &[String]) -> StackId {
         let ids: Box<[u32]> = frames
             .iter()
             .map(|f| self.names.id(f.as_str().into()))
@@ -81,13 +81,13 @@ impl StackTable {
     }
 
     /// The id of this stack if it was interned.
-    pub fn find(&self, frames: &[String]) -> Option<StackId> {
+    pub(crate) fn find(&self, frames: &[String]) -> Option<StackId> {
         let ids: Option<Box<[u32]>> = frames.iter().map(|f| self.names.get(f.as_str())).collect();
         self.stacks.get(&ids?)
     }
 
     /// The frames of a stack, outermost first.
-    pub fn frames(&self, id: StackId) -> impl Iterator<Item = &str> + '_ {
+    pub(crate) fn frames(&self, id: StackId) -> impl Iterator<Item = &str> + '_ {
         self.stacks
             .items
             .get(id as usize)
@@ -97,17 +97,12 @@ impl StackTable {
     }
 
     /// Distinct stacks.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.stacks.items.len()
     }
 
-    /// Whether no stack was interned.
-    pub fn is_empty(&self) -> bool {
-        self.stacks.items.is_empty()
-    }
-
     /// Bytes the table holds, roughly (for the memory figure).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.names
             .items
             .iter()
@@ -124,11 +119,11 @@ impl StackTable {
 
 /// What a stack of a process got.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StackWeight {
+pub(crate) struct StackWeight {
     /// Energy, per domain.
-    pub energy: EnergyBy,
+    pub(crate) energy: EnergyBy,
     /// Samples.
-    pub samples: u64,
+    pub(crate) samples: u64,
 }
 
 impl StackWeight {
@@ -140,9 +135,9 @@ impl StackWeight {
 
 /// Energy per (process name, stack), summed over intervals.
 #[derive(Debug)]
-pub struct StackLedger {
+pub(crate) struct StackLedger {
     /// The stacks.
-    pub table: StackTable,
+    pub(crate) table: StackTable,
     totals: HashMap<(u32, StackId), StackWeight>,
     processes: Interner<Box<str>>,
     max_entries: usize,
@@ -155,18 +150,18 @@ pub struct StackLedger {
 /// and where it was anywhere on the stack (`total`, each stack counted
 /// once however often it recurses).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FunctionWeight {
+pub(crate) struct FunctionWeight {
     /// The frame's name.
-    pub function: String,
+    pub(crate) function: String,
     /// As the innermost frame.
-    pub self_w: StackWeight,
+    pub(crate) self_w: StackWeight,
     /// Anywhere on the stack.
-    pub total: StackWeight,
+    pub(crate) total: StackWeight,
 }
 
 impl StackLedger {
     /// A ledger of at most `max_entries` (process, stack) entries.
-    pub fn new(max_entries: usize) -> Self {
+    pub(crate) fn new(max_entries: usize) -> Self {
         let mut table = StackTable::default();
         let no_samples = table.intern(&[NO_SAMPLES.to_string()]);
         let other = table.intern(&[OTHER_STACKS.to_string()]);
@@ -182,23 +177,18 @@ impl StackLedger {
     }
 
     /// Samples merged into `[other stacks]` because the ledger was full.
-    pub fn merged_samples(&self) -> u64 {
+    pub(crate) fn merged_samples(&self) -> u64 {
         self.merged
     }
 
     /// Entries held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.totals.len()
-    }
-
-    /// Whether nothing was added.
-    pub fn is_empty(&self) -> bool {
-        self.totals.is_empty()
     }
 
     /// Bytes held, roughly: the documented memory bound is this at
     /// `max_entries`.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.table.bytes() + self.totals.len() * 96
     }
 
@@ -217,7 +207,7 @@ impl StackLedger {
 
     /// The id of a stack (outermost frame first); once the ledger holds
     /// `max_entries` stacks, a new one is `[other stacks]`.
-    pub fn intern(&mut self, frames: &[String]) -> StackId {
+    pub(crate) fn intern(&mut self, frames: &[String]) -> StackId {
         // The two frames every ledger has do not count.
         if self.table.len() >= self.max_entries + 2 {
             return self.table.find(frames).unwrap_or(self.other);
@@ -242,7 +232,7 @@ impl StackLedger {
 
     /// One interval of one process: its energy, divided over the stacks
     /// sampled (stack, samples).
-    pub fn add(&mut self, process: &str, counts: &[(StackId, u64)], energy: &EnergyBy) {
+    pub(crate) fn add(&mut self, process: &str, counts: &[(StackId, u64)], energy: &EnergyBy) {
         let p = self.process(process);
         let total: u64 = counts.iter().map(|(_, c)| c).sum();
         if total == 0 {
@@ -272,7 +262,7 @@ impl StackLedger {
     /// e.g. a code address its function and the functions inlined there)
     /// and merges the stacks that become the same, with their weights.
     /// Returns each old stack id's new id.
-    pub fn rename(&mut self, mut rename: impl FnMut(&str) -> Vec<String>) -> Vec<StackId> {
+    pub(crate) fn rename(&mut self, mut rename: impl FnMut(&str) -> Vec<String>) -> Vec<StackId> {
         let mut table = StackTable::default();
         let remap: Vec<StackId> = (0..self.table.len() as StackId)
             .map(|id| {
@@ -292,7 +282,7 @@ impl StackLedger {
     }
 
     /// Every entry: process name, stack, what it got.
-    pub fn entries(&self) -> impl Iterator<Item = (&str, StackId, &StackWeight)> + '_ {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, StackId, &StackWeight)> + '_ {
         self.totals.iter().filter_map(|((p, s), w)| {
             self.processes
                 .items
@@ -303,7 +293,11 @@ impl StackLedger {
 
     /// Per function, most `key` of their own (as the innermost frame)
     /// first, then most in all (at most `top`).
-    pub fn functions(&self, top: usize, key: impl Fn(&StackWeight) -> u64) -> Vec<FunctionWeight> {
+    pub(crate) fn functions(
+        &self,
+        top: usize,
+        key: impl Fn(&StackWeight) -> u64,
+    ) -> Vec<FunctionWeight> {
         let mut by: HashMap<&str, FunctionWeight> = HashMap::new();
         for (_, stack, w) in self.entries() {
             let frames: Vec<&str> = self.table.frames(stack).collect();

@@ -10,16 +10,16 @@ use crate::process::vm::{is_vmm, vm_name_from_cmdline, vm_of_cgroup};
 
 /// Energy and CPU time of one VM so far.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct VmSum {
+pub(crate) struct VmSum {
     /// Energy attributed to its processes.
-    pub energy: EnergyBy,
+    pub(crate) energy: EnergyBy,
     /// Their on-CPU time.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
 }
 
 /// The VMs seen, and which consumer runs which.
 #[derive(Debug, Default)]
-pub struct VmTracker {
+pub(crate) struct VmTracker {
     sums: BTreeMap<String, VmSum>,
     /// Consumers found to run a VM through a VMM process (cgroups are
     /// looked at each time: a process can move).
@@ -27,17 +27,17 @@ pub struct VmTracker {
 }
 
 /// A process as the tracker needs it: pid and name.
-pub struct ProcView<'a> {
+pub(crate) struct ProcView<'a> {
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Name.
-    pub comm: &'a str,
+    pub(crate) comm: &'a str,
 }
 
 impl VmTracker {
     /// Adds one consumer's interval. `cgroup` is its cgroup path, `chain`
     /// walks its ancestors (itself first), `cmdline` reads a pid's argv.
-    pub fn add<'a>(
+    pub(crate) fn add<'a>(
         &mut self,
         id: ConsumerId,
         cgroup: Option<&str>,
@@ -65,7 +65,7 @@ impl VmTracker {
     }
 
     /// Every VM seen, by name.
-    pub fn sums(&self) -> &BTreeMap<String, VmSum> {
+    pub(crate) fn sums(&self) -> &BTreeMap<String, VmSum> {
         &self.sums
     }
 }

@@ -14,22 +14,22 @@ use super::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Fatal};
 
 /// The user the command runs as, when wattprof drops root for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunAs {
+pub(crate) struct RunAs {
     /// User id.
-    pub uid: libc::uid_t,
+    pub(crate) uid: libc::uid_t,
     /// Primary group id.
-    pub gid: libc::gid_t,
+    pub(crate) gid: libc::gid_t,
     /// Supplementary groups.
-    pub groups: Vec<libc::gid_t>,
+    pub(crate) groups: Vec<libc::gid_t>,
     /// Login name, if the user has a passwd entry.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Home directory, if known.
-    pub home: Option<PathBuf>,
+    pub(crate) home: Option<PathBuf>,
 }
 
 /// The user who invoked sudo, from `SUDO_UID`/`SUDO_GID`, unless that is
 /// root or the variables are absent.
-pub fn sudo_user(env: impl Fn(&str) -> Option<OsString>) -> Result<Option<RunAs>, Fatal> {
+pub(crate) fn sudo_user(env: impl Fn(&str) -> Option<OsString>) -> Result<Option<RunAs>, Fatal> {
     let parse = |name: &str| -> Result<Option<u32>, Fatal> {
         match env(name) {
             None => Ok(None),
@@ -109,7 +109,7 @@ fn group_list(name: &str, gid: libc::gid_t) -> Vec<libc::gid_t> {
 
 /// Finds the program as `execvp` would, so a bad name fails before the
 /// tracker is loaded, with exit code 127 (not found) or 126 (not runnable).
-pub fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, Fatal> {
+pub(crate) fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, Fatal> {
     let shown = Path::new(program).display().to_string();
     let check = |p: &Path| -> Result<Option<PathBuf>, Fatal> {
         match std::fs::metadata(p) {
@@ -152,7 +152,7 @@ pub fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<Path
 
 /// Starts the command, as `run_as` when given, with `env` added to its
 /// environment.
-pub fn spawn(
+pub(crate) fn spawn(
     program: &Path,
     args: &[OsString],
     run_as: Option<&RunAs>,
@@ -205,7 +205,7 @@ pub fn spawn(
 }
 
 /// A pollable handle that becomes readable when the child exits.
-pub fn pidfd(pid: u32) -> Option<OwnedFd> {
+pub(crate) fn pidfd(pid: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     // SAFETY: a new fd we own.
@@ -213,7 +213,7 @@ pub fn pidfd(pid: u32) -> Option<OwnedFd> {
 }
 
 /// The shell convention: the exit code, or 128 + the signal that killed it.
-pub fn exit_code(status: ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
@@ -223,7 +223,7 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 /// Where forwarded signals go: the command once started; until then a
 /// signal is held and delivered as soon as it starts.
 #[derive(Debug, Default)]
-pub struct SignalTarget {
+pub(crate) struct SignalTarget {
     state: Mutex<(i32, Option<i32>)>,
 }
 
@@ -233,7 +233,7 @@ impl SignalTarget {
     }
 
     /// The command started as `pid`: deliver a held signal now.
-    pub fn started(&self, pid: u32) {
+    pub(crate) fn started(&self, pid: u32) {
         let mut state = self.lock();
         state.0 = pid as i32;
         if let Some(sig) = state.1.take() {
@@ -243,7 +243,7 @@ impl SignalTarget {
     }
 
     /// The command was reaped: its pid may be reused, stop forwarding.
-    pub fn ended(&self) {
+    pub(crate) fn ended(&self) {
         *self.lock() = (-1, None);
     }
 
@@ -265,7 +265,7 @@ impl SignalTarget {
 /// Signals the terminal sends to the whole foreground group (Ctrl-C) have
 /// already reached the child and are not sent twice; signals the child
 /// sends to wattprof are not sent back.
-pub fn forward_signals(target: Arc<SignalTarget>) -> std::io::Result<()> {
+pub(crate) fn forward_signals(target: Arc<SignalTarget>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     use signal_hook::iterator::{SignalsInfo, exfiltrator::WithOrigin};
     use signal_hook::low_level::siginfo::Cause;

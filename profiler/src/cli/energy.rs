@@ -13,23 +13,23 @@ use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 
 /// Energy and output options of `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct EnergyArgs {
+pub(crate) struct EnergyArgs {
     /// Also stream one JSON record per interval to FILE, written as each
     /// interval ends (a killed wattprof leaves every finished line).
     #[arg(long, value_name = "FILE")]
-    pub jsonl: Option<PathBuf>,
+    pub(crate) jsonl: Option<PathBuf>,
 
     /// Append one row to FILE in codecarbon's emissions.csv layout (its
     /// columns and units: kWh, kg CO2eq, W): the command tree's energy in
     /// `run`, the machine's in `monitor`. A new file gets the header.
     #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
+    pub(crate) csv: Option<PathBuf>,
 
     /// Also write FILE: one CSV row per interval and domain (measured,
     /// attributed, idle and unattributed J, power in W, kWh, kg CO2eq),
     /// flushed as each interval ends.
     #[arg(long, value_name = "FILE")]
-    pub csv_intervals: Option<PathBuf>,
+    pub(crate) csv_intervals: Option<PathBuf>,
 
     /// Grams of CO2eq per kWh for the CO2 figures (default: the world
     /// average, 475).
@@ -39,29 +39,29 @@ pub struct EnergyArgs {
         conflicts_with = "country",
         allow_negative_numbers = true
     )]
-    pub carbon_intensity: Option<f64>,
+    pub(crate) carbon_intensity: Option<f64>,
 
     /// Take the carbon intensity of this country's electricity from the
     /// shipped table (ISO 3166-1 alpha-3: FRA, USA, DEU, ...).
     #[arg(long, value_name = "ISO3")]
-    pub country: Option<String>,
+    pub(crate) country: Option<String>,
 
     /// How CPU energy is estimated where no counter works.
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub(crate) model: ModelArgs,
 
     /// Read CPU energy from this powercap tree (a directory of
     /// intel-rapl:N zones) instead of looking for counters: in a VM guest,
     /// the tree its host's `wattprof monitor --vm-export` writes and
     /// shares in (virtiofs or 9p). Its energy is measured by the host.
     #[arg(long, value_name = "DIR", conflicts_with = "energy_sysfs")]
-    pub powercap_root: Option<PathBuf>,
+    pub(crate) powercap_root: Option<PathBuf>,
 
     /// Report wall energy per process, group and window from this
     /// calibration (`wattprof calibrate`): wall = a x counters + b. The
     /// static b is the node's own, reported as idle wall energy.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["wattmeter_log", "wattmeter_cmd"])]
-    pub calibration: Option<PathBuf>,
+    pub(crate) calibration: Option<PathBuf>,
 
     /// How each package's static power (what it draws with no task
     /// running) is shared: `capacity` (default) charges each program its
@@ -71,7 +71,7 @@ pub struct EnergyArgs {
     /// `idle` gives none of it to programs. Dynamic energy always goes by
     /// CPU time.
     #[arg(long, value_name = "RULE", value_enum, default_value_t = crate::attribution::StaticShare::Capacity)]
-    pub static_power: crate::attribution::StaticShare,
+    pub(crate) static_power: crate::attribution::StaticShare,
 
     /// The host power model `wattprof calibrate` writes (each domain's
     /// static power and watts per busy CPU, fitted on this machine). A
@@ -80,67 +80,67 @@ pub struct EnergyArgs {
     /// bounded by the lowest power seen. `none` reads no model. [default:
     /// /var/lib/wattprof/power-model.json]
     #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
-    pub host_model: Option<PathBuf>,
+    pub(crate) host_model: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
-    pub no_gpu: bool,
+    pub(crate) no_gpu: bool,
 
     /// Load this NVML library instead of the driver's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
-    pub nvml_lib: Option<OsString>,
+    pub(crate) nvml_lib: Option<OsString>,
 
     /// Follow an OmegaWatt wattmetre-read log being written, for the
     /// whole machine's power at the wall.
     #[arg(long, value_name = "FILE", conflicts_with = "wattmeter_cmd")]
-    pub wattmeter_log: Option<PathBuf>,
+    pub(crate) wattmeter_log: Option<PathBuf>,
 
     /// Start this wattmeter program (e.g. "wattmetre-read --tty=/dev/ttyUSB0
     /// --nb=6"), read it for the whole profile, and stop it at the end.
     #[arg(long, value_name = "CMD")]
-    pub wattmeter_cmd: Option<String>,
+    pub(crate) wattmeter_cmd: Option<String>,
 
     /// The wattmeter outlet the machine is plugged into (1-based: the log's
     /// `#activepowN` column). `--wattmeter-socket` is an older name.
     #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub wattmeter_outlet: u32,
+    pub(crate) wattmeter_outlet: u32,
 
     /// Report only processes in this container (id, or a prefix of 4 or
     /// more characters; Docker name; or Kubernetes pod UID). Energy is
     /// still divided over every process.
     #[arg(long, value_name = "ID|NAME")]
-    pub container: Option<String>,
+    pub(crate) container: Option<String>,
 
     /// Report only processes in this cgroup (v2 path, as in
     /// /proc/PID/cgroup, e.g. /system.slice/nginx.service) or below it.
     #[arg(long, value_name = "PATH")]
-    pub cgroup: Option<String>,
+    pub(crate) cgroup: Option<String>,
 
     /// The Docker Engine API socket, for container names (asked on a
     /// background thread; without it, containers are named by id).
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
-    pub docker_socket: PathBuf,
+    pub(crate) docker_socket: PathBuf,
 
     /// Podman's API socket, for Podman's container names (`systemctl
     /// enable --now podman.socket` makes it; without it, Podman's
     /// containers are named by id).
     #[arg(long, value_name = "PATH", default_value = "/run/podman/podman.sock")]
-    pub podman_socket: PathBuf,
+    pub(crate) podman_socket: PathBuf,
 
     /// containerd's state directory: its running tasks' specs say which
     /// cgroup is which `ctr`, nerdctl or Kubernetes container and what it
     /// is called (k3s: /run/k3s/containerd).
     #[arg(long, value_name = "DIR", default_value = "/run/containerd")]
-    pub containerd_state: PathBuf,
+    pub(crate) containerd_state: PathBuf,
 
     /// Read CPU energy counters from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
-    pub energy_sysfs: Option<PathBuf>,
+    pub(crate) energy_sysfs: Option<PathBuf>,
 }
 
 impl EnergyArgs {
     /// The `--cgroup` / `--container` filter.
-    pub fn filter(&self) -> crate::profile::Filter {
+    pub(crate) fn filter(&self) -> crate::profile::Filter {
         crate::profile::Filter {
             cgroup: self.cgroup.clone(),
             container: self.container.clone(),
@@ -148,7 +148,7 @@ impl EnergyArgs {
     }
 
     /// The readers to open.
-    pub fn readers(&self) -> Result<ReaderConfig, Fatal> {
+    pub(crate) fn readers(&self) -> Result<ReaderConfig, Fatal> {
         Ok(ReaderConfig {
             sys: self.energy_sysfs.clone(),
             model: self.model.request(),
@@ -169,7 +169,7 @@ impl EnergyArgs {
 
     /// Cheap checks, before anything is loaded or started: the carbon
     /// intensity, the TDP, the JSONL file.
-    pub fn validate(&self) -> Result<(CarbonIntensity, Streams), Fatal> {
+    pub(crate) fn validate(&self) -> Result<(CarbonIntensity, Streams), Fatal> {
         if let Some(c) = &self.cgroup
             && !c.starts_with('/')
         {
@@ -236,29 +236,29 @@ impl EnergyArgs {
 /// `--power-model`, `--cpu-tdp`, `--vcpu-watts`: `run`, `monitor` and
 /// `sources`.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Where no CPU energy counter works (VMs, clouds), estimate CPU energy
     /// with a power model (every figure is then marked estimated): `auto`
     /// picks watts per vCPU in a VM guest, the TDP of a CPU model in the
     /// shipped table on bare metal, else the microarchitecture's (or the
     /// default) watts per vCPU; `none` reports no CPU energy.
     #[arg(long, value_name = "MODEL", value_enum, default_value_t = ModelChoice::Auto)]
-    pub power_model: ModelChoice,
+    pub(crate) power_model: ModelChoice,
 
     /// The TDP model with this TDP in watts (all CPU packages together,
     /// from the spec sheet): energy = TDP x CPU utilization.
     #[arg(long, value_name = "WATTS", value_parser = parse_tdp, conflicts_with = "vcpu_watts")]
-    pub cpu_tdp: Option<f64>,
+    pub(crate) cpu_tdp: Option<f64>,
 
     /// The vCPU model with these watts per vCPU at 0% and 100%
     /// utilization: energy = vCPUs x (MIN + utilization x (MAX - MIN)).
     #[arg(long, value_name = "MIN,MAX", value_parser = parse_vcpu_watts)]
-    pub vcpu_watts: Option<(f64, f64)>,
+    pub(crate) vcpu_watts: Option<(f64, f64)>,
 }
 
 impl ModelArgs {
     /// Options that contradict each other (clap cannot see values).
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         use ModelChoice as M;
         let given = match (self.cpu_tdp.is_some(), self.vcpu_watts.is_some()) {
             (true, _) => Some("--cpu-tdp"),
@@ -280,12 +280,12 @@ impl ModelArgs {
     }
 
     /// Whether any model option was given.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.power_model != ModelChoice::Auto || self.cpu_tdp.is_some() || self.vcpu_watts.is_some()
     }
 
     /// What the registry is asked for.
-    pub fn request(&self) -> ModelRequest {
+    pub(crate) fn request(&self) -> ModelRequest {
         ModelRequest {
             choice: self.power_model,
             cpu_tdp_w: self.cpu_tdp,
@@ -295,7 +295,7 @@ impl ModelArgs {
 }
 
 /// `--cpu-tdp WATTS`.
-pub fn parse_tdp(text: &str) -> Result<f64, String> {
+pub(crate) fn parse_tdp(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(w) if TdpModel::new(w).is_ok() => Ok(w),
         _ => Err(format!(
@@ -305,7 +305,7 @@ pub fn parse_tdp(text: &str) -> Result<f64, String> {
 }
 
 /// `--vcpu-watts MIN,MAX`.
-pub fn parse_vcpu_watts(text: &str) -> Result<(f64, f64), String> {
+pub(crate) fn parse_vcpu_watts(text: &str) -> Result<(f64, f64), String> {
     let bad =
         || format!("`{text}` is not MIN,MAX watts per vCPU with 0 <= MIN <= MAX (e.g. 0.74,3.5)");
     let (lo, hi) = text.split_once(',').ok_or_else(bad)?;
@@ -319,9 +319,9 @@ pub fn parse_vcpu_watts(text: &str) -> Result<(f64, f64), String> {
 
 /// The files written as each interval ends.
 #[derive(Debug, Default)]
-pub struct Streams {
+pub(crate) struct Streams {
     /// `--jsonl`.
-    pub jsonl: Option<Jsonl>,
+    pub(crate) jsonl: Option<Jsonl>,
     /// `--csv-intervals`.
-    pub csv_intervals: Option<IntervalCsv>,
+    pub(crate) csv_intervals: Option<IntervalCsv>,
 }

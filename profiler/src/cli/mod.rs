@@ -1,31 +1,31 @@
 //! Command-line interface: one file per subcommand, wiring only.
 
-pub mod calibrate;
-pub mod child;
-pub mod energy;
+pub(crate) mod calibrate;
+pub(crate) mod child;
+pub(crate) mod energy;
 
-pub mod monitor;
-pub mod report;
-pub mod run;
-pub mod setup;
-pub mod sources;
-pub mod stacks;
+pub(crate) mod monitor;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod setup;
+pub(crate) mod sources;
+pub(crate) mod stacks;
 
 use clap::{Parser, Subcommand};
 
 /// Exit code for bad arguments or files named on the command line (as
 /// clap's own usage errors).
-pub const EXIT_USAGE: i32 = 2;
+pub(crate) const EXIT_USAGE: i32 = 2;
 /// Exit code when wattprof itself fails (as `env`, `timeout` and `nice` do).
 pub const EXIT_PROFILER_FAILED: i32 = 125;
 /// Exit code when the command exists but cannot be executed.
-pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+pub(crate) const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the command is not found.
-pub const EXIT_NOT_FOUND: i32 = 127;
+pub(crate) const EXIT_NOT_FOUND: i32 = 127;
 
 /// A command given as one option value (`--wattmeter-cmd "wattmetre-read
 /// --tty=/dev/ttyUSB0"`), split into its argv at whitespace.
-pub fn split_command(cmd: &str) -> Vec<String> {
+pub(crate) fn split_command(cmd: &str) -> Vec<String> {
     cmd.split_whitespace().map(String::from).collect()
 }
 
@@ -36,12 +36,12 @@ pub struct Fatal {
     /// Process exit code.
     pub code: i32,
     /// One line: what happened and what to do.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Fatal {
     /// A failure of wattprof itself (exit code 125).
-    pub fn profiler(message: impl Into<String>) -> Self {
+    pub(crate) fn profiler(message: impl Into<String>) -> Self {
         Self {
             code: EXIT_PROFILER_FAILED,
             message: message.into(),
@@ -49,7 +49,7 @@ impl Fatal {
     }
 
     /// Bad input from the user: arguments, files they named (exit code 2).
-    pub fn usage(message: impl Into<String>) -> Self {
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
         Self {
             code: EXIT_USAGE,
             message: message.into(),
@@ -59,7 +59,7 @@ impl Fatal {
 
 /// How on-CPU time is measured: options shared by `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct TrackerArgs {
+pub(crate) struct TrackerArgs {
     /// How on-CPU time is measured. `iter` reads the scheduler's own
     /// counters with a task iterator at each interval and at rare events
     /// (exit, migration between packages, cgroup move): nothing runs at
@@ -68,28 +68,28 @@ pub struct TrackerArgs {
     /// machine ~0.5 us per switch). `auto` takes `iter` where it loads and
     /// says why not otherwise.
     #[arg(long, value_enum, default_value = "auto")]
-    pub tracker: crate::tracker::TrackerChoice,
+    pub(crate) tracker: crate::tracker::TrackerChoice,
 
     /// Threads the kernel keeps per-thread state for. With `iter`, threads
     /// beyond it are read at every interval (more work, nothing lost; ~64
     /// bytes of kernel memory each); with `switch`, their time is counted
     /// as lost, never silently dropped (~190 bytes each).
     #[arg(long, default_value_t = profiler_common::DEFAULT_MAX_TASKS, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
-    pub max_tasks: u32,
+    pub(crate) max_tasks: u32,
 
     /// Read the CPU topology from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
-    pub topology_sysfs: Option<std::path::PathBuf>,
+    pub(crate) topology_sysfs: Option<std::path::PathBuf>,
 
     /// Iterator tracker: do not attach the program of this event, as if
     /// its records were all lost (testing).
     #[arg(long, value_enum, hide = true)]
-    pub skip_event: Option<crate::tracker::SkipEvent>,
+    pub(crate) skip_event: Option<crate::tracker::SkipEvent>,
 }
 
 impl TrackerArgs {
     /// The tracker's settings.
-    pub fn config(&self) -> crate::tracker::TrackerConfig {
+    pub(crate) fn config(&self) -> crate::tracker::TrackerConfig {
         crate::tracker::TrackerConfig {
             tracker: self.tracker,
             max_tasks: self.max_tasks,
@@ -117,12 +117,12 @@ impl TrackerArgs {
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run a command and report the CPU time and energy of it and every
     /// process it starts.
     Run(run::RunArgs),

@@ -27,39 +27,39 @@ use crate::tracker::{EbpfTracker, monotonic_ns};
         sudo wattprof monitor --pid 4242 --duration 10m --output night.json\n\n\
         In a terminal the table is redrawn every interval; otherwise nothing is printed \
         until the end. Ctrl-C, SIGTERM or SIGHUP end it and write the summary.")]
-pub struct MonitorArgs {
+pub(crate) struct MonitorArgs {
     /// How often energy is read and attributed (e.g. 1s, 100ms).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 
     /// Only report these processes and their descendants (repeat, or
     /// separate with commas). Energy is still divided over every process.
     #[arg(long, value_name = "PID", value_delimiter = ',')]
-    pub pid: Vec<u32>,
+    pub(crate) pid: Vec<u32>,
 
     /// Processes shown per interval (and kept per interval in the JSONL).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub top: u32,
+    pub(crate) top: u32,
 
     /// What the live screen's rows are.
     #[arg(long, value_enum, default_value = "process")]
-    pub by: By,
+    pub(crate) by: By,
 
     /// Stop after this long (e.g. 30s, 2h) instead of at Ctrl-C.
     #[arg(long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
 
     /// Write the recording as JSON to FILE at the end (docs/recording.md;
     /// per-interval series hold machine-level figures only: per-process
     /// series are in the --jsonl stream).
     #[arg(long, short, value_name = "FILE")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
 
     /// Serve Prometheus metrics at http://ADDR/metrics (ADDR: a port, or
     /// HOST:PORT; without a value 127.0.0.1:9101: loopback unless an
     /// address is given).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9101", value_parser = crate::exporter::parse_addr)]
-    pub prometheus: Option<std::net::SocketAddr>,
+    pub(crate) prometheus: Option<std::net::SocketAddr>,
 
     /// TLS and basic auth for --prometheus, from a Prometheus
     /// exporter-toolkit web config (the file node_exporter reads):
@@ -67,17 +67,17 @@ pub struct MonitorArgs {
     /// client_auth_type, min_version) and basic_auth_users (bcrypt
     /// hashes). Relative paths are from the file's folder.
     #[arg(long, value_name = "FILE")]
-    pub web_config: Option<PathBuf>,
+    pub(crate) web_config: Option<PathBuf>,
 
     /// Processes exported one by one (by power over the last interval);
     /// the rest are one `pid="other"` series.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
-    pub prometheus_top: u32,
+    pub(crate) prometheus_top: u32,
 
     /// Keep exporting a container's or cgroup's series this long after its
     /// processes last ran, then drop them.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    pub prometheus_grace: Duration,
+    pub(crate) prometheus_grace: Duration,
 
     /// Write each VM's attributed energy as a powercap tree under
     /// DIR/<vm>/ (RAPL's layout, energy_uj updated every interval), to be
@@ -86,20 +86,20 @@ pub struct MonitorArgs {
     /// scopes under machine.slice, and qemu-system-*, firecracker and
     /// cloud-hypervisor processes with their children.
     #[arg(long, value_name = "DIR")]
-    pub vm_export: Option<PathBuf>,
+    pub(crate) vm_export: Option<PathBuf>,
 
     #[command(flatten)]
-    pub tracker: super::TrackerArgs,
+    pub(crate) tracker: super::TrackerArgs,
 
     #[command(flatten)]
-    pub energy: EnergyArgs,
+    pub(crate) energy: EnergyArgs,
 
     #[command(flatten)]
-    pub stacks: super::stacks::StackArgs,
+    pub(crate) stacks: super::stacks::StackArgs,
 }
 
 /// Runs `wattprof monitor`.
-pub fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
     let mut vm_export = args

@@ -9,8 +9,8 @@ use crate::output;
 use crate::report::{self, Loaded};
 
 /// Exit code for a file that cannot be read back.
-pub const EXIT_BAD_FILE: i32 = 1;
-pub use super::EXIT_USAGE;
+pub(crate) const EXIT_BAD_FILE: i32 = 1;
+pub(crate) use super::EXIT_USAGE;
 
 /// Options of `wattprof report`.
 #[derive(clap::Args, Debug)]
@@ -22,46 +22,46 @@ pub use super::EXIT_USAGE;
     wattprof report run.json --html run.html      self-contained page with the plots\n  \
     wattprof report run.json --csv emissions.csv  append a row in codecarbon's layout\n\n\
     Exit status: 0; 1 when a file cannot be read back or written (one line says why); 2 for\n    options that do not go together.")]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// A recording (`--output`), a `--jsonl` stream, or a stream cut short
     /// (every complete line is read, and the cut is said). Give two to
     /// compare: the first is the baseline.
     #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 
     /// Print JSON for scripts (the totals, the metrics or the comparison)
     /// instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 
     /// List the figures the file holds, where they are, and AIPowerMeter's
     /// names for them.
     #[arg(long)]
-    pub metrics: bool,
+    pub(crate) metrics: bool,
 
     /// Processes shown in the table (most energy first; --json has all).
     #[arg(long, default_value_t = 20, value_name = "N")]
-    pub top: usize,
+    pub(crate) top: usize,
 
     /// Write the plots as one SVG: power per domain over time, stacked
     /// power of the top processes with windows shaded, energy per window.
     #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
 
     /// Write a self-contained HTML page: the totals as tables and the
     /// plots (no script, nothing fetched).
     #[arg(long, value_name = "FILE.html")]
-    pub html: Option<PathBuf>,
+    pub(crate) html: Option<PathBuf>,
 
     /// Append one row to FILE in codecarbon's emissions.csv layout (a new
     /// file gets the header; a CSV with other columns is refused).
     #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
+    pub(crate) csv: Option<PathBuf>,
 
     /// Write FILE: one CSV row per interval and domain (energy in J and
     /// kWh, power in W, emissions in kg).
     #[arg(long, value_name = "FILE")]
-    pub csv_intervals: Option<PathBuf>,
+    pub(crate) csv_intervals: Option<PathBuf>,
 }
 
 fn usage(message: String) -> anyhow::Error {
@@ -103,7 +103,7 @@ fn write_whole(path: &Path, data: &[u8], what: &str) -> anyhow::Result<()> {
 }
 
 /// Runs `wattprof report`; returns the exit code.
-pub fn execute(args: ReportArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: ReportArgs) -> anyhow::Result<i32> {
     if args.files.len() == 2 {
         let only_one = [
             (args.metrics, "--metrics"),

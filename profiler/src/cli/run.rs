@@ -27,49 +27,49 @@ use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
         (see README).\n\n\
         Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
         failed, 126 if the command cannot be executed, 127 if it is not found.")]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// How often the tracker is read (e.g. 1s, 250ms). Totals are exact at
     /// any interval; shorter intervals give finer series and cost more.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 
     /// Write the recording as JSON to FILE (written when the command ends;
     /// layout in docs/recording.md).
     #[arg(long, short, value_name = "FILE")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
 
     #[command(flatten)]
-    pub energy: EnergyArgs,
+    pub(crate) energy: EnergyArgs,
 
     #[command(flatten)]
-    pub stacks: super::stacks::StackArgs,
+    pub(crate) stacks: super::stacks::StackArgs,
 
     /// Run the command as root even when wattprof was started with sudo
     /// (by default it runs as the user who invoked sudo).
     #[arg(long)]
-    pub as_root: bool,
+    pub(crate) as_root: bool,
 
     #[command(flatten)]
-    pub tracker: super::TrackerArgs,
+    pub(crate) tracker: super::TrackerArgs,
 
     /// Switch tracker: detect exits with the sched_process_exit tracepoint,
     /// as on kernels older than 5.18, even where the final context switch
     /// is available.
     #[arg(long, hide = true)]
-    pub legacy_exit_tracking: bool,
+    pub(crate) legacy_exit_tracking: bool,
 
     /// Switch tracker: time slices between context switches, as on kernels
     /// without BTF, instead of reading the scheduler's own counter.
     #[arg(long, hide = true)]
-    pub switch_timing: bool,
+    pub(crate) switch_timing: bool,
 
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 /// Runs `wattprof run`; returns the command's exit code.
-pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Cheap checks first: nothing is loaded or started if these fail.
     let (program, rest) = args
         .command

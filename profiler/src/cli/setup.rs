@@ -16,7 +16,7 @@ use crate::profile::{self, KeepIntervals, Profile, ProfileConfig, Readers, Scope
 use crate::tracker::{EbpfTracker, TrackerConfig};
 
 /// Parses `1s`, `250ms`, `2.5s`, `1m`, `500us`; between 10 ms and 1 hour.
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
     parse_duration_within(
         text,
         Duration::from_millis(10),
@@ -27,7 +27,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 
 /// Parses a duration like [`parse_interval`], between 10 ms and 30 days
 /// (with `h` and `d` units too).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     parse_duration_within(
         text,
         Duration::from_millis(10),

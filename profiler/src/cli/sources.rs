@@ -12,122 +12,122 @@ use crate::topology::SysRoot;
     after_help = "Readers are listed in order of preference; the first that works is \
     the one wattprof uses for CPU energy."
 )]
-pub struct SourcesArgs {
+pub(crate) struct SourcesArgs {
     /// Print JSON for scripts instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 
     /// Also read this OmegaWatt `wattmetre-read` log and report its frames,
     /// mean power and energy.
     #[arg(long, value_name = "FILE")]
-    pub wattmeter_log: Option<std::path::PathBuf>,
+    pub(crate) wattmeter_log: Option<std::path::PathBuf>,
 
     /// How CPU energy is estimated where no counter works.
     #[command(flatten)]
-    pub model: super::energy::ModelArgs,
+    pub(crate) model: super::energy::ModelArgs,
 
     /// Load NVML from this file instead of the driver's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
-    pub nvml_lib: Option<std::path::PathBuf>,
+    pub(crate) nvml_lib: Option<std::path::PathBuf>,
 
     /// Read every available reader twice, this long apart (e.g. 2s), and
     /// report readers that disagree by more than 5% on the same domain.
     #[arg(long, value_name = "DURATION", value_parser = super::setup::parse_interval)]
-    pub check: Option<std::time::Duration>,
+    pub(crate) check: Option<std::time::Duration>,
 
     /// Start this wattmeter command (e.g. "wattmetre-read --tty=/dev/ttyUSB0
     /// --nb=6"), read it for the --check duration (2 s by default), report,
     /// and stop it.
     #[arg(long, value_name = "CMD", conflicts_with = "wattmeter_log")]
-    pub wattmeter_cmd: Option<String>,
+    pub(crate) wattmeter_cmd: Option<String>,
 
     /// The wattmeter outlet the machine is plugged into (1-based: the log's
     /// `#activepowN` column). `--wattmeter-socket` is an older name.
     #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub wattmeter_outlet: u32,
+    pub(crate) wattmeter_outlet: u32,
 
     /// The host power model to show (`wattprof calibrate` writes it).
     /// [default: /var/lib/wattprof/power-model.json]
     #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
-    pub host_model: Option<std::path::PathBuf>,
+    pub(crate) host_model: Option<std::path::PathBuf>,
 }
 
 /// What a wattmeter log held.
 #[derive(Debug, Serialize)]
-pub struct WattmeterReport {
+pub(crate) struct WattmeterReport {
     /// The log.
-    pub log: String,
+    pub(crate) log: String,
     /// The outlet read (`socket` in the JSON, as before the rename).
     #[serde(rename = "socket")]
-    pub outlet: u32,
+    pub(crate) outlet: u32,
     /// Energy over the whole log (J).
-    pub energy_j: f64,
+    pub(crate) energy_j: f64,
     /// Frames and problems.
-    pub stats: wattmeter::WattmeterStats,
+    pub(crate) stats: wattmeter::WattmeterStats,
 }
 
 /// One reader's status.
 #[derive(Debug, Serialize)]
-pub struct ReaderStatus {
+pub(crate) struct ReaderStatus {
     /// Reader name.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// `in_use`, `available` or `missing`.
-    pub status: &'static str,
+    pub(crate) status: &'static str,
     /// What it reads, when found.
-    pub info: Option<SourceInfo>,
+    pub(crate) info: Option<SourceInfo>,
     /// Why it is missing.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// How to make it work.
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
 }
 
 /// The report `wattprof sources --json` prints.
 #[derive(Debug, Serialize)]
-pub struct SourcesReport {
+pub(crate) struct SourcesReport {
     /// Readers in order of preference.
-    pub readers: Vec<ReaderStatus>,
+    pub(crate) readers: Vec<ReaderStatus>,
     /// The reader wattprof uses for CPU energy, if any.
-    pub cpu_energy_reader: Option<&'static str>,
+    pub(crate) cpu_energy_reader: Option<&'static str>,
     /// The wattmeter log, when one was given.
-    pub wattmeter: Option<WattmeterReport>,
+    pub(crate) wattmeter: Option<WattmeterReport>,
     /// With `--check`: readers that disagreed (empty: all agreed within 5%).
-    pub disagreements: Option<Vec<crate::sources::Disagreement>>,
+    pub(crate) disagreements: Option<Vec<crate::sources::Disagreement>>,
     /// With `--check`: the readers compared.
-    pub checked: Vec<&'static str>,
+    pub(crate) checked: Vec<&'static str>,
     /// NVIDIA GPUs through NVML.
-    pub gpu: GpuStatus,
+    pub(crate) gpu: GpuStatus,
     /// Each CPU energy domain's static power, where it is known before a
     /// profile, and where it comes from.
-    pub static_power: StaticPowerStatus,
+    pub(crate) static_power: StaticPowerStatus,
 }
 
 /// Where `run` and `monitor` will take each domain's static power from.
 #[derive(Debug, Default, Serialize)]
-pub struct StaticPowerStatus {
+pub(crate) struct StaticPowerStatus {
     /// The host power model read (its path), if any.
-    pub host_model: Option<String>,
+    pub(crate) host_model: Option<String>,
     /// Figures known now: the host model's fits for the CPU reader in
     /// use, or the vCPU model's idle term.
-    pub figures: Vec<StaticLine>,
+    pub(crate) figures: Vec<StaticLine>,
     /// Why the model at the default place is not used, if it is not.
-    pub ignored: Option<String>,
+    pub(crate) ignored: Option<String>,
     /// What happens for domains with no figure here.
-    pub otherwise: String,
+    pub(crate) otherwise: String,
 }
 
 /// One domain's static figure.
 #[derive(Debug, Serialize)]
-pub struct StaticLine {
+pub(crate) struct StaticLine {
     /// Domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Package.
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Static power (W).
-    pub static_w: f64,
+    pub(crate) static_w: f64,
     /// Watts per busy CPU, for a fit.
-    pub per_cpu_w: Option<f64>,
+    pub(crate) per_cpu_w: Option<f64>,
     /// `host_model` or `shipped_model`.
-    pub static_source: crate::sources::static_power::StaticSource,
+    pub(crate) static_source: crate::sources::static_power::StaticSource,
 }
 
 /// The static figures `run` and `monitor` would start with.
@@ -185,19 +185,19 @@ fn static_status(
 
 /// The NVML reader's status.
 #[derive(Debug, Default, Serialize)]
-pub struct GpuStatus {
+pub(crate) struct GpuStatus {
     /// `in_use` or `missing`.
-    pub status: &'static str,
+    pub(crate) status: &'static str,
     /// The GPUs found.
-    pub gpus: Vec<nvml::GpuInfo>,
+    pub(crate) gpus: Vec<nvml::GpuInfo>,
     /// Why NVML cannot be used.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// How to make it work.
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
 }
 
 /// Probes NVML.
-pub fn probe_gpus(lib: Option<&std::ffi::OsStr>) -> GpuStatus {
+pub(crate) fn probe_gpus(lib: Option<&std::ffi::OsStr>) -> GpuStatus {
     match nvml::NvmlGpus::open(lib) {
         Ok(g) => GpuStatus {
             status: "in_use",
@@ -245,7 +245,7 @@ fn status(name: &'static str, opened: Result<SourceInfo, SourceError>) -> Reader
 /// Probes every reader on the machine described by `sys`, `msr_root` and
 /// `cpuinfo`; the power model `model` asks for stands in when no counter
 /// works.
-pub fn probe(
+pub(crate) fn probe(
     sys: &SysRoot,
     msr_root: &msr::MsrRoot,
     cpuinfo: &str,
@@ -320,7 +320,7 @@ pub fn probe(
 }
 
 /// Reads every reader that opens, twice, `over` apart, and compares them.
-pub fn check_readers(
+pub(crate) fn check_readers(
     sys: &SysRoot,
     msr_root: &msr::MsrRoot,
     cpuinfo: &str,
@@ -382,7 +382,7 @@ pub fn check_readers(
 }
 
 /// Runs a wattmeter command for `over`, then stops it.
-pub fn read_wattmeter_cmd(
+pub(crate) fn read_wattmeter_cmd(
     cmd: &str,
     outlet: u32,
     over: std::time::Duration,
@@ -411,7 +411,7 @@ pub fn read_wattmeter_cmd(
 }
 
 /// Reads a whole wattmeter log.
-pub fn read_wattmeter_log(
+pub(crate) fn read_wattmeter_log(
     path: &std::path::Path,
     outlet: u32,
 ) -> Result<WattmeterReport, SourceError> {
@@ -451,7 +451,7 @@ fn describe_domains(domains: &[(Domain, Option<u32>)]) -> String {
 }
 
 /// Renders the text form.
-pub fn render(report: &SourcesReport) -> String {
+pub(crate) fn render(report: &SourcesReport) -> String {
     let mut out = String::from("CPU energy readers, in order of preference:\n");
     for r in &report.readers {
         out.push_str(&format!(
@@ -608,7 +608,7 @@ pub fn render(report: &SourcesReport) -> String {
 }
 
 /// Runs `wattprof sources`.
-pub fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
     args.model.check().map_err(super::Fatal::profiler)?;
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let mut report = probe(

@@ -11,38 +11,38 @@ use crate::tracker::stacks::{MAX_HZ, StackSampler};
 
 /// Energy flame graphs: options shared by `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct StackArgs {
+pub(crate) struct StackArgs {
     /// Sample user and kernel stacks on every CPU (software cpu-clock
     /// event: works in VMs) and divide each process's energy over its
     /// stacks by their samples, interval by interval. Implied by
     /// --stacks-out and --flamegraph. User stacks need frame pointers
     /// (see README).
     #[arg(long, help_heading = "Energy flame graphs")]
-    pub stacks: bool,
+    pub(crate) stacks: bool,
 
     /// Stack samples per second per CPU (1 to 10000; default 99, whose
     /// cost is in BENCHMARKS.md). Implies --stacks.
     #[arg(long, value_name = "HZ", value_parser = parse_hz,
           help_heading = "Energy flame graphs")]
-    pub stack_hz: Option<u32>,
+    pub(crate) stack_hz: Option<u32>,
 
     /// Write folded stacks weighted in microjoules to FILE, one line per
     /// domain, process and stack: `package;python3;main;train 123456`
     /// (flamegraph.pl, inferno, speedscope read it; keep one domain with
     /// `grep '^package;' FILE | cut -d';' -f2-`).
     #[arg(long, value_name = "FILE", help_heading = "Energy flame graphs")]
-    pub stacks_out: Option<PathBuf>,
+    pub(crate) stacks_out: Option<PathBuf>,
 
     /// Draw an interactive SVG energy flame graph to FILE (width = energy;
     /// hover for joules, click to zoom, Ctrl-F to search).
     #[arg(long, value_name = "FILE.svg", help_heading = "Energy flame graphs")]
-    pub flamegraph: Option<PathBuf>,
+    pub(crate) flamegraph: Option<PathBuf>,
 
     /// The domain the flame graph shows (default: package where it has
     /// energy, else the first domain that has). Implies --stacks.
     #[arg(long, value_name = "DOMAIN", value_parser = ["package", "core", "dram", "gpu", "wall"],
           help_heading = "Energy flame graphs")]
-    pub flamegraph_domain: Option<String>,
+    pub(crate) flamegraph_domain: Option<String>,
 
     /// Most distinct (process, stack) entries kept (default 100000); past
     /// it new stacks are merged into one `[other stacks]` frame per
@@ -51,12 +51,12 @@ pub struct StackArgs {
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=10_000_000),
           help_heading = "Energy flame graphs")]
-    pub stacks_max: Option<u64>,
+    pub(crate) stacks_max: Option<u64>,
 }
 
 /// Stack samples per second per CPU by default: off the beat of periodic
 /// work at 100 Hz, the usual choice of `perf record -F 99`.
-pub const DEFAULT_HZ: u32 = 99;
+pub(crate) const DEFAULT_HZ: u32 = 99;
 
 fn parse_hz(s: &str) -> Result<u32, String> {
     let hz: u32 = s
@@ -81,7 +81,7 @@ pub(super) struct StackOutputs {
 
 impl StackArgs {
     /// Whether stacks are sampled.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.stacks
             || self.stacks_out.is_some()
             || self.flamegraph.is_some()

@@ -11,7 +11,7 @@
 //! and an idle keep-alive connection for [`IDLE_TIMEOUT`]. bcrypt checks
 //! run on tokio's blocking pool, once per user and password.
 
-pub mod web_config;
+pub(crate) mod web_config;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,24 +28,24 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::output::prometheus::{self, Snapshot, classic_text, openmetrics};
-pub use web_config::{WebConfig, WebConfigError};
+pub(crate) use web_config::WebConfig;
 
 /// Connections served at once; more are answered 503 and closed.
-pub const MAX_CONNECTIONS: usize = 16;
+pub(crate) const MAX_CONNECTIONS: usize = 16;
 /// Longest request head read (hyper's smallest buffer is 8 KiB).
-pub const MAX_REQUEST: usize = 16 * 1024;
+pub(crate) const MAX_REQUEST: usize = 16 * 1024;
 /// Time a client has to send its request head, finish a TLS handshake, or
 /// take each part of the answer.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A keep-alive connection with nothing sent for this long is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The latest snapshot, shared with the server.
-pub type Shared = Arc<Mutex<Arc<Snapshot>>>;
+pub(crate) type Shared = Arc<Mutex<Arc<Snapshot>>>;
 
 /// Parses `--prometheus`: `HOST:PORT`, `[v6]:PORT`, or a bare port (on
 /// 127.0.0.1).
-pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     if let Ok(port) = text.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
@@ -61,7 +61,7 @@ fn thread_cpu_ns() -> u64 {
 
 /// What one request gets: status, content type, body. `accept` is the
 /// request's `Accept` header (lowercase).
-pub fn answer(
+pub(crate) fn answer(
     method: &Method,
     path: &str,
     accept: &str,
@@ -106,13 +106,13 @@ pub fn answer(
 
 /// What serving has cost so far.
 #[derive(Debug, Default)]
-pub struct ScrapeCost {
+pub(crate) struct ScrapeCost {
     /// `/metrics` answers served.
-    pub scrapes: AtomicU64,
+    pub(crate) scrapes: AtomicU64,
     /// CPU time of the exporter's thread (accepting, TLS, parsing,
     /// building and sending answers), read at each scrape, plus that of
     /// its bcrypt checks (ns).
-    pub cpu_ns: AtomicU64,
+    pub(crate) cpu_ns: AtomicU64,
     /// CPU time of bcrypt checks so far (ns).
     auth_cpu_ns: AtomicU64,
 }
@@ -327,18 +327,16 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
 
 /// A running exporter.
 #[derive(Debug)]
-pub struct Exporter {
+pub(crate) struct Exporter {
     /// Where it listens.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// Whether it answers over TLS (`https://`).
-    pub tls: bool,
-    /// What serving scrapes has cost.
-    pub cost: Arc<ScrapeCost>,
+    pub(crate) tls: bool,
 }
 
 impl Exporter {
     /// The URL of its metrics.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!(
             "{}://{}/metrics",
             if self.tls { "https" } else { "http" },
@@ -349,7 +347,7 @@ impl Exporter {
 
 /// Binds `addr` and serves `shared` on the `wattprof-http` thread, with
 /// `web`'s TLS and users when given.
-pub fn serve(
+pub(crate) fn serve(
     addr: SocketAddr,
     shared: Shared,
     web: Option<WebConfig>,
@@ -368,7 +366,7 @@ pub fn serve(
     let state = Arc::new(State {
         shared,
         web: web.map(Arc::new),
-        cost: cost.clone(),
+        cost,
     });
     // Registered with the runtime's reactor on its own thread.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -390,7 +388,7 @@ pub fn serve(
     ready_rx
         .recv()
         .map_err(|_| std::io::Error::other("the exporter's thread ended at start"))??;
-    Ok(Exporter { addr, tls, cost })
+    Ok(Exporter { addr, tls })
 }
 
 #[cfg(test)]

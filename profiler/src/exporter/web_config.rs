@@ -68,9 +68,9 @@ struct HttpFile {
 
 /// A loaded `--web-config`.
 #[derive(Debug)]
-pub struct WebConfig {
+pub(crate) struct WebConfig {
     /// The TLS setup, when the file has `tls_server_config`.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     /// Users and their bcrypt hashes; empty: no authentication.
     users: HashMap<String, String>,
     /// A hash of the users' cost, checked for unknown users so a wrong
@@ -78,7 +78,7 @@ pub struct WebConfig {
     /// enumeration by timing).
     dummy: String,
     /// Headers added to every answer.
-    pub headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+    pub(crate) headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     /// `Authorization` values already checked good: bcrypt costs tens of
     /// milliseconds by design, far more than a scrape, so each
     /// user/password pair is verified once (exporter-toolkit does the
@@ -93,14 +93,14 @@ const MAX_VERIFIED: usize = 64;
 /// what to change.
 #[derive(Debug, thiserror::Error)]
 #[error("--web-config {}: {message}", path.display())]
-pub struct WebConfigError {
+pub(crate) struct WebConfigError {
     path: PathBuf,
     message: String,
 }
 
 /// What an `Authorization` header gets.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Auth {
+pub(crate) enum Auth {
     /// Let through.
     Allowed,
     /// Not let through (401).
@@ -114,7 +114,7 @@ impl WebConfig {
     /// Reads and checks `path`: certificates and keys are loaded and every
     /// hash is parsed now, so a bad file fails at start, not at the first
     /// scrape.
-    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, WebConfigError> {
         let fail = |message: String| WebConfigError {
             path: path.to_path_buf(),
             message,
@@ -201,12 +201,13 @@ impl WebConfig {
     }
 
     /// Whether answers need a user and password.
-    pub fn needs_auth(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn needs_auth(&self) -> bool {
         !self.users.is_empty()
     }
 
     /// What a request with this `Authorization` header value gets.
-    pub fn check(&self, authorization: Option<&[u8]>) -> Auth {
+    pub(crate) fn check(&self, authorization: Option<&[u8]>) -> Auth {
         if self.users.is_empty() {
             return Auth::Allowed;
         }
@@ -226,7 +227,7 @@ impl WebConfig {
 
     /// The bcrypt check of an `Authorization` value (slow by design: call
     /// it off the I/O thread). Good values are remembered.
-    pub fn verify(&self, authorization: &str) -> bool {
+    pub(crate) fn verify(&self, authorization: &str) -> bool {
         let Some((user, password)) = basic_credentials(authorization) else {
             return false;
         };

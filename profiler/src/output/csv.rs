@@ -14,7 +14,7 @@ use super::{DomainReport, EnergyJ, HostReport, RunReport};
 use crate::sources::Domain;
 
 /// codecarbon 3.3's columns, in its order (`EmissionsData`).
-pub const COLUMNS: [&str; 38] = [
+pub(crate) const COLUMNS: [&str; 38] = [
     "timestamp",
     "project_name",
     "run_id",
@@ -58,29 +58,29 @@ pub const COLUMNS: [&str; 38] = [
 /// What a codecarbon row is made of: a recording's figures, or those
 /// `report` read back (`report::Summary::emissions`).
 #[derive(Clone, Copy, Debug)]
-pub struct Emissions<'a> {
+pub(crate) struct Emissions<'a> {
     /// `run` or `monitor`.
-    pub mode: &'a str,
+    pub(crate) mode: &'a str,
     /// Wall-clock start (ns since the epoch).
-    pub start_unix_ns: u64,
+    pub(crate) start_unix_ns: u64,
     /// Length (ns).
-    pub wall_ns: u64,
+    pub(crate) wall_ns: u64,
     /// The command (`run`).
-    pub argv: Option<&'a [String]>,
+    pub(crate) argv: Option<&'a [String]>,
     /// The command tree's energy.
-    pub tree: &'a EnergyJ,
+    pub(crate) tree: &'a EnergyJ,
     /// Per domain.
-    pub domains: &'a [DomainReport],
+    pub(crate) domains: &'a [DomainReport],
     /// gCO2eq per kWh.
-    pub g_per_kwh: f64,
+    pub(crate) g_per_kwh: f64,
     /// Possible CPUs, where known.
-    pub cpus: Option<usize>,
+    pub(crate) cpus: Option<usize>,
     /// Busy CPU time (ns).
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// All CPUs' accounting windows (ns), where known.
-    pub window_ns: Option<u64>,
+    pub(crate) window_ns: Option<u64>,
     /// The machine.
-    pub host: &'a HostReport,
+    pub(crate) host: &'a HostReport,
 }
 
 impl<'a> From<&'a RunReport> for Emissions<'a> {
@@ -105,7 +105,11 @@ impl<'a> From<&'a RunReport> for Emissions<'a> {
 /// energy (what it cost), `monitor` the machine's measured energy
 /// (`tracking_mode` says which, as codecarbon's `process`/`machine`).
 /// `ram_total_gb` is the machine's memory, `run_id` a fresh UUID.
-pub fn emissions_row(r: Emissions<'_>, ram_total_gb: Option<f64>, run_id: &str) -> Vec<String> {
+pub(crate) fn emissions_row(
+    r: Emissions<'_>,
+    ram_total_gb: Option<f64>,
+    run_id: &str,
+) -> Vec<String> {
     let duration_s = r.wall_ns as f64 / 1e9;
     let tree = r.mode == "run";
     let (cpu_j, ram_j, gpu_j) = if tree {
@@ -199,7 +203,7 @@ pub fn emissions_row(r: Emissions<'_>, ram_total_gb: Option<f64>, run_id: &str) 
 /// codecarbon's emissions.csv (a file with other columns is refused rather
 /// than mixed into), and writable. Creates nothing: `run` and `monitor`
 /// call it before measuring, [`append`] again at the end.
-pub fn check(path: &Path) -> Result<(), String> {
+pub(crate) fn check(path: &Path) -> Result<(), String> {
     match std::fs::File::open(path) {
         Ok(f) => {
             let mut first = String::new();
@@ -238,7 +242,7 @@ pub fn check(path: &Path) -> Result<(), String> {
 
 /// Appends `row` to the emissions file at `path` (see [`check`]), writing
 /// the header first into an empty or new file.
-pub fn append(path: &Path, row: &[String]) -> Result<(), String> {
+pub(crate) fn append(path: &Path, row: &[String]) -> Result<(), String> {
     check(path)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -261,7 +265,7 @@ pub fn append(path: &Path, row: &[String]) -> Result<(), String> {
 /// The per-interval CSV's columns (`--csv-intervals`): one row per
 /// interval and domain, in the units of codecarbon's file where it has the
 /// figure (kWh, kg) and the recording's otherwise (J, W, s).
-pub const INTERVAL_COLUMNS: [&str; 19] = [
+pub(crate) const INTERVAL_COLUMNS: [&str; 19] = [
     "timestamp",
     "t_s",
     "duration_s",
@@ -285,7 +289,7 @@ pub const INTERVAL_COLUMNS: [&str; 19] = [
 
 /// The rows of one interval (see [`INTERVAL_COLUMNS`]): `start_unix_ns` is
 /// the profile's start, `g_per_kwh` its carbon intensity.
-pub fn interval_rows(
+pub(crate) fn interval_rows(
     iv: &IntervalRecord,
     start_unix_ns: u64,
     g_per_kwh: f64,
@@ -325,7 +329,7 @@ pub fn interval_rows(
 /// disk) stops it, said once, and cuts off what it wrote in part; the rest
 /// of the profile goes on.
 #[derive(Debug)]
-pub struct IntervalCsv {
+pub(crate) struct IntervalCsv {
     file: std::fs::File,
     rows: Vec<u8>,
     /// Bytes of complete intervals written.
@@ -336,7 +340,7 @@ pub struct IntervalCsv {
 
 impl IntervalCsv {
     /// Creates (truncates) `path` and writes the header.
-    pub fn create(path: &Path) -> Result<Self, String> {
+    pub(crate) fn create(path: &Path) -> Result<Self, String> {
         let err = |e: &dyn std::fmt::Display| {
             format!(
                 "cannot write --csv-intervals {}: {e} (check that the directory exists and is \
@@ -358,7 +362,7 @@ impl IntervalCsv {
     }
 
     /// Why the file stopped early, if it did.
-    pub fn failure(&self) -> Option<&str> {
+    pub(crate) fn failure(&self) -> Option<&str> {
         self.failed.as_deref()
     }
 
@@ -391,7 +395,7 @@ impl IntervalCsv {
     }
 
     /// Writes one interval's rows.
-    pub fn write(&mut self, iv: &IntervalRecord, start_unix_ns: u64, g_per_kwh: f64) {
+    pub(crate) fn write(&mut self, iv: &IntervalRecord, start_unix_ns: u64, g_per_kwh: f64) {
         if self.failed.is_some() {
             return;
         }
@@ -407,7 +411,7 @@ impl IntervalCsv {
 }
 
 /// A fresh random UUID (version 4), as codecarbon's `run_id`.
-pub fn uuid4() -> String {
+pub(crate) fn uuid4() -> String {
     let mut b = [0u8; 16];
     // SAFETY: the buffer is valid for its length.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
@@ -433,7 +437,7 @@ pub fn uuid4() -> String {
 }
 
 /// `unix_ns` as ISO 8601 in UTC, microseconds (as Python's `isoformat`).
-pub fn iso8601_utc(unix_ns: u64) -> String {
+pub(crate) fn iso8601_utc(unix_ns: u64) -> String {
     let secs = unix_ns / 1_000_000_000;
     let micros = (unix_ns % 1_000_000_000) / 1000;
     let days = (secs / 86_400) as i64;
@@ -457,7 +461,7 @@ pub fn iso8601_utc(unix_ns: u64) -> String {
 }
 
 /// The machine's memory (GB, as codecarbon's `ram_total_size`).
-pub fn ram_total_gb() -> Option<f64> {
+pub(crate) fn ram_total_gb() -> Option<f64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb: f64 = meminfo
         .lines()

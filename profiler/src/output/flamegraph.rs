@@ -12,7 +12,7 @@ use crate::sources::Domain;
 /// The domains a flame graph can weigh by; each one's name
 /// ([`Domain::name`]) is the folded file's first frame and what
 /// `--flamegraph-domain` takes.
-pub const DOMAINS: [Domain; 5] = [
+pub(crate) const DOMAINS: [Domain; 5] = [
     Domain::Package,
     Domain::Core,
     Domain::Dram,
@@ -22,7 +22,7 @@ pub const DOMAINS: [Domain; 5] = [
 
 /// The energy of the domain named `domain` in `e` (0 for an unknown
 /// name).
-pub fn domain_uj(domain: &str, e: &EnergyBy) -> u64 {
+pub(crate) fn domain_uj(domain: &str, e: &EnergyBy) -> u64 {
     DOMAINS
         .iter()
         .find(|d| d.name() == domain)
@@ -42,7 +42,7 @@ fn clean(frame: &str) -> std::borrow::Cow<'_, str> {
 /// Folded lines (`[domain;]process;frame;...;frame µJ`), sorted, for one
 /// domain (no prefix) or for every domain with energy (each line prefixed
 /// by its domain). Entries with no energy in a domain are left out of it.
-pub fn folded_lines(ledger: &StackLedger, domain: Option<&str>) -> Vec<String> {
+pub(crate) fn folded_lines(ledger: &StackLedger, domain: Option<&str>) -> Vec<String> {
     let mut lines = Vec::new();
     for d in DOMAINS {
         let name = d.name();
@@ -75,7 +75,7 @@ pub fn folded_lines(ledger: &StackLedger, domain: Option<&str>) -> Vec<String> {
 
 /// The folded stacks of every domain (each line starts with its domain),
 /// as a file's bytes; and how many lines.
-pub fn folded(ledger: &StackLedger) -> (Vec<u8>, usize) {
+pub(crate) fn folded(ledger: &StackLedger) -> (Vec<u8>, usize) {
     let lines = folded_lines(ledger, None);
     let mut out = Vec::new();
     for l in &lines {
@@ -87,7 +87,7 @@ pub fn folded(ledger: &StackLedger) -> (Vec<u8>, usize) {
 
 /// The domain a flame graph shows when none is asked for: package where it
 /// has energy, else the first domain that has any.
-pub fn default_domain(ledger: &StackLedger) -> &'static str {
+pub(crate) fn default_domain(ledger: &StackLedger) -> &'static str {
     let has = |d: Domain| ledger.entries().any(|(_, _, w)| w.energy.of(d) > 0);
     DOMAINS
         .into_iter()
@@ -98,7 +98,7 @@ pub fn default_domain(ledger: &StackLedger) -> &'static str {
 /// The energy flame graph of `domain` (an interactive SVG: hover for a
 /// frame's joules, click to zoom, Ctrl-F to search); `what` is said in
 /// the title (the command, or "monitor").
-pub fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Vec<u8>> {
+pub(crate) fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Vec<u8>> {
     let lines = folded_lines(ledger, Some(domain));
     let total_uj: u64 = ledger
         .entries()
@@ -147,56 +147,56 @@ pub fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Ve
 
 /// The recording's stack section (`stacks`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StackReport {
+pub(crate) struct StackReport {
     /// Samples per second per CPU.
-    pub hz: u32,
+    pub(crate) hz: u32,
     /// CPUs sampled.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
     /// Samples of tasks the kernel took (all processes).
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Samples of the processes profiled (the command's tree in `run`).
-    pub profiled_samples: u64,
+    pub(crate) profiled_samples: u64,
     /// Samples of processes that came and went unseen by the tracker
     /// (their energy too is the rest of the machine's).
-    pub unknown_samples: u64,
+    pub(crate) unknown_samples: u64,
     /// Samples of idle CPUs (not reported).
-    pub idle_samples: u64,
+    pub(crate) idle_samples: u64,
     /// Samples lost because the ring buffer was full.
-    pub lost_samples: u64,
+    pub(crate) lost_samples: u64,
     /// Execs lost (their files may be named `[unknown]`).
-    pub lost_execs: u64,
+    pub(crate) lost_execs: u64,
     /// Samples of stacks merged into `[other stacks]` (the bound was
     /// reached).
-    pub merged_samples: u64,
+    pub(crate) merged_samples: u64,
     /// Distinct stacks.
-    pub stacks: usize,
+    pub(crate) stacks: usize,
     /// (process, stack) entries held.
-    pub entries: usize,
+    pub(crate) entries: usize,
     /// Memory those took (bytes, estimated).
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// The functions with the most energy (whole stacks: `energy`; as the
     /// innermost frame: `self_energy`).
-    pub functions: Vec<FunctionReport>,
+    pub(crate) functions: Vec<FunctionReport>,
 }
 
 /// One function's energy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FunctionReport {
+pub(crate) struct FunctionReport {
     /// The frame's name.
-    pub function: String,
+    pub(crate) function: String,
     /// Samples with it anywhere on the stack.
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Samples with it innermost.
-    pub self_samples: u64,
+    pub(crate) self_samples: u64,
     /// Energy of the stacks it is on.
-    pub energy: EnergyJ,
+    pub(crate) energy: EnergyJ,
     /// Energy of the stacks it is innermost in.
-    pub self_energy: EnergyJ,
+    pub(crate) self_energy: EnergyJ,
 }
 
 /// The top `top` functions of a ledger, by their own energy (as the
 /// innermost frame: the code to change), then by total energy.
-pub fn functions(
+pub(crate) fn functions(
     ledger: &StackLedger,
     top: usize,
     span_ns: u64,

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 /// A JSON-lines stream, one complete line per write.
 #[derive(Debug)]
-pub struct Jsonl {
+pub(crate) struct Jsonl {
     file: std::fs::File,
     path: PathBuf,
     line: Vec<u8>,
@@ -21,7 +21,7 @@ pub struct Jsonl {
 
 impl Jsonl {
     /// Creates (truncates) `path`.
-    pub fn create(path: &Path) -> std::io::Result<Self> {
+    pub(crate) fn create(path: &Path) -> std::io::Result<Self> {
         Ok(Self {
             file: std::fs::File::create(path)?,
             path: path.to_path_buf(),
@@ -32,7 +32,7 @@ impl Jsonl {
     }
 
     /// Why the stream stopped early (a failed write), if it did.
-    pub fn failure(&self) -> Option<&str> {
+    pub(crate) fn failure(&self) -> Option<&str> {
         self.failed.as_deref()
     }
 
@@ -41,7 +41,7 @@ impl Jsonl {
     /// A failed write (a full disk) stops the stream, said once: a line
     /// written in part is cut off, so the file still ends with its last
     /// complete record, and the final report is still written.
-    pub fn write(&mut self, record: &impl Serialize) {
+    pub(crate) fn write(&mut self, record: &impl Serialize) {
         if self.failed.is_some() {
             return;
         }
@@ -76,13 +76,13 @@ impl Jsonl {
 
 /// A record with its `type` added: `{"type": kind, ...record}`.
 #[derive(Serialize)]
-pub struct Typed<'a, T: Serialize> {
+pub(crate) struct Typed<'a, T: Serialize> {
     /// `header`, `window`, `summary`.
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// The record's own fields.
     #[serde(flatten)]
-    pub record: &'a T,
+    pub(crate) record: &'a T,
 }
 
 #[cfg(test)]

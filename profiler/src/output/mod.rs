@@ -1,15 +1,15 @@
 //! What a run reports: the JSON document and the table printed at the end.
 
-pub mod csv;
-pub mod flamegraph;
-pub mod jsonl;
-pub mod prometheus;
-pub mod record;
-pub mod spill;
+pub(crate) mod csv;
+pub(crate) mod flamegraph;
+pub(crate) mod jsonl;
+pub(crate) mod prometheus;
+pub(crate) mod record;
+pub(crate) mod spill;
 pub(crate) mod table;
-pub mod vm_export;
+pub(crate) mod vm_export;
 
-pub use table::{By, container_label, render_monitor_frame, render_run_table};
+pub(crate) use table::{By, render_monitor_frame, render_run_table};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,15 +20,15 @@ use crate::sources::Domain;
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub const RUN_SCHEMA_VERSION: u32 = 4;
+pub(crate) const RUN_SCHEMA_VERSION: u32 = 4;
 
 /// The oldest layout `wattprof report` still reads (2: before the static
 /// and dynamic split, whose figures read as 0).
-pub const RUN_SCHEMA_OLDEST: u32 = 2;
+pub(crate) const RUN_SCHEMA_OLDEST: u32 = 2;
 
 /// Per-CPU times accumulated over a run.
 #[derive(Clone, Debug, Default)]
-pub struct MachineTimes {
+pub(crate) struct MachineTimes {
     cpus: Vec<CpuTimes>,
     events_lost: u64,
     discarded_ns: u64,
@@ -37,7 +37,7 @@ pub struct MachineTimes {
 
 impl MachineTimes {
     /// Adds one sample's CPU times.
-    pub fn add(&mut self, sample: &CpuSample) {
+    pub(crate) fn add(&mut self, sample: &CpuSample) {
         if self.cpus.len() < sample.cpus.len() {
             self.cpus.resize(sample.cpus.len(), CpuTimes::default());
         }
@@ -58,11 +58,6 @@ impl MachineTimes {
         self.samples += 1;
     }
 
-    /// Per-CPU totals.
-    pub fn cpus(&self) -> &[CpuTimes] {
-        &self.cpus
-    }
-
     fn sum(&self, f: impl Fn(&CpuTimes) -> u64) -> u64 {
         self.cpus.iter().map(f).sum()
     }
@@ -70,39 +65,39 @@ impl MachineTimes {
 
 /// Energy in joules, with average power and CO2.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct EnergyJ {
+pub(crate) struct EnergyJ {
     /// CPU package energy (J); includes `core_j`.
-    pub package_j: f64,
+    pub(crate) package_j: f64,
     /// Core (PP0) energy (J), where the CPU reports it.
-    pub core_j: f64,
+    pub(crate) core_j: f64,
     /// DRAM energy (J).
-    pub dram_j: f64,
+    pub(crate) dram_j: f64,
     /// GPU energy (J).
-    pub gpu_j: f64,
+    pub(crate) gpu_j: f64,
     /// package + DRAM + GPU (J).
-    pub total_j: f64,
+    pub(crate) total_j: f64,
     /// `total_j` over the time span it was measured over (W).
-    pub avg_power_w: f64,
+    pub(crate) avg_power_w: f64,
     /// CO2 equivalent (g) at the run's carbon intensity.
-    pub co2_g: f64,
+    pub(crate) co2_g: f64,
     /// The same energy seen at the wall, from `--calibration` (J): the
     /// counters' energy scaled by the calibration's slope (absent without
     /// one).
     #[serde(default, skip_serializing_if = "record::is_zero")]
-    pub wall_j: f64,
+    pub(crate) wall_j: f64,
     /// The static part of `total_j` (J): static power × its share of the
     /// CPUs' time (`--static-power`). 0 in recordings before schema 3.
     #[serde(default)]
-    pub static_j: f64,
+    pub(crate) static_j: f64,
     /// The dynamic part of `total_j` (J): what its running caused.
     #[serde(default)]
-    pub dynamic_j: f64,
+    pub(crate) dynamic_j: f64,
 }
 
 impl EnergyJ {
     /// From joules read back (`report`): totals, power and CO2 made as
     /// [`EnergyJ::new`] makes them.
-    pub fn of_joules(
+    pub(crate) fn of_joules(
         package_j: f64,
         core_j: f64,
         dram_j: f64,
@@ -128,7 +123,7 @@ impl EnergyJ {
 
     /// The domains a sum reports apart (core is inside package), with
     /// their joules, named as everywhere ([`Domain::name`]).
-    pub fn by_domain(&self) -> [(&'static str, f64); 3] {
+    pub(crate) fn by_domain(&self) -> [(&'static str, f64); 3] {
         [
             (Domain::Package.name(), self.package_j),
             (Domain::Dram.name(), self.dram_j),
@@ -137,7 +132,7 @@ impl EnergyJ {
     }
 
     /// From microjoules over `span_ns`, at `g_per_kwh`.
-    pub fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
+    pub(crate) fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
         let j = record::joules;
         let total = e.total_uj();
         Self {
@@ -157,79 +152,79 @@ impl EnergyJ {
 
 /// Peak memory of a process over the run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryReport {
+pub(crate) struct MemoryReport {
     /// Highest PSS seen (bytes).
-    pub peak_pss_bytes: u64,
+    pub(crate) peak_pss_bytes: u64,
     /// Highest USS seen (bytes).
-    pub peak_uss_bytes: u64,
+    pub(crate) peak_uss_bytes: u64,
     /// Highest GPU memory seen, all GPUs (bytes).
-    pub peak_gpu_bytes: u64,
+    pub(crate) peak_gpu_bytes: u64,
 }
 
 /// One process in the run document. Times are ns since the run started.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProcessReport {
+pub(crate) struct ProcessReport {
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Parent process id.
-    pub ppid: Option<u32>,
+    pub(crate) ppid: Option<u32>,
     /// Name after its last exec (at most 15 bytes, as the kernel keeps it).
-    pub comm: String,
+    pub(crate) comm: String,
     /// On-CPU ns, all threads.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// On-CPU ns per package (dense index, see `machine.package_ids`).
     #[serde(alias = "on_cpu_ns_per_socket")]
-    pub on_cpu_ns_per_package: Vec<u64>,
+    pub(crate) on_cpu_ns_per_package: Vec<u64>,
     /// When it was forked, if during the run.
-    pub start_ns: Option<u64>,
+    pub(crate) start_ns: Option<u64>,
     /// When it exited; null if still running at the end.
-    pub exit_ns: Option<u64>,
+    pub(crate) exit_ns: Option<u64>,
     /// Energy attributed to it (power over its lifetime within the run).
-    pub energy: EnergyJ,
+    pub(crate) energy: EnergyJ,
     /// Peak memory.
-    pub memory: MemoryReport,
+    pub(crate) memory: MemoryReport,
     /// cgroup v2 path at its last context switch, when known.
-    pub cgroup: Option<String>,
+    pub(crate) cgroup: Option<String>,
 }
 
 /// The profiled command.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CommandReport {
+pub(crate) struct CommandReport {
     /// The command line.
-    pub argv: Vec<String>,
+    pub(crate) argv: Vec<String>,
     /// Its process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Exit code, when it exited normally.
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// Signal that killed it, if one did.
-    pub signal: Option<i32>,
+    pub(crate) signal: Option<i32>,
     /// On-CPU ns of the whole tree.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Processes in the tree.
-    pub processes: usize,
+    pub(crate) processes: usize,
     /// Energy of the whole tree.
-    pub energy: EnergyJ,
+    pub(crate) energy: EnergyJ,
 }
 
 /// Whole-machine figures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct MachineReport {
+pub(crate) struct MachineReport {
     /// Possible CPUs.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
     /// The kernel's package id of each dense package index.
-    pub package_ids: Vec<u32>,
+    pub(crate) package_ids: Vec<u32>,
     /// CPU time of all tasks.
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// CPU time charged to no task (window - busy - lost).
-    pub idle_ns: u64,
+    pub(crate) idle_ns: u64,
     /// Wall time with the idle task on CPU between context switches.
-    pub idle_task_ns: u64,
+    pub(crate) idle_task_ns: u64,
     /// Sum of every CPU's accounting window (busy + idle + lost).
-    pub window_ns: u64,
+    pub(crate) window_ns: u64,
     /// Per-task time summed over all processes (tree + wattprof + other).
-    pub attributed_ns: u64,
+    pub(crate) attributed_ns: u64,
     /// Context switches.
-    pub switches: u64,
+    pub(crate) switches: u64,
     /// Iterator tracker: thread time read beyond its package's capacity in
     /// its interval (a read delayed on a loaded machine). It is in its
     /// threads' `on_cpu_ns`, but its interval's energy did not cover it:
@@ -238,163 +233,163 @@ pub struct MachineReport {
     /// this time's share, and the idle row hold as much more; 0 on a quiet
     /// machine and with the switch tracker.
     #[serde(default)]
-    pub carried_ns: u64,
+    pub(crate) carried_ns: u64,
     /// Per CPU.
-    pub per_cpu: Vec<CpuTimes>,
+    pub(crate) per_cpu: Vec<CpuTimes>,
 }
 
 /// wattprof's own figures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProfilerReport {
+pub(crate) struct ProfilerReport {
     /// Which tracker measured on-CPU time.
-    pub tracker: crate::tracker::TrackerKind,
+    pub(crate) tracker: crate::tracker::TrackerKind,
     /// Why the switch tracker ran where `auto` wanted the iterator.
-    pub tracker_fallback: Option<String>,
+    pub(crate) tracker_fallback: Option<String>,
     /// Iterator tracker: threads its filter map could not hold (read at
     /// every interval instead; nothing is lost).
-    pub filter_overflow: u64,
+    pub(crate) filter_overflow: u64,
     /// Iterator tracker: exited threads whose final run time (the free
     /// event) never came, settled from their exit's reading (up to a tick
     /// short).
-    pub settled_from_exit: u64,
+    pub(crate) settled_from_exit: u64,
     /// Iterator tracker: threads gone with neither exit nor free seen (their
     /// records were lost); time after their last reading is not known.
-    pub vanished_threads: u64,
+    pub(crate) vanished_threads: u64,
     /// On-CPU ns of wattprof's threads, as the tracker measured them.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Kernel memory of the eBPF maps (bytes, as the kernel accounts it).
-    pub kernel_memory_bytes: u64,
+    pub(crate) kernel_memory_bytes: u64,
     /// How exits are detected.
-    pub exit_tracking: crate::tracker::ExitTracking,
+    pub(crate) exit_tracking: crate::tracker::ExitTracking,
     /// Which clock task time comes from.
-    pub task_clock: crate::tracker::TaskClock,
+    pub(crate) task_clock: crate::tracker::TaskClock,
     /// Whether in-progress slices were closed at each read.
-    pub flush_supported: bool,
+    pub(crate) flush_supported: bool,
     /// Capacity of the per-thread map.
-    pub max_tasks: u32,
+    pub(crate) max_tasks: u32,
     /// Sampling interval.
-    pub interval_ns: u64,
+    pub(crate) interval_ns: u64,
     /// Samples taken.
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Syscalls spent reading the per-thread map.
-    pub map_read_syscalls: u64,
+    pub(crate) map_read_syscalls: u64,
     /// Fork/exec/exit records that did not fit in the ring buffer.
-    pub events_lost: u64,
+    pub(crate) events_lost: u64,
     /// Time of exited threads whose final record was overwritten.
-    pub discarded_ns: u64,
+    pub(crate) discarded_ns: u64,
     /// Fork records whose task never showed up.
-    pub unmatched_forks: u64,
+    pub(crate) unmatched_forks: u64,
     /// `run`: processes of the tree that `/proc` no longer lists but whose
     /// end no record reported (their exit and free records were both
     /// lost): named from their fork and exec, with the time of their last
     /// reading (0 when no read saw them). Absent in older recordings.
     #[serde(default)]
-    pub ended_unseen: u64,
+    pub(crate) ended_unseen: u64,
     /// Outputs that stopped early (`--jsonl`, `--csv-intervals` on a full
     /// disk): one line each. wattprof then exits non-zero.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub output_errors: Vec<String>,
+    pub(crate) output_errors: Vec<String>,
 }
 
 /// One energy domain over the whole profile (J).
-pub type DomainReport = record::DomainOf<record::AveragePower>;
+pub(crate) type DomainReport = record::DomainOf<record::AveragePower>;
 
 /// Energy per group.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct GroupEnergy {
+pub(crate) struct GroupEnergy {
     /// The command tree (always zero in `monitor`).
-    pub tree: EnergyJ,
+    pub(crate) tree: EnergyJ,
     /// wattprof itself.
-    pub profiler: EnergyJ,
+    pub(crate) profiler: EnergyJ,
     /// Everything else.
-    pub other: EnergyJ,
+    pub(crate) other: EnergyJ,
 }
 
 /// Energy: what was read, how it was divided.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct EnergyReport {
+pub(crate) struct EnergyReport {
     /// The readers in use, and the kinds of energy not measured and why.
-    pub readers: Vec<crate::sources::registry::ReaderUse>,
+    pub(crate) readers: Vec<crate::sources::registry::ReaderUse>,
     /// Per domain, over the whole profile.
-    pub domains: Vec<DomainReport>,
+    pub(crate) domains: Vec<DomainReport>,
     /// Per group.
-    pub groups: GroupEnergy,
+    pub(crate) groups: GroupEnergy,
     /// gCO2eq per kWh used for `co2_g`.
-    pub carbon_intensity_g_per_kwh: f64,
+    pub(crate) carbon_intensity_g_per_kwh: f64,
     /// Where that figure comes from.
-    pub carbon_intensity_source: String,
+    pub(crate) carbon_intensity_source: String,
     /// Read failures (first few), for people.
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     /// How static power was shared (`capacity`, `busy`, `idle`) and each
     /// divided domain's figure; absent before schema 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub static_power: Option<StaticPowerReport>,
+    pub(crate) static_power: Option<StaticPowerReport>,
 }
 
 /// How static power was shared and where each figure came from.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StaticPowerReport {
+pub(crate) struct StaticPowerReport {
     /// `--static-power`.
-    pub rule: crate::attribution::StaticShare,
+    pub(crate) rule: crate::attribution::StaticShare,
     /// One line for people: the rule and each figure.
-    pub note: String,
+    pub(crate) note: String,
     /// Fits learned during the profile (a daemon's host model is made of
     /// these).
     #[serde(default)]
-    pub learned: Vec<LearnedFit>,
+    pub(crate) learned: Vec<LearnedFit>,
 }
 
 /// A static power fit learned during the profile.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LearnedFit {
+pub(crate) struct LearnedFit {
     /// Which domain.
-    pub domain: crate::sources::Domain,
+    pub(crate) domain: crate::sources::Domain,
     /// Its package.
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Static power (W).
-    pub static_w: f64,
+    pub(crate) static_w: f64,
     /// Watts per busy CPU.
-    pub per_cpu_w: f64,
+    pub(crate) per_cpu_w: f64,
     /// R².
-    pub r_squared: f64,
+    pub(crate) r_squared: f64,
     /// Intervals fitted.
-    pub intervals: u64,
+    pub(crate) intervals: u64,
 }
 
 /// One container's (or systemd unit's) use over the profile: the sum of
 /// its cgroups, processes that exited included.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ContainerReport {
+pub(crate) struct ContainerReport {
     /// Who made it.
-    pub runtime: crate::process::container::Runtime,
+    pub(crate) runtime: crate::process::container::Runtime,
     /// Container id, or unit name.
-    pub id: String,
+    pub(crate) id: String,
     /// Docker name, when the Docker daemon answered.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Kubernetes pod UID.
-    pub pod_uid: Option<String>,
+    pub(crate) pod_uid: Option<String>,
     /// Kubernetes QoS class.
-    pub qos: Option<String>,
+    pub(crate) qos: Option<String>,
     /// Its cgroup paths seen.
-    pub cgroups: Vec<String>,
+    pub(crate) cgroups: Vec<String>,
     /// On-CPU ns of its processes.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Energy attributed to its processes.
-    pub energy: EnergyJ,
+    pub(crate) energy: EnergyJ,
 }
 
 /// One cgroup's use over the profile.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CgroupReport {
+pub(crate) struct CgroupReport {
     /// cgroup v2 path (`/system.slice/docker-<id>.scope`), or `id:N` when
     /// the cgroup was gone before its path was read.
-    pub path: String,
+    pub(crate) path: String,
     /// cgroup v2 id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// On-CPU ns of its processes.
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Energy attributed to its processes.
-    pub energy: EnergyJ,
+    pub(crate) energy: EnergyJ,
 }
 
 /// A profiling window, with its energy as `E` and the machine's per
@@ -424,89 +419,89 @@ pub struct WindowOf<E, M> {
 }
 
 /// A profiling window in the report: J, and ns since the run started.
-pub type WindowReport = WindowOf<EnergyJ, WindowDomainReport>;
+pub(crate) type WindowReport = WindowOf<EnergyJ, WindowDomainReport>;
 
 /// A domain's measured energy in a window.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct WindowDomainReport {
+pub(crate) struct WindowDomainReport {
     /// Domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Package or GPU index.
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Measured (J).
-    pub measured_j: f64,
+    pub(crate) measured_j: f64,
     /// Average power (W).
-    pub avg_power_w: f64,
+    pub(crate) avg_power_w: f64,
     /// Modelled.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
 }
 
 /// The machine the profile ran on.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct HostReport {
+pub(crate) struct HostReport {
     /// Host name.
-    pub hostname: String,
+    pub(crate) hostname: String,
     /// Kernel release.
-    pub kernel: String,
+    pub(crate) kernel: String,
     /// CPU model name.
-    pub cpu_model: String,
+    pub(crate) cpu_model: String,
     /// GPUs found.
-    pub gpus: Vec<crate::sources::nvml::GpuInfo>,
+    pub(crate) gpus: Vec<crate::sources::nvml::GpuInfo>,
 }
 
 /// The JSON document `wattprof run --output` and `monitor --output` write
 /// (documented in docs/recording.md).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     /// Layout version.
-    pub schema_version: u32,
+    pub(crate) schema_version: u32,
     /// wattprof's version.
-    pub wattprof_version: String,
+    pub(crate) wattprof_version: String,
     /// `run` or `monitor`.
-    pub mode: String,
+    pub(crate) mode: String,
     /// Wall-clock start, ns since the Unix epoch.
-    pub start_unix_ns: u64,
+    pub(crate) start_unix_ns: u64,
     /// Length of the profile (monotonic).
-    pub wall_ns: u64,
+    pub(crate) wall_ns: u64,
     /// The machine.
-    pub host: HostReport,
+    pub(crate) host: HostReport,
     /// The command (`run`); null in `monitor`.
-    pub command: Option<CommandReport>,
+    pub(crate) command: Option<CommandReport>,
     /// Every process of the command's tree (`run`), or the processes with
     /// the most energy (`monitor`).
-    pub processes: Vec<ProcessReport>,
+    pub(crate) processes: Vec<ProcessReport>,
     /// On-CPU time per group.
-    pub groups: GroupTotals,
+    pub(crate) groups: GroupTotals,
     /// Energy.
-    pub energy: EnergyReport,
+    pub(crate) energy: EnergyReport,
     /// Per cgroup, most energy first.
-    pub cgroups: Vec<CgroupReport>,
+    pub(crate) cgroups: Vec<CgroupReport>,
     /// Per container and systemd unit, most energy first.
-    pub containers: Vec<ContainerReport>,
+    pub(crate) containers: Vec<ContainerReport>,
     /// Profiling windows, in the order they ended.
-    pub windows: Vec<WindowReport>,
+    pub(crate) windows: Vec<WindowReport>,
     /// Bad window messages (first few).
-    pub window_errors: Vec<String>,
+    pub(crate) window_errors: Vec<String>,
     /// Machine figures.
-    pub machine: MachineReport,
+    pub(crate) machine: MachineReport,
     /// Task time that could not be recorded per task (map full).
-    pub lost_ns: u64,
+    pub(crate) lost_ns: u64,
     /// wattprof's own cost and health.
-    pub profiler: ProfilerReport,
+    pub(crate) profiler: ProfilerReport,
     /// Energy per stack and function (`--stacks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stacks: Option<flamegraph::StackReport>,
+    pub(crate) stacks: Option<flamegraph::StackReport>,
     /// Per-interval series (see docs/recording.md); absent from the
     /// stream's summary.
     #[serde(default)]
-    pub intervals: spill::Intervals,
+    pub(crate) intervals: spill::Intervals,
 }
 
 impl RunReport {
     /// A recording of schema 2 (before the static and dynamic split) read
     /// as schema 3: its energy totals, which have no static part, are all
     /// dynamic (their `static_j` and `dynamic_j` read as 0 otherwise).
-    pub fn upgrade_from_schema_2(&mut self) {
+    pub(crate) fn upgrade_from_schema_2(&mut self) {
         if self.schema_version >= 3 {
             return;
         }
@@ -581,7 +576,7 @@ fn closed(cpus: &[CpuTimes]) -> Vec<CpuTimes> {
 
 impl MachineTimes {
     /// The machine section of a report.
-    pub fn report(&self, package_ids: Vec<u32>, attributed_ns: u64) -> MachineReport {
+    pub(crate) fn report(&self, package_ids: Vec<u32>, attributed_ns: u64) -> MachineReport {
         let cpus = closed(&self.cpus);
         let sum = |f: fn(&CpuTimes) -> u64| cpus.iter().map(f).sum();
         MachineReport {
@@ -599,7 +594,7 @@ impl MachineTimes {
     }
 
     /// Busy, idle and lost time over all CPUs (closed, as in the report).
-    pub fn totals(&self) -> (u64, u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64, u64) {
         let cpus = closed(&self.cpus);
         (
             cpus.iter().map(|c| c.busy_ns).sum(),
@@ -609,12 +604,12 @@ impl MachineTimes {
     }
 
     /// Lost task time over all CPUs.
-    pub fn lost_ns(&self) -> u64 {
+    pub(crate) fn lost_ns(&self) -> u64 {
         self.sum(|c| c.lost_ns)
     }
 
     /// Ring-buffer records lost, time discarded, samples taken.
-    pub fn health(&self) -> (u64, u64, u64) {
+    pub(crate) fn health(&self) -> (u64, u64, u64) {
         (self.events_lost, self.discarded_ns, self.samples)
     }
 }

@@ -13,11 +13,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit as PromUnit};
 
 /// Labels of one series.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// Counter or gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Only rises (exposed with `_total`).
     Counter,
     /// Goes up and down.
@@ -26,7 +26,7 @@ pub enum Kind {
 
 /// The unit a metric's name ends in (`# UNIT` in OpenMetrics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
+pub(crate) enum Unit {
     /// J.
     Joules,
     /// s.
@@ -37,20 +37,21 @@ pub enum Unit {
 
 /// One metric: its name, kind, unit and help, declared together.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Metric {
+pub(crate) struct Metric {
     /// Name without its unit and without `_total`.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Counter or gauge.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Unit, if it has one.
-    pub unit: Option<Unit>,
+    pub(crate) unit: Option<Unit>,
     /// One line for people.
-    pub help: &'static str,
+    pub(crate) help: &'static str,
 }
 
 impl Metric {
     /// The name series carry (without a counter's `_total`).
-    pub fn full_name(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn full_name(&self) -> String {
         match self.unit {
             Some(u) => format!("{}_{}", self.name, unit_name(u)),
             None => self.name.to_string(),
@@ -85,129 +86,130 @@ const fn gauge(name: &'static str, unit: Option<Unit>, help: &'static str) -> Me
 }
 
 /// Energy measured, per domain and package.
-pub const ENERGY: Metric = counter(
+pub(crate) const ENERGY: Metric = counter(
     "wattprof_energy",
     Unit::Joules,
     "Energy measured, per domain and package (or GPU index).",
 );
 /// Idle share of the measured energy.
-pub const IDLE_ENERGY: Metric = counter(
+pub(crate) const IDLE_ENERGY: Metric = counter(
     "wattprof_idle_energy",
     Unit::Joules,
     "Share of the measured energy that went to idle CPU time (or a GPU nobody held).",
 );
 /// The static part of the measured energy.
-pub const STATIC_ENERGY: Metric = counter(
+pub(crate) const STATIC_ENERGY: Metric = counter(
     "wattprof_static_energy",
     Unit::Joules,
     "Static part of the measured energy (static power x time), per divided domain and package.",
 );
 /// The static power in use.
-pub const STATIC_POWER: Metric = gauge(
+pub(crate) const STATIC_POWER: Metric = gauge(
     "wattprof_static_power",
     Some(Unit::Watts),
     "Static power a divided domain is split with, and where it came from (host_model, learned, shipped_model, lowest_seen: an upper bound).",
 );
 /// Per container, the static part.
-pub const CONTAINER_STATIC_ENERGY: Metric = counter(
+pub(crate) const CONTAINER_STATIC_ENERGY: Metric = counter(
     "wattprof_container_static_energy",
     Unit::Joules,
     "Static part of a container's energy: static power x its share of the CPUs' time (--static-power).",
 );
 /// Per cgroup, the static part.
-pub const CGROUP_STATIC_ENERGY: Metric = counter(
+pub(crate) const CGROUP_STATIC_ENERGY: Metric = counter(
     "wattprof_cgroup_static_energy",
     Unit::Joules,
     "Static part of a cgroup's energy: static power x its share of the CPUs' time (--static-power).",
 );
 /// Neither attributed nor idle.
-pub const UNATTRIBUTED_ENERGY: Metric = counter(
+pub(crate) const UNATTRIBUTED_ENERGY: Metric = counter(
     "wattprof_unattributed_energy",
     Unit::Joules,
     "Measured energy neither attributed nor idle (lost time, unknown processes, machine-level domains).",
 );
 /// Per container.
-pub const CONTAINER_ENERGY: Metric = counter(
+pub(crate) const CONTAINER_ENERGY: Metric = counter(
     "wattprof_container_energy",
     Unit::Joules,
     "Energy attributed to a container's (or systemd unit's) processes.",
 );
 /// Per container.
-pub const CONTAINER_CPU: Metric = counter(
+pub(crate) const CONTAINER_CPU: Metric = counter(
     "wattprof_container_cpu",
     Unit::Seconds,
     "On-CPU time of a container's (or systemd unit's) processes.",
 );
 /// Per cgroup.
-pub const CGROUP_ENERGY: Metric = counter(
+pub(crate) const CGROUP_ENERGY: Metric = counter(
     "wattprof_cgroup_energy",
     Unit::Joules,
     "Energy attributed to a cgroup's processes.",
 );
 /// Per cgroup.
-pub const CGROUP_CPU: Metric = counter(
+pub(crate) const CGROUP_CPU: Metric = counter(
     "wattprof_cgroup_cpu",
     Unit::Seconds,
     "On-CPU time of a cgroup's processes.",
 );
 /// Per CPU state.
-pub const CPU: Metric = counter(
+pub(crate) const CPU: Metric = counter(
     "wattprof_cpu",
     Unit::Seconds,
     "CPU time of all CPUs: busy (tasks), idle, lost (not recorded per task).",
 );
 /// wattprof's own time.
-pub const SELF_CPU: Metric = counter(
+pub(crate) const SELF_CPU: Metric = counter(
     "wattprof_self_cpu",
     Unit::Seconds,
     "wattprof's own on-CPU time.",
 );
 /// wattprof's own energy.
-pub const SELF_ENERGY: Metric = counter(
+pub(crate) const SELF_ENERGY: Metric = counter(
     "wattprof_self_energy",
     Unit::Joules,
     "Energy attributed to wattprof itself.",
 );
 /// The exporter's answers.
-pub const EXPORTER_SCRAPES: Metric = Metric {
+pub(crate) const EXPORTER_SCRAPES: Metric = Metric {
     name: "wattprof_exporter_scrapes",
     kind: Kind::Counter,
     unit: None,
     help: "Answers to /metrics served.",
 };
 /// The exporter's own CPU.
-pub const EXPORTER_CPU: Metric = counter(
+pub(crate) const EXPORTER_CPU: Metric = counter(
     "wattprof_exporter_cpu",
     Unit::Seconds,
     "CPU time of the exporter: its thread (connections, TLS, requests, answers) and its password checks.",
 );
 /// Top processes' power.
-pub const PROCESS_POWER: Metric = gauge(
+pub(crate) const PROCESS_POWER: Metric = gauge(
     "wattprof_process_power",
     Some(Unit::Watts),
     "Power of the top processes over the last interval (package + DRAM + GPU), and of all others as pid=\"other\".",
 );
 /// GPU power.
-pub const GPU_POWER: Metric = gauge(
+pub(crate) const GPU_POWER: Metric = gauge(
     "wattprof_gpu_power",
     Some(Unit::Watts),
     "GPU power draw as NVML reports it.",
 );
 /// Container names.
-pub const CONTAINER_INFO: Metric = gauge(
+pub(crate) const CONTAINER_INFO: Metric = gauge(
     "wattprof_container_info",
     None,
     "A container's name (Docker), 1 while its series are exported.",
 );
 /// The energy readers in use.
-pub const ENERGY_READER_INFO: Metric = gauge(
+pub(crate) const ENERGY_READER_INFO: Metric = gauge(
     "wattprof_energy_reader_info",
     None,
     "An energy reader in use, 1: its kind (cpu, gpu, wall), name, power model (tdp, vcpu) and whether its energy is estimated.",
 );
 
 /// Every metric wattprof exports, in exposition order.
-pub const ALL: [&Metric; 16] = [
+#[cfg(test)]
+pub(crate) const ALL: [&Metric; 16] = [
     &ENERGY,
     &IDLE_ENERGY,
     &UNATTRIBUTED_ENERGY,
@@ -227,19 +229,20 @@ pub const ALL: [&Metric; 16] = [
 ];
 
 /// A metric and its series.
-pub type Family = (&'static Metric, Vec<(Labels, f64)>);
+pub(crate) type Family = (&'static Metric, Vec<(Labels, f64)>);
 
 /// Everything one scrape shows, built by the sampling loop after each
 /// interval (so a scrape never waits for, or slows, sampling).
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Families, in exposition order.
-    pub families: Vec<Family>,
+    pub(crate) families: Vec<Family>,
 }
 
 impl Snapshot {
     /// Number of series.
-    pub fn series(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn series(&self) -> usize {
         self.families.iter().map(|(_, s)| s.len()).sum()
     }
 }
@@ -277,7 +280,7 @@ impl Collector for SnapshotCollector {
 }
 
 /// Snapshots in the OpenMetrics text format (ends with `# EOF`).
-pub fn openmetrics(snapshots: &[&Snapshot]) -> String {
+pub(crate) fn openmetrics(snapshots: &[&Snapshot]) -> String {
     let mut registry = Registry::default();
     for s in snapshots {
         registry.register_collector(Box::new(SnapshotCollector((*s).clone())));
@@ -291,7 +294,7 @@ pub fn openmetrics(snapshots: &[&Snapshot]) -> String {
 /// OpenMetrics text turned into the classic Prometheus text format: no
 /// `# EOF` and no `# UNIT`, and counter families named after their
 /// `_total` samples.
-pub fn classic_text(openmetrics: &str) -> String {
+pub(crate) fn classic_text(openmetrics: &str) -> String {
     let counters: std::collections::HashSet<&str> = openmetrics
         .lines()
         .filter_map(|l| {

@@ -9,56 +9,56 @@ use crate::sources::Domain;
 use crate::sources::nvml::GpuProcess;
 
 /// Microjoules as joules.
-pub fn joules(uj: u64) -> f64 {
+pub(crate) fn joules(uj: u64) -> f64 {
     uj as f64 / 1e6
 }
 
 /// Average power of `uj` over `ns` (W); 0 over no time.
-pub fn watts(uj: u64, ns: u64) -> f64 {
+pub(crate) fn watts(uj: u64, ns: u64) -> f64 {
     joules_per_s(joules(uj), ns)
 }
 
 /// Average power of `j` joules over `ns` (W); 0 over no time.
-pub fn joules_per_s(j: f64, ns: u64) -> f64 {
+pub(crate) fn joules_per_s(j: f64, ns: u64) -> f64 {
     if ns == 0 { 0.0 } else { j / (ns as f64 / 1e9) }
 }
 
 /// One interval: what was measured and how it was divided.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename = "interval")]
-pub struct IntervalRecord {
+pub(crate) struct IntervalRecord {
     /// End of the interval, ns since the profile started.
-    pub t_ns: u64,
+    pub(crate) t_ns: u64,
     /// Its length (ns).
-    pub duration_ns: u64,
+    pub(crate) duration_ns: u64,
     /// Busy CPU time over all CPUs (ns).
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// Per energy domain (and package or GPU).
-    pub domains: Vec<DomainRow>,
+    pub(crate) domains: Vec<DomainRow>,
     /// Per GPU.
-    pub gpus: Vec<GpuRow>,
+    pub(crate) gpus: Vec<GpuRow>,
     /// The three groups every process belongs to.
-    pub groups: GroupRows,
+    pub(crate) groups: GroupRows,
     /// The reported processes (`run`: the tree and wattprof; `monitor`:
     /// the top ones), omitted from a machine-only recording.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub processes: Option<Vec<ProcessRow>>,
+    pub(crate) processes: Option<Vec<ProcessRow>>,
 }
 
 impl IntervalRecord {
     /// The reported processes (none in a machine-only record).
-    pub fn process_rows(&self) -> &[ProcessRow] {
+    pub(crate) fn process_rows(&self) -> &[ProcessRow] {
         self.processes.as_deref().unwrap_or_default()
     }
 
     /// Length in seconds, never 0 (for rates).
-    pub fn duration_s(&self) -> f64 {
+    pub(crate) fn duration_s(&self) -> f64 {
         (self.duration_ns as f64 / 1e9).max(1e-9)
     }
 
     /// The same record with machine-level figures only: no processes, and
     /// no processes per GPU.
-    pub fn machine_only(&self) -> Self {
+    pub(crate) fn machine_only(&self) -> Self {
         Self {
             domains: self.domains.clone(),
             gpus: self
@@ -79,43 +79,43 @@ impl IntervalRecord {
 /// its power) or over the whole profile (`output::DomainReport`, with the
 /// average power).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DomainOf<P> {
+pub(crate) struct DomainOf<P> {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Kernel package id, GPU index, or none (machine level).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Modelled rather than measured (for some interval at least).
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// How it was divided among processes.
-    pub basis: Basis,
+    pub(crate) basis: Basis,
     /// Measured (J).
-    pub measured_j: f64,
+    pub(crate) measured_j: f64,
     /// Attributed to processes (J).
-    pub attributed_j: f64,
+    pub(crate) attributed_j: f64,
     /// Share of idle CPU time, or GPU time no process held (J).
-    pub idle_j: f64,
+    pub(crate) idle_j: f64,
     /// Neither: lost time, unknown processes, machine-level domains (J).
-    pub unattributed_j: f64,
+    pub(crate) unattributed_j: f64,
     /// The domain's static energy (J): its static power × the time, cut
     /// to what was measured; a calibrated wall's `b` over the time. Absent
     /// when 0 (busy-only energy, GPUs).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub static_j: f64,
+    pub(crate) static_j: f64,
     /// The static part of `attributed_j` (J): the rent processes paid for
     /// the CPU time they held. Absent when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub attributed_static_j: f64,
+    pub(crate) attributed_static_j: f64,
     /// The static power the domain was divided with (W): the last
     /// interval's, for a whole profile. Absent where none is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub static_w: Option<f64>,
+    pub(crate) static_w: Option<f64>,
     /// Where `static_w` came from: `host_model`, `learned`,
     /// `shipped_model` or `lowest_seen` (an upper bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub static_source: Option<crate::sources::static_power::StaticSource>,
+    pub(crate) static_source: Option<crate::sources::static_power::StaticSource>,
     /// Its power.
     #[serde(flatten)]
-    pub power: P,
+    pub(crate) power: P,
 }
 
 /// For `skip_serializing_if`: a figure that is absent when 0.
@@ -125,57 +125,57 @@ pub(crate) fn is_zero(x: &f64) -> bool {
 
 /// An interval's power (`power_w`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct IntervalPower {
+pub(crate) struct IntervalPower {
     /// Measured over the interval (W), or over `covers_ns`.
-    pub power_w: f64,
+    pub(crate) power_w: f64,
     /// The time this energy covers when it is longer than the interval
     /// (ns): the read of earlier intervals failed, and this one's covers
     /// them too (its energy is divided over that whole span).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub covers_ns: Option<u64>,
+    pub(crate) covers_ns: Option<u64>,
 }
 
 /// The whole profile's average power (`avg_power_w`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AveragePower {
+pub(crate) struct AveragePower {
     /// Measured over the span (W).
-    pub avg_power_w: f64,
+    pub(crate) avg_power_w: f64,
 }
 
 /// One energy domain over an interval.
-pub type DomainRow = DomainOf<IntervalPower>;
+pub(crate) type DomainRow = DomainOf<IntervalPower>;
 
 /// A domain's sums in µJ, as the attribution engine keeps them.
 #[derive(Clone, Copy, Debug)]
-pub struct DomainUj {
+pub(crate) struct DomainUj {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Package or GPU index.
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Modelled.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// How it was divided.
-    pub basis: Basis,
+    pub(crate) basis: Basis,
     /// Measured.
-    pub measured: u64,
+    pub(crate) measured: u64,
     /// Attributed.
-    pub attributed: u64,
+    pub(crate) attributed: u64,
     /// Idle.
-    pub idle: u64,
+    pub(crate) idle: u64,
     /// Neither.
-    pub unattributed: u64,
+    pub(crate) unattributed: u64,
     /// The domain's static energy.
-    pub static_uj: u64,
+    pub(crate) static_uj: u64,
     /// The static part of `attributed`.
-    pub attributed_static: u64,
+    pub(crate) attributed_static: u64,
     /// The static figure in use, where the domain is divided with one.
-    pub figure: Option<crate::sources::static_power::StaticFigure>,
+    pub(crate) figure: Option<crate::sources::static_power::StaticFigure>,
 }
 
 impl<P> DomainOf<P> {
     /// From µJ over `span_ns`, with the power `power` makes of the
     /// measured energy's average.
-    pub fn from_uj(d: DomainUj, span_ns: u64, power: impl Fn(f64) -> P) -> Self {
+    pub(crate) fn from_uj(d: DomainUj, span_ns: u64, power: impl Fn(f64) -> P) -> Self {
         Self {
             domain: d.domain,
             package: d.package,
@@ -196,134 +196,134 @@ impl<P> DomainOf<P> {
 
 /// One GPU over an interval.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GpuRow {
+pub(crate) struct GpuRow {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// Energy (J).
-    pub energy_j: f64,
+    pub(crate) energy_j: f64,
     /// Power draw at the read (W; absent when the read failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub power_w: Option<f64>,
+    pub(crate) power_w: Option<f64>,
     /// Utilization (%; absent when NVML gives none, e.g. with MIG on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub util_pct: Option<u32>,
+    pub(crate) util_pct: Option<u32>,
     /// Memory in use (bytes; absent when the read failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_used_bytes: Option<u64>,
+    pub(crate) memory_used_bytes: Option<u64>,
     /// Where the processes' SM shares come from (absent before schema 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sm_basis: Option<crate::sources::nvml::SmBasis>,
+    pub(crate) sm_basis: Option<crate::sources::nvml::SmBasis>,
     /// Its power with no context open (W), once learned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_w: Option<f64>,
+    pub(crate) idle_w: Option<f64>,
     /// The extra power of contexts held with no work (W), once learned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_w: Option<f64>,
+    pub(crate) held_w: Option<f64>,
     /// Processes using it (omitted from a machine-only recording).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub processes: Option<Vec<GpuProcess>>,
+    pub(crate) processes: Option<Vec<GpuProcess>>,
 }
 
 /// The three groups of an interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GroupRows {
+pub(crate) struct GroupRows {
     /// The command's process tree (`run`).
-    pub tree: GroupRow,
+    pub(crate) tree: GroupRow,
     /// wattprof itself.
-    pub profiler: GroupRow,
+    pub(crate) profiler: GroupRow,
     /// Everything else.
-    pub other: GroupRow,
+    pub(crate) other: GroupRow,
 }
 
 /// One group over an interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GroupRow {
+pub(crate) struct GroupRow {
     /// On-CPU time (ns).
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Energy, all domains (J).
-    pub energy_j: f64,
+    pub(crate) energy_j: f64,
     /// Package energy (J); absent from streams of wattprof 0.1 before
     /// these were added (read as 0).
     #[serde(default)]
-    pub package_j: f64,
+    pub(crate) package_j: f64,
     /// Core energy (J, part of package).
     #[serde(default)]
-    pub core_j: f64,
+    pub(crate) core_j: f64,
     /// DRAM energy (J).
     #[serde(default)]
-    pub dram_j: f64,
+    pub(crate) dram_j: f64,
     /// GPU energy (J).
     #[serde(default)]
-    pub gpu_j: f64,
+    pub(crate) gpu_j: f64,
     /// The static part of `energy_j` (J); 0 in streams before schema 3.
     #[serde(default)]
-    pub static_j: f64,
+    pub(crate) static_j: f64,
 }
 
 /// The first line of a `--jsonl` stream: what the profile is, before any
 /// interval.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename = "header")]
-pub struct HeaderRecord {
+pub(crate) struct HeaderRecord {
     /// Layout version.
-    pub schema_version: u32,
+    pub(crate) schema_version: u32,
     /// wattprof's version.
-    pub wattprof_version: String,
+    pub(crate) wattprof_version: String,
     /// `run` or `monitor`.
-    pub mode: String,
+    pub(crate) mode: String,
     /// Which tracker measures on-CPU time.
-    pub tracker: crate::tracker::TrackerKind,
+    pub(crate) tracker: crate::tracker::TrackerKind,
     /// Wall-clock start, ns since the Unix epoch.
-    pub start_unix_ns: u64,
+    pub(crate) start_unix_ns: u64,
     /// The machine.
-    pub host: super::HostReport,
+    pub(crate) host: super::HostReport,
     /// The kernel's package id of each dense package index.
-    pub package_ids: Vec<u32>,
+    pub(crate) package_ids: Vec<u32>,
     /// The readers in use, and the kinds of energy not measured and why.
-    pub readers: Vec<crate::sources::registry::ReaderUse>,
+    pub(crate) readers: Vec<crate::sources::registry::ReaderUse>,
     /// gCO2eq per kWh.
-    pub carbon_intensity_g_per_kwh: f64,
+    pub(crate) carbon_intensity_g_per_kwh: f64,
     /// Where that figure comes from.
-    pub carbon_intensity_source: String,
+    pub(crate) carbon_intensity_source: String,
     /// The command (`run`); null in `monitor`.
-    pub argv: Option<Vec<String>>,
+    pub(crate) argv: Option<Vec<String>>,
     /// wattprof's own pid (its rows are in `run`'s intervals but not in
     /// the recording's processes); absent from older streams.
     #[serde(default)]
-    pub profiler_pid: Option<u32>,
+    pub(crate) profiler_pid: Option<u32>,
 }
 
 /// One process over an interval.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProcessRow {
+pub(crate) struct ProcessRow {
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Name.
-    pub comm: String,
+    pub(crate) comm: String,
     /// On-CPU time (ns).
-    pub on_cpu_ns: u64,
+    pub(crate) on_cpu_ns: u64,
     /// Package energy (J).
-    pub package_j: f64,
+    pub(crate) package_j: f64,
     /// Core energy (J, part of package).
-    pub core_j: f64,
+    pub(crate) core_j: f64,
     /// DRAM energy (J).
-    pub dram_j: f64,
+    pub(crate) dram_j: f64,
     /// GPU energy (J).
-    pub gpu_j: f64,
+    pub(crate) gpu_j: f64,
     /// The static part of its energy (J); 0 in streams before schema 3.
     #[serde(default)]
-    pub static_j: f64,
+    pub(crate) static_j: f64,
     /// Proportional set size at the last read (bytes).
-    pub pss_bytes: Option<u64>,
+    pub(crate) pss_bytes: Option<u64>,
     /// Unique set size at the last read (bytes).
-    pub uss_bytes: Option<u64>,
+    pub(crate) uss_bytes: Option<u64>,
     /// GPU memory (bytes).
-    pub gpu_memory_bytes: u64,
+    pub(crate) gpu_memory_bytes: u64,
 }
 
 impl ProcessRow {
     /// package + DRAM + GPU energy (J): core is part of package.
-    pub fn total_j(&self) -> f64 {
+    pub(crate) fn total_j(&self) -> f64 {
         self.package_j + self.dram_j + self.gpu_j
     }
 }

@@ -14,11 +14,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 /// Records kept in memory before they go to the temporary file.
-pub const SPILL_AFTER_BYTES: usize = 16 << 20;
+pub(crate) const SPILL_AFTER_BYTES: usize = 16 << 20;
 
 /// The kept interval records, in order.
 #[derive(Clone, Debug)]
-pub struct Intervals {
+pub(crate) struct Intervals {
     /// In the temporary file: its handle, the bytes in it, the records.
     spilled: Option<(Arc<File>, u64, usize)>,
     /// After those, in memory.
@@ -39,7 +39,7 @@ impl Default for Intervals {
 
 impl Intervals {
     /// Keeps up to `limit` bytes of records in memory.
-    pub fn with_limit(limit: usize) -> Self {
+    pub(crate) fn with_limit(limit: usize) -> Self {
         Self {
             spilled: None,
             mem: Vec::new(),
@@ -52,32 +52,33 @@ impl Intervals {
 
     /// Puts the temporary file in `dir` (the recording's directory: a disk,
     /// where `$TMPDIR` is often memory).
-    pub fn set_dir(&mut self, dir: std::path::PathBuf) {
+    pub(crate) fn set_dir(&mut self, dir: std::path::PathBuf) {
         self.dir = Some(dir);
     }
 
     /// Number of records.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.spilled.as_ref().map_or(0, |s| s.2) + self.mem.len()
     }
-
     /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Records held in the temporary file.
-    pub fn spilled(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn spilled(&self) -> usize {
         self.spilled.as_ref().map_or(0, |s| s.2)
     }
 
     /// Why the temporary file failed, once it did (one line).
-    pub fn take_problem(&mut self) -> Option<String> {
+    pub(crate) fn take_problem(&mut self) -> Option<String> {
         self.problem.take()
     }
 
     /// Adds one record (serialized on one line, as serde_json writes it).
-    pub fn push(&mut self, record: Box<RawValue>) {
+    pub(crate) fn push(&mut self, record: Box<RawValue>) {
         self.mem_bytes += record.get().len();
         self.mem.push(record);
         if self.mem_bytes > self.limit
@@ -120,7 +121,7 @@ impl Intervals {
     }
 
     /// Every record, in order (those in the file read back one at a time).
-    pub fn iter(&self) -> impl Iterator<Item = std::io::Result<Box<RawValue>>> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = std::io::Result<Box<RawValue>>> + '_ {
         let from_file = self.spilled.iter().flat_map(|(file, bytes, _)| {
             BufReader::new(At {
                 file,

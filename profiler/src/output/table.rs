@@ -219,7 +219,7 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
 
 /// Renders the end-of-run table. Shares are of all CPU time in the run
 /// (every CPU's window: busy + idle + lost).
-pub fn render_run_table(r: &RunReport) -> String {
+pub(crate) fn render_run_table(r: &RunReport) -> String {
     let mut s = String::new();
     let total = r.machine.window_ns;
     let m = Measured::of(&r.energy.domains);
@@ -490,7 +490,7 @@ pub(crate) fn render_containers(s: &mut String, containers: &[super::ContainerRe
 
 /// What `monitor`'s rows are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum By {
+pub(crate) enum By {
     /// Processes, by power over the last interval.
     Process,
     /// Containers and systemd units, by energy so far.
@@ -538,7 +538,7 @@ fn render_sums<'a>(
 }
 
 /// A container's label in tables: runtime, name or short id, pod.
-pub fn container_label(c: &super::ContainerReport) -> String {
+pub(crate) fn container_label(c: &super::ContainerReport) -> String {
     let short: String = c.id.chars().take(12).collect();
     let mut label = match &c.name {
         Some(n) => format!("{} {n} ({short})", c.runtime.name()),
@@ -560,7 +560,7 @@ pub fn container_label(c: &super::ContainerReport) -> String {
 
 /// One screen of `wattprof monitor`: the last interval's top processes by
 /// power, or the containers or cgroups with the most energy so far.
-pub fn render_monitor_frame(
+pub(crate) fn render_monitor_frame(
     interval: Option<&super::record::IntervalRecord>,
     containers: &[super::ContainerReport],
     cgroups: &[super::CgroupReport],

@@ -27,7 +27,7 @@ use crate::attribution::vms::VmSum;
 use crate::sources::powercap::{HOST_ESTIMATED, HOST_EXPORT_MARKER, wrap_period};
 
 /// The counter's range, the one most Intel packages report.
-pub const MAX_ENERGY_RANGE_UJ: u64 = 262_143_328_850;
+pub(crate) const MAX_ENERGY_RANGE_UJ: u64 = 262_143_328_850;
 
 /// One VM's tree: its counter files, held open (a guest that replaces
 /// them, or plants a symlink, changes nothing on the host), and the
@@ -42,7 +42,7 @@ struct Tree {
 
 /// The trees being written.
 #[derive(Debug)]
-pub struct VmExport {
+pub(crate) struct VmExport {
     dir: PathBuf,
     /// VM name → its tree, once made.
     vms: BTreeMap<String, Tree>,
@@ -51,7 +51,7 @@ pub struct VmExport {
 
 /// A directory name for a VM: its name with anything but letters, digits,
 /// `.`, `_` and `-` replaced by `_` (never `.` or `..`, never hidden).
-pub fn dir_name(vm: &str) -> String {
+pub(crate) fn dir_name(vm: &str) -> String {
     let s: String = vm
         .chars()
         .take(100)
@@ -101,7 +101,7 @@ fn previous(path: &Path) -> u64 {
 impl VmExport {
     /// Exports under `dir`, creating it; refuses a path that cannot be
     /// written.
-    pub fn create(dir: &Path) -> Result<Self, String> {
+    pub(crate) fn create(dir: &Path) -> Result<Self, String> {
         std::fs::create_dir_all(dir)
             .and_then(|()| {
                 let probe = dir.join(".wattprof-write-test");
@@ -191,7 +191,7 @@ impl VmExport {
     /// the host measures DRAM; `estimated` when the host's own CPU energy
     /// is a model's (the guest then says so). A VM seen for the first time
     /// gets its tree.
-    pub fn write(
+    pub(crate) fn write(
         &mut self,
         sums: &BTreeMap<String, VmSum>,
         dram: bool,

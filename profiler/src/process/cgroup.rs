@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Maps cgroup ids to paths under a cgroup2 mount.
 #[derive(Debug)]
-pub struct CgroupNames {
+pub(crate) struct CgroupNames {
     root: PathBuf,
     names: HashMap<u64, String>,
     /// The walk before: a cgroup removed since is still named until the
@@ -29,7 +29,7 @@ const MAX_DEPTH: usize = 16;
 impl CgroupNames {
     /// Paths under `root` (normally `/sys/fs/cgroup`), walking again for an
     /// unknown id at most every `refresh_ns`.
-    pub fn new(root: impl Into<PathBuf>, refresh_ns: u64) -> Self {
+    pub(crate) fn new(root: impl Into<PathBuf>, refresh_ns: u64) -> Self {
         Self {
             root: root.into(),
             names: HashMap::new(),
@@ -44,7 +44,7 @@ impl CgroupNames {
     /// The cgroup v2 id of the root cgroup (where every task is on a host
     /// that keeps its units in cgroup v1 hierarchies); `None` without a
     /// cgroup2 mount, where no v2 id says anything.
-    pub fn root_id(&self) -> Option<u64> {
+    pub(crate) fn root_id(&self) -> Option<u64> {
         if !self.mounted {
             return None;
         }
@@ -53,7 +53,7 @@ impl CgroupNames {
 
     /// The cgroup2 mount of this machine (`/sys/fs/cgroup`, or
     /// `/sys/fs/cgroup/unified` on hybrid v1/v2 hosts), from mountinfo.
-    pub fn real(refresh_ns: u64) -> Self {
+    pub(crate) fn real(refresh_ns: u64) -> Self {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         match cgroup2_mount(&mountinfo) {
             Some(root) => Self::new(root, refresh_ns),
@@ -92,7 +92,7 @@ impl CgroupNames {
     /// The path of cgroup `id` (`/` for the root, `/system.slice/x.service`),
     /// or `None` when it is not (or no longer) in the mount. `now_ns` is a
     /// monotonic time for rate-limiting walks.
-    pub fn name(&mut self, id: u64, now_ns: u64) -> Option<&str> {
+    pub(crate) fn name(&mut self, id: u64, now_ns: u64) -> Option<&str> {
         let asked = *self.first_asked_ns.entry(id).or_insert(now_ns);
         // A walk that began after the id was first asked for did not find
         // it: the cgroup is gone (ids are never reused), stop looking.
@@ -122,7 +122,7 @@ impl CgroupNames {
 impl CgroupNames {
     /// Forgets cgroup `id` (pruned: its processes have not run for a
     /// while); asked again, it is looked up again.
-    pub fn forget(&mut self, id: u64) {
+    pub(crate) fn forget(&mut self, id: u64) {
         self.names.remove(&id);
         self.previous.remove(&id);
         self.first_asked_ns.remove(&id);
@@ -132,7 +132,7 @@ impl CgroupNames {
 /// The cgroup v1 path of a process from its `/proc/PID/cgroup` text: the
 /// `name=systemd` hierarchy (systemd mirrors units and container scopes
 /// there), else the `cpu` controller's; `None` on pure cgroup v2.
-pub fn v1_path(proc_cgroup: &str) -> Option<String> {
+pub(crate) fn v1_path(proc_cgroup: &str) -> Option<String> {
     let mut cpu = None;
     for line in proc_cgroup.lines() {
         let mut f = line.splitn(3, ':');
@@ -149,7 +149,7 @@ pub fn v1_path(proc_cgroup: &str) -> Option<String> {
 
 /// A key for a cgroup v1 path that cannot collide with a cgroup v2 id
 /// (inode numbers stay far below 2^63).
-pub fn v1_key(path: &str) -> u64 {
+pub(crate) fn v1_key(path: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     path.hash(&mut h);
@@ -157,7 +157,7 @@ pub fn v1_key(path: &str) -> u64 {
 }
 
 /// The mount point of the cgroup2 file system in a mountinfo text.
-pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let point = left.split_whitespace().nth(4)?;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Who made the cgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Runtime {
+pub(crate) enum Runtime {
     /// Docker (`docker-<id>.scope`, `/docker/<id>`).
     Docker,
     /// containerd through CRI (`cri-containerd-<id>.scope`).
@@ -25,7 +25,7 @@ pub enum Runtime {
 
 impl Runtime {
     /// Name as reports and labels spell it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Docker => "docker",
             Self::Containerd => "containerd",
@@ -39,16 +39,16 @@ impl Runtime {
 
 /// A container (or systemd unit) a cgroup belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct Container {
+pub(crate) struct Container {
     /// Who made it.
-    pub runtime: Runtime,
+    pub(crate) runtime: Runtime,
     /// Container id (64 hex digits for Docker and CRI runtimes), or the
     /// unit name for systemd.
-    pub id: String,
+    pub(crate) id: String,
     /// Kubernetes pod UID, when the container is in a pod.
-    pub pod_uid: Option<String>,
+    pub(crate) pod_uid: Option<String>,
     /// Kubernetes QoS class: `guaranteed`, `burstable` or `besteffort`.
-    pub qos: Option<String>,
+    pub(crate) qos: Option<String>,
 }
 
 fn is_id(s: &str) -> bool {
@@ -65,7 +65,7 @@ fn strip<'a>(component: &'a str, prefix: &str) -> Option<&'a str> {
 /// The container a cgroup path (as in `/proc/PID/cgroup` or under the
 /// cgroup2 mount) belongs to, the innermost one when they nest; `None`
 /// for cgroups no runtime or unit made (`/`, `/user.slice`).
-pub fn from_cgroup_path(path: &str) -> Option<Container> {
+pub(crate) fn from_cgroup_path(path: &str) -> Option<Container> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let mut pod_uid = None;
     let mut qos = None;

@@ -176,7 +176,7 @@ struct State {
 
 /// containerd's tasks, as far as its state directory shows them.
 #[derive(Debug)]
-pub struct ContainerdTasks {
+pub(crate) struct ContainerdTasks {
     dir: PathBuf,
     state: Mutex<State>,
 }
@@ -188,7 +188,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 impl ContainerdTasks {
     /// Tasks under containerd's state directory `state` (normally
     /// `/run/containerd`; k3s: `/run/k3s/containerd`).
-    pub fn new(state: &Path) -> Self {
+    pub(crate) fn new(state: &Path) -> Self {
         Self {
             dir: state.join(TASKS),
             state: Mutex::new(State::default()),
@@ -258,7 +258,7 @@ impl ContainerdTasks {
     /// The containerd container whose cgroup `path` is, if it is one the
     /// cgroup's path does not already say (a `ctr` or nerdctl container
     /// on the cgroupfs driver: `/default/web`).
-    pub fn container_for(&self, path: &str) -> Option<Container> {
+    pub(crate) fn container_for(&self, path: &str) -> Option<Container> {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let find = |st: &State| {
             st.tasks
@@ -278,7 +278,7 @@ impl ContainerdTasks {
     /// [`Self::container_for`] or the `cri-containerd-<id>.scope` cgroup
     /// gives it), once its task has been seen; a container that has
     /// stopped since keeps its name.
-    pub fn name(&self, c: &Container) -> Option<String> {
+    pub(crate) fn name(&self, c: &Container) -> Option<String> {
         if c.runtime != Runtime::Containerd {
             return None;
         }
@@ -297,7 +297,7 @@ impl ContainerdTasks {
     }
 
     /// Whether containerd's state directory is there.
-    pub fn available(&self) -> bool {
+    pub(crate) fn available(&self) -> bool {
         self.dir.is_dir()
     }
 }

@@ -46,13 +46,13 @@ const RETRY: Duration = Duration::from_secs(30);
 const MAX_NAMES: usize = 10_000;
 
 /// How often a missing socket is looked for again.
-pub const SOCKET_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const SOCKET_RECHECK: Duration = Duration::from_secs(5);
 
 type Names = Arc<Mutex<HashMap<String, Lookup>>>;
 
 /// Cached Docker names.
 #[derive(Debug)]
-pub struct DockerNames {
+pub(crate) struct DockerNames {
     names: Names,
     socket: PathBuf,
     /// The lookup thread's name.
@@ -65,7 +65,7 @@ pub struct DockerNames {
 
 /// The `Name` of a container from the Engine API's `GET /containers/ID/json`
 /// body, without its leading `/`.
-pub fn parse_name(body: &[u8]) -> Option<String> {
+pub(crate) fn parse_name(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     Some(v["Name"].as_str()?.trim_start_matches('/').to_string())
 }
@@ -125,7 +125,7 @@ impl DockerNames {
     /// While there is no socket there, every lookup answers `None` at once
     /// (the socket is looked for again every [`SOCKET_RECHECK`]).
     /// The lookups run on a thread called `thread`.
-    pub fn new(socket: &Path, thread: &'static str) -> Self {
+    pub(crate) fn new(socket: &Path, thread: &'static str) -> Self {
         let names = Self {
             names: Arc::new(Mutex::new(HashMap::new())),
             socket: socket.to_path_buf(),
@@ -164,14 +164,14 @@ impl DockerNames {
     }
 
     /// Whether the daemon's socket has been found (names can be asked for).
-    pub fn available(&self) -> bool {
+    pub(crate) fn available(&self) -> bool {
         self.queue().is_some()
     }
 
     /// Waits (at most `limit`) for the lookups asked for to be answered:
     /// called before a final report, so a container first seen in the
     /// last second still has its name there.
-    pub fn settle(&self, limit: Duration) {
+    pub(crate) fn settle(&self, limit: Duration) {
         if self.ask.get().is_none() {
             return;
         }
@@ -190,7 +190,7 @@ impl DockerNames {
 
     /// Makes every name known stale, so the next [`Self::name`] asks the
     /// daemon again (before a final report: containers renamed since).
-    pub fn expire(&self) {
+    pub(crate) fn expire(&self) {
         for l in self
             .names
             .lock()
@@ -205,7 +205,7 @@ impl DockerNames {
 
     /// The name of container `id` if the daemon has answered, without
     /// asking.
-    pub fn cached(&self, id: &str) -> Option<String> {
+    pub(crate) fn cached(&self, id: &str) -> Option<String> {
         match self
             .names
             .lock()
@@ -218,7 +218,7 @@ impl DockerNames {
     }
 
     /// The name of container `id`, if known yet; asks for it otherwise.
-    pub fn name(&self, id: &str) -> Option<String> {
+    pub(crate) fn name(&self, id: &str) -> Option<String> {
         let ask = self.queue()?;
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         match names.get(id) {

@@ -5,13 +5,13 @@
 //! millisecond still has its parent. Processes that predate wattprof get
 //! their parent from `/proc` when first seen.
 
-pub mod cgroup;
-pub mod container;
-pub mod containerd;
-pub mod docker;
-pub mod names;
-pub mod symbols;
-pub mod vm;
+pub(crate) mod cgroup;
+pub(crate) mod container;
+pub(crate) mod containerd;
+pub(crate) mod docker;
+pub(crate) mod names;
+pub(crate) mod symbols;
+pub(crate) mod vm;
 
 use crate::hash::IntMap;
 use std::path::PathBuf;
@@ -19,20 +19,20 @@ use std::path::PathBuf;
 use crate::tracker::{CpuSample, TaskEvent, TaskTime};
 
 /// Parent lookup for processes that started before wattprof.
-pub trait ProcMeta {
+pub(crate) trait ProcMeta {
     /// The parent process id of `pid`, if it is still alive.
     fn parent_of(&self, pid: u32) -> Option<u32>;
 }
 
 /// [`ProcMeta`] over a procfs mount.
 #[derive(Clone, Debug)]
-pub struct ProcFs {
+pub(crate) struct ProcFs {
     root: PathBuf,
 }
 
 impl ProcFs {
     /// The real `/proc`.
-    pub fn real() -> Self {
+    pub(crate) fn real() -> Self {
         Self {
             root: PathBuf::from("/proc"),
         }
@@ -41,16 +41,16 @@ impl ProcFs {
 
 /// A process's resident memory, from `/proc/PID/smaps_rollup`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// Proportional set size: private pages plus its share of shared ones.
-    pub pss_bytes: u64,
+    pub(crate) pss_bytes: u64,
     /// Unique set size: pages only this process maps (private clean +
     /// private dirty + private huge pages).
-    pub uss_bytes: u64,
+    pub(crate) uss_bytes: u64,
 }
 
 /// Parses `smaps_rollup` (kB fields).
-pub fn parse_smaps_rollup(text: &str) -> Option<Memory> {
+pub(crate) fn parse_smaps_rollup(text: &str) -> Option<Memory> {
     let mut m = Memory::default();
     let mut seen = false;
     for line in text.lines() {
@@ -77,13 +77,13 @@ pub fn parse_smaps_rollup(text: &str) -> Option<Memory> {
 
 impl ProcFs {
     /// Whether `/proc` lists `pid` (alive, or a zombie not yet reaped).
-    pub fn lists(&self, pid: u32) -> bool {
+    pub(crate) fn lists(&self, pid: u32) -> bool {
         self.root.join(pid.to_string()).exists()
     }
 
     /// The command line of `pid`, its arguments (empty when it is gone or
     /// has none, as kernel threads).
-    pub fn cmdline(&self, pid: u32) -> Vec<String> {
+    pub(crate) fn cmdline(&self, pid: u32) -> Vec<String> {
         std::fs::read(self.root.join(pid.to_string()).join("cmdline"))
             .map(|b| {
                 b.split(|c| *c == 0)
@@ -95,13 +95,13 @@ impl ProcFs {
     }
 
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).
-    pub fn cgroup(&self, pid: u32) -> String {
+    pub(crate) fn cgroup(&self, pid: u32) -> String {
         std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).unwrap_or_default()
     }
 
     /// Memory of `pid`, if it is alive and readable (kernel threads have
     /// none).
-    pub fn memory(&self, pid: u32) -> Option<Memory> {
+    pub(crate) fn memory(&self, pid: u32) -> Option<Memory> {
         let text =
             std::fs::read_to_string(self.root.join(pid.to_string()).join("smaps_rollup")).ok()?;
         parse_smaps_rollup(&text)
@@ -121,7 +121,7 @@ impl ProcMeta for ProcFs {
 /// Which group a process belongs to in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub(crate) enum Role {
     /// The profiled command or one of its descendants.
     Tree,
     /// wattprof itself.
@@ -132,31 +132,31 @@ pub enum Role {
 
 /// One process (one generation of a pid).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Process {
+pub(crate) struct Process {
     /// This record's id in its table (unique for the table's life; a
     /// reused pid gets a new one).
-    pub id: u64,
+    pub(crate) id: u64,
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Parent process id (at fork time), when known.
-    pub ppid: Option<u32>,
+    pub(crate) ppid: Option<u32>,
     /// Name (after its last exec).
-    pub comm: String,
+    pub(crate) comm: String,
     /// Monotonic ns of its fork, if it was forked while tracked.
-    pub start_ns: Option<u64>,
+    pub(crate) start_ns: Option<u64>,
     /// Monotonic ns of its exit.
-    pub exit_ns: Option<u64>,
+    pub(crate) exit_ns: Option<u64>,
     /// On-CPU ns per dense package index, all threads.
-    pub on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: Vec<u64>,
     /// Its group.
-    pub role: Role,
+    pub(crate) role: Role,
     /// cgroup v2 id of its threads at their last context switch.
-    pub cgroup_id: u64,
+    pub(crate) cgroup_id: u64,
 }
 
 impl Process {
     /// On-CPU nanoseconds over all packages.
-    pub fn total_ns(&self) -> u64 {
+    pub(crate) fn total_ns(&self) -> u64 {
         self.on_cpu_ns.iter().sum()
     }
 }
@@ -170,17 +170,17 @@ struct PendingFork {
 
 /// On-CPU time per group, accumulated.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GroupTotals {
+pub(crate) struct GroupTotals {
     /// The command tree.
-    pub tree_ns: u64,
+    pub(crate) tree_ns: u64,
     /// wattprof itself.
-    pub profiler_ns: u64,
+    pub(crate) profiler_ns: u64,
     /// Everything else.
-    pub other_ns: u64,
+    pub(crate) other_ns: u64,
 }
 
 /// The processes seen so far, with the command tree marked.
-pub struct ProcessTable<M: ProcMeta> {
+pub(crate) struct ProcessTable<M: ProcMeta> {
     meta: M,
     packages: usize,
     root: Option<u32>,
@@ -204,21 +204,21 @@ const EXITED_KEEP_SAMPLES: u64 = 3;
 
 /// One process's on-CPU time over one interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IntervalUsage {
+pub(crate) struct IntervalUsage {
     /// The process record ([`Process::id`]).
-    pub id: u64,
+    pub(crate) id: u64,
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Its group.
-    pub role: Role,
+    pub(crate) role: Role,
     /// cgroup v2 id.
-    pub cgroup_id: u64,
+    pub(crate) cgroup_id: u64,
     /// Nanoseconds per dense package index.
-    pub on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: Vec<u64>,
     /// Time of this interval spent in other cgroups than `cgroup_id`
     /// (cgroup v2 id, ns): cgroups the process was moved out of during the
     /// interval, or of threads in other cgroups. Usually empty.
-    pub other_cgroups_ns: Vec<(u64, u64)>,
+    pub(crate) other_cgroups_ns: Vec<(u64, u64)>,
 }
 
 /// Forks whose task never showed up are dropped after this long.
@@ -226,7 +226,7 @@ const PENDING_FORK_TTL_NS: u64 = 30_000_000_000;
 
 impl<M: ProcMeta> ProcessTable<M> {
     /// A table for a machine with `packages` packages.
-    pub fn new(meta: M, packages: usize, profiler_pid: u32) -> Self {
+    pub(crate) fn new(meta: M, packages: usize, profiler_pid: u32) -> Self {
         Self {
             meta,
             packages: packages.max(1),
@@ -246,7 +246,7 @@ impl<M: ProcMeta> ProcessTable<M> {
     }
 
     /// Follows `pid` and every process it forks from now on.
-    pub fn set_root(&mut self, pid: u32) {
+    pub(crate) fn set_root(&mut self, pid: u32) {
         self.root = Some(pid);
         if let Some(rec) = self.index.get(&pid).and_then(|id| self.records.get_mut(id)) {
             rec.role = Role::Tree;
@@ -254,23 +254,23 @@ impl<M: ProcMeta> ProcessTable<M> {
     }
 
     /// Group totals so far.
-    pub fn totals(&self) -> &GroupTotals {
+    pub(crate) fn totals(&self) -> &GroupTotals {
         &self.totals
     }
 
     /// Fork records whose task never appeared (lost events elsewhere).
-    pub fn unmatched_forks(&self) -> u64 {
+    pub(crate) fn unmatched_forks(&self) -> u64 {
         self.unmatched_forks
     }
 
     /// Processes kept in detail: the tree, wattprof, and others still alive
     /// (exited others are folded into the totals and forgotten).
-    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+    pub(crate) fn processes(&self) -> impl Iterator<Item = &Process> {
         self.records.values()
     }
 
     /// Processes of the command tree, in order of start.
-    pub fn tree(&self) -> Vec<&Process> {
+    pub(crate) fn tree(&self) -> Vec<&Process> {
         let mut v: Vec<&Process> = self
             .records
             .values()
@@ -281,7 +281,7 @@ impl<M: ProcMeta> ProcessTable<M> {
     }
 
     /// The current process with this pid.
-    pub fn get(&self, pid: u32) -> Option<&Process> {
+    pub(crate) fn get(&self, pid: u32) -> Option<&Process> {
         self.index.get(&pid).and_then(|id| self.records.get(id))
     }
 
@@ -289,7 +289,7 @@ impl<M: ProcMeta> ProcessTable<M> {
     /// energy is divided by). Events and exits are applied in time order,
     /// so a pid that exits and is reused within one interval stays two
     /// processes; time of threads still running is applied last.
-    pub fn apply(&mut self, sample: &CpuSample) -> Vec<IntervalUsage> {
+    pub(crate) fn apply(&mut self, sample: &CpuSample) -> Vec<IntervalUsage> {
         enum Item<'a> {
             Event(&'a TaskEvent),
             Task(&'a TaskTime),
@@ -380,7 +380,7 @@ impl<M: ProcMeta> ProcessTable<M> {
 
     /// Whether process record `id` is `ancestor_pid`'s process or one of
     /// its descendants (by fork lineage, as far as the table knows it).
-    pub fn descends_from(&self, id: u64, ancestor_pid: u32) -> bool {
+    pub(crate) fn descends_from(&self, id: u64, ancestor_pid: u32) -> bool {
         let mut cur = self.records.get(&id);
         // Lineage cannot be deeper than the number of records.
         for _ in 0..=self.records.len() {
@@ -397,13 +397,13 @@ impl<M: ProcMeta> ProcessTable<M> {
     }
 
     /// The record of the current process with this pid.
-    pub fn id_of(&self, pid: u32) -> Option<u64> {
+    pub(crate) fn id_of(&self, pid: u32) -> Option<u64> {
         self.index.get(&pid).copied()
     }
 
     /// A process record by id (exited processes outside the tree are
     /// forgotten once their last interval was applied).
-    pub fn by_id(&self, id: u64) -> Option<&Process> {
+    pub(crate) fn by_id(&self, id: u64) -> Option<&Process> {
         self.records.get(&id)
     }
 

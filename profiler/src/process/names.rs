@@ -11,13 +11,13 @@ use std::time::Duration;
 
 /// Where each runtime is asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuntimeSockets {
+pub(crate) struct RuntimeSockets {
     /// Docker's Engine API socket.
-    pub docker: PathBuf,
+    pub(crate) docker: PathBuf,
     /// Podman's API socket (its Docker-compatible service).
-    pub podman: PathBuf,
+    pub(crate) podman: PathBuf,
     /// containerd's state directory.
-    pub containerd: PathBuf,
+    pub(crate) containerd: PathBuf,
 }
 
 impl Default for RuntimeSockets {
@@ -32,7 +32,7 @@ impl Default for RuntimeSockets {
 
 /// Container names from every runtime wattprof knows.
 #[derive(Debug)]
-pub struct ContainerNames {
+pub(crate) struct ContainerNames {
     docker: DockerNames,
     podman: DockerNames,
     containerd: ContainerdTasks,
@@ -41,7 +41,7 @@ pub struct ContainerNames {
 impl ContainerNames {
     /// Names from the runtimes at `at`; a runtime that is not there costs
     /// nothing but a look every few seconds.
-    pub fn new(at: &RuntimeSockets) -> Self {
+    pub(crate) fn new(at: &RuntimeSockets) -> Self {
         Self {
             docker: DockerNames::new(&at.docker, "wattprof-docker"),
             podman: DockerNames::new(&at.podman, "wattprof-podman"),
@@ -53,12 +53,12 @@ impl ContainerNames {
     /// containerd task whose cgroup it is (`ctr` and nerdctl on cgroupfs
     /// name theirs `/<namespace>/<id>`). Ask while the cgroup exists: a
     /// stopped containerd task is not recognized any more.
-    pub fn recognize(&self, path: &str) -> Option<Container> {
+    pub(crate) fn recognize(&self, path: &str) -> Option<Container> {
         from_cgroup_path(path).or_else(|| self.containerd.container_for(path))
     }
 
     /// Whether `runtime` can be asked for names now.
-    pub fn available(&self, runtime: Runtime) -> bool {
+    pub(crate) fn available(&self, runtime: Runtime) -> bool {
         match runtime {
             Runtime::Docker => self.docker.available(),
             Runtime::Podman => self.podman.available(),
@@ -69,7 +69,7 @@ impl ContainerNames {
 
     /// `c`'s name if known; asks its runtime otherwise (the answer comes
     /// later).
-    pub fn name(&self, c: &Container) -> Option<String> {
+    pub(crate) fn name(&self, c: &Container) -> Option<String> {
         match c.runtime {
             Runtime::Docker => self.docker.name(&c.id),
             Runtime::Podman => self.podman.name(&c.id),
@@ -79,7 +79,7 @@ impl ContainerNames {
     }
 
     /// `c`'s name if its runtime has answered, without asking.
-    pub fn cached(&self, c: &Container) -> Option<String> {
+    pub(crate) fn cached(&self, c: &Container) -> Option<String> {
         match c.runtime {
             Runtime::Docker => self.docker.cached(&c.id),
             Runtime::Podman => self.podman.cached(&c.id),
@@ -90,13 +90,13 @@ impl ContainerNames {
 
     /// Makes every Engine API answer stale, so the next [`Self::name`]
     /// asks again (before a final report: containers renamed since).
-    pub fn expire(&self) {
+    pub(crate) fn expire(&self) {
         self.docker.expire();
         self.podman.expire();
     }
 
     /// Waits, at most `limit` in all, for the lookups asked for.
-    pub fn settle(&self, limit: Duration) {
+    pub(crate) fn settle(&self, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         self.docker.settle(limit);
         self.podman

@@ -21,7 +21,7 @@ use blazesym::{MaybeDefault, Pid};
 use crate::tracker::stacks::UserFrame;
 
 /// The suffix of kernel frames (flame graph tools colour them apart).
-pub const KERNEL_SUFFIX: &str = "_[k]";
+pub(crate) const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Starts the key of a frame in a file: build id and offset, in hex.
 const FILE_KEY: char = '\u{1}';
@@ -34,7 +34,7 @@ const KERNEL_KEY: char = '\u{2}';
 const CACHE_LIMIT: usize = 200_000;
 
 /// Names frames.
-pub struct Symbols {
+pub(crate) struct Symbols {
     symbolizer: Symbolizer,
     /// Build id (zero-padded) to a file that has it.
     files: HashMap<[u8; 20], PathBuf>,
@@ -66,7 +66,7 @@ impl Default for Symbols {
 
 impl Symbols {
     /// Symbols for processes under `proc_root`, with perf maps in `tmp`.
-    pub fn new(proc_root: impl Into<PathBuf>, tmp: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(proc_root: impl Into<PathBuf>, tmp: impl Into<PathBuf>) -> Self {
         let mut s = Self {
             symbolizer: new_symbolizer(),
             held: Vec::new(),
@@ -86,7 +86,7 @@ impl Symbols {
     }
 
     /// Files `tgid` executed: `path` as given to execve.
-    pub fn saw_exec(&mut self, tgid: u32, path: &str) {
+    pub(crate) fn saw_exec(&mut self, tgid: u32, path: &str) {
         // A new image: its maps are worth reading again.
         self.scanned.remove(&tgid);
         let p = Path::new(path);
@@ -155,7 +155,7 @@ impl Symbols {
 
     /// Drops what naming cached (blazesym's parsed files, perf maps, frame
     /// names), so a long `monitor` stays bounded; the build-id index stays.
-    pub fn trim(&mut self) {
+    pub(crate) fn trim(&mut self) {
         self.symbolizer = new_symbolizer();
         self.perf_maps.clear();
         self.names.clear();
@@ -163,7 +163,7 @@ impl Symbols {
     }
 
     /// Bytes held, roughly (the caches and the index).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.files.len() * 120
             + self.read.len() * 100
             + self.names.len() * 120
@@ -197,7 +197,7 @@ impl Symbols {
     /// [`Symbols::resolve`]): naming them can wait until the profiled
     /// program is done, so the work does not compete with it. Frames given
     /// as bare addresses are named now, while their process lives.
-    pub fn frames(&mut self, tgid: u32, user: &[UserFrame], kernel: &[u64]) -> Vec<String> {
+    pub(crate) fn frames(&mut self, tgid: u32, user: &[UserFrame], kernel: &[u64]) -> Vec<String> {
         let mut out: Vec<String> = Vec::with_capacity(user.len() + kernel.len());
         for (i, f) in user.iter().enumerate().rev() {
             // Frames above the innermost are return addresses: look up the
@@ -234,7 +234,7 @@ impl Symbols {
     /// The names of a frame [`Symbols::frames`] gave: a key is named (one
     /// name, or several where functions were inlined, outermost first;
     /// kernel names end in [`KERNEL_SUFFIX`]); a name is itself.
-    pub fn resolve(&mut self, frame: &str) -> Vec<String> {
+    pub(crate) fn resolve(&mut self, frame: &str) -> Vec<String> {
         if let Some(rest) = frame.strip_prefix(FILE_KEY) {
             let parsed = rest
                 .split_once(':')
@@ -252,7 +252,7 @@ impl Symbols {
     }
 
     /// Whether a frame is a key still to be named.
-    pub fn is_key(frame: &str) -> bool {
+    pub(crate) fn is_key(frame: &str) -> bool {
         frame.starts_with(FILE_KEY) || frame.starts_with(KERNEL_KEY)
     }
 
@@ -416,7 +416,7 @@ fn module_name(path: &Path) -> String {
 }
 
 /// A perf map (`START SIZE NAME` per line, hexadecimal, `0x` optional).
-pub fn parse_perf_map(text: &str) -> Vec<(u64, u64, String)> {
+pub(crate) fn parse_perf_map(text: &str) -> Vec<(u64, u64, String)> {
     let hexnum = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
     text.lines()
         .filter_map(|l| {

@@ -12,7 +12,7 @@
 
 /// The VM a cgroup path belongs to: the machine scope's name under
 /// `machine.slice`, unescaped, without systemd-machined's `qemu-N-`.
-pub fn vm_of_cgroup(path: &str) -> Option<String> {
+pub(crate) fn vm_of_cgroup(path: &str) -> Option<String> {
     let mut parts = path.split('/').skip_while(|p| *p != "machine.slice");
     parts.next()?;
     // systemd-machined's scopes are `machine-<name>.scope`; anything else
@@ -60,7 +60,7 @@ fn unescape_unit(s: &str) -> String {
 
 /// Whether a process name is a virtual machine monitor's (comm is cut at
 /// 15 bytes: `cloud-hyperviso`).
-pub fn is_vmm(comm: &str) -> bool {
+pub(crate) fn is_vmm(comm: &str) -> bool {
     comm.starts_with("qemu-system-")
         || comm == "qemu-kvm"
         || comm == "firecracker"
@@ -69,7 +69,7 @@ pub fn is_vmm(comm: &str) -> bool {
 
 /// A VMM's VM name from its command line: qemu's `-name [guest=]NAME[,...]`,
 /// firecracker's `--id ID`, else `PROGRAM-PID`.
-pub fn vm_name_from_cmdline(args: &[String], comm: &str, pid: u32) -> String {
+pub(crate) fn vm_name_from_cmdline(args: &[String], comm: &str, pid: u32) -> String {
     let value_of = |flag: &str| {
         args.iter()
             .position(|a| a == flag)

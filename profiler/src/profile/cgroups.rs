@@ -21,7 +21,7 @@ pub(super) const PRUNE_EVERY_NS: u64 = 10_000_000_000;
 
 /// Paths of pruned cgroups kept one by one (those that ran least recently
 /// beyond this are summed together, `[N older cgroups]`).
-pub const MAX_PRUNED_PATHS: usize = 10_000;
+pub(crate) const MAX_PRUNED_PATHS: usize = 10_000;
 
 /// One cgroup's sums.
 #[derive(Clone, Debug, Default)]
@@ -155,7 +155,7 @@ impl Profile {
 
     /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
     /// whose processes ran since then.
-    pub fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
+    pub(crate) fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
         let span = self.last_ns.saturating_sub(self.start_ns);
         let recent = |c: &CgroupSum| since_ns.is_none_or(|t| c.last_ns >= t);
         // One row per path: a pruned cgroup's sums go to the row of the
@@ -223,7 +223,7 @@ impl Profile {
 
     /// Per container and systemd unit so far (from the cgroups), most
     /// energy first; with `since_ns`, only those whose processes ran since.
-    pub fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
+    pub(crate) fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
         type Sums = (u64, EnergyBy, Vec<String>, Option<String>);
         let mut by: HashMap<crate::process::container::Container, Sums> = HashMap::new();
         let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();

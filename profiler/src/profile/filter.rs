@@ -17,16 +17,16 @@ use crate::process::names::ContainerNames;
 /// Which processes are reported one by one (`--cgroup`, `--container`);
 /// energy is still divided over every process.
 #[derive(Clone, Debug, Default)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// cgroup path, and everything below it.
-    pub cgroup: Option<String>,
+    pub(crate) cgroup: Option<String>,
     /// Container id (or a prefix of 4 or more characters), name, or pod UID.
-    pub container: Option<String>,
+    pub(crate) container: Option<String>,
 }
 
 impl Filter {
     /// Whether it lets every process through.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.cgroup.is_none() && self.container.is_none()
     }
 

@@ -16,7 +16,7 @@ use crate::sources::registry::DomainKey;
 /// time dropped (memory stays bounded), and its first read back counts 0:
 /// a RAPL counter can wrap in a few minutes, and one reading cannot tell
 /// one wrap from two (the powercap reader applies the same limit).
-pub const HELD_MAX_NS: u64 = 60_000_000_000;
+pub(crate) const HELD_MAX_NS: u64 = 60_000_000_000;
 
 /// CPU time of the intervals one domain missed.
 #[derive(Debug, Default)]
@@ -56,54 +56,54 @@ impl Held {
 
 /// One interval's CPU time, as attribution reads it.
 #[derive(Clone, Copy, Debug)]
-pub struct Span<'a> {
+pub(crate) struct Span<'a> {
     /// CPU time per dense package index.
-    pub packages: &'a [PackageTime],
+    pub(crate) packages: &'a [PackageTime],
     /// The kernel's package id of each dense package index.
-    pub package_ids: &'a [u32],
+    pub(crate) package_ids: &'a [u32],
     /// Per-consumer on-CPU time.
-    pub usage: &'a [Usage],
+    pub(crate) usage: &'a [Usage],
     /// The interval's start and end (monotonic ns).
-    pub start_ns: u64,
+    pub(crate) start_ns: u64,
     /// Its end.
-    pub end_ns: u64,
+    pub(crate) end_ns: u64,
     /// Static power per divided domain (W).
-    pub static_w: &'a [(crate::sources::Domain, Option<u32>, f64)],
+    pub(crate) static_w: &'a [(crate::sources::Domain, Option<u32>, f64)],
     /// How static energy is shared.
-    pub static_share: attribution::StaticShare,
+    pub(crate) static_share: attribution::StaticShare,
 }
 
 /// The held time of every domain whose read failed.
 #[derive(Debug, Default)]
-pub struct HeldReads {
+pub(crate) struct HeldReads {
     held: Vec<(DomainKey, Held)>,
 }
 
 /// Energy read after failed reads, divided over its whole span.
 #[derive(Debug, Default)]
-pub struct CaughtUp {
+pub(crate) struct CaughtUp {
     /// The shares, one per domain.
-    pub shares: Vec<DomainShare>,
+    pub(crate) shares: Vec<DomainShare>,
     /// The span each domain's energy covers (ns), longer than the interval.
-    pub covers_ns: Vec<(DomainKey, u64)>,
+    pub(crate) covers_ns: Vec<(DomainKey, u64)>,
 }
 
 impl HeldReads {
     /// Whether nothing is held.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
     /// Whether time is being held for some domain (not only expired
     /// entries, whose time is dropped).
-    pub fn any_live(&self) -> bool {
+    pub(crate) fn any_live(&self) -> bool {
         self.held.iter().any(|(_, h)| !h.expired)
     }
 
     /// Holds this interval's time for each domain whose read failed;
     /// returns what to tell people (a span held too long).
-    pub fn hold(&mut self, missed: &[DomainKey], span: &Span<'_>) -> Vec<String> {
+    pub(crate) fn hold(&mut self, missed: &[DomainKey], span: &Span<'_>) -> Vec<String> {
         let mut problems = Vec::new();
         for key in missed {
             let i = match self.held.iter().position(|(k, _)| k == key) {
@@ -147,7 +147,7 @@ impl HeldReads {
 
     /// Divides the energy of domains read again after failed reads over
     /// the held time and this interval's.
-    pub fn catch_up(&mut self, energy: &[DomainEnergy], span: &Span<'_>) -> CaughtUp {
+    pub(crate) fn catch_up(&mut self, energy: &[DomainEnergy], span: &Span<'_>) -> CaughtUp {
         let mut out = CaughtUp::default();
         for d in energy {
             let key = (d.domain, d.package);

@@ -12,18 +12,17 @@ mod held;
 mod interval;
 mod record;
 mod report;
-pub mod sampling;
+pub(crate) mod sampling;
 mod snapshot;
-pub mod stacks;
-pub mod statics;
+pub(crate) mod stacks;
+pub(crate) mod statics;
 pub mod windows;
 
 use cgroups::CgroupSum;
-pub use cgroups::MAX_PRUNED_PATHS;
-pub use filter::Filter;
-pub use report::{CommandEnd, Ending, host_report};
+pub(crate) use filter::Filter;
+pub(crate) use report::{CommandEnd, Ending, host_report};
 
-pub use crate::sources::registry::{ReaderConfig, ReaderUse, Readers};
+pub(crate) use crate::sources::registry::{ReaderConfig, Readers};
 
 use std::collections::HashMap;
 
@@ -49,7 +48,7 @@ fn most_energy_first(
 
 /// Which processes a profile reports one by one.
 #[derive(Clone, Debug)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// `run`: the command's tree and wattprof.
     Tree,
     /// `monitor`: the `top` processes with the most energy in each
@@ -65,7 +64,7 @@ pub enum Scope {
 /// Which interval records a profile keeps for its final recording (the
 /// stream always has them all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeepIntervals {
+pub(crate) enum KeepIntervals {
     /// Every record, with its processes (`run`).
     All,
     /// Machine-level figures only (`monitor --output`).
@@ -76,22 +75,22 @@ pub enum KeepIntervals {
 
 /// How a profile is set up.
 #[derive(Clone, Debug)]
-pub struct ProfileConfig {
+pub(crate) struct ProfileConfig {
     /// CO2 per kWh.
-    pub carbon: CarbonIntensity,
+    pub(crate) carbon: CarbonIntensity,
     /// Which processes are reported one by one.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// Which interval records are kept for the final recording.
-    pub keep: KeepIntervals,
+    pub(crate) keep: KeepIntervals,
     /// Which processes are reported one by one.
-    pub filter: Filter,
+    pub(crate) filter: Filter,
     /// Where the container runtimes are asked for names.
-    pub runtimes: crate::process::names::RuntimeSockets,
+    pub(crate) runtimes: crate::process::names::RuntimeSockets,
     /// The cgroup2 file system cgroup ids are named from (`None`: this
     /// machine's mount).
-    pub cgroupfs: Option<std::path::PathBuf>,
+    pub(crate) cgroupfs: Option<std::path::PathBuf>,
     /// How static power is shared, and the host power model.
-    pub statics: statics::StaticsConfig,
+    pub(crate) statics: statics::StaticsConfig,
 }
 
 /// Problems kept for the report.
@@ -107,9 +106,9 @@ struct Scratch {
 }
 
 /// One profile in progress.
-pub struct Profile {
+pub(crate) struct Profile {
     /// Processes seen.
-    pub table: ProcessTable<ProcFs>,
+    pub(crate) table: ProcessTable<ProcFs>,
     procfs: ProcFs,
     machine: MachineTimes,
     readers: Readers,
@@ -167,7 +166,7 @@ pub struct Profile {
 
 /// What a window message did.
 #[derive(Debug)]
-pub enum WindowAnswer {
+pub(crate) enum WindowAnswer {
     /// A window began.
     Began,
     /// A window ended: its figures, as the recording holds them.
@@ -179,19 +178,19 @@ pub enum WindowAnswer {
 impl Profile {
     /// Merges the static power learned so far into the host power model
     /// and writes it (`monitor`): the path written, if anything was.
-    pub fn save_learned(&mut self) -> Result<Option<std::path::PathBuf>, String> {
+    pub(crate) fn save_learned(&mut self) -> Result<Option<std::path::PathBuf>, String> {
         self.statics.save_learned()
     }
 
     /// What was learned of the static power, to be written after the
     /// profile has ended (`finish` takes the profile).
-    pub fn learned_to_save(&self) -> statics::Statics {
+    pub(crate) fn learned_to_save(&self) -> statics::Statics {
         self.statics.clone()
     }
 
     /// A profile on a machine with these package ids; it counts from
     /// [`Profile::begin`].
-    pub fn new(
+    pub(crate) fn new(
         table: ProcessTable<ProcFs>,
         readers: Readers,
         package_ids: Vec<u32>,
@@ -251,18 +250,18 @@ impl Profile {
 
     /// Keeps the recording's intervals past 16 MiB in a temporary file in
     /// `dir` (the recording's own directory).
-    pub fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
+    pub(crate) fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
         self.intervals.set_dir(dir);
     }
 
     /// Also writes each interval's rows to this CSV (`--csv-intervals`).
-    pub fn set_interval_csv(&mut self, csv: Option<crate::output::csv::IntervalCsv>) {
+    pub(crate) fn set_interval_csv(&mut self, csv: Option<crate::output::csv::IntervalCsv>) {
         self.interval_csv = csv;
     }
 
     /// Writes the stream's header record (and takes the wall-clock start
     /// the CSV's timestamps count from).
-    pub fn write_header(
+    pub(crate) fn write_header(
         &mut self,
         mode: &str,
         tracker: crate::tracker::TrackerKind,
@@ -289,11 +288,6 @@ impl Profile {
         }
     }
 
-    /// The readers in use.
-    pub fn readers(&self) -> &Readers {
-        &self.readers
-    }
-
     fn problem(&mut self, p: String) {
         self.problem_count += 1;
         if self.problems.len() < MAX_PROBLEMS {
@@ -303,12 +297,12 @@ impl Profile {
 
     /// Samples stacks too (`--stacks`): each interval's energy of each
     /// reported process is divided over its stacks.
-    pub fn set_stacks(&mut self, stacks: stacks::StackProfile) {
+    pub(crate) fn set_stacks(&mut self, stacks: stacks::StackProfile) {
         self.stacks = Some(stacks);
     }
 
     /// The stack sampling, if on, its frames named (the outputs' view).
-    pub fn stacks(&mut self) -> Option<&stacks::StackProfile> {
+    pub(crate) fn stacks(&mut self) -> Option<&stacks::StackProfile> {
         let st = self.stacks.as_mut()?;
         st.resolve();
         Some(st)
@@ -316,13 +310,13 @@ impl Profile {
 
     /// The longest the sampling loop may sleep: the stack sampler's ring
     /// is drained on a timer (it never wakes the loop).
-    pub fn max_sleep_ms(&self) -> i32 {
+    pub(crate) fn max_sleep_ms(&self) -> i32 {
         if self.stacks.is_some() { 100 } else { i32::MAX }
     }
 
     /// Takes the stack samples waiting (the sampling loop calls this on
     /// every pass, so the ring never fills however long the interval).
-    pub fn drain_stacks(&mut self) {
+    pub(crate) fn drain_stacks(&mut self) {
         let want = self.stack_filter();
         if let Some(s) = &mut self.stacks {
             s.drain(None, |pid| want(&self.table, pid));
@@ -332,7 +326,7 @@ impl Profile {
     /// Starts counting: the energy counters' starting point, taken by the
     /// tracker right before its own (nothing that can sleep between).
     /// Returns the monotonic time counting starts.
-    pub fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
+    pub(crate) fn begin(&mut self, sampler: &mut impl CpuSampler) -> Result<u64, TrackerError> {
         let readers = &mut self.readers;
         let start_ns = sampler.begin(&mut || readers.rebase())?;
         self.start_ns = start_ns;
@@ -345,7 +339,11 @@ impl Profile {
     /// same span), then the attribution. `last` closes the final one (the
     /// wattmeter program is stopped). Returns the interval's end
     /// (monotonic ns).
-    pub fn tick(&mut self, sampler: &mut impl CpuSampler, last: bool) -> Result<u64, TrackerError> {
+    pub(crate) fn tick(
+        &mut self,
+        sampler: &mut impl CpuSampler,
+        last: bool,
+    ) -> Result<u64, TrackerError> {
         let readers = &mut self.readers;
         let mut energy = None;
         let sample = sampler.sample(last, &mut || energy = Some(readers.read_counters(last)))?;
@@ -369,7 +367,7 @@ impl Profile {
     }
 
     /// Outputs that stopped early (a failed write), one line each.
-    pub fn output_errors(&self) -> Vec<String> {
+    pub(crate) fn output_errors(&self) -> Vec<String> {
         let jsonl = self.jsonl.as_ref().and_then(|s| s.failure());
         let csv = self.interval_csv.as_ref().and_then(|c| c.failure());
         jsonl.into_iter().chain(csv).map(str::to_string).collect()
@@ -379,7 +377,7 @@ impl Profile {
     /// `at_ns`, a sample taken at that instant first. Returns, per message,
     /// what it did: a closed window's figures are what the recording will
     /// hold for it, so the sender can be told them.
-    pub fn window_messages<'m>(
+    pub(crate) fn window_messages<'m>(
         &mut self,
         messages: impl IntoIterator<Item = (&'m str, u32)>,
         at_ns: u64,
@@ -413,24 +411,24 @@ impl Profile {
     }
 
     /// The last interval's record (as streamed).
-    pub fn last_interval(&self) -> Option<&IntervalRecord> {
+    pub(crate) fn last_interval(&self) -> Option<&IntervalRecord> {
         self.last.as_ref()
     }
 
     /// Keeps each VM's energy from now on (`monitor --vm-export`).
-    pub fn track_vms(&mut self) {
+    pub(crate) fn track_vms(&mut self) {
         self.vms.get_or_insert_with(Default::default);
     }
 
     /// Each VM's energy so far, when tracked.
-    pub fn vm_sums(
+    pub(crate) fn vm_sums(
         &self,
     ) -> Option<&std::collections::BTreeMap<String, crate::attribution::vms::VmSum>> {
         self.vms.as_ref().map(|v| v.sums())
     }
 
     /// Whether the CPU's energy is a power model's estimate.
-    pub fn cpu_estimated(&self) -> bool {
+    pub(crate) fn cpu_estimated(&self) -> bool {
         self.ledger
             .domains()
             .iter()
@@ -438,7 +436,7 @@ impl Profile {
     }
 
     /// Whether DRAM energy is measured (a DRAM domain has been read).
-    pub fn measures_dram(&self) -> bool {
+    pub(crate) fn measures_dram(&self) -> bool {
         self.ledger
             .domains()
             .iter()

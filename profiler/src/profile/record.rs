@@ -228,14 +228,14 @@ impl Profile {
 
 /// What an interval's record is built from.
 pub(super) struct Built<'a> {
-    pub sample: &'a CpuSample,
-    pub duration_ns: u64,
-    pub usage: &'a [IntervalUsage],
-    pub energy: &'a IntMap<ConsumerId, EnergyBy>,
-    pub read: &'a IntervalEnergy,
-    pub shares: &'a [DomainShare],
+    pub(crate) sample: &'a CpuSample,
+    pub(crate) duration_ns: u64,
+    pub(crate) usage: &'a [IntervalUsage],
+    pub(crate) energy: &'a IntMap<ConsumerId, EnergyBy>,
+    pub(crate) read: &'a IntervalEnergy,
+    pub(crate) shares: &'a [DomainShare],
     /// The span each caught-up domain's energy covers.
-    pub covers_ns: &'a [(DomainKey, u64)],
+    pub(crate) covers_ns: &'a [(DomainKey, u64)],
     /// This interval's energy per group.
-    pub groups: &'a [EnergyBy; 3],
+    pub(crate) groups: &'a [EnergyBy; 3],
 }

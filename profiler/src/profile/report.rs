@@ -29,7 +29,7 @@ use crate::process::Role;
 use serde_json::Value;
 
 /// Host facts for the report header.
-pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
+pub(crate) fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .map(|s| s.trim().to_string())
@@ -52,27 +52,27 @@ pub fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
 }
 
 /// How the profiled command ended.
-pub struct CommandEnd {
+pub(crate) struct CommandEnd {
     /// Its command line.
-    pub argv: Vec<String>,
+    pub(crate) argv: Vec<String>,
     /// Its pid.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Exit code, if it exited.
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
+    pub(crate) signal: Option<i32>,
 }
 
 /// Facts about how the profile ended, for the report.
-pub struct Ending {
+pub(crate) struct Ending {
     /// `run` or `monitor`.
-    pub mode: &'static str,
+    pub(crate) mode: &'static str,
     /// The command (`run`).
-    pub command: Option<CommandEnd>,
+    pub(crate) command: Option<CommandEnd>,
     /// Wall-clock start (ns since the epoch).
-    pub start_unix_ns: u64,
+    pub(crate) start_unix_ns: u64,
     /// The tracker's facts.
-    pub profiler: ProfilerReport,
+    pub(crate) profiler: ProfilerReport,
 }
 
 impl Profile {
@@ -124,7 +124,7 @@ impl Profile {
 
     /// Ends the profile: closes open windows and builds the report. Call
     /// after the final [`Profile::step`].
-    pub fn finish(mut self, ending: Ending) -> RunReport {
+    pub(crate) fn finish(mut self, ending: Ending) -> RunReport {
         let end_ns = self.last_ns;
         let span = end_ns.saturating_sub(self.start_ns);
         let (windows, window_errors) = self.windows.finish(end_ns);

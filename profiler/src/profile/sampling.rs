@@ -22,14 +22,14 @@ const MAX_SLEEP_MS: i32 = 200;
 /// ticks a slow interval missed (the next interval is then longer, never
 /// shorter than one period).
 #[derive(Clone, Copy, Debug)]
-pub struct Ticker {
+pub(crate) struct Ticker {
     interval_ns: u64,
     next_ns: u64,
 }
 
 impl Ticker {
     /// Ticks every `interval_ns` (at least 1 ns) after `start_ns`.
-    pub fn new(start_ns: u64, interval_ns: u64) -> Self {
+    pub(crate) fn new(start_ns: u64, interval_ns: u64) -> Self {
         let interval_ns = interval_ns.max(1);
         Self {
             interval_ns,
@@ -39,7 +39,7 @@ impl Ticker {
 
     /// Whether an interval closes at `now_ns`; if so, the next tick is
     /// set, past any ticks already missed.
-    pub fn due(&mut self, now_ns: u64) -> bool {
+    pub(crate) fn due(&mut self, now_ns: u64) -> bool {
         if now_ns < self.next_ns {
             return false;
         }
@@ -49,13 +49,13 @@ impl Ticker {
     }
 
     /// Time left until the next tick.
-    pub fn until(&self, now_ns: u64) -> Duration {
+    pub(crate) fn until(&self, now_ns: u64) -> Duration {
         Duration::from_nanos(self.next_ns.saturating_sub(now_ns))
     }
 }
 
 /// What the caller does in the loop.
-pub trait Hooks<S> {
+pub(crate) trait Hooks<S> {
     /// Files to wake on besides the ring (each `POLLIN`).
     fn fds(&self) -> Vec<RawFd>;
     /// Whether to stop now, before anything else (a signal, a deadline):
@@ -82,7 +82,7 @@ pub trait Hooks<S> {
 }
 
 /// Runs the loop from the profile's start until `hooks` says stop.
-pub fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
+pub(crate) fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
     profile: &mut Profile,
     sampler: &mut S,
     ticker: &mut Ticker,

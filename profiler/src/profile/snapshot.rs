@@ -16,7 +16,7 @@ impl Profile {
     /// the last interval's `top` processes and of all others together.
     /// Containers and cgroups whose processes have not run for `grace_ns`
     /// are left out (their series end).
-    pub fn snapshot(&self, top: usize, grace_ns: u64) -> Snapshot {
+    pub(crate) fn snapshot(&self, top: usize, grace_ns: u64) -> Snapshot {
         let since = self.last_ns.saturating_sub(grace_ns);
         let l = |pairs: &[(&str, String)]| -> Labels {
             pairs

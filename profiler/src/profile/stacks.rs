@@ -12,14 +12,14 @@ use crate::tracker::stacks::{Drained, StackSampler, UserFrame};
 
 /// Default bound on (process, stack) entries: about 30 MB at the bound
 /// with typical stacks (see README).
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 /// The raw stacks seen (tgid where a frame is an address, which only means
 /// something in its process), and the stack each was named as.
 type RawKey = (u32, Vec<u64>, Vec<UserFrame>);
 
 /// Stack sampling in a profile.
-pub struct StackProfile {
+pub(crate) struct StackProfile {
     sampler: StackSampler,
     symbols: Symbols,
     ledger: StackLedger,
@@ -56,7 +56,7 @@ const PENDING_LIMIT: usize = 100_000;
 
 /// Whether a process's samples are profiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wanted {
+pub(crate) enum Wanted {
     /// Yes (the command's tree in `run`, any process in `monitor`).
     Yes,
     /// No (another process in `run`).
@@ -68,7 +68,7 @@ pub enum Wanted {
 impl StackProfile {
     /// Around a started sampler, holding at most `max_entries` (process,
     /// stack) entries.
-    pub fn new(sampler: StackSampler, max_entries: usize) -> Self {
+    pub(crate) fn new(sampler: StackSampler, max_entries: usize) -> Self {
         Self {
             sampler,
             symbols: Symbols::default(),
@@ -93,7 +93,7 @@ impl StackProfile {
     /// is written, never while a `run`'s command is sampled otherwise:
     /// the first naming reads kallsyms and debug info (100 ms of CPU on
     /// this project's VM), which would compete with the program measured.
-    pub fn resolve(&mut self) {
+    pub(crate) fn resolve(&mut self) {
         if !self.unresolved {
             return;
         }
@@ -124,7 +124,7 @@ impl StackProfile {
 
     /// The ledger (for the folded stacks and the flame graph): its frames
     /// are names once [`StackProfile::resolve`] ran.
-    pub fn ledger(&self) -> &StackLedger {
+    pub(crate) fn ledger(&self) -> &StackLedger {
         &self.ledger
     }
 
@@ -133,7 +133,7 @@ impl StackProfile {
     /// current interval, or in the next one when taken after `end_ns`.
     /// Samples of processes not known yet wait (bounded) for the next
     /// call; those `wanted` refuses are dropped (other processes in `run`).
-    pub fn drain(&mut self, end_ns: Option<u64>, wanted: impl Fn(u32) -> Wanted) {
+    pub(crate) fn drain(&mut self, end_ns: Option<u64>, wanted: impl Fn(u32) -> Wanted) {
         self.drained.samples.clear();
         self.drained.execs.clear();
         self.sampler.drain(&mut self.drained);
@@ -196,7 +196,7 @@ impl StackProfile {
     /// Counts of a process with no energy this interval are carried to the
     /// next one once (its last run time can come with its exit, an
     /// interval later), then dropped.
-    pub fn close<'a>(&mut self, consumers: impl Iterator<Item = (u32, &'a str, EnergyBy)>) {
+    pub(crate) fn close<'a>(&mut self, consumers: impl Iterator<Item = (u32, &'a str, EnergyBy)>) {
         let mut counts: HashMap<StackId, u64> = HashMap::new();
         let mut carried = std::mem::take(&mut self.carried);
         for (pid, name, energy) in consumers {
@@ -226,7 +226,7 @@ impl StackProfile {
     }
 
     /// The recording's section (without functions: the caller adds them).
-    pub fn report(&self) -> StackReport {
+    pub(crate) fn report(&self) -> StackReport {
         let s = self.sampler.stats();
         StackReport {
             hz: self.sampler.hz(),

@@ -16,32 +16,32 @@ use crate::sources::{Domain, DomainEnergy};
 
 /// Static power per divided domain (W), for reads that cover more than
 /// one interval.
-pub type StaticWatts = Vec<(Domain, Option<u32>, f64)>;
+pub(crate) type StaticWatts = Vec<(Domain, Option<u32>, f64)>;
 
 /// How static power is shared, and the host power model in use.
 #[derive(Clone, Debug, Default)]
-pub struct StaticsConfig {
+pub(crate) struct StaticsConfig {
     /// `--static-power`.
-    pub share: StaticShare,
+    pub(crate) share: StaticShare,
     /// The host power model, where there is one for this machine.
-    pub host: Option<HostModel>,
+    pub(crate) host: Option<HostModel>,
     /// Where it was read from.
-    pub host_path: Option<PathBuf>,
+    pub(crate) host_path: Option<PathBuf>,
     /// Why the model at the default place was not used (bad, or made on
     /// another machine): said, and the profile goes on without it.
-    pub ignored: Option<String>,
+    pub(crate) ignored: Option<String>,
     /// Where `monitor` puts what it learns (the model's path; none with
     /// `--host-model none`).
-    pub save_path: Option<PathBuf>,
+    pub(crate) save_path: Option<PathBuf>,
     /// CPU packages (the machine identity of a model written here).
-    pub packages: usize,
+    pub(crate) packages: usize,
 }
 
 impl StaticsConfig {
     /// Reads the host power model at `given` (or the default place, where
     /// a missing file is no error; so too a given one `monitor` will
     /// write, `may_create`): one line saying what is wrong.
-    pub fn load(
+    pub(crate) fn load(
         share: StaticShare,
         given: Option<&Path>,
         packages: usize,
@@ -98,7 +98,7 @@ const CUT_SAID_UJ: u64 = 10_000;
 
 /// The static figures of a profile.
 #[derive(Clone, Debug)]
-pub struct Statics {
+pub(crate) struct Statics {
     share: StaticShare,
     powers: StaticPowers,
     /// The figures of the last interval.
@@ -123,7 +123,7 @@ pub struct Statics {
 
 impl Statics {
     /// The figures for a profile reading `readers` on `cpus` CPUs.
-    pub fn new(cfg: &StaticsConfig, readers: &Readers, cpus: usize) -> Self {
+    pub(crate) fn new(cfg: &StaticsConfig, readers: &Readers, cpus: usize) -> Self {
         Self {
             share: cfg.share,
             powers: StaticPowers::new(
@@ -147,7 +147,7 @@ impl Statics {
     /// Merges what was learned into the host power model and writes it
     /// (`monitor`, so a daemon learns its host over hours): the path
     /// written, or `None` when there was nothing to write.
-    pub fn save_learned(&mut self) -> Result<Option<PathBuf>, String> {
+    pub(crate) fn save_learned(&mut self) -> Result<Option<PathBuf>, String> {
         let (Some(path), Some(reader)) = (&self.save_path, self.reader) else {
             return Ok(None);
         };
@@ -181,17 +181,12 @@ impl Statics {
     }
 
     /// How static energy is shared.
-    pub fn share(&self) -> StaticShare {
+    pub(crate) fn share(&self) -> StaticShare {
         self.share
     }
 
-    /// The figures of the last interval, per divided domain.
-    pub fn figures(&self) -> &[StaticFigure] {
-        &self.last
-    }
-
     /// The figure of a domain in the last interval.
-    pub fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
+    pub(crate) fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
         self.last
             .iter()
             .chain(&self.gpu_last)
@@ -202,7 +197,7 @@ impl Statics {
     /// learning from it (see [`GpuStatics`]): its idle and held power, the
     /// latter only when a process held it. Also its figures in reports:
     /// idle + held power (held only with a holder), `lowest_seen`.
-    pub fn gpu_interval(&mut self, g: &GpuReading, duration_ns: u64) -> GpuStaticEnergy {
+    pub(crate) fn gpu_interval(&mut self, g: &GpuReading, duration_ns: u64) -> GpuStaticEnergy {
         let state = if g.processes.is_empty() {
             GpuState::Idle
         } else if g.at_rest {
@@ -250,14 +245,14 @@ impl Statics {
     }
 
     /// A GPU's idle and held power (W), where learned.
-    pub fn gpu_figures(&self, index: u32) -> (Option<f64>, Option<f64>) {
+    pub(crate) fn gpu_figures(&self, index: u32) -> (Option<f64>, Option<f64>) {
         self.gpus
             .get(&index)
             .map_or((None, None), |g| (g.idle_w(), g.held_w()))
     }
 
     /// What was learned during the profile.
-    pub fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
+    pub(crate) fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
         self.powers.learned()
     }
 
@@ -269,7 +264,7 @@ impl Statics {
     /// power model's static energy over the interval, from the same CPU
     /// windows as its energy (the vCPU model: idle watts × the CPUs'
     /// time).
-    pub fn interval(
+    pub(crate) fn interval(
         &mut self,
         energy: &[DomainEnergy],
         caught_up: &[DomainEnergy],
@@ -343,7 +338,7 @@ impl Statics {
 
     /// Problems the interval's shares raise: a static figure well above
     /// what was measured (said once per domain).
-    pub fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
+    pub(crate) fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
         let mut out = std::mem::take(&mut self.pending);
         // A GPU's counter steps every 20-100 ms: an interval under a step
         // can read 0 J. Its static figure is the lowest seen, not a model.
@@ -371,7 +366,7 @@ impl Statics {
     }
 
     /// One note for the table: the rule, and each figure.
-    pub fn note(&self) -> Option<String> {
+    pub(crate) fn note(&self) -> Option<String> {
         if self.last.is_empty() && self.gpu_last.is_empty() {
             return None;
         }

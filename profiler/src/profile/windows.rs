@@ -70,7 +70,7 @@ pub fn parse(text: &str, sender: u32) -> Result<Command, String> {
 
 /// The socket wattprof listens on, in a private directory.
 #[derive(Debug)]
-pub struct WindowSocket {
+pub(crate) struct WindowSocket {
     sock: UnixDatagram,
     dir: PathBuf,
     path: PathBuf,
@@ -80,7 +80,7 @@ impl WindowSocket {
     /// Binds `windows.sock` in a new directory under `parent`, owned by
     /// `owner` (uid, gid) when the command runs as another user, so that
     /// only the command's user (and root) can send.
-    pub fn bind(parent: &Path, owner: Option<(u32, u32)>) -> std::io::Result<Self> {
+    pub(crate) fn bind(parent: &Path, owner: Option<(u32, u32)>) -> std::io::Result<Self> {
         use std::os::unix::fs::PermissionsExt;
         let dir = parent.join(format!("wattprof-{}", std::process::id()));
         // A leftover from a crashed run with the same pid is ours to reuse.
@@ -113,17 +113,17 @@ impl WindowSocket {
     }
 
     /// Where programs send to (`WATTPROF_SOCKET`).
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// For poll().
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
 
     /// Every datagram waiting.
-    pub fn receive(&self) -> Vec<Message> {
+    pub(crate) fn receive(&self) -> Vec<Message> {
         let mut out = Vec::new();
         loop {
             let mut buf = [0u8; 512];
@@ -201,7 +201,7 @@ impl WindowSocket {
 
     /// Answers a message's sender, without waiting: a sender that is gone
     /// or whose queue is full misses its answer, and wattprof goes on.
-    pub fn reply(&self, to: &ReplyTo, payload: &[u8]) -> bool {
+    pub(crate) fn reply(&self, to: &ReplyTo, payload: &[u8]) -> bool {
         // SAFETY: a live socket; the address and payload are valid for the
         // lengths given.
         let n = unsafe {
@@ -220,18 +220,18 @@ impl WindowSocket {
 
 /// One datagram on the window socket.
 #[derive(Clone)]
-pub struct Message {
+pub(crate) struct Message {
     /// Its text, trimmed.
-    pub text: String,
+    pub(crate) text: String,
     /// The sender's pid, from the kernel (0 if it sent none).
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Where to answer, when the sender's socket has an address.
-    pub reply_to: Option<ReplyTo>,
+    pub(crate) reply_to: Option<ReplyTo>,
 }
 
 impl Message {
     /// Whether it asks to end a window (the messages answered).
-    pub fn is_end(&self) -> bool {
+    pub(crate) fn is_end(&self) -> bool {
         self.text.split_whitespace().next() == Some("end")
     }
 }
@@ -248,7 +248,7 @@ impl std::fmt::Debug for Message {
 
 /// A sender's socket address.
 #[derive(Clone, Copy)]
-pub struct ReplyTo {
+pub(crate) struct ReplyTo {
     addr: libc::sockaddr_un,
     len: libc::socklen_t,
 }
@@ -290,11 +290,11 @@ const MAX_ERRORS: usize = 20;
 
 /// Windows open at once; a `begin` beyond this is refused (a program
 /// that never sends `end` must not slow every read down).
-pub const MAX_OPEN: usize = 1000;
+pub(crate) const MAX_OPEN: usize = 1000;
 
 impl Windows {
     /// Whether any window is open.
-    pub fn any_open(&self) -> bool {
+    pub(crate) fn any_open(&self) -> bool {
         !self.open.is_empty()
     }
 
@@ -388,7 +388,7 @@ impl Windows {
     /// Adds one interval to every open window: `in_tree(consumer, pid)`
     /// says whether a consumer belongs to the tree of `pid`; `on_cpu`
     /// gives a consumer's on-CPU time in the interval.
-    pub fn add_interval(
+    pub(crate) fn add_interval(
         &mut self,
         shares: &[DomainShare],
         consumers: &[(ConsumerId, u64)],

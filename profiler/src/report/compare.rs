@@ -11,20 +11,20 @@ use crate::sources::Domain;
 
 /// One figure in both runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Change {
+pub(crate) struct Change {
     /// In A (absent: A has no such row).
-    pub a: Option<f64>,
+    pub(crate) a: Option<f64>,
     /// In B.
-    pub b: Option<f64>,
+    pub(crate) b: Option<f64>,
     /// B - A, where both have it.
-    pub delta: Option<f64>,
+    pub(crate) delta: Option<f64>,
     /// (B - A) / A in percent, where both have it and A is not 0.
-    pub delta_pct: Option<f64>,
+    pub(crate) delta_pct: Option<f64>,
 }
 
 impl Change {
     /// Compares `a` with `b`.
-    pub fn of(a: Option<f64>, b: Option<f64>) -> Self {
+    pub(crate) fn of(a: Option<f64>, b: Option<f64>) -> Self {
         let delta = a.zip(b).map(|(a, b)| b - a);
         Self {
             a,
@@ -39,51 +39,51 @@ impl Change {
 
 /// One row of a comparison: energy, a time and power.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// What it is (`package 0`, `tree`, a process name, a window name).
-    pub name: String,
+    pub(crate) name: String,
     /// Energy (J).
-    pub energy_j: Change,
+    pub(crate) energy_j: Change,
     /// Time (s): the profile's length for domains, on-CPU time for groups
     /// and processes, summed length for windows.
-    pub time_s: Change,
+    pub(crate) time_s: Change,
     /// Average power (W): energy over that time; for processes, energy
     /// over on-CPU time.
-    pub power_w: Change,
+    pub(crate) power_w: Change,
     /// How many: processes of that name, windows of that name.
-    pub count: Change,
+    pub(crate) count: Change,
 }
 
 /// Which run a file is, for the heading.
 #[derive(Clone, Debug, Serialize)]
-pub struct Side {
+pub(crate) struct Side {
     /// The file.
-    pub file: String,
+    pub(crate) file: String,
     /// What it was read as.
-    pub format: Format,
+    pub(crate) format: Format,
     /// `run` or `monitor`.
-    pub mode: String,
+    pub(crate) mode: String,
     /// The command line (`run`).
-    pub argv: Option<Vec<String>>,
+    pub(crate) argv: Option<Vec<String>>,
 }
 
 /// Two runs compared.
 #[derive(Clone, Debug, Serialize)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     /// The baseline.
-    pub a: Side,
+    pub(crate) a: Side,
     /// The run compared with it.
-    pub b: Side,
+    pub(crate) b: Side,
     /// The profile as a whole: length, and all measured energy.
-    pub total: Row,
+    pub(crate) total: Row,
     /// Per domain and package: measured energy over the profile.
-    pub domains: Vec<Row>,
+    pub(crate) domains: Vec<Row>,
     /// The command tree, wattprof, the rest.
-    pub groups: Vec<Row>,
+    pub(crate) groups: Vec<Row>,
     /// Per process name, largest energy change first.
-    pub processes: Vec<Row>,
+    pub(crate) processes: Vec<Row>,
     /// Per window name, in A's order then B's.
-    pub windows: Vec<Row>,
+    pub(crate) windows: Vec<Row>,
 }
 
 fn power(e: Option<f64>, t: Option<f64>) -> Option<f64> {
@@ -191,7 +191,7 @@ fn windows(s: &Summary) -> Vec<(String, (f64, f64, f64))> {
 }
 
 /// Compares run `b` with baseline `a`.
-pub fn compare(a: &Summary, b: &Summary) -> Comparison {
+pub(crate) fn compare(a: &Summary, b: &Summary) -> Comparison {
     let total = |s: &Summary| {
         let j: f64 = [Domain::Package, Domain::Dram, Domain::Gpu]
             .into_iter()

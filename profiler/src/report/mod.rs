@@ -2,10 +2,10 @@
 //! stream cut short becomes one [`Summary`], which the table, `--json`,
 //! the comparison of two runs, the plots and the CSV files are made from.
 
-pub mod compare;
+pub(crate) mod compare;
 pub mod metrics;
-pub mod plot;
-pub mod read;
+pub(crate) mod plot;
+pub(crate) mod read;
 pub mod render;
 
 use std::collections::BTreeMap;
@@ -19,12 +19,12 @@ use crate::output::{
 };
 use crate::process::GroupTotals;
 use crate::sources::registry::ReaderUse;
-pub use read::{Cut, ReadError};
+pub(crate) use read::{Cut, ReadError};
 
 /// What kind of file a summary was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Format {
+pub(crate) enum Format {
     /// A recording (`--output`).
     Recording,
     /// A whole `--jsonl` stream (it has its summary).
@@ -35,7 +35,7 @@ pub enum Format {
 
 impl Format {
     /// In words, for tables.
-    pub fn words(self) -> &'static str {
+    pub(crate) fn words(self) -> &'static str {
         match self {
             Self::Recording => "recording",
             Self::Stream => "stream",
@@ -46,28 +46,28 @@ impl Format {
 
 /// The command of a `run`.
 #[derive(Clone, Debug, Serialize)]
-pub struct CommandSummary {
+pub(crate) struct CommandSummary {
     /// Its command line.
-    pub argv: Vec<String>,
+    pub(crate) argv: Vec<String>,
     /// Its pid (not in a cut stream).
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// Exit code.
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// The signal that killed it.
-    pub signal: Option<i32>,
+    pub(crate) signal: Option<i32>,
     /// Processes in its tree (not in a cut stream).
-    pub processes: Option<usize>,
+    pub(crate) processes: Option<usize>,
 }
 
 /// CPU time over the whole machine.
 #[derive(Clone, Debug, Serialize)]
-pub struct MachineSummary {
+pub(crate) struct MachineSummary {
     /// Possible CPUs (not in a cut stream).
-    pub cpus: Option<usize>,
+    pub(crate) cpus: Option<usize>,
     /// CPU time of all tasks (ns).
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// All CPUs' accounting windows (not in a cut stream).
-    pub window_ns: Option<u64>,
+    pub(crate) window_ns: Option<u64>,
 }
 
 /// A profile as `report` shows it: totals per domain, group, process,
@@ -75,59 +75,59 @@ pub struct MachineSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
     /// The file.
-    pub file: String,
+    pub(crate) file: String,
     /// What it is.
-    pub format: Format,
+    pub(crate) format: Format,
     /// Where a stream was cut.
-    pub cut: Option<Cut>,
+    pub(crate) cut: Option<Cut>,
     /// What a cut stream cannot tell (only its summary line has it).
-    pub missing: Vec<String>,
+    pub(crate) missing: Vec<String>,
     /// Stream lines of a record type this wattprof does not know (written
     /// by a newer one), skipped.
-    pub unknown_lines: usize,
+    pub(crate) unknown_lines: usize,
     /// Layout version.
-    pub schema_version: u32,
+    pub(crate) schema_version: u32,
     /// Who wrote it.
-    pub wattprof_version: String,
+    pub(crate) wattprof_version: String,
     /// `run` or `monitor`.
-    pub mode: String,
+    pub(crate) mode: String,
     /// Wall-clock start (ns since the Unix epoch).
-    pub start_unix_ns: u64,
+    pub(crate) start_unix_ns: u64,
     /// Length of the profile (to the cut, in a cut stream).
-    pub wall_ns: u64,
+    pub(crate) wall_ns: u64,
     /// The machine.
-    pub host: HostReport,
+    pub(crate) host: HostReport,
     /// The command (`run`).
-    pub command: Option<CommandSummary>,
+    pub(crate) command: Option<CommandSummary>,
     /// Interval records in the file.
-    pub intervals: usize,
+    pub(crate) intervals: usize,
     /// Readers in use.
-    pub readers: Vec<ReaderUse>,
+    pub(crate) readers: Vec<ReaderUse>,
     /// Per domain and package.
-    pub domains: Vec<DomainReport>,
+    pub(crate) domains: Vec<DomainReport>,
     /// On-CPU time per group.
-    pub group_times: GroupTotals,
+    pub(crate) group_times: GroupTotals,
     /// Energy per group.
-    pub group_energy: GroupEnergy,
+    pub(crate) group_energy: GroupEnergy,
     /// Whole-machine CPU time.
-    pub machine: MachineSummary,
+    pub(crate) machine: MachineSummary,
     /// Processes, most energy first.
-    pub processes: Vec<ProcessReport>,
+    pub(crate) processes: Vec<ProcessReport>,
     /// Containers and systemd units, most energy first (not in a cut
     /// stream).
-    pub containers: Vec<ContainerReport>,
+    pub(crate) containers: Vec<ContainerReport>,
     /// Windows, in the order they ended.
-    pub windows: Vec<WindowReport>,
+    pub(crate) windows: Vec<WindowReport>,
     /// gCO2eq per kWh.
-    pub carbon_intensity_g_per_kwh: f64,
+    pub(crate) carbon_intensity_g_per_kwh: f64,
     /// Where that comes from.
-    pub carbon_intensity_source: String,
+    pub(crate) carbon_intensity_source: String,
     /// How static power was shared, and the figures (a recording's).
-    pub static_note: Option<String>,
+    pub(crate) static_note: Option<String>,
     /// Reader failures.
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     /// Energy per function (`--stacks`; not in a cut stream).
-    pub stacks: Option<crate::output::flamegraph::StackReport>,
+    pub(crate) stacks: Option<crate::output::flamegraph::StackReport>,
 }
 
 /// A file read back: its summary and its intervals.
@@ -136,11 +136,11 @@ pub struct Loaded {
     /// Totals.
     pub summary: Summary,
     /// The interval records (machine-level only in a `monitor` recording).
-    pub intervals: Vec<IntervalRecord>,
+    pub(crate) intervals: Vec<IntervalRecord>,
 }
 
 /// Reads `path` (a recording, a stream, or a stream cut short).
-pub fn load(path: &std::path::Path) -> Result<Loaded, ReadError> {
+pub(crate) fn load(path: &std::path::Path) -> Result<Loaded, ReadError> {
     into_loaded(path, read::read(path)?)
 }
 
@@ -174,7 +174,7 @@ fn into_loaded(path: &std::path::Path, read: read::File) -> Result<Loaded, ReadE
 
 impl Summary {
     /// From a whole document (a recording, or a stream's summary).
-    pub fn of_report(r: &RunReport, file: String, format: Format, intervals: usize) -> Self {
+    pub(crate) fn of_report(r: &RunReport, file: String, format: Format, intervals: usize) -> Self {
         let mut processes = r.processes.clone();
         processes.sort_by(|a, b| {
             b.energy
@@ -225,7 +225,7 @@ impl Summary {
 
     /// Rebuilt from the complete lines of a stream that lacks its summary:
     /// the sums of its intervals and its ended windows.
-    pub fn of_cut_stream(s: &read::Stream, file: String) -> Self {
+    pub(crate) fn of_cut_stream(s: &read::Stream, file: String) -> Self {
         let h = &s.header;
         let g = h.carbon_intensity_g_per_kwh;
         let span_ns = s.intervals.last().map_or(0, |i| i.t_ns);
@@ -437,7 +437,7 @@ impl Summary {
     }
 
     /// The figures of a codecarbon emissions row.
-    pub fn emissions(&self) -> crate::output::csv::Emissions<'_> {
+    pub(crate) fn emissions(&self) -> crate::output::csv::Emissions<'_> {
         crate::output::csv::Emissions {
             mode: &self.mode,
             start_unix_ns: self.start_unix_ns,
@@ -454,7 +454,7 @@ impl Summary {
     }
 
     /// Measured energy of a domain, all packages (J).
-    pub fn measured_j(&self, domain: crate::sources::Domain) -> f64 {
+    pub(crate) fn measured_j(&self, domain: crate::sources::Domain) -> f64 {
         self.domains
             .iter()
             .filter(|d| d.domain == domain)

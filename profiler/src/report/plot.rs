@@ -24,7 +24,7 @@ const BARS: usize = 120;
 
 /// Why there is nothing to draw, or drawing failed.
 #[derive(Debug, thiserror::Error)]
-pub enum PlotError {
+pub(crate) enum PlotError {
     /// No interval records.
     #[error("{0} has no interval records: there is no power over time to plot")]
     NoIntervals(String),
@@ -350,7 +350,7 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
 }
 
 /// The three panels as one SVG document.
-pub fn svg(l: &Loaded) -> Result<String, PlotError> {
+pub(crate) fn svg(l: &Loaded) -> Result<String, PlotError> {
     if l.intervals.is_empty() {
         return Err(PlotError::NoIntervals(l.summary.file.clone()));
     }
@@ -384,7 +384,7 @@ fn esc(s: &str) -> String {
 }
 
 /// A self-contained page: the figures as tables, then the plots.
-pub fn html(l: &Loaded) -> Result<String, PlotError> {
+pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
     let svg = svg(l)?;
     let s = &l.summary;
     let what = match &s.command {

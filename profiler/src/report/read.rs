@@ -101,17 +101,17 @@ struct Probe {
 
 /// Where a stream was cut.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Cut {
+pub(crate) struct Cut {
     /// Complete lines read.
-    pub complete_lines: usize,
+    pub(crate) complete_lines: usize,
     /// Bytes of the partial last line (0 when the stream only lacks its
     /// summary).
-    pub partial_line_bytes: usize,
+    pub(crate) partial_line_bytes: usize,
 }
 
 /// A file read back.
 #[derive(Debug)]
-pub enum File {
+pub(crate) enum File {
     /// A recording (`--output`): the whole document.
     Recording(Box<RunReport>, Vec<IntervalRecord>),
     /// A `--jsonl` stream.
@@ -120,20 +120,20 @@ pub enum File {
 
 /// The records of a stream.
 #[derive(Debug)]
-pub struct Stream {
+pub(crate) struct Stream {
     /// Its first line.
-    pub header: Box<HeaderRecord>,
+    pub(crate) header: Box<HeaderRecord>,
     /// Its interval records.
-    pub intervals: Vec<IntervalRecord>,
+    pub(crate) intervals: Vec<IntervalRecord>,
     /// Its window records.
-    pub windows: Vec<WindowReport>,
+    pub(crate) windows: Vec<WindowReport>,
     /// Its last line, when the profile ended (absent from a cut stream).
-    pub summary: Option<Box<RunReport>>,
+    pub(crate) summary: Option<Box<RunReport>>,
     /// Where it was cut: no summary, and maybe a partial last line.
-    pub cut: Option<Cut>,
+    pub(crate) cut: Option<Cut>,
     /// Lines of a record type this wattprof does not know (written by a
     /// newer one), skipped.
-    pub unknown_lines: usize,
+    pub(crate) unknown_lines: usize,
 }
 
 fn check_version(path: &Path, probe: &Probe) -> Result<(), ReadError> {
@@ -180,7 +180,7 @@ fn bad(path: &Path, line: Option<usize>, e: impl std::fmt::Display) -> ReadError
 
 /// Reads `path`: a recording, a stream, or a stream cut short (every
 /// complete line is read, and the cut is said).
-pub fn read(path: &Path) -> Result<File, ReadError> {
+pub(crate) fn read(path: &Path) -> Result<File, ReadError> {
     let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
         path: path.to_path_buf(),
         source,
@@ -191,7 +191,7 @@ pub fn read(path: &Path) -> Result<File, ReadError> {
 /// [`read`] on bytes already in memory (`path` names it in errors). Bytes,
 /// not text: a stream cut inside a multi-byte character is still read to
 /// its last complete line.
-pub fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
+pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ReadError::Empty {
             path: path.to_path_buf(),

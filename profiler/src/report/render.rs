@@ -193,7 +193,7 @@ pub fn render_metrics(file: &str, metrics: &[Metric]) -> String {
 }
 
 /// `report A B`: B against the baseline A.
-pub fn render_comparison(c: &Comparison) -> String {
+pub(crate) fn render_comparison(c: &Comparison) -> String {
     let mut s = String::new();
     let name = |side: &Side| match &side.argv {
         Some(a) => format!("{} (`{}`)", side.file, a.join(" ")),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// What the wall power is fitted against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Regressor {
+pub(crate) enum Regressor {
     /// Watts measured by the counters: package + DRAM + GPU.
     CountersW,
     /// CPUs busy (utilization × CPUs), where no counter works.
@@ -19,7 +19,7 @@ pub enum Regressor {
 
 impl Regressor {
     /// For people.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Self::CountersW => "(package + DRAM + GPU watts)",
             Self::BusyCpus => "(busy CPUs)",
@@ -29,18 +29,18 @@ impl Regressor {
 
 /// A calibration's wall power law over one interval: `wall = a × x + b`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WallModel {
+pub(crate) struct WallModel {
     /// The slope.
-    pub a: f64,
+    pub(crate) a: f64,
     /// What `a` multiplies: the counters' energy, or busy CPU time.
-    pub per: WallPer,
+    pub(crate) per: WallPer,
     /// `b` over the interval (µJ): the node's static energy.
-    pub static_uj: u64,
+    pub(crate) static_uj: u64,
 }
 
 /// What a calibration's slope multiplies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WallPer {
+pub(crate) enum WallPer {
     /// Each consumer's package + DRAM + GPU energy (µJ per µJ).
     CounterEnergy,
     /// Each consumer's on-CPU time (µJ per µs, i.e. watts per busy CPU).
@@ -49,33 +49,33 @@ pub enum WallPer {
 
 /// One point of the staircase: a window's mean regressor and wall power.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Point {
+pub(crate) struct Point {
     /// The step: CPUs kept busy (`gpu` steps say so).
-    pub step: String,
+    pub(crate) step: String,
     /// Mean of the regressor over the window.
-    pub x: f64,
+    pub(crate) x: f64,
     /// Mean wall power (W).
-    pub wall_w: f64,
+    pub(crate) wall_w: f64,
 }
 
 /// A least-squares line and how well it fits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Fit {
+pub(crate) struct Fit {
     /// Slope.
-    pub a: f64,
+    pub(crate) a: f64,
     /// Intercept (W): the node's static power.
-    pub b: f64,
+    pub(crate) b: f64,
     /// Root mean square of the residuals (W).
-    pub rms_residual_w: f64,
+    pub(crate) rms_residual_w: f64,
     /// `rms_residual_w` over the mean wall power.
-    pub relative_residual: f64,
+    pub(crate) relative_residual: f64,
     /// Coefficient of determination.
-    pub r_squared: f64,
+    pub(crate) r_squared: f64,
 }
 
 /// Why no line can be fitted.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum FitError {
+pub(crate) enum FitError {
     /// Fewer than two points.
     #[error("{0} point(s): a line needs at least 2")]
     TooFew(usize),
@@ -90,7 +90,7 @@ pub enum FitError {
 }
 
 /// Least squares of `wall_w` on `x`.
-pub fn fit(points: &[Point]) -> Result<Fit, FitError> {
+pub(crate) fn fit(points: &[Point]) -> Result<Fit, FitError> {
     let n = points.len();
     if n < 2 {
         return Err(FitError::TooFew(n));
@@ -129,31 +129,31 @@ pub fn fit(points: &[Point]) -> Result<Fit, FitError> {
 /// The calibration file `wattprof calibrate` writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Calibration {
+pub(crate) struct Calibration {
     /// Always `wattprof_calibration`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// Format version (1).
-    pub version: u32,
+    pub(crate) version: u32,
     /// Host it was made on.
-    pub host: String,
+    pub(crate) host: String,
     /// Online CPUs.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
     /// When (Unix ns).
-    pub created_unix_ns: u64,
+    pub(crate) created_unix_ns: u64,
     /// What the wall power was fitted against.
-    pub regressor: Regressor,
+    pub(crate) regressor: Regressor,
     /// The line.
-    pub fit: Fit,
+    pub(crate) fit: Fit,
     /// The readers it used (counters, wattmeter).
-    pub readers: Vec<String>,
+    pub(crate) readers: Vec<String>,
     /// The staircase's points.
-    pub points: Vec<Point>,
+    pub(crate) points: Vec<Point>,
 }
 
 impl Calibration {
     /// Reads and checks a calibration file: one line saying what is wrong.
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+    pub(crate) fn load(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read --calibration {}: {e}", path.display()))?;
         let c: Self = serde_json::from_str(&text).map_err(|e| {

@@ -8,7 +8,7 @@
 
 /// A monotonic counter that wraps to zero after `modulus - 1`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WrappingCounter {
+pub(crate) struct WrappingCounter {
     modulus: u64,
     last: Option<u64>,
     /// A 64-bit counter never wraps in practice: a decrease is a reset
@@ -18,7 +18,7 @@ pub struct WrappingCounter {
 
 impl WrappingCounter {
     /// A counter whose values are `0..modulus`.
-    pub fn new(modulus: u64) -> Self {
+    pub(crate) fn new(modulus: u64) -> Self {
         Self {
             modulus: modulus.max(1),
             last: None,
@@ -27,7 +27,7 @@ impl WrappingCounter {
     }
 
     /// A counter of `bits` bits (64: decreases are resets, not wraps).
-    pub fn bits(bits: u32) -> Self {
+    pub(crate) fn bits(bits: u32) -> Self {
         if bits >= 64 {
             Self {
                 decrease_is_reset: true,
@@ -39,25 +39,25 @@ impl WrappingCounter {
     }
 
     /// The last reading, within the range.
-    pub fn last(&self) -> Option<u64> {
+    pub(crate) fn last(&self) -> Option<u64> {
         self.last
     }
 
     /// The range: readings are below it.
-    pub fn modulus(&self) -> u64 {
+    pub(crate) fn modulus(&self) -> u64 {
         self.modulus
     }
 
     /// Forgets the last reading (the counter vanished): the next one is a
     /// new starting point. The range is kept.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.last = None;
     }
 
     /// The growth since the previous reading (`None` on the first one). A
     /// reading below the previous one is taken as one wrap: reads come far
     /// more often than a counter can wrap twice.
-    pub fn advance(&mut self, now: u64) -> Option<u64> {
+    pub(crate) fn advance(&mut self, now: u64) -> Option<u64> {
         let now = now % self.modulus;
         let delta = self.last.map(|last| {
             if now >= last {
@@ -77,7 +77,7 @@ impl WrappingCounter {
 /// microjoules. The sub-microjoule remainder is carried to the next
 /// reading, so rounding never accumulates however often it is read.
 #[derive(Clone, Debug)]
-pub struct EnergyCounter {
+pub(crate) struct EnergyCounter {
     counter: WrappingCounter,
     joules_per_step: f64,
     carry_uj: f64,
@@ -85,7 +85,7 @@ pub struct EnergyCounter {
 
 impl EnergyCounter {
     /// A counter of `counter`'s range, each step worth `joules_per_step`.
-    pub fn new(counter: WrappingCounter, joules_per_step: f64) -> Self {
+    pub(crate) fn new(counter: WrappingCounter, joules_per_step: f64) -> Self {
         Self {
             counter,
             joules_per_step,
@@ -94,12 +94,12 @@ impl EnergyCounter {
     }
 
     /// The energy of one step, in joules.
-    pub fn joules_per_step(&self) -> f64 {
+    pub(crate) fn joules_per_step(&self) -> f64 {
         self.joules_per_step
     }
 
     /// Microjoules since the previous reading (`None` on the first).
-    pub fn advance(&mut self, raw: u64) -> Option<u64> {
+    pub(crate) fn advance(&mut self, raw: u64) -> Option<u64> {
         let steps = self.counter.advance(raw)?;
         let uj = steps as f64 * self.joules_per_step * 1e6 + self.carry_uj;
         let whole = uj.floor();

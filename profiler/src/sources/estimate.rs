@@ -27,14 +27,14 @@ const TDP_TABLE: &str = include_str!("../../data/cpu-tdp.tsv");
 const VCPU_TABLE: &str = include_str!("../../data/cpu-vcpu-watts.tsv");
 
 /// Where the TDP table comes from, for reports.
-pub const TDP_SOURCE: &str = "codecarbon 3.3.2 cpu_power.csv (MIT)";
+pub(crate) const TDP_SOURCE: &str = "codecarbon 3.3.2 cpu_power.csv (MIT)";
 /// Where the vCPU table comes from, for reports.
-pub const VCPU_SOURCE: &str = "Cloud Carbon Footprint AWS/Azure coefficients (Apache-2.0)";
+pub(crate) const VCPU_SOURCE: &str = "Cloud Carbon Footprint AWS/Azure coefficients (Apache-2.0)";
 
 /// `--power-model`: which model stands in where no counter works.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ModelChoice {
+pub(crate) enum ModelChoice {
     /// The best model for this machine: a VM guest's vCPUs, else the TDP
     /// of a CPU model in the table, else the microarchitecture's (or the
     /// default) watts per vCPU.
@@ -51,15 +51,15 @@ pub enum ModelChoice {
 
 /// CPU power from TDP and utilization.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TdpModel {
+pub(crate) struct TdpModel {
     /// Thermal design power of all the machine's CPU packages together (W).
-    pub tdp_w: f64,
+    pub(crate) tdp_w: f64,
 }
 
 impl TdpModel {
     /// The model for CPUs with `tdp_w` watts of TDP together; refuses a
     /// figure that is no TDP in watts.
-    pub fn new(tdp_w: f64) -> Result<Self, SourceError> {
+    pub(crate) fn new(tdp_w: f64) -> Result<Self, SourceError> {
         if !(tdp_w.is_finite() && tdp_w > 0.0 && tdp_w < 100_000.0) {
             return Err(SourceError::Fatal(format!(
                 "--cpu-tdp {tdp_w}: not a plausible TDP in watts"
@@ -70,7 +70,7 @@ impl TdpModel {
 
     /// Estimated energy (µJ) of an interval in which tasks ran `busy_ns`
     /// nanoseconds in total on `cpus` CPUs.
-    pub fn energy_uj(&self, busy_ns: u64, cpus: usize) -> u64 {
+    pub(crate) fn energy_uj(&self, busy_ns: u64, cpus: usize) -> u64 {
         if cpus == 0 {
             return 0;
         }
@@ -81,16 +81,16 @@ impl TdpModel {
 
 /// CPU power from per-vCPU watts at 0% and 100% utilization.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct VcpuModel {
+pub(crate) struct VcpuModel {
     /// Watts per vCPU at 0% utilization.
-    pub min_w: f64,
+    pub(crate) min_w: f64,
     /// Watts per vCPU at 100% utilization.
-    pub max_w: f64,
+    pub(crate) max_w: f64,
 }
 
 impl VcpuModel {
     /// The model, refusing figures that are no watts per vCPU.
-    pub fn new(min_w: f64, max_w: f64) -> Result<Self, SourceError> {
+    pub(crate) fn new(min_w: f64, max_w: f64) -> Result<Self, SourceError> {
         let ok = |w: f64| w.is_finite() && (0.0..1000.0).contains(&w);
         if !(ok(min_w) && ok(max_w) && min_w <= max_w && max_w > 0.0) {
             return Err(SourceError::Fatal(format!(
@@ -104,7 +104,7 @@ impl VcpuModel {
     /// Estimated energy (µJ) of an interval: `window_ns` of CPU time
     /// existed on the online CPUs (vCPUs × interval), tasks ran `busy_ns`
     /// of it.
-    pub fn energy_uj(&self, busy_ns: u64, window_ns: u64) -> u64 {
+    pub(crate) fn energy_uj(&self, busy_ns: u64, window_ns: u64) -> u64 {
         let busy = busy_ns.min(window_ns) as f64;
         // W × ns = nJ; / 1e3 = µJ.
         ((self.min_w * window_ns as f64 + (self.max_w - self.min_w) * busy) / 1e3).round() as u64
@@ -113,7 +113,7 @@ impl VcpuModel {
 
 /// A model in use.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum PowerModel {
+pub(crate) enum PowerModel {
     /// TDP × utilization.
     Tdp(TdpModel),
     /// vCPUs × (min + u × (max − min)).
@@ -122,7 +122,7 @@ pub enum PowerModel {
 
 impl PowerModel {
     /// Its name in reports (`tdp`, `vcpu`).
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Tdp(_) => "tdp",
             Self::Vcpu(_) => "vcpu",
@@ -131,7 +131,7 @@ impl PowerModel {
 
     /// Whether it has an idle term (then idle time's share of its energy
     /// is idle energy; otherwise its energy is divided by busy time).
-    pub fn has_idle_term(&self) -> bool {
+    pub(crate) fn has_idle_term(&self) -> bool {
         match self {
             Self::Tdp(_) => false,
             Self::Vcpu(m) => m.min_w > 0.0,
@@ -140,7 +140,7 @@ impl PowerModel {
 
     /// Estimated energy (µJ) of an interval with `busy_ns` of task time
     /// out of `window_ns` of CPU time on `cpus` online CPUs.
-    pub fn energy_uj(&self, busy_ns: u64, window_ns: u64, cpus: usize) -> u64 {
+    pub(crate) fn energy_uj(&self, busy_ns: u64, window_ns: u64, cpus: usize) -> u64 {
         match self {
             Self::Tdp(m) => m.energy_uj(busy_ns, cpus),
             Self::Vcpu(m) => m.energy_uj(busy_ns, window_ns),
@@ -148,7 +148,7 @@ impl PowerModel {
     }
 
     /// Its formula with its figures, for people.
-    pub fn formula(&self) -> String {
+    pub(crate) fn formula(&self) -> String {
         match self {
             Self::Tdp(m) => format!("TDP {} W x CPU utilization", m.tdp_w),
             Self::Vcpu(m) => format!(
@@ -168,21 +168,21 @@ fn round3(x: f64) -> f64 {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CpuId {
     /// `vendor_id` (x86).
-    pub vendor: String,
+    pub(crate) vendor: String,
     /// `cpu family` (x86).
-    pub family: Option<u32>,
+    pub(crate) family: Option<u32>,
     /// `model` (x86).
-    pub model: Option<u32>,
+    pub(crate) model: Option<u32>,
     /// `stepping` (x86).
-    pub stepping: Option<u32>,
+    pub(crate) stepping: Option<u32>,
     /// `model name`, or `Hardware` on some ARM kernels.
-    pub model_name: String,
+    pub(crate) model_name: String,
     /// `CPU implementer` and `CPU part` (ARM).
-    pub arm_part: Option<(u32, u32)>,
+    pub(crate) arm_part: Option<(u32, u32)>,
     /// The `hypervisor` flag: this is a VM guest.
-    pub guest: bool,
+    pub(crate) guest: bool,
     /// Logical CPUs listed.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
 }
 
 fn parse_num(v: &str) -> Option<u32> {
@@ -230,7 +230,7 @@ impl CpuId {
     /// Cloud Carbon Footprint's name of this CPU's microarchitecture
     /// (family and model numbers from the kernel's `intel-family.h` and
     /// AMD's and Arm's published part numbers).
-    pub fn microarchitecture(&self) -> Option<&'static str> {
+    pub(crate) fn microarchitecture(&self) -> Option<&'static str> {
         if let Some((implementer, part)) = self.arm_part {
             return match (implementer, part) {
                 (0x41, 0xd08) => Some("AWS Graviton"),  // Cortex-A72
@@ -301,7 +301,7 @@ fn model_tokens(name: &str) -> Vec<String> {
 /// the name holding a digit (so `E5-2680 v3` never takes the plain
 /// `E5-2680` row, nor `i5 CPU 750` the Phenom row `750`). The most
 /// specific such entry wins.
-pub fn lookup_tdp(model_name: &str) -> Option<(&'static str, f64)> {
+pub(crate) fn lookup_tdp(model_name: &str) -> Option<(&'static str, f64)> {
     let have = model_tokens(model_name);
     let digits = |w: &String| w.chars().any(|c| c.is_ascii_digit());
     let numbered: Vec<&String> = have.iter().filter(|w| digits(w)).collect();
@@ -332,7 +332,7 @@ pub fn lookup_tdp(model_name: &str) -> Option<(&'static str, f64)> {
 
 /// The vCPU table's (min W, max W, clouds) for a microarchitecture, or
 /// for `default`.
-pub fn lookup_vcpu(arch: &str) -> Option<(f64, f64, &'static str)> {
+pub(crate) fn lookup_vcpu(arch: &str) -> Option<(f64, f64, &'static str)> {
     VCPU_TABLE
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -345,29 +345,29 @@ pub fn lookup_vcpu(arch: &str) -> Option<(f64, f64, &'static str)> {
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ModelRequest {
+pub(crate) struct ModelRequest {
     /// `--power-model`.
-    pub choice: ModelChoice,
+    pub(crate) choice: ModelChoice,
     /// `--cpu-tdp` (all packages together).
-    pub cpu_tdp_w: Option<f64>,
+    pub(crate) cpu_tdp_w: Option<f64>,
     /// `--vcpu-watts MIN,MAX`.
-    pub vcpu_watts: Option<(f64, f64)>,
+    pub(crate) vcpu_watts: Option<(f64, f64)>,
 }
 
 /// The model chosen, and why.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Chosen {
+pub(crate) struct Chosen {
     /// The model.
-    pub model: PowerModel,
+    pub(crate) model: PowerModel,
     /// Why this one, for people.
-    pub why: String,
+    pub(crate) why: String,
     /// Where its figures come from.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Chosen {
     /// What it gives, for `wattprof sources`.
-    pub fn info(&self) -> SourceInfo {
+    pub(crate) fn info(&self) -> SourceInfo {
         SourceInfo {
             domains: vec![(Domain::Package, None)],
             resolution_uj: None,
@@ -378,7 +378,7 @@ impl Chosen {
 
 /// Picks the model for the machine `sys` describes (its packages) with
 /// `cpuinfo`: [`choose`] with the package count from the topology.
-pub fn choose_on(
+pub(crate) fn choose_on(
     req: ModelRequest,
     sys: &crate::topology::SysRoot,
     cpuinfo: &str,
@@ -390,7 +390,7 @@ pub fn choose_on(
 /// Picks the model for a machine with `cpuinfo` and `packages` CPU
 /// packages. `Ok(None)`: `--power-model none`. An error says why the model
 /// asked for cannot be used and what would make it work.
-pub fn choose(
+pub(crate) fn choose(
     req: ModelRequest,
     cpuinfo: &str,
     packages: usize,

@@ -4,14 +4,14 @@
 //! processes. Every reader reports energy as deltas since its previous
 //! read, with counter wraparound handled once, in [`counter`].
 
-pub mod calibration;
-pub mod counter;
+pub(crate) mod calibration;
+pub(crate) mod counter;
 pub mod estimate;
 pub mod msr;
 pub mod nvml;
-pub mod perf;
-pub mod powercap;
-pub mod registry;
+pub(crate) mod perf;
+pub(crate) mod powercap;
+pub(crate) mod registry;
 pub mod static_power;
 pub mod wattmeter;
 
@@ -40,7 +40,7 @@ pub enum Domain {
 impl Domain {
     /// Its label in tables and plots with its package or GPU index:
     /// `package 0`, `gpu 1`, `psys (machine)`.
-    pub fn label(self, package: Option<u32>) -> String {
+    pub(crate) fn label(self, package: Option<u32>) -> String {
         match (self, package) {
             (Self::Gpu, Some(i)) => format!("gpu {i}"),
             (d, Some(p)) => format!("{} {p}", d.name()),
@@ -49,7 +49,7 @@ impl Domain {
     }
 
     /// Name as the kernel's powercap zones and the reports spell it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Package => "package",
             Self::Core => "core",
@@ -104,7 +104,7 @@ pub enum SourceError {
 
 impl SourceError {
     /// A [`SourceError::NotSupported`].
-    pub fn unsupported(reason: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn unsupported(reason: impl Into<String>, fix: impl Into<String>) -> Self {
         Self::NotSupported {
             reason: reason.into(),
             fix: fix.into(),
@@ -113,7 +113,7 @@ impl SourceError {
 
     /// Why a reader is not used, and what would make it work (only a
     /// [`SourceError::NotSupported`] knows a fix).
-    pub fn reason_and_fix(self) -> (String, Option<String>) {
+    pub(crate) fn reason_and_fix(self) -> (String, Option<String>) {
         match self {
             Self::NotSupported { reason, fix } => (reason, Some(fix)),
             other => (other.to_string(), None),
@@ -145,7 +145,7 @@ pub enum ReaderKind {
 
 impl ReaderKind {
     /// As reports spell it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Cpu => "cpu",
             Self::Gpu => "gpu",
@@ -184,7 +184,7 @@ pub trait Source {
 }
 
 /// Maps an I/O error on a counter file to the right kind of failure.
-pub fn classify_io(what: &str, err: &std::io::Error, fix_permission: &str) -> SourceError {
+pub(crate) fn classify_io(what: &str, err: &std::io::Error, fix_permission: &str) -> SourceError {
     match err.kind() {
         std::io::ErrorKind::PermissionDenied => {
             SourceError::unsupported(format!("{what}: permission denied"), fix_permission)
@@ -197,26 +197,29 @@ pub fn classify_io(what: &str, err: &std::io::Error, fix_permission: &str) -> So
 /// Two readers that measured the same domain of the same package over the
 /// same interval and disagree.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Disagreement {
+pub(crate) struct Disagreement {
     /// The domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// The package (`None`: machine level).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// First reader and its microjoules.
-    pub a: (String, u64),
+    pub(crate) a: (String, u64),
     /// Second reader and its microjoules.
-    pub b: (String, u64),
+    pub(crate) b: (String, u64),
     /// |a - b| / max(a, b).
-    pub relative: f64,
+    pub(crate) relative: f64,
 }
 
 /// Readers disagreeing by more than this are reported.
-pub const DISAGREEMENT_THRESHOLD: f64 = 0.05;
+pub(crate) const DISAGREEMENT_THRESHOLD: f64 = 0.05;
 
 /// Compares readers' energy over one interval, domain by domain. Pairs where
 /// both saw less than `floor_uj` are too small to compare and are skipped;
 /// estimated figures are not measurements and are never compared.
-pub fn cross_check(readings: &[(String, Vec<DomainEnergy>)], floor_uj: u64) -> Vec<Disagreement> {
+pub(crate) fn cross_check(
+    readings: &[(String, Vec<DomainEnergy>)],
+    floor_uj: u64,
+) -> Vec<Disagreement> {
     let mut out = Vec::new();
     for (i, (name_a, a)) in readings.iter().enumerate() {
         for (name_b, b) in &readings[i + 1..] {

@@ -23,21 +23,21 @@ use crate::topology::{SysRoot, Topology};
 
 /// Where the MSR devices are; injectable so tests can use sparse files.
 #[derive(Clone, Debug)]
-pub struct MsrRoot(PathBuf);
+pub(crate) struct MsrRoot(PathBuf);
 
 impl MsrRoot {
     /// The real `/dev/cpu`.
-    pub fn real() -> Self {
+    pub(crate) fn real() -> Self {
         Self(PathBuf::from("/dev/cpu"))
     }
 
     /// A directory holding `N/msr` files.
-    pub fn at(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn at(path: impl Into<PathBuf>) -> Self {
         Self(path.into())
     }
 
     /// The device of CPU `cpu`.
-    pub fn device(&self, cpu: u32) -> PathBuf {
+    pub(crate) fn device(&self, cpu: u32) -> PathBuf {
         self.0.join(cpu.to_string()).join("msr")
     }
 
@@ -101,7 +101,7 @@ struct Register {
 
 /// The MSR reader.
 #[derive(Debug)]
-pub struct Msr {
+pub(crate) struct Msr {
     root: MsrRoot,
     files: Vec<File>,
     registers: Vec<Register>,
@@ -119,7 +119,7 @@ const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_SYS_RAWIO an
 impl Msr {
     /// Opens one MSR device per package and finds its RAPL registers.
     /// Loads the `msr` module first when the devices are missing.
-    pub fn open(sys: &SysRoot, root: &MsrRoot, cpuinfo: &str) -> Result<Self, SourceError> {
+    pub(crate) fn open(sys: &SysRoot, root: &MsrRoot, cpuinfo: &str) -> Result<Self, SourceError> {
         let vendor = detect_vendor(cpuinfo).ok_or_else(|| {
             SourceError::unsupported(
                 "this CPU has no RAPL registers wattprof knows (Intel family 6, AMD/Hygon 17h+)",

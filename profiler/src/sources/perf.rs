@@ -43,7 +43,7 @@ impl std::fmt::Debug for Event {
 
 /// The perf `power` PMU reader.
 #[derive(Debug)]
-pub struct PerfPower {
+pub(crate) struct PerfPower {
     pmu: PathBuf,
     events: Vec<Event>,
 }
@@ -59,7 +59,7 @@ fn unsupported(reason: String) -> SourceError {
 impl PerfPower {
     /// Opens every energy event of the PMU at `sys`'s
     /// `bus/event_source/devices/power`, one counter per package.
-    pub fn open(sys: &SysRoot) -> Result<Self, SourceError> {
+    pub(crate) fn open(sys: &SysRoot) -> Result<Self, SourceError> {
         let pmu = sys.join("bus/event_source/devices/power");
         if !pmu.join("type").exists() {
             return Err(SourceError::unsupported(

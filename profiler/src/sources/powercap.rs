@@ -20,7 +20,7 @@ const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_DAC_READ_SEA
 /// A zone back after this long gets no energy for its absence: RAPL
 /// counters can wrap in a few minutes (a 32-bit counter of 15.3 µJ steps
 /// at 400 W in under 3), and a reading cannot tell one wrap from two.
-pub const RESTART_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const RESTART_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One zone being read.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ type TopZone = ((bool, u32), Domain, Option<u32>, u32);
 
 /// The counter's period: the range plus one step. The step (the RAPL
 /// energy unit) is not published; `max_energy_range_uj` is 2^32 - 1 steps.
-pub fn wrap_period(range_uj: u64) -> u64 {
+pub(crate) fn wrap_period(range_uj: u64) -> u64 {
     let step = (range_uj as f64 / 4_294_967_295.0).round() as u64;
     range_uj.saturating_add(step.max(1))
 }
@@ -55,26 +55,26 @@ fn parse_package_name(name: &str) -> Option<(u32, u32)> {
 
 /// A problem with one zone in one read; the other zones were read.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ZoneProblem {
+pub(crate) struct ZoneProblem {
     /// The zone's domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Its package.
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// What went wrong.
-    pub error: SourceError,
+    pub(crate) error: SourceError,
 }
 
 /// The file a host's `--vm-export` writes next to a guest's zones: its
 /// presence makes the tree's energy *measured by the host* and busy-only.
-pub const HOST_EXPORT_MARKER: &str = "wattprof-host-export";
+pub(crate) const HOST_EXPORT_MARKER: &str = "wattprof-host-export";
 
 /// The marker's line saying the host's own CPU energy is a power model's:
 /// the guest then reports the tree's energy as estimated.
-pub const HOST_ESTIMATED: &str = "estimated: true";
+pub(crate) const HOST_ESTIMATED: &str = "estimated: true";
 
 /// The powercap reader.
 #[derive(Debug)]
-pub struct Powercap {
+pub(crate) struct Powercap {
     root: PathBuf,
     zones: Vec<Zone>,
     problems: Vec<ZoneProblem>,
@@ -115,7 +115,7 @@ impl Powercap {
     /// no readable zone at all is [`SourceError::NotSupported`]. `cpuinfo`
     /// (the text of `/proc/cpuinfo`) tells AMD, whose `core` zone is left
     /// out.
-    pub fn open(sys: &SysRoot, cpuinfo: &str) -> Result<Self, SourceError> {
+    pub(crate) fn open(sys: &SysRoot, cpuinfo: &str) -> Result<Self, SourceError> {
         Self::open_dir(sys.join("class/powercap"), cpuinfo)
     }
 
@@ -123,7 +123,7 @@ impl Powercap {
     /// zones as `/sys/class/powercap` does (`--powercap-root`). A tree a
     /// host exported to its VM guest ([`HOST_EXPORT_MARKER`]) is read as
     /// energy measured by the host.
-    pub fn open_dir(root: PathBuf, cpuinfo: &str) -> Result<Self, SourceError> {
+    pub(crate) fn open_dir(root: PathBuf, cpuinfo: &str) -> Result<Self, SourceError> {
         let amd = super::msr::detect_vendor(cpuinfo) == Some(super::msr::Vendor::Amd);
         let marker = std::fs::read_to_string(root.join(HOST_EXPORT_MARKER)).ok();
         let host_estimated = marker
@@ -233,17 +233,20 @@ impl Powercap {
     }
 
     /// Whether the host's exported energy is itself a model's estimate.
-    pub fn host_estimated(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn host_estimated(&self) -> bool {
         self.host_estimated
     }
 
     /// What the host said of the tree, where it is a host's export.
-    pub fn host_export(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn host_export(&self) -> Option<&str> {
         self.export_note.as_deref()
     }
 
     /// Zones that could not be read at the last open or read.
-    pub fn problems(&self) -> &[ZoneProblem] {
+    #[cfg(test)]
+    pub(crate) fn problems(&self) -> &[ZoneProblem] {
         &self.problems
     }
 }

@@ -22,21 +22,21 @@ use crate::topology::SysRoot;
 
 /// The CPU energy counters, in the order they are tried: powercap (the
 /// kernel's RAPL driver), perf's `power` PMU, then the MSRs themselves.
-pub const CPU_COUNTERS: [&str; 3] = ["powercap", "perf", "msr"];
+pub(crate) const CPU_COUNTERS: [&str; 3] = ["powercap", "perf", "msr"];
 
 /// Where the CPU counters are looked for.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuMachine<'a> {
+pub(crate) struct CpuMachine<'a> {
     /// sysfs.
-    pub sys: &'a SysRoot,
+    pub(crate) sys: &'a SysRoot,
     /// `/dev/cpu`, for the MSRs.
-    pub msr_root: &'a MsrRoot,
+    pub(crate) msr_root: &'a MsrRoot,
     /// `/proc/cpuinfo`'s text.
-    pub cpuinfo: &'a str,
+    pub(crate) cpuinfo: &'a str,
 }
 
 /// Opens the CPU counter `name` (one of [`CPU_COUNTERS`]).
-pub fn open_cpu_counter(name: &str, m: CpuMachine<'_>) -> Opened {
+pub(crate) fn open_cpu_counter(name: &str, m: CpuMachine<'_>) -> Opened {
     match name {
         "powercap" => Powercap::open(m.sys, m.cpuinfo).map(|p| Box::new(p) as Box<dyn Source>),
         "perf" => PerfPower::open(m.sys).map(|p| Box::new(p) as Box<dyn Source>),
@@ -50,10 +50,10 @@ pub fn open_cpu_counter(name: &str, m: CpuMachine<'_>) -> Opened {
 }
 
 /// A CPU counter opened, or why it does not open.
-pub type Opened = Result<Box<dyn Source>, SourceError>;
+pub(crate) type Opened = Result<Box<dyn Source>, SourceError>;
 
 /// Every CPU counter in order, opened or with why it does not open.
-pub fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
+pub(crate) fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
     CPU_COUNTERS
         .iter()
         .map(|name| (*name, open_cpu_counter(name, m)))
@@ -62,48 +62,48 @@ pub fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
 
 /// Which readers to try, from the command line.
 #[derive(Clone, Debug, Default)]
-pub struct ReaderConfig {
+pub(crate) struct ReaderConfig {
     /// sysfs root for the CPU energy readers (`/sys`; a fixture in tests).
-    pub sys: Option<PathBuf>,
+    pub(crate) sys: Option<PathBuf>,
     /// The power model to use where no counter works.
-    pub model: ModelRequest,
+    pub(crate) model: ModelRequest,
     /// A powercap tree to read as the CPU counter (a host's export to its
     /// VM guest, `--powercap-root`), instead of looking for counters.
-    pub powercap_root: Option<PathBuf>,
+    pub(crate) powercap_root: Option<PathBuf>,
     /// Skip NVML.
-    pub no_gpu: bool,
+    pub(crate) no_gpu: bool,
     /// NVML library to load instead of the driver's.
-    pub nvml_lib: Option<OsString>,
+    pub(crate) nvml_lib: Option<OsString>,
     /// A wattmeter log to follow.
-    pub wattmeter_log: Option<PathBuf>,
+    pub(crate) wattmeter_log: Option<PathBuf>,
     /// A wattmeter program to start (argv).
-    pub wattmeter_cmd: Option<Vec<String>>,
+    pub(crate) wattmeter_cmd: Option<Vec<String>>,
     /// The wattmeter outlet the machine is plugged into.
-    pub wattmeter_outlet: u32,
+    pub(crate) wattmeter_outlet: u32,
     /// A wall power law from `wattprof calibrate` (`--calibration`).
-    pub calibration: Option<Calibration>,
+    pub(crate) calibration: Option<Calibration>,
 }
 
 /// A reader in use, or why a kind of energy is not measured, for reports.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct ReaderUse {
+pub(crate) struct ReaderUse {
     /// `cpu`, `gpu` or `wall`.
-    pub kind: Cow<'static, str>,
+    pub(crate) kind: Cow<'static, str>,
     /// Reader name (`powercap`, `nvml`, `estimate`), or `none`.
-    pub name: Cow<'static, str>,
+    pub(crate) name: Cow<'static, str>,
     /// What it reads, or why nothing is read.
-    pub detail: String,
+    pub(crate) detail: String,
     /// Modelled rather than measured.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// What would make it work (when `name` is `none`).
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
     /// The power model (`tdp`, `vcpu`) of an `estimate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
 }
 
 /// The readers of one profile.
-pub struct Readers {
+pub(crate) struct Readers {
     /// In reading order: GPUs (milliseconds with their process queries)
     /// and the wattmeter first, the CPU counter last, nearest the
     /// tracker's read, which divides its energy.
@@ -136,21 +136,21 @@ impl std::fmt::Debug for Readers {
 }
 
 /// A CPU or wall domain: its domain and package.
-pub type DomainKey = (Domain, Option<u32>);
+pub(crate) type DomainKey = (Domain, Option<u32>);
 
 /// One interval's energy from every reader.
 #[derive(Debug, Default)]
-pub struct IntervalEnergy {
+pub(crate) struct IntervalEnergy {
     /// CPU and wall domains.
-    pub energy: Vec<DomainEnergy>,
+    pub(crate) energy: Vec<DomainEnergy>,
     /// GPUs.
-    pub gpus: Vec<GpuReading>,
+    pub(crate) gpus: Vec<GpuReading>,
     /// Domains read before whose read failed now: their counters did not
     /// advance, so this interval's energy comes with their next good read.
-    pub missed: Vec<DomainKey>,
+    pub(crate) missed: Vec<DomainKey>,
     /// Energy of domains whose earlier reads failed: it covers this
     /// interval and those missed ones (not in `energy`).
-    pub caught_up: Vec<DomainEnergy>,
+    pub(crate) caught_up: Vec<DomainEnergy>,
 }
 
 fn in_use(source: &dyn Source, detail: String) -> ReaderUse {
@@ -179,7 +179,7 @@ impl Readers {
     /// Opens the readers. Missing hardware is not an error (it is reported
     /// in [`Readers::used`]); a wattmeter that was asked for and cannot be
     /// opened, or an implausible TDP, is.
-    pub fn open(cfg: &ReaderConfig) -> Result<Self, SourceError> {
+    pub(crate) fn open(cfg: &ReaderConfig) -> Result<Self, SourceError> {
         let sys = cfg.sys.clone().map_or_else(SysRoot::real, SysRoot::at);
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let mut used = Vec::new();
@@ -341,7 +341,7 @@ impl Readers {
 
     /// Sets every counter's starting point to now (energy since the last
     /// read is dropped): call right before the tracker takes its own.
-    pub fn rebase(&mut self) {
+    pub(crate) fn rebase(&mut self) {
         let _ = self.read_counters(false);
         self.problems.clear();
         // Problems still there are said again in the profile.
@@ -360,17 +360,17 @@ impl Readers {
     }
 
     /// The GPUs read.
-    pub fn gpus(&self) -> Vec<GpuInfo> {
+    pub(crate) fn gpus(&self) -> Vec<GpuInfo> {
         self.gpus.clone()
     }
 
     /// The readers in use and the kinds of energy not measured.
-    pub fn used(&self) -> &[ReaderUse] {
+    pub(crate) fn used(&self) -> &[ReaderUse] {
         &self.used
     }
 
     /// The measuring CPU reader's name (`powercap`, `msr`), if one is read.
-    pub fn cpu_reader(&self) -> Option<&'static str> {
+    pub(crate) fn cpu_reader(&self) -> Option<&'static str> {
         self.sources
             .iter()
             .find(|s| s.kind() == ReaderKind::Cpu)
@@ -380,7 +380,7 @@ impl Readers {
     /// The power model's static power on `cpus` CPUs (W): the vCPU model's
     /// idle watts per vCPU × vCPUs; `None` for the TDP model (all dynamic)
     /// or no model.
-    pub fn model_static_w(&self, cpus: usize) -> Option<f64> {
+    pub(crate) fn model_static_w(&self, cpus: usize) -> Option<f64> {
         match &self.estimate {
             Some(PowerModel::Vcpu(m)) if m.min_w > 0.0 => Some(m.min_w * cpus as f64),
             _ => None,
@@ -390,7 +390,7 @@ impl Readers {
     /// The power model's static energy over CPU windows of `window_ns` in
     /// all (µJ): the vCPU model's idle watts × the CPUs' time, as its
     /// energy counts it.
-    pub fn model_static_uj(&self, window_ns: u64) -> Option<u64> {
+    pub(crate) fn model_static_uj(&self, window_ns: u64) -> Option<u64> {
         match &self.estimate {
             Some(PowerModel::Vcpu(m)) if m.min_w > 0.0 => {
                 Some((m.min_w * window_ns as f64 / 1e3).round() as u64)
@@ -400,12 +400,12 @@ impl Readers {
     }
 
     /// Whether any CPU energy (measured or estimated) is read.
-    pub fn has_cpu(&self) -> bool {
+    pub(crate) fn has_cpu(&self) -> bool {
         self.estimate.is_some() || self.sources.iter().any(|s| s.kind() == ReaderKind::Cpu)
     }
 
     /// Read failures since the last call (each a line for people).
-    pub fn take_problems(&mut self) -> Vec<String> {
+    pub(crate) fn take_problems(&mut self) -> Vec<String> {
         std::mem::take(&mut self.problems)
     }
 
@@ -413,7 +413,7 @@ impl Readers {
     /// close the interval at the same instant. The `last` read also counts
     /// what stream readers still hold. The TDP estimate, which needs the
     /// tracker's busy time, comes from [`Readers::add_estimate`].
-    pub fn read_counters(&mut self, last: bool) -> IntervalEnergy {
+    pub(crate) fn read_counters(&mut self, last: bool) -> IntervalEnergy {
         let mut out = IntervalEnergy::default();
         let said = &mut self.said;
         said.resize_with(self.sources.len(), Default::default);
@@ -506,7 +506,7 @@ impl Readers {
     /// Adds the calibration's wall energy of an interval of `duration_ns`
     /// with `busy_ns` of task time, from the energy already in `energy`
     /// (counters and model); returns how attribution divides it.
-    pub fn add_wall_model(
+    pub(crate) fn add_wall_model(
         &self,
         energy: &mut IntervalEnergy,
         busy_ns: u64,
@@ -545,7 +545,7 @@ impl Readers {
     /// Adds the power model's estimate of an interval with `busy_ns` of
     /// the tracker's exact busy time out of `window_ns` of CPU time on
     /// `cpus` online CPUs, where the CPU's energy is estimated.
-    pub fn add_estimate(
+    pub(crate) fn add_estimate(
         &self,
         energy: &mut IntervalEnergy,
         busy_ns: u64,

@@ -28,7 +28,7 @@ use super::Domain;
 use super::calibration::{Fit, Point, fit};
 
 /// Intervals a learned fit needs before it is used.
-pub const LEARN_MIN_POINTS: u64 = 10;
+pub(crate) const LEARN_MIN_POINTS: u64 = 10;
 
 /// How far the busy CPUs must have varied (max − min) before a learned
 /// fit is used. The intercept (static power) is extrapolated from the
@@ -36,28 +36,28 @@ pub const LEARN_MIN_POINTS: u64 = 10;
 /// mean / spread, so a spread under half a CPU lets a watt of noise move
 /// it by several. Half a CPU is what a single job starting or stopping
 /// gives on any machine.
-pub const LEARN_MIN_SPREAD_CPUS: f64 = 0.5;
+pub(crate) const LEARN_MIN_SPREAD_CPUS: f64 = 0.5;
 
 /// How much of the power's variance a learned line must explain (R²):
 /// below it, the power follows something else than busy CPUs (a GPU, a
 /// turbo limit, another domain), and the line would mislead.
-pub const LEARN_MIN_R2: f64 = 0.9;
+pub(crate) const LEARN_MIN_R2: f64 = 0.9;
 
 /// Past this many intervals (a day at 1 s), a learned fit's sums are
 /// halved (its means kept): older points weigh half as much, so a fit a
 /// daemon keeps for weeks still follows the host (a BIOS or kernel
 /// change) within about a day.
-pub const LEARN_MAX_POINTS: u64 = 86_400;
+pub(crate) const LEARN_MAX_POINTS: u64 = 86_400;
 
 /// The default place of the host power model (`--host-model` overrides
 /// it): where `wattprof calibrate` writes it and `run` and `monitor`
 /// read it.
-pub const DEFAULT_HOST_MODEL: &str = "/var/lib/wattprof/power-model.json";
+pub(crate) const DEFAULT_HOST_MODEL: &str = "/var/lib/wattprof/power-model.json";
 
 /// Where a static figure came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StaticSource {
+pub(crate) enum StaticSource {
     /// The host power model (`wattprof calibrate`).
     HostModel,
     /// Fitted during this profile.
@@ -70,7 +70,7 @@ pub enum StaticSource {
 
 impl StaticSource {
     /// Its name in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::HostModel => "host_model",
             Self::Learned => "learned",
@@ -82,24 +82,24 @@ impl StaticSource {
 
 /// One domain's static power and where it came from.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StaticFigure {
+pub(crate) struct StaticFigure {
     /// Which domain.
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Its package (`None`: a machine-wide model).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// Static power (W).
-    pub static_w: f64,
+    pub(crate) static_w: f64,
     /// Where it came from.
-    pub source: StaticSource,
+    pub(crate) source: StaticSource,
     /// The fit's slope (W per busy CPU), for fitted figures.
-    pub per_cpu_w: Option<f64>,
+    pub(crate) per_cpu_w: Option<f64>,
     /// The fit's R², for fitted figures.
-    pub r_squared: Option<f64>,
+    pub(crate) r_squared: Option<f64>,
 }
 
 impl StaticFigure {
     /// One line: `package 0: 21.34 W static (host model, R² 0.9990)`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let what = match self.source {
             StaticSource::HostModel => "host model",
             StaticSource::Learned => "learned from the load (this profile, or a monitor's)",
@@ -126,7 +126,7 @@ impl StaticFigure {
 /// Who made a fit of the host power model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FitOrigin {
+pub(crate) enum FitOrigin {
     /// `wattprof calibrate`'s staircase.
     #[default]
     Calibrate,
@@ -144,52 +144,52 @@ impl FitOrigin {
 /// A learned fit's running sums (see `Learner`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LearnerState {
+pub(crate) struct LearnerState {
     /// Intervals.
-    pub n: u64,
+    pub(crate) n: u64,
     /// Mean busy CPUs.
-    pub mean_x: f64,
+    pub(crate) mean_x: f64,
     /// Mean power (W).
-    pub mean_y: f64,
+    pub(crate) mean_y: f64,
     /// Σ (x − mean_x)².
-    pub sxx: f64,
+    pub(crate) sxx: f64,
     /// Σ (x − mean_x)(y − mean_y).
-    pub sxy: f64,
+    pub(crate) sxy: f64,
     /// Σ (y − mean_y)².
-    pub syy: f64,
+    pub(crate) syy: f64,
     /// Fewest busy CPUs seen.
-    pub min_x: f64,
+    pub(crate) min_x: f64,
     /// Most busy CPUs seen.
-    pub max_x: f64,
+    pub(crate) max_x: f64,
 }
 
 /// One domain's fit in the host power model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DomainFit {
+pub(crate) struct DomainFit {
     /// Which domain (`package`, `core`, `dram`).
-    pub domain: Domain,
+    pub(crate) domain: Domain,
     /// Its package (the kernel's id; `null`: machine wide).
-    pub package: Option<u32>,
+    pub(crate) package: Option<u32>,
     /// The reader whose energy was fitted (`powercap`, `msr`).
-    pub reader: String,
+    pub(crate) reader: String,
     /// Static power (W): the intercept.
-    pub static_w: f64,
+    pub(crate) static_w: f64,
     /// Watts per busy CPU: the slope.
-    pub per_cpu_w: f64,
+    pub(crate) per_cpu_w: f64,
     /// The line's R².
-    pub r_squared: f64,
+    pub(crate) r_squared: f64,
     /// Root mean square of the residuals (W).
-    pub rms_residual_w: f64,
+    pub(crate) rms_residual_w: f64,
     /// The staircase's points (x: busy CPUs, `wall_w`: the domain's W).
-    pub points: Vec<Point>,
+    pub(crate) points: Vec<Point>,
     /// Who made it (absent: `calibrate`, so calibrate's files stay as
     /// they were).
     #[serde(default, skip_serializing_if = "FitOrigin::is_calibrate")]
-    pub origin: FitOrigin,
+    pub(crate) origin: FitOrigin,
     /// A learned fit's running sums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned: Option<LearnerState>,
+    pub(crate) learned: Option<LearnerState>,
 }
 
 /// What a host power model was made on: it is refused elsewhere.
@@ -197,11 +197,11 @@ pub struct DomainFit {
 #[serde(deny_unknown_fields)]
 pub struct Machine {
     /// `/proc/cpuinfo`'s model name.
-    pub cpu_model: String,
+    pub(crate) cpu_model: String,
     /// CPU packages.
-    pub packages: usize,
+    pub(crate) packages: usize,
     /// CPUs configured.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
 }
 
 impl Machine {
@@ -228,27 +228,27 @@ impl Machine {
 /// The host power model file (`wattprof calibrate` with no wattmeter).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HostModel {
+pub(crate) struct HostModel {
     /// Always `wattprof_power_model`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// Format version (1).
-    pub version: u32,
+    pub(crate) version: u32,
     /// Host name it was made on.
-    pub host: String,
+    pub(crate) host: String,
     /// The machine it was made on.
-    pub machine: Machine,
+    pub(crate) machine: Machine,
     /// When (Unix ns).
-    pub created_unix_ns: u64,
+    pub(crate) created_unix_ns: u64,
     /// One fit per domain and package.
-    pub fits: Vec<DomainFit>,
+    pub(crate) fits: Vec<DomainFit>,
 }
 
 impl HostModel {
     /// Reads and checks a host power model against this machine: `Ok(None)`
     /// when the default path has none, one line saying what is wrong
     /// otherwise.
-    pub fn load(
+    pub(crate) fn load(
         path: &std::path::Path,
         given: bool,
         machine: &Machine,
@@ -309,7 +309,7 @@ impl HostModel {
 
     /// Writes it to `path` atomically (a temporary file renamed),
     /// creating the directory.
-    pub fn save(&self, path: &std::path::Path) -> Result<(), String> {
+    pub(crate) fn save(&self, path: &std::path::Path) -> Result<(), String> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -325,7 +325,7 @@ impl HostModel {
     }
 
     /// Fits one domain's staircase: power = static + k × busy CPUs.
-    pub fn fit_domain(
+    pub(crate) fn fit_domain(
         domain: Domain,
         package: Option<u32>,
         reader: &str,
@@ -450,7 +450,7 @@ type Key = (Domain, Option<u32>);
 /// Each divided domain's static power over a profile: the host model's,
 /// learned, the shipped model's, or the lowest seen.
 #[derive(Clone, Debug, Default)]
-pub struct StaticPowers {
+pub(crate) struct StaticPowers {
     /// The host model's fits for this profile's CPU reader.
     host: Vec<DomainFit>,
     /// The vCPU model's static power (W), for its machine-wide package
@@ -464,7 +464,11 @@ impl StaticPowers {
     /// Figures from `host` (only its fits made with `reader`: those of
     /// `calibrate` as they are; those a monitor learned go on learning from
     /// their sums) and the shipped model's static watts.
-    pub fn new(host: Option<&HostModel>, reader: Option<&str>, shipped_w: Option<f64>) -> Self {
+    pub(crate) fn new(
+        host: Option<&HostModel>,
+        reader: Option<&str>,
+        shipped_w: Option<f64>,
+    ) -> Self {
         let fits: Vec<&DomainFit> = host
             .map(|m| {
                 m.fits
@@ -492,7 +496,7 @@ impl StaticPowers {
     /// Puts what was learned into `model` for `reader`: a domain's learned
     /// fit replaces an earlier learned one, never a fit of `calibrate`.
     /// Whether anything was put.
-    pub fn merge_into(&self, model: &mut HostModel, reader: &str) -> bool {
+    pub(crate) fn merge_into(&self, model: &mut HostModel, reader: &str) -> bool {
         let mut changed = false;
         for ((domain, package), l) in &self.learners {
             let Some((s, k, r2)) = l.fit() else {
@@ -526,14 +530,9 @@ impl StaticPowers {
         changed
     }
 
-    /// Whether the host model has a fit for any domain in use.
-    pub fn has_host_fits(&self) -> bool {
-        !self.host.is_empty()
-    }
-
     /// Adds one interval of a measured divided domain: its energy over
     /// `duration_ns` with `busy_cpus` CPUs busy on average (on its package).
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         domain: Domain,
         package: Option<u32>,
@@ -561,7 +560,7 @@ impl StaticPowers {
     }
 
     /// The figure for a domain now, if any.
-    pub fn figure(&self, domain: Domain, package: Option<u32>) -> Option<StaticFigure> {
+    pub(crate) fn figure(&self, domain: Domain, package: Option<u32>) -> Option<StaticFigure> {
         let key = (domain, package);
         let mk = |static_w, source, per_cpu_w, r_squared| StaticFigure {
             domain,
@@ -605,7 +604,7 @@ impl StaticPowers {
 
     /// What was learned, per domain: (domain, package, static W, W per
     /// busy CPU, R², intervals).
-    pub fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
+    pub(crate) fn learned(&self) -> Vec<(Domain, Option<u32>, f64, f64, f64, u64)> {
         self.learners
             .iter()
             .filter_map(|((d, p), l)| l.fit().map(|(s, k, r2)| (*d, *p, s, k, r2, l.n)))

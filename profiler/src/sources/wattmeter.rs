@@ -25,7 +25,7 @@ use super::{Domain, DomainEnergy, Source, SourceError, SourceInfo};
 
 /// One line of a `wattmetre-read` log.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Line {
+pub(crate) enum Line {
     /// The header: the column holding `#activepow<outlet>`, if present.
     Header {
         /// Column index of the chosen outlet's active power.
@@ -44,12 +44,12 @@ pub enum Line {
 
 /// Column of `#activepow<outlet>` when the log has no header: timestamp,
 /// frame_is_ok, U1..U3, then (current, activepow) per outlet.
-pub fn default_power_column(outlet: u32) -> usize {
+pub(crate) fn default_power_column(outlet: u32) -> usize {
     6 + 2 * (outlet.max(1) as usize - 1)
 }
 
 /// Parses one line (without its newline). Pure: the fuzz target calls it.
-pub fn parse_line(line: &str, outlet: u32, power_column: usize) -> Line {
+pub(crate) fn parse_line(line: &str, outlet: u32, power_column: usize) -> Line {
     let line = line.trim_end_matches('\r');
     if line.starts_with('#') {
         let want = format!("#activepow{outlet}");
@@ -174,7 +174,7 @@ impl Integrator {
 
     /// A new series starts (the log was truncated or replaced): the next
     /// frame is not joined to the previous one.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.last = None;
         self.last_ts = None;
     }
@@ -212,7 +212,7 @@ enum Input {
 
 /// The wattmeter reader.
 #[derive(Debug)]
-pub struct Wattmeter {
+pub(crate) struct Wattmeter {
     input: Input,
     pending: Vec<u8>,
     integrator: Integrator,
@@ -225,12 +225,12 @@ impl Wattmeter {
     /// The time (the log's clock, s) of the last good frame integrated:
     /// the energy read so far covers the frames up to it, so energy over
     /// the span between two of these is exact whatever the read timing.
-    pub fn last_frame_s(&self) -> Option<f64> {
+    pub(crate) fn last_frame_s(&self) -> Option<f64> {
         self.integrator.last.map(|(t, _)| t)
     }
 
     /// Follows a log file being written, from its beginning.
-    pub fn open_file(path: impl Into<PathBuf>, outlet: u32) -> Result<Self, SourceError> {
+    pub(crate) fn open_file(path: impl Into<PathBuf>, outlet: u32) -> Result<Self, SourceError> {
         let path = path.into();
         let file = std::fs::File::open(&path).map_err(|e| {
             SourceError::unsupported(
@@ -252,7 +252,7 @@ impl Wattmeter {
 
     /// Starts `argv` (e.g. `wattmetre-read --tty=/dev/ttyUSB0 --nb=6`) and
     /// reads its standard output.
-    pub fn spawn(argv: &[String], outlet: u32) -> Result<Self, SourceError> {
+    pub(crate) fn spawn(argv: &[String], outlet: u32) -> Result<Self, SourceError> {
         let (program, args) = argv.split_first().ok_or_else(|| {
             SourceError::unsupported("empty wattmeter command", "give the wattmetre-read command")
         })?;

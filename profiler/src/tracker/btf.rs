@@ -14,7 +14,7 @@ const KIND_UNION: u32 = 5;
 
 /// The types of a BTF blob, indexed by type id and read on demand (a
 /// kernel's BTF holds ~100,000 types; wattprof needs a dozen members).
-pub struct BtfStructs {
+pub(crate) struct BtfStructs {
     types: Vec<u8>,
     strings: Vec<u8>,
     /// Byte position of each type's record in `types`; index 0 is void.
@@ -39,7 +39,7 @@ struct Record {
 
 impl BtfStructs {
     /// Parses a little-endian BTF blob; `None` if it is not one.
-    pub fn parse(b: &[u8]) -> Option<Self> {
+    pub(crate) fn parse(b: &[u8]) -> Option<Self> {
         if u16::from_le_bytes(b.get(0..2)?.try_into().ok()?) != BTF_MAGIC {
             return None;
         }
@@ -146,13 +146,13 @@ impl BtfStructs {
     }
 
     /// Byte offset of `member` in `struct name`, if it is byte aligned.
-    pub fn member_offset(&self, name: &str, member: &str) -> Option<u32> {
+    pub(crate) fn member_offset(&self, name: &str, member: &str) -> Option<u32> {
         self.path_offset(name, &[member])
     }
 
     /// Byte offset of a member path (`["se", "sum_exec_runtime"]`) in
     /// `struct name`, following nested structs by type.
-    pub fn path_offset(&self, name: &str, path: &[&str]) -> Option<u32> {
+    pub(crate) fn path_offset(&self, name: &str, path: &[&str]) -> Option<u32> {
         self.path_offset_in(self.find(name)?, path)
     }
 
@@ -170,7 +170,7 @@ impl BtfStructs {
 
     /// The offsets the iterator tracker needs, or `None` (with the first
     /// one missing) when this kernel lacks one.
-    pub fn kernel_offsets(&self) -> Result<KernelOffsets, &'static str> {
+    pub(crate) fn kernel_offsets(&self) -> Result<KernelOffsets, &'static str> {
         let task_struct = self.find("task_struct").ok_or("task_struct")?;
         let task = |path: &[&str]| self.path_offset_in(task_struct, path);
         let cpu = task(&["cpu"]).or_else(|| task(&["thread_info", "cpu"]));
@@ -213,14 +213,14 @@ impl BtfStructs {
 }
 
 /// The running kernel's BTF, if it has one.
-pub fn running_kernel() -> Option<BtfStructs> {
+pub(crate) fn running_kernel() -> Option<BtfStructs> {
     let blob = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
     BtfStructs::parse(&blob)
 }
 
 /// `offsetof(struct task_struct, se.sum_exec_runtime)` in the running
 /// kernel, or `None` when the kernel has no BTF.
-pub fn sum_exec_runtime_offset() -> Option<u32> {
+pub(crate) fn sum_exec_runtime_offset() -> Option<u32> {
     running_kernel()?.path_offset("task_struct", &["se", "sum_exec_runtime"])
 }
 

@@ -84,7 +84,7 @@ pub enum TrackerKind {
 /// An iterator-tracker event whose program is left out (tests of what
 /// happens when its records are lost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SkipEvent {
+pub(crate) enum SkipEvent {
     /// `sched_process_exit`: final run times come from the free alone.
     Exit,
     /// `sched_process_free`: threads are settled from their exit reading.
@@ -93,7 +93,7 @@ pub enum SkipEvent {
 
 /// Which tracker to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum TrackerChoice {
+pub(crate) enum TrackerChoice {
     /// The iterator where it loads, else the switch tracker (with the reason
     /// in the report).
     #[default]
@@ -107,7 +107,7 @@ pub enum TrackerChoice {
 /// How exits are detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ExitTracking {
+pub(crate) enum ExitTracking {
     /// The iterator tracker: the final run time when the task is freed
     /// (`sched_process_free`), the exit's reading when no free comes.
     FreeEvent,
@@ -122,7 +122,7 @@ pub enum ExitTracking {
 /// Which clock task time comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TaskClock {
+pub(crate) enum TaskClock {
     /// The scheduler's own `se.sum_exec_runtime` (kernel with BTF): the
     /// same nanoseconds as `/proc/<pid>/schedstat` and `getrusage`.
     SumExecRuntime,
@@ -132,22 +132,22 @@ pub enum TaskClock {
 
 /// Settings of the tracker.
 #[derive(Clone, Debug)]
-pub struct TrackerConfig {
+pub(crate) struct TrackerConfig {
     /// Which tracker.
-    pub tracker: TrackerChoice,
+    pub(crate) tracker: TrackerChoice,
     /// Capacity of the per-thread map (the switch tracker's entries; the
     /// iterator tracker's filter).
-    pub max_tasks: u32,
+    pub(crate) max_tasks: u32,
     /// Iterator tracker: an event program not to attach (tests).
-    pub skip_event: Option<SkipEvent>,
+    pub(crate) skip_event: Option<SkipEvent>,
     /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
     /// is available (tests of the older-kernel path).
-    pub force_exit_tracepoint: bool,
+    pub(crate) force_exit_tracepoint: bool,
     /// Time slices between context switches even where the kernel's BTF
     /// gives the scheduler's own counter (tests of the no-BTF path).
-    pub force_switch_timing: bool,
+    pub(crate) force_switch_timing: bool,
     /// sysfs, for the topology.
-    pub sys: SysRoot,
+    pub(crate) sys: SysRoot,
 }
 
 impl Default for TrackerConfig {
@@ -203,7 +203,7 @@ impl KernelLog {
 }
 
 /// The loaded and attached eBPF tracker.
-pub struct EbpfTracker {
+pub(crate) struct EbpfTracker {
     ebpf: Ebpf,
     /// The programs' aya-log ring, read at each sample.
     kernel_log: Option<(aya_log::EbpfLogger<KernelLog>, KernelLog)>,
@@ -248,7 +248,7 @@ impl EbpfTracker {
     /// Loads and attaches the programs of the tracker `cfg` asks for
     /// (with `auto`, the iterator where it loads, else the switch tracker)
     /// and takes the starting point of every thread.
-    pub fn start(cfg: &TrackerConfig) -> Result<Self, TrackerError> {
+    pub(crate) fn start(cfg: &TrackerConfig) -> Result<Self, TrackerError> {
         let missing = crate::privilege::missing_for_ebpf();
         if !missing.is_empty() {
             return Err(TrackerError::Privilege(crate::privilege::ebpf_message(
@@ -523,7 +523,7 @@ impl EbpfTracker {
     }
 
     /// Which tracker runs.
-    pub fn kind(&self) -> TrackerKind {
+    pub(crate) fn kind(&self) -> TrackerKind {
         if self.iter.is_some() {
             TrackerKind::Iter
         } else {
@@ -532,65 +532,60 @@ impl EbpfTracker {
     }
 
     /// Why the switch tracker runs although `auto` asked for the iterator.
-    pub fn fallback_reason(&self) -> Option<&str> {
+    pub(crate) fn fallback_reason(&self) -> Option<&str> {
         self.fallback.as_deref()
     }
 
     /// Iterator tracker: threads its filter map could not hold at the
     /// busiest read (read every time instead); 0 for the switch tracker.
-    pub fn filter_overflow(&self) -> u64 {
+    pub(crate) fn filter_overflow(&self) -> u64 {
         self.iter.as_ref().map_or(0, |i| i.filter_overflow)
     }
 
     /// Iterator tracker: threads settled from their exit reading because
     /// their free never came, and threads gone with neither (events lost).
-    pub fn exits_without_free(&self) -> (u64, u64) {
+    pub(crate) fn exits_without_free(&self) -> (u64, u64) {
         self.iter.as_ref().map_or((0, 0), |i| {
             (i.ledger().settled_from_exit(), i.ledger().vanished())
         })
     }
 
     /// The CPU topology in use.
-    pub fn topology(&self) -> &Topology {
+    pub(crate) fn topology(&self) -> &Topology {
         &self.topology
     }
 
     /// How exits are detected on this kernel.
-    pub fn exit_tracking(&self) -> ExitTracking {
+    pub(crate) fn exit_tracking(&self) -> ExitTracking {
         self.exit_tracking
     }
 
     /// Which clock task time comes from.
-    pub fn task_clock(&self) -> TaskClock {
+    pub(crate) fn task_clock(&self) -> TaskClock {
         self.task_clock
     }
 
     /// Whether in-progress slices are closed before each read (Linux 5.10+).
     /// Without it, a slice still running at a read is counted at its end.
-    pub fn flush_supported(&self) -> bool {
+    pub(crate) fn flush_supported(&self) -> bool {
         self.flush_supported
     }
 
     /// Syscalls spent reading the per-thread map (or the iterator) so far.
-    pub fn read_syscalls(&self) -> u64 {
+    pub(crate) fn read_syscalls(&self) -> u64 {
         self.iter
             .as_ref()
             .map_or(self.read_syscalls, |i| i.read_syscalls)
     }
 
-    /// Ring-buffer records consumed so far.
-    pub fn ring_records(&self) -> u64 {
-        self.ring_records
-    }
-
     /// File descriptor that becomes readable when events are waiting.
-    pub fn events_fd(&self) -> RawFd {
+    pub(crate) fn events_fd(&self) -> RawFd {
         self.events.as_raw_fd()
     }
 
     /// Bytes of kernel memory the maps use, as the kernel accounts them
     /// (see [`kernel_memory_estimate`] for the formula).
-    pub fn kernel_memory_bytes(&self) -> u64 {
+    pub(crate) fn kernel_memory_bytes(&self) -> u64 {
         let fds = [
             map_fd(&self.cpus),
             map_fd(&self.tasks),
@@ -613,12 +608,12 @@ impl EbpfTracker {
 
     /// Start of accounting (monotonic ns): the flush that opened the CPUs'
     /// windows when the tracker started. Samples count from there.
-    pub fn start_ns(&self) -> u64 {
+    pub(crate) fn start_ns(&self) -> u64 {
         self.start_ns
     }
 
     /// Threads of `tgid` seen alive that have not reported their exit.
-    pub fn live_threads_of(&self, tgid: u32) -> usize {
+    pub(crate) fn live_threads_of(&self, tgid: u32) -> usize {
         match &self.iter {
             Some(i) => i.ledger().live_threads_of(tgid),
             None => self.ledger.live_threads_of(tgid),
@@ -628,7 +623,7 @@ impl EbpfTracker {
     /// Threads that exited between `since_ns` and `until_ns` (monotonic)
     /// and whose final run time has not come yet (the iterator tracker's free events,
     /// an RCU grace period after the thread is reaped).
-    pub fn awaiting_final_since(&self, since_ns: u64, until_ns: u64) -> usize {
+    pub(crate) fn awaiting_final_since(&self, since_ns: u64, until_ns: u64) -> usize {
         self.iter
             .as_ref()
             .map_or(0, |i| i.ledger().awaiting_free_since(since_ns, until_ns))
@@ -637,7 +632,7 @@ impl EbpfTracker {
     /// Iterator tracker: threads read since `since_ns` that /proc no
     /// longer lists but that reported no exit (the event was lost): their
     /// free brings the final time. One look at /proc per such thread.
-    pub fn lost_exits_since(&self, since_ns: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn lost_exits_since(&self, since_ns: u64) -> Vec<(u64, u64)> {
         let gone = |tgid: u32, tid: u32| {
             !std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
         };
@@ -648,7 +643,7 @@ impl EbpfTracker {
 
     /// How many of these threads (from [`EbpfTracker::lost_exits_since`])
     /// are still waiting for their free.
-    pub fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
+    pub(crate) fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
         self.iter
             .as_ref()
             .map_or(0, |i| i.ledger().not_freed(threads))
@@ -659,7 +654,7 @@ impl EbpfTracker {
     /// time, is on its way. They include threads no
     /// read ever showed, which [`EbpfTracker::lost_exits_since`] cannot
     /// know.
-    pub fn unended_forks_since(&self, since_ns: u64) -> Vec<u32> {
+    pub(crate) fn unended_forks_since(&self, since_ns: u64) -> Vec<u32> {
         // The switch tracker has no free events, and its exits come only
         // for threads it holds: nothing to wait for that could come.
         if self.iter.is_none() {
@@ -672,12 +667,12 @@ impl EbpfTracker {
 
     /// How many of these threads (from
     /// [`EbpfTracker::unended_forks_since`]) have still not ended.
-    pub fn still_unended(&self, tids: &[u32]) -> usize {
+    pub(crate) fn still_unended(&self, tids: &[u32]) -> usize {
         self.forks.still_open(tids)
     }
 
     /// Whether thread `tid` has reported its exit.
-    pub fn has_exited(&self, tid: u32) -> bool {
+    pub(crate) fn has_exited(&self, tid: u32) -> bool {
         match &self.iter {
             Some(i) => i.ledger().has_exited(tid),
             None => self.ledger.has_exited(tid),
@@ -686,7 +681,7 @@ impl EbpfTracker {
 
     /// Consumes waiting ring-buffer records. Call it whenever the events fd
     /// is readable, so the ring never fills while waiting for a sample.
-    pub fn drain_events(&mut self) {
+    pub(crate) fn drain_events(&mut self) {
         while let Some(item) = self.active.next() {
             let word = |i: usize| -> Option<u64> {
                 Some(u64::from_ne_bytes(

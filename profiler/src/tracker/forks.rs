@@ -12,15 +12,15 @@ use std::collections::VecDeque;
 use crate::hash::IntMap;
 
 /// How long a fork is remembered: the settle wait looks one second back.
-pub const KEEP_NS: u64 = 2_000_000_000;
+pub(crate) const KEEP_NS: u64 = 2_000_000_000;
 
 /// At most this many forks are remembered (a storm beyond it keeps the
 /// newest); 16 bytes each in the queue, about twice that in the map.
-pub const MAX_FORKS: usize = 1 << 17;
+pub(crate) const MAX_FORKS: usize = 1 << 17;
 
 /// Forks of the last [`KEEP_NS`] whose free has not come.
 #[derive(Debug, Default)]
-pub struct RecentForks {
+pub(crate) struct RecentForks {
     /// Fork time per child tid, until its free.
     open: IntMap<u32, u64>,
     /// (fork time, tid) in arrival order, for forgetting old ones.
@@ -29,7 +29,7 @@ pub struct RecentForks {
 
 impl RecentForks {
     /// A thread `tid` was created at `ts_ns` (monotonic).
-    pub fn forked(&mut self, tid: u32, ts_ns: u64) {
+    pub(crate) fn forked(&mut self, tid: u32, ts_ns: u64) {
         self.open.insert(tid, ts_ns);
         self.order.push_back((ts_ns, tid));
         while self.order.len() > MAX_FORKS
@@ -51,13 +51,13 @@ impl RecentForks {
 
     /// Thread `tid` was freed (its final run time came; with the switch
     /// tracker, its exit).
-    pub fn ended(&mut self, tid: u32) {
+    pub(crate) fn ended(&mut self, tid: u32) {
         self.open.remove(&tid);
     }
 
     /// Threads created at or after `since_ns` whose end has not come and that
     /// `gone(tid)` says no longer exist: their end is on its way.
-    pub fn gone_unended_since(&self, since_ns: u64, gone: impl Fn(u32) -> bool) -> Vec<u32> {
+    pub(crate) fn gone_unended_since(&self, since_ns: u64, gone: impl Fn(u32) -> bool) -> Vec<u32> {
         let mut v: Vec<u32> = self
             .open
             .iter()
@@ -69,7 +69,7 @@ impl RecentForks {
     }
 
     /// How many of `tids` have still not ended.
-    pub fn still_open(&self, tids: &[u32]) -> usize {
+    pub(crate) fn still_open(&self, tids: &[u32]) -> usize {
         tids.iter().filter(|t| self.open.contains_key(t)).count()
     }
 }

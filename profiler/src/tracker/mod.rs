@@ -10,23 +10,21 @@ mod ebpf;
 mod forks;
 mod iter;
 mod load;
-pub mod runtime;
-pub mod stacks;
+pub(crate) mod runtime;
+pub(crate) mod stacks;
 mod sys;
 mod threads;
-pub mod tracefs;
+pub(crate) mod tracefs;
 
-pub use btf::sum_exec_runtime_offset;
-pub use ebpf::{
-    EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig, TrackerKind,
-    kernel_memory_estimate,
+pub(crate) use ebpf::{
+    EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig,
 };
-pub use threads::ThreadLedger;
+pub use ebpf::{TrackerKind, kernel_memory_estimate};
 
 /// What went wrong loading or reading the tracker. Each message ends with
 /// what the user can do about it.
 #[derive(Debug, thiserror::Error)]
-pub enum TrackerError {
+pub(crate) enum TrackerError {
     /// Loading eBPF needs CAP_BPF and CAP_PERFMON (root has them): the
     /// message names the missing ones.
     #[error("{0}")]
@@ -81,67 +79,67 @@ pub enum TrackerError {
 /// scheduler draws slice boundaries (see `sched_gap_ns`) and by that.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
-pub struct CpuTimes {
+pub(crate) struct CpuTimes {
     /// CPU id.
-    pub cpu: u32,
+    pub(crate) cpu: u32,
     /// Dense package index (`socket` in recordings before schema 4, read
     /// as well).
     #[serde(alias = "socket")]
-    pub package: u32,
+    pub(crate) package: u32,
     /// Time tasks ran (recorded per task).
-    pub busy_ns: u64,
+    pub(crate) busy_ns: u64,
     /// Time charged to no task: `window_ns - busy_ns - lost_ns`.
-    pub idle_ns: u64,
+    pub(crate) idle_ns: u64,
     /// The kernel's idle time over the window (see above).
-    pub idle_task_ns: u64,
+    pub(crate) idle_task_ns: u64,
     /// Time tasks ran that could not be recorded per task.
-    pub lost_ns: u64,
+    pub(crate) lost_ns: u64,
     /// Context switches.
-    pub switches: u64,
+    pub(crate) switches: u64,
     /// Length of this CPU's accounting window over the interval.
-    pub window_ns: u64,
+    pub(crate) window_ns: u64,
     /// The part of `busy_ns` carried from earlier intervals (threads read
     /// a little after a boundary: their time past it was counted in the
     /// interval before). No task of this interval claims it, so energy is
     /// divided as if it were idle. Not in the recording.
     #[serde(skip)]
-    pub carried_ns: u64,
+    pub(crate) carried_ns: u64,
     /// Thread time read in this interval beyond its package's capacity
     /// (a read delayed on a loaded machine), on the package's first CPU:
     /// not in this interval's busy time, so its energy did not cover it;
     /// carried to the next intervals (`carried_ns`). Iterator tracker
     /// only. Not in the recording.
     #[serde(skip)]
-    pub over_ns: u64,
+    pub(crate) over_ns: u64,
 }
 
 /// One thread's on-CPU time over an interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaskTime {
+pub(crate) struct TaskTime {
     /// Thread id.
-    pub tid: u32,
+    pub(crate) tid: u32,
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// cgroup v2 id at its last context switch.
-    pub cgroup_id: u64,
+    pub(crate) cgroup_id: u64,
     /// Task name.
-    pub comm: String,
+    pub(crate) comm: String,
     /// Nanoseconds on CPU in this interval, per dense package index.
-    pub on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: Vec<u64>,
     /// Monotonic time (ns) of its exit, if it exited.
-    pub exit_ns: Option<u64>,
+    pub(crate) exit_ns: Option<u64>,
 }
 
 impl TaskTime {
     /// On-CPU nanoseconds over all packages.
-    pub fn total_ns(&self) -> u64 {
+    pub(crate) fn total_ns(&self) -> u64 {
         self.on_cpu_ns.iter().sum()
     }
 }
 
 /// A lifecycle event, in the order the kernel produced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskEvent {
+pub(crate) enum TaskEvent {
     /// `child` was created by a thread of `parent_tgid`. Whether it is a new
     /// process or a thread shows when it runs (its tgid).
     Fork {
@@ -171,33 +169,33 @@ pub enum TaskEvent {
 
 /// Everything the tracker measured over one interval.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CpuSample {
+pub(crate) struct CpuSample {
     /// Monotonic time (ns, `CLOCK_MONOTONIC`) the sample was taken.
-    pub at_ns: u64,
+    pub(crate) at_ns: u64,
     /// Per possible CPU.
-    pub cpus: Vec<CpuTimes>,
+    pub(crate) cpus: Vec<CpuTimes>,
     /// Threads that ran, or exited, in the interval.
-    pub tasks: Vec<TaskTime>,
+    pub(crate) tasks: Vec<TaskTime>,
     /// Forks and execs, in order.
-    pub events: Vec<TaskEvent>,
+    pub(crate) events: Vec<TaskEvent>,
     /// Ring-buffer records that could not be written (lineage or names may
     /// be missing; time is never lost through this).
-    pub events_lost: u64,
+    pub(crate) events_lost: u64,
     /// On-CPU time of exited threads whose final record was overwritten.
-    pub discarded_ns: u64,
+    pub(crate) discarded_ns: u64,
     /// What the eBPF programs logged (aya-log) since the last sample.
-    pub kernel_log: Vec<String>,
+    pub(crate) kernel_log: Vec<String>,
 }
 
 impl CpuSample {
     /// Sum of `busy_ns` over CPUs.
-    pub fn busy_ns(&self) -> u64 {
+    pub(crate) fn busy_ns(&self) -> u64 {
         self.cpus.iter().map(|c| c.busy_ns).sum()
     }
 }
 
 /// A source of [`CpuSample`]s: the eBPF tracker, or a synthetic one in tests.
-pub trait CpuSampler {
+pub(crate) trait CpuSampler {
     /// Takes every thread's starting point: returns the monotonic time
     /// counting starts. `at_read` runs right before the read (the energy
     /// counters take theirs there), with nothing that can sleep between.
@@ -210,7 +208,7 @@ pub trait CpuSampler {
 
 /// A source of samples whose in-between records come through a ring the
 /// loop sleeps on (the eBPF tracker), or none (a synthetic sampler).
-pub trait EventRing {
+pub(crate) trait EventRing {
     /// The ring's file descriptor, readable when records wait.
     fn ring_fd(&self) -> Option<std::os::fd::RawFd>;
     /// Takes the records waiting in the ring.
@@ -228,12 +226,12 @@ pub(crate) fn idle_after_debt(window_ns: u64, owed_ns: u64, debt: &mut u64) -> u
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// A clock in nanoseconds (0 if the kernel has no such clock).
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -246,7 +244,7 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 }
 
 /// A kernel `comm` as text, up to its NUL.
-pub fn comm_to_string(comm: &[u8]) -> String {
+pub(crate) fn comm_to_string(comm: &[u8]) -> String {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }

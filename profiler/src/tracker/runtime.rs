@@ -26,7 +26,7 @@ use crate::hash::{IntMap, IntSet};
 /// reaps frees only when it is reaped, and a lost record never). A settled
 /// thread is kept until its free comes (which counts the rest) or until
 /// two full reads no longer show it.
-pub const FREE_GRACE_NS: u64 = 10_000_000_000;
+pub(crate) const FREE_GRACE_NS: u64 = 10_000_000_000;
 
 /// Threads born this long before the start of the last full read that are
 /// not known count from zero: a thread being created while the read
@@ -45,28 +45,28 @@ const FORGOTTEN_MAX: usize = 1 << 16;
 
 /// One reading of a thread's run time.
 #[derive(Clone, Copy, Debug)]
-pub struct Reading<'a> {
+pub(crate) struct Reading<'a> {
     /// `task_struct` address.
-    pub task_ptr: u64,
+    pub(crate) task_ptr: u64,
     /// `task_struct.start_time` (monotonic ns).
-    pub start_ns: u64,
+    pub(crate) start_ns: u64,
     /// Thread id.
-    pub tid: u32,
+    pub(crate) tid: u32,
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// cgroup v2 id, where the reading knows it.
-    pub cgroup_id: Option<u64>,
+    pub(crate) cgroup_id: Option<u64>,
     /// Name, where the reading has it.
-    pub comm: Option<&'a [u8; COMM_LEN]>,
+    pub(crate) comm: Option<&'a [u8; COMM_LEN]>,
     /// `se.sum_exec_runtime`.
-    pub sum_exec_ns: u64,
+    pub(crate) sum_exec_ns: u64,
     /// CPU it is on or last ran on.
-    pub cpu: u32,
+    pub(crate) cpu: u32,
 }
 
 /// What a reading is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A read of the task iterator (or the exact figure of a running one).
     Read,
     /// The thread called `do_exit` at this monotonic time.
@@ -122,7 +122,7 @@ struct Thread {
 /// Cumulative-to-delta bookkeeping for every thread the iterator tracker
 /// has seen.
 #[derive(Debug)]
-pub struct RuntimeLedger {
+pub(crate) struct RuntimeLedger {
     package_of_cpu: Vec<u32>,
     packages: usize,
     /// Threads first seen that were born before this (monotonic ns) count
@@ -157,7 +157,7 @@ pub struct RuntimeLedger {
 impl RuntimeLedger {
     /// A ledger for CPUs on these packages (dense index per CPU id);
     /// threads born from `start_ns` on count from zero.
-    pub fn new(package_of_cpu: Vec<u32>, start_ns: u64) -> Self {
+    pub(crate) fn new(package_of_cpu: Vec<u32>, start_ns: u64) -> Self {
         let packages = package_of_cpu
             .iter()
             .map(|p| *p as usize + 1)
@@ -184,40 +184,41 @@ impl RuntimeLedger {
 
     /// Threads born from `start_ns` on count from zero (the baseline read
     /// is about to start).
-    pub fn set_baseline(&mut self, start_ns: u64) {
+    pub(crate) fn set_baseline(&mut self, start_ns: u64) {
         self.baseline_before_ns = start_ns;
         self.tracking_start_ns = start_ns;
     }
 
     /// Threads tracked.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.threads.values().map(Vec::len).sum()
     }
-
     /// Whether no thread is tracked.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.threads.is_empty()
     }
 
     /// Threads settled from their exit reading because no free came.
-    pub fn settled_from_exit(&self) -> u64 {
+    pub(crate) fn settled_from_exit(&self) -> u64 {
         self.settled_from_exit
     }
 
     /// Threads that disappeared with neither exit nor free seen (their
     /// events were lost): their time after the last reading is not known.
-    pub fn vanished(&self) -> u64 {
+    pub(crate) fn vanished(&self) -> u64 {
         self.vanished
     }
 
     /// Addresses of threads gone without a free (two full reads did not
     /// show them): their filter entries in the kernel should go.
-    pub fn take_forgotten(&mut self) -> Vec<u64> {
+    pub(crate) fn take_forgotten(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.forget)
     }
 
     /// Threads of `tgid` that have not exited.
-    pub fn live_threads_of(&self, tgid: u32) -> usize {
+    pub(crate) fn live_threads_of(&self, tgid: u32) -> usize {
         self.all()
             .filter(|t| t.tgid == tgid && t.exit_ns.is_none())
             .count()
@@ -226,7 +227,7 @@ impl RuntimeLedger {
     /// Threads that exited between `since_ns` and `until_ns` (monotonic)
     /// and whose final run time (the free) has not come yet, as of the
     /// last `finish`.
-    pub fn awaiting_free_since(&self, since_ns: u64, until_ns: u64) -> usize {
+    pub(crate) fn awaiting_free_since(&self, since_ns: u64, until_ns: u64) -> usize {
         self.awaiting
             .iter()
             .filter_map(|ptr| self.threads.get(ptr))
@@ -244,7 +245,7 @@ impl RuntimeLedger {
     /// and that `gone(tgid, tid)` says are gone (their exit event was
     /// lost; their free, with the final run time, is on its way), by
     /// task pointer and start.
-    pub fn gone_unreported_since(
+    pub(crate) fn gone_unreported_since(
         &self,
         since_ns: u64,
         gone: impl Fn(u32, u32) -> bool,
@@ -261,7 +262,7 @@ impl RuntimeLedger {
 
     /// How many of these threads (task pointer, start) have not been
     /// freed yet.
-    pub fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
+    pub(crate) fn not_freed(&self, threads: &[(u64, u64)]) -> usize {
         threads
             .iter()
             .filter(|(ptr, start)| {
@@ -273,7 +274,7 @@ impl RuntimeLedger {
     }
 
     /// Whether thread `tid` has exited.
-    pub fn has_exited(&self, tid: u32) -> bool {
+    pub(crate) fn has_exited(&self, tid: u32) -> bool {
         self.all().any(|t| t.tid == tid && t.exit_ns.is_some())
     }
 
@@ -283,7 +284,7 @@ impl RuntimeLedger {
 
     /// Takes one reading (a record, an exit, a free, a checkpoint) at
     /// monotonic time `now_ns`.
-    pub fn observe(&mut self, r: Reading<'_>, kind: Kind, now_ns: u64) {
+    pub(crate) fn observe(&mut self, r: Reading<'_>, kind: Kind, now_ns: u64) {
         // Threads older than the last full read count from here.
         let old = r.start_ns < self.baseline_before_ns;
         let counted_ns = if old { r.sum_exec_ns } else { 0 };
@@ -390,7 +391,7 @@ impl RuntimeLedger {
     /// gone (one miss can be a thread whose tid moved behind the scan at an
     /// exec). Exited ones are settled; those that reported no exit are gone
     /// without a trace (their events were lost).
-    pub fn full_read_done(&mut self, read_start_ns: u64) {
+    pub(crate) fn full_read_done(&mut self, read_start_ns: u64) {
         for (ptr, list) in &mut self.threads {
             for t in list.iter_mut().filter(|t| !t.freed) {
                 if t.last_seen_ns >= read_start_ns {
@@ -435,7 +436,7 @@ impl RuntimeLedger {
     /// since the last call, per cgroup it ran in, and its exit if it
     /// happened now. Threads freed, or exited longer than
     /// [`FREE_GRACE_NS`] ago without a free, are forgotten.
-    pub fn finish(&mut self, now_ns: u64, final_read: bool) -> Vec<TaskTime> {
+    pub(crate) fn finish(&mut self, now_ns: u64, final_read: bool) -> Vec<TaskTime> {
         let packages = self.packages;
         let mut out = Vec::new();
         let mut candidates = std::mem::take(&mut self.touched);
@@ -505,7 +506,7 @@ impl RuntimeLedger {
     /// Each CPU's share of the time handed out since the last call (a
     /// thread's delta goes to the CPU it was read on, or a migration's
     /// source CPU), and resets it.
-    pub fn take_cpu_busy(&mut self) -> Vec<u64> {
+    pub(crate) fn take_cpu_busy(&mut self) -> Vec<u64> {
         let n = self.cpu_busy_ns.len();
         std::mem::replace(&mut self.cpu_busy_ns, vec![0; n])
     }

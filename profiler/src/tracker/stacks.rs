@@ -27,7 +27,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/wattprof-stacks.b
 
 /// Highest sampling rate accepted: above it the sampler's own cost is no
 /// longer small.
-pub const MAX_HZ: u32 = 10_000;
+pub(crate) const MAX_HZ: u32 = 10_000;
 
 /// `bpf_stack_build_id.status`: the frame was resolved to a file offset.
 const BUILD_ID_VALID: i32 = 1;
@@ -36,7 +36,7 @@ const BUILD_ID_IP: i32 = 2;
 
 /// One user-space frame as the kernel reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UserFrame {
+pub(crate) enum UserFrame {
     /// A file with this build id (zero-padded to 20 bytes), at this file
     /// offset.
     File {
@@ -52,40 +52,40 @@ pub enum UserFrame {
 
 /// One stack sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StackSample {
+pub(crate) struct StackSample {
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// When (`CLOCK_MONOTONIC` ns).
-    pub ts_ns: u64,
+    pub(crate) ts_ns: u64,
     /// The thread's name.
-    pub comm: String,
+    pub(crate) comm: String,
     /// Kernel frames, innermost first (empty in user mode).
-    pub kernel: Vec<u64>,
+    pub(crate) kernel: Vec<u64>,
     /// User frames, innermost first.
-    pub user: Vec<UserFrame>,
+    pub(crate) user: Vec<UserFrame>,
 }
 
 /// One exec: the file a process now runs, as the program named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExecSeen {
+pub(crate) struct ExecSeen {
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// The path given to execve (relative to the caller's directory, when
     /// relative).
-    pub path: String,
+    pub(crate) path: String,
 }
 
 /// What a drain found.
 #[derive(Debug, Default)]
-pub struct Drained {
+pub(crate) struct Drained {
     /// Stack samples, in ring order.
-    pub samples: Vec<StackSample>,
+    pub(crate) samples: Vec<StackSample>,
     /// Execs.
-    pub execs: Vec<ExecSeen>,
+    pub(crate) execs: Vec<ExecSeen>,
 }
 
 /// The stack sampler, loaded and attached.
-pub struct StackSampler {
+pub(crate) struct StackSampler {
     _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     stats: PerCpuArray<MapData, StackStats>,
@@ -96,7 +96,7 @@ pub struct StackSampler {
 impl StackSampler {
     /// Loads the sampler and starts sampling every online CPU `hz` times a
     /// second.
-    pub fn start(hz: u32) -> Result<Self, TrackerError> {
+    pub(crate) fn start(hz: u32) -> Result<Self, TrackerError> {
         let missing = crate::privilege::missing_for_ebpf();
         if !missing.is_empty() {
             return Err(TrackerError::Privilege(crate::privilege::ebpf_message(
@@ -161,17 +161,17 @@ impl StackSampler {
     }
 
     /// Samples per second per CPU.
-    pub fn hz(&self) -> u32 {
+    pub(crate) fn hz(&self) -> u32 {
         self.hz
     }
 
     /// CPUs sampled.
-    pub fn cpus(&self) -> usize {
+    pub(crate) fn cpus(&self) -> usize {
         self.cpus
     }
 
     /// Takes every record waiting in the ring.
-    pub fn drain(&mut self, out: &mut Drained) {
+    pub(crate) fn drain(&mut self, out: &mut Drained) {
         while let Some(item) = self.ring.next() {
             match decode(&item) {
                 Some(Record::Sample(s)) => out.samples.push(s),
@@ -182,7 +182,7 @@ impl StackSampler {
     }
 
     /// The kernel side's counters, summed over CPUs.
-    pub fn stats(&self) -> StackStats {
+    pub(crate) fn stats(&self) -> StackStats {
         let mut sum = StackStats::default();
         if let Ok(values) = self.stats.get(&0, 0) {
             for v in values.iter() {
@@ -199,7 +199,7 @@ impl StackSampler {
 /// The ring's size: a second of samples at `hz` on `cpus` CPUs (2 KiB
 /// each, more than a typical stack takes), a power of two between 1 MiB
 /// and 256 MiB. It is drained ten times a second.
-pub fn ring_bytes(hz: u32, cpus: usize) -> u32 {
+pub(crate) fn ring_bytes(hz: u32, cpus: usize) -> u32 {
     let want = u64::from(hz) * cpus.max(1) as u64 * 2048;
     want.clamp(1 << 20, 256 << 20)
         .next_power_of_two()

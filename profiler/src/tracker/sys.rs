@@ -19,7 +19,7 @@ struct BatchAttr {
 }
 
 /// Outcome of a batch read.
-pub enum Batch<K, V> {
+pub(crate) enum Batch<K, V> {
     /// Every entry, read in `calls` syscalls.
     Read {
         /// Entries.
@@ -35,7 +35,7 @@ pub enum Batch<K, V> {
 /// entries per call.
 ///
 /// `K` and `V` must be the map's exact key and value types (`Pod`).
-pub fn lookup_batch<K: aya::Pod + Default, V: aya::Pod>(
+pub(crate) fn lookup_batch<K: aya::Pod + Default, V: aya::Pod>(
     fd: BorrowedFd<'_>,
     chunk: u32,
     zero: V,
@@ -99,7 +99,7 @@ pub fn lookup_batch<K: aya::Pod + Default, V: aya::Pod>(
 }
 
 /// The kernel's `memlock` figure for a map, from `/proc/self/fdinfo`.
-pub fn map_memlock_bytes(fd: BorrowedFd<'_>) -> Option<u64> {
+pub(crate) fn map_memlock_bytes(fd: BorrowedFd<'_>) -> Option<u64> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("memlock:"))
@@ -110,7 +110,7 @@ const BPF_ITER_CREATE: libc::c_long = 33;
 
 /// A new read of an attached iterator (`BPF_ITER_CREATE` on its link): a
 /// file whose reads run the iterator program from the start.
-pub fn iter_create(link: BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+pub(crate) fn iter_create(link: BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
     #[repr(C)]
     struct IterCreateAttr {
         link_fd: u32,
@@ -141,7 +141,7 @@ const BPF_TRACE_ITER: u32 = 28;
 
 /// Attaches a loaded iterator program (`BPF_LINK_CREATE`): the link every
 /// read is created from. aya keeps an iterator link's fd to itself.
-pub fn iter_link_create(prog: BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+pub(crate) fn iter_link_create(prog: BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
     #[repr(C)]
     struct LinkCreateAttr {
         prog_fd: u32,

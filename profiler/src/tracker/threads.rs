@@ -14,7 +14,7 @@ use super::{TaskTime, comm_to_string};
 
 /// Where an observation came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Seen {
+pub(crate) enum Seen {
     /// A read of the `TASKS` map; `dead` is the entry's dead flag.
     Map {
         /// The entry is flagged dead (exit seen, entry not yet freed).
@@ -29,19 +29,19 @@ pub enum Seen {
 
 /// One cumulative reading of a thread.
 #[derive(Clone, Copy, Debug)]
-pub struct Observation<'a> {
+pub(crate) struct Observation<'a> {
     /// Thread id.
-    pub tid: u32,
+    pub(crate) tid: u32,
     /// Entry creation time (the thread's generation).
-    pub created_ns: u64,
+    pub(crate) created_ns: u64,
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// cgroup v2 id.
-    pub cgroup_id: u64,
+    pub(crate) cgroup_id: u64,
     /// Name.
-    pub comm: &'a [u8],
+    pub(crate) comm: &'a [u8],
     /// Cumulative on-CPU ns per package.
-    pub on_cpu_ns: &'a [u64; MAX_SOCKETS],
+    pub(crate) on_cpu_ns: &'a [u64; MAX_SOCKETS],
 }
 
 #[derive(Debug)]
@@ -60,14 +60,14 @@ struct Thread {
 
 /// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
 #[derive(Debug)]
-pub struct ThreadLedger {
+pub(crate) struct ThreadLedger {
     packages: usize,
     threads: IntMap<(u32, u64), Thread>,
 }
 
 impl ThreadLedger {
     /// A ledger splitting time over `packages` packages.
-    pub fn new(packages: usize) -> Self {
+    pub(crate) fn new(packages: usize) -> Self {
         Self {
             packages: packages.clamp(1, MAX_SOCKETS),
             threads: HashMap::default(),
@@ -75,17 +75,17 @@ impl ThreadLedger {
     }
 
     /// Number of threads tracked.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.threads.len()
     }
-
     /// Whether no thread is tracked.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.threads.is_empty()
     }
 
     /// Threads of `tgid` that have not reported an exit.
-    pub fn live_threads_of(&self, tgid: u32) -> usize {
+    pub(crate) fn live_threads_of(&self, tgid: u32) -> usize {
         self.threads
             .values()
             .filter(|t| t.tgid == tgid && t.exit_ns.is_none())
@@ -95,7 +95,7 @@ impl ThreadLedger {
     /// Records a cumulative reading. Returns true when the kernel entry
     /// should now be freed by userspace (flagged dead on two reads, so its
     /// final slice has landed).
-    pub fn observe(&mut self, obs: Observation<'_>, seen: Seen) -> bool {
+    pub(crate) fn observe(&mut self, obs: Observation<'_>, seen: Seen) -> bool {
         let thread = self
             .threads
             .entry((obs.tid, obs.created_ns))
@@ -142,7 +142,7 @@ impl ThreadLedger {
 
     /// Marks that the kernel entry of a thread was freed by userspace at
     /// monotonic time `at_ns` (its exit time, if no exit record came).
-    pub fn freed(&mut self, tid: u32, created_ns: u64, at_ns: u64) {
+    pub(crate) fn freed(&mut self, tid: u32, created_ns: u64, at_ns: u64) {
         if let Some(t) = self.threads.get_mut(&(tid, created_ns)) {
             t.in_map = false;
             t.exit_ns.get_or_insert(at_ns);
@@ -150,7 +150,7 @@ impl ThreadLedger {
     }
 
     /// Whether thread `tid` has reported its exit (any generation).
-    pub fn has_exited(&self, tid: u32) -> bool {
+    pub(crate) fn has_exited(&self, tid: u32) -> bool {
         self.threads
             .iter()
             .any(|((t, _), th)| *t == tid && th.exit_ns.is_some())
@@ -159,7 +159,7 @@ impl ThreadLedger {
     /// Exited or dead-flagged threads whose kernel entry was still there at
     /// the last read (userspace frees those a read later): a partial read
     /// must look these up too, as they announce nothing.
-    pub fn awaiting_free(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn awaiting_free(&self) -> impl Iterator<Item = u32> + '_ {
         self.threads
             .iter()
             .filter(|(_, t)| t.exit_ns.is_some() || t.dead_reads > 0)
@@ -172,7 +172,7 @@ impl ThreadLedger {
     /// (entry recycled in the kernel, already reported). After a partial
     /// read (`full_scan == false`, only announced threads looked up) a
     /// thread not looked up is simply idle.
-    pub fn finish(&mut self, full_scan: bool) -> Vec<TaskTime> {
+    pub(crate) fn finish(&mut self, full_scan: bool) -> Vec<TaskTime> {
         let packages = self.packages;
         let mut out = Vec::new();
         self.threads.retain(|&(tid, _), t| {

@@ -20,7 +20,7 @@ fn mounted() -> Vec<PathBuf> {
 }
 
 /// Returns a mounted tracefs, mounting it at `/sys/kernel/tracing` if none is.
-pub fn ensure_mounted() -> Result<PathBuf, TrackerError> {
+pub(crate) fn ensure_mounted() -> Result<PathBuf, TrackerError> {
     let mounts = mounted();
     if let Some(found) = CANDIDATES
         .iter()
@@ -66,7 +66,7 @@ pub fn ensure_mounted() -> Result<PathBuf, TrackerError> {
 }
 
 /// Byte offset of `field` in the record of tracepoint `category/name`.
-pub fn field_offset(
+pub(crate) fn field_offset(
     tracefs: &Path,
     category: &str,
     name: &str,
@@ -96,7 +96,7 @@ pub fn field_offset(
 }
 
 /// Finds `field:<type> <field>;\toffset:N;` in a format description.
-pub fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
+pub(crate) fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
     format.lines().find_map(|line| {
         let mut parts = line.trim().split(';');
         let decl = parts.next()?.strip_prefix("field:")?;

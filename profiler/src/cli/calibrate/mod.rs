@@ -32,44 +32,44 @@ use crate::staircase::{Step, StepLoad, climb, measure};
     share of the static power, whatever runs beside it.\n\n\
     Keep the machine otherwise quiet while it runs: every watt is fitted. With a wattmeter, \
     `wattprof run --calibration node.json -- CMD` reports wall energy per process.")]
-pub struct CalibrateArgs {
+pub(crate) struct CalibrateArgs {
     /// Follow this OmegaWatt wattmetre-read log being written (without a
     /// wattmeter, the host power model is made instead).
     #[arg(long, value_name = "FILE")]
-    pub wattmeter_log: Option<PathBuf>,
+    pub(crate) wattmeter_log: Option<PathBuf>,
 
     /// Start this wattmeter program and read its output.
     #[arg(long, value_name = "CMD", conflicts_with = "wattmeter_log")]
-    pub wattmeter_cmd: Option<String>,
+    pub(crate) wattmeter_cmd: Option<String>,
 
     /// The wattmeter outlet the machine is plugged into (1-based).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub wattmeter_outlet: u32,
+    pub(crate) wattmeter_outlet: u32,
 
     /// How long each step of the staircase lasts (idle, then 1 to N CPUs
     /// busy, then the GPU load if given). The first quarter of a step
     /// (at most 2 s) settles and is not fitted.
     #[arg(long, default_value = "10s", value_parser = parse_interval)]
-    pub step: Duration,
+    pub(crate) step: Duration,
 
     /// A command that keeps the GPUs busy, run alone as the last step
     /// (e.g. a short training script); without it no GPU step is made.
     #[arg(long, value_name = "CMD")]
-    pub gpu_load: Option<String>,
+    pub(crate) gpu_load: Option<String>,
 
     /// Where to write the calibration [default: wattprof-calibration.json;
     /// with no wattmeter, the host power model at
     /// /var/lib/wattprof/power-model.json].
     #[arg(long, short, value_name = "FILE")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
     #[arg(long)]
-    pub no_gpu: bool,
+    pub(crate) no_gpu: bool,
 
     /// Read CPU energy counters from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
-    pub energy_sysfs: Option<PathBuf>,
+    pub(crate) energy_sysfs: Option<PathBuf>,
 }
 
 /// Now, in ns since the Unix epoch (a file's creation time).
@@ -100,7 +100,7 @@ fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
 }
 
 /// Runs `wattprof calibrate`.
-pub fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     if args.wattmeter_log.is_none() && args.wattmeter_cmd.is_none() {
         return host_model::execute(&args);
     }

@@ -35,9 +35,9 @@ use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
 use serde::Serialize;
 
 mod samples;
-pub mod statics;
+pub(crate) mod statics;
 
-pub use samples::{RawSample, Sanitised, sanitise, v3_quirk};
+pub(crate) use samples::{RawSample, sanitise, v3_quirk};
 
 use super::{
     Domain, DomainEnergy, Source, SourceError, SourceInfo,
@@ -79,16 +79,7 @@ pub enum SmBasis {
     Equal,
 }
 
-impl SmBasis {
-    /// Its name in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Sampled => "sampled",
-            Self::Carried => "carried",
-            Self::Equal => "equal",
-        }
-    }
-}
+impl SmBasis {}
 
 /// One GPU over one interval.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -148,7 +139,7 @@ enum Energy {
 /// How long shares seen are carried into intervals with no new sample:
 /// the driver's slowest sampling period (1 s) twice over, as nvitop reads
 /// 2 s back.
-pub const CARRY_SHARES: Duration = Duration::from_secs(2);
+pub(crate) const CARRY_SHARES: Duration = Duration::from_secs(2);
 
 /// How many times a count race (INSUFFICIENT_SIZE) is retried in a read.
 const RACE_RETRIES: u32 = 3;
@@ -200,7 +191,7 @@ fn nvml_err(what: &str, e: &NvmlError) -> String {
 
 /// In a container (seen from the root `root`), what the NVIDIA container
 /// toolkit was not asked for: `None` outside one.
-pub fn container_hint(root: &std::path::Path) -> Option<String> {
+pub(crate) fn container_hint(root: &std::path::Path) -> Option<String> {
     let cgroup = std::fs::read_to_string(root.join("proc/1/cgroup")).unwrap_or_default();
     let inside = root.join(".dockerenv").exists()
         || root.join("run/.containerenv").exists()

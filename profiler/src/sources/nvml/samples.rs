@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 /// Whether a driver writes `_v3` process entries of another size than
 /// NVML's header says (535.43 to 535.86; nvitop PRs 79 and 89).
-pub fn v3_quirk(driver_version: &str) -> bool {
+pub(crate) fn v3_quirk(driver_version: &str) -> bool {
     let mut v = driver_version.trim().split('.');
     let major: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
     let minor: u32 = v.next().and_then(|x| x.parse().ok()).unwrap_or(0);
@@ -14,37 +14,37 @@ pub fn v3_quirk(driver_version: &str) -> bool {
 
 /// One raw per-process sample, as NVML returns it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawSample {
+pub(crate) struct RawSample {
     /// Process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// CPU timestamp, µs since the epoch.
-    pub timestamp: u64,
+    pub(crate) timestamp: u64,
     /// SM utilization, percent.
-    pub sm_util: u32,
+    pub(crate) sm_util: u32,
 }
 
 /// What [`sanitise`] kept and discarded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Sanitised {
+pub(crate) struct Sanitised {
     /// Each kept process's mean SM over its samples.
-    pub shares: HashMap<u32, u32>,
+    pub(crate) shares: HashMap<u32, u32>,
     /// The newest kept timestamp (the next `lastSeenTimeStamp`).
-    pub newest: Option<u64>,
+    pub(crate) newest: Option<u64>,
     /// Discarded: pid 0.
-    pub pid0: u32,
+    pub(crate) pid0: u32,
     /// Discarded: not in the process list (ended, or never a holder).
-    pub not_listed: u32,
+    pub(crate) not_listed: u32,
     /// Discarded: SM over 100.
-    pub sm_over_100: u32,
+    pub(crate) sm_over_100: u32,
     /// Discarded: not after the last seen, or in the future.
-    pub bad_timestamp: u32,
+    pub(crate) bad_timestamp: u32,
     /// Exact duplicates dropped.
-    pub duplicates: u32,
+    pub(crate) duplicates: u32,
 }
 
 impl Sanitised {
     /// What was discarded, for a problem line; `None` when nothing was.
-    pub fn discarded(&self) -> Option<String> {
+    pub(crate) fn discarded(&self) -> Option<String> {
         // A pid no longer in the process list is a process that just
         // ended (its last samples come after): dropped, not a problem;
         // pid 0 never is a process.
@@ -69,7 +69,7 @@ impl Sanitised {
 /// list (`listed`; `None` when the list could not be read: any pid but 0),
 /// SM at most 100, the timestamp in (`last_seen`, `now_us`]; exact
 /// duplicates once. Each process's share is the mean of its samples.
-pub fn sanitise(
+pub(crate) fn sanitise(
     samples: &[RawSample],
     listed: Option<&[u32]>,
     last_seen: u64,

@@ -33,26 +33,26 @@
 //! at rest), said so as `lowest_seen`.
 
 /// A stretch must be at least this long to teach a figure.
-pub const MIN_STRETCH_NS: u64 = 2_000_000_000;
+pub(crate) const MIN_STRETCH_NS: u64 = 2_000_000_000;
 
 /// The start of a stretch that is left out: the power still settling.
-pub const SETTLE_NS: u64 = 1_000_000_000;
+pub(crate) const SETTLE_NS: u64 = 1_000_000_000;
 
 /// The end of a stretch that is held back until the state is seen to go
 /// on past it: the read that sees work (a sample above 0% SM) comes up to
 /// a sample period or so after the work began.
-pub const TAIL_NS: u64 = 1_000_000_000;
+pub(crate) const TAIL_NS: u64 = 1_000_000_000;
 
 /// Timer slack in the lengths above (a 999.9 ms interval is a second).
 const SLACK_NS: u64 = 50_000_000;
 
 /// The longest step of a GPU energy counter (NVML's documentation: 20-100
 /// ms; 100 ms measured on an H200).
-pub const COUNTER_STEP_NS: u64 = 100_000_000;
+pub(crate) const COUNTER_STEP_NS: u64 = 100_000_000;
 
 /// What an interval showed of the GPU's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuState {
+pub(crate) enum GpuState {
     /// No process held a context.
     Idle,
     /// Processes held contexts and none worked.
@@ -132,7 +132,7 @@ impl Figure {
 
 /// One GPU's static figures, learned as it is read.
 #[derive(Clone, Debug, Default)]
-pub struct GpuStatics {
+pub(crate) struct GpuStatics {
     /// The state of the last interval seen.
     last: Option<GpuState>,
     /// The stretch under way (of `last`'s state).
@@ -145,12 +145,12 @@ pub struct GpuStatics {
 
 /// A GPU's static energy over one interval (µJ).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GpuStaticEnergy {
+pub(crate) struct GpuStaticEnergy {
     /// Idle power × the interval: the idle row's, whoever holds the GPU.
-    pub idle_uj: u64,
+    pub(crate) idle_uj: u64,
     /// Held power × the interval, when a process holds the GPU: shared by
     /// the holders.
-    pub held_uj: u64,
+    pub(crate) held_uj: u64,
 }
 
 impl GpuStaticEnergy {
@@ -161,7 +161,7 @@ impl GpuStaticEnergy {
     /// idle first; what it cannot hold becomes the debt, up to `cap` (more
     /// means the figure is above the power: dropped). Held energy is owed
     /// only while a process holds the GPU (`held`).
-    pub fn charge(self, debt: &mut Self, measured_uj: u64, held: bool, cap: Self) -> Self {
+    pub(crate) fn charge(self, debt: &mut Self, measured_uj: u64, held: bool, cap: Self) -> Self {
         let want_idle = self.idle_uj + debt.idle_uj;
         let want_held = if held { self.held_uj + debt.held_uj } else { 0 };
         let idle_uj = want_idle.min(measured_uj);
@@ -176,7 +176,7 @@ impl GpuStaticEnergy {
 
 impl GpuStatics {
     /// Learns from an interval of `uj` over `ns` in `state`.
-    pub fn observe(&mut self, state: GpuState, uj: u64, ns: u64) {
+    pub(crate) fn observe(&mut self, state: GpuState, uj: u64, ns: u64) {
         if self.last != Some(state) {
             self.end_stretch();
             self.last = Some(state);
@@ -217,21 +217,21 @@ impl GpuStatics {
     }
 
     /// The power with no context open (W), once seen.
-    pub fn idle_w(&self) -> Option<f64> {
+    pub(crate) fn idle_w(&self) -> Option<f64> {
         self.best(GpuState::Idle, self.idle)
     }
 
     /// The extra power of holding contexts with no work (W), once seen.
     /// Until an idle stretch is seen too, it is all the power with
     /// contexts open and no work (the idle power charged as held).
-    pub fn held_w(&self) -> Option<f64> {
+    pub(crate) fn held_w(&self) -> Option<f64> {
         self.best(GpuState::Held, self.held_total)
             .map(|h| (h - self.idle_w().unwrap_or(0.0)).max(0.0))
     }
 
     /// The static energy of an interval of `ns`, `held` when a process
     /// held the GPU.
-    pub fn energy(&self, ns: u64, held: bool) -> GpuStaticEnergy {
+    pub(crate) fn energy(&self, ns: u64, held: bool) -> GpuStaticEnergy {
         let uj = |w: f64| (w * ns as f64 / 1e3).round().max(0.0) as u64;
         GpuStaticEnergy {
             idle_uj: self.idle_w().map_or(0, uj),
