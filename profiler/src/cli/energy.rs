@@ -325,3 +325,17 @@ pub(crate) struct Streams {
     /// `--csv-intervals`.
     pub(crate) csv_intervals: Option<IntervalCsv>,
 }
+
+impl Streams {
+    /// The profile's sinks, in the order they are written.
+    pub(crate) fn sinks(self) -> Vec<Box<dyn crate::output::sink::Sink>> {
+        let mut out: Vec<Box<dyn crate::output::sink::Sink>> = Vec::new();
+        if let Some(j) = self.jsonl {
+            out.push(Box::new(j));
+        }
+        if let Some(c) = self.csv_intervals {
+            out.push(Box::new(crate::output::sink::IntervalCsvSink::new(c)));
+        }
+        out
+    }
+}

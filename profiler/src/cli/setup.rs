@@ -217,10 +217,9 @@ pub(super) fn start_profile(
             keep,
             statics,
         },
-        streams.jsonl,
+        streams.sinks(),
         host,
     );
-    profile.set_interval_csv(streams.csv_intervals);
     // Last, so nothing runs between the two starting points.
     profile
         .begin(&mut tracker)

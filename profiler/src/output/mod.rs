@@ -5,6 +5,7 @@ pub(crate) mod flamegraph;
 pub(crate) mod jsonl;
 pub(crate) mod prometheus;
 pub(crate) mod record;
+pub(crate) mod sink;
 pub(crate) mod spill;
 pub(crate) mod table;
 pub(crate) mod vm_export;

@@ -29,8 +29,8 @@ use std::collections::HashMap;
 use crate::attribution::{ConsumerId, EnergyBy, EnergyLedger};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
-use crate::output::jsonl::{Jsonl, Typed};
 use crate::output::record::{HeaderRecord, IntervalRecord};
+use crate::output::sink::Sink;
 use crate::output::{HostReport, MachineTimes, MemoryReport, RUN_SCHEMA_VERSION, WindowReport};
 use crate::process::cgroup::CgroupNames;
 use crate::process::names::ContainerNames;
@@ -152,8 +152,8 @@ pub(crate) struct Profile {
     last_ns: u64,
     package_ids: Vec<u32>,
     cfg: ProfileConfig,
-    jsonl: Option<Jsonl>,
-    interval_csv: Option<crate::output::csv::IntervalCsv>,
+    /// The streamed outputs (`--jsonl`, `--csv-intervals`).
+    sinks: Vec<Box<dyn Sink>>,
     /// Wall-clock start (for the CSV's timestamps), from the header.
     start_unix_ns: u64,
     problems: Vec<String>,
@@ -195,7 +195,7 @@ impl Profile {
         readers: Readers,
         package_ids: Vec<u32>,
         cfg: ProfileConfig,
-        jsonl: Option<Jsonl>,
+        sinks: Vec<Box<dyn Sink>>,
         host: HostReport,
     ) -> Self {
         let statics = statics::Statics::new(&cfg.statics, &readers, online_cpus());
@@ -238,8 +238,7 @@ impl Profile {
             last_ns: 0,
             package_ids,
             cfg,
-            jsonl,
-            interval_csv: None,
+            sinks,
             start_unix_ns: 0,
             problems: Vec::new(),
             problem_count: 0,
@@ -252,11 +251,6 @@ impl Profile {
     /// `dir` (the recording's own directory).
     pub(crate) fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
         self.intervals.set_dir(dir);
-    }
-
-    /// Also writes each interval's rows to this CSV (`--csv-intervals`).
-    pub(crate) fn set_interval_csv(&mut self, csv: Option<crate::output::csv::IntervalCsv>) {
-        self.interval_csv = csv;
     }
 
     /// Writes the stream's header record (and takes the wall-clock start
@@ -283,8 +277,8 @@ impl Profile {
             argv: argv.map(<[String]>::to_vec),
             profiler_pid: Some(std::process::id()),
         };
-        if let Some(s) = &mut self.jsonl {
-            s.write(&header);
+        for s in &mut self.sinks {
+            s.header(&header);
         }
     }
 
@@ -368,9 +362,11 @@ impl Profile {
 
     /// Outputs that stopped early (a failed write), one line each.
     pub(crate) fn output_errors(&self) -> Vec<String> {
-        let jsonl = self.jsonl.as_ref().and_then(|s| s.failure());
-        let csv = self.interval_csv.as_ref().and_then(|c| c.failure());
-        jsonl.into_iter().chain(csv).map(str::to_string).collect()
+        self.sinks
+            .iter()
+            .filter_map(|s| s.failure())
+            .map(str::to_string)
+            .collect()
     }
 
     /// Applies window messages (text, sender pid) that arrived by
@@ -388,11 +384,8 @@ impl Profile {
                 Ok(cmd) => match self.windows.apply(cmd, at_ns) {
                     Ok(Some(w)) => {
                         let report = self.window_report(&w);
-                        if let Some(s) = &mut self.jsonl {
-                            s.write(&Typed {
-                                kind: "window",
-                                record: &report,
-                            });
+                        for s in &mut self.sinks {
+                            s.window(&report);
                         }
                         WindowAnswer::Ended(Box::new(report))
                     }

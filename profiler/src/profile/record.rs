@@ -201,11 +201,8 @@ impl Profile {
     /// Streams the record (JSON lines, the interval CSV) and keeps it for
     /// the recording.
     pub(super) fn write_record(&mut self, record: IntervalRecord) {
-        if let Some(s) = &mut self.jsonl {
-            s.write(&record);
-        }
-        if let Some(c) = &mut self.interval_csv {
-            c.write(&record, self.start_unix_ns, self.cfg.carbon.g_per_kwh);
+        for s in &mut self.sinks {
+            s.interval(&record);
         }
         // Kept serialized: a parsed record costs several times its text,
         // and a run can last days.

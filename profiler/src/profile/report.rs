@@ -19,14 +19,12 @@ use crate::output::RunReport;
 use crate::output::StaticPowerReport;
 use crate::output::WindowDomainReport;
 use crate::output::WindowReport;
-use crate::output::jsonl::Typed;
 use crate::output::record::AveragePower;
 use crate::output::record::DomainUj;
 use crate::output::record::joules;
 use crate::output::record::watts;
 use crate::process::Process;
 use crate::process::Role;
-use serde_json::Value;
 
 /// Host facts for the report header.
 pub(crate) fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
@@ -129,12 +127,9 @@ impl Profile {
         let span = end_ns.saturating_sub(self.start_ns);
         let (windows, window_errors) = self.windows.finish(end_ns);
         let windows: Vec<WindowReport> = windows.iter().map(|w| self.window_report(w)).collect();
-        if let Some(s) = &mut self.jsonl {
+        for s in &mut self.sinks {
             for w in windows.iter().filter(|w| w.unterminated) {
-                s.write(&Typed {
-                    kind: "window",
-                    record: w,
-                });
+                s.window(w);
             }
         }
         let carbon = &self.cfg.carbon;
@@ -202,13 +197,8 @@ impl Profile {
         report.profiler.output_errors = self.output_errors();
         // The stream's last record: the summary, without the intervals it
         // already holds.
-        if let Some(s) = &mut self.jsonl {
-            let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
-            if let Some(o) = summary.as_object_mut() {
-                o.remove("intervals");
-                o.insert("type".into(), "summary".into());
-            }
-            s.write(&summary);
+        for s in &mut self.sinks {
+            s.summary(&report);
         }
         let mut report = RunReport {
             intervals: std::mem::take(&mut self.intervals),

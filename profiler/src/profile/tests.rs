@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use serde_json::Value;
 
+use crate::output::jsonl::Jsonl;
 use crate::output::{ProcessReport, ProfilerReport, RunReport};
 use crate::tracker::{CpuSample, CpuTimes, EventRing, TaskTime};
 
@@ -129,7 +130,9 @@ impl Rig {
                 cgroupfs: Some(dir.join("cgroup")),
                 statics: Default::default(),
             },
-            Some(Jsonl::create(&dir.join("stream.jsonl")).expect("stream")),
+            vec![Box::new(
+                Jsonl::create(&dir.join("stream.jsonl")).expect("stream"),
+            )],
             HostReport::default(),
         );
         let mut script = Script {
