@@ -1,0 +1,144 @@
+//! What the time tracker is asked for and what it reports it did: which
+//! tracker, how exits are tracked, which clock, and the kernel memory its
+//! maps take.
+
+use profiler_common::{DEFAULT_MAX_TASKS, TaskStats};
+
+use crate::topology::SysRoot;
+
+/// Kernel memory the maps take (bytes) for `possible_cpus` CPUs and a
+/// `max_tasks` thread map, by the kernel's own accounting (the `memlock`
+/// figures of `/proc/<pid>/fdinfo`).
+///
+/// The switch tracker:
+/// - `TASKS`, a preallocated hash map: `max_tasks` elements of 184 bytes
+///   (48-byte element header, 8-byte key slot, 128-byte [`TaskStats`]),
+///   16 bytes per bucket (`max_tasks` rounded up to a power of two), and
+///   one spare element and free-list per CPU (about 640 bytes);
+/// - `EVENTS` and `ACTIVE` ring buffers: their size plus their page tables;
+/// - `CPUS`: 80 bytes per CPU; `EPOCH`: one page-sized array.
+///
+/// The iterator tracker keeps `TASKS` and `ACTIVE` at their minimum and
+/// instead has `LAST`, a preallocated hash map of `max_tasks` elements of
+/// 64 bytes (48-byte header, 8-byte key, 8-byte value) with the same
+/// buckets and per-CPU spares, plus three small arrays.
+pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_tasks: u64) -> u64 {
+    let hash = |entries: u64, value: u64| {
+        entries * (48 + 8 + value) + entries.next_power_of_two() * 16 + possible_cpus * 640
+    };
+    let ring = |bytes: u64| bytes + bytes / 4096 * 8 + 4096 * 2 + 4096 * 5;
+    let common =
+        ring(u64::from(profiler_common::DEFAULT_RING_BYTES)) + possible_cpus * 80 + 320 + 320;
+    match tracker {
+        TrackerKind::Switch => {
+            hash(max_tasks, std::mem::size_of::<TaskStats>() as u64)
+                + ring(u64::from(profiler_common::ACTIVE_RING_BYTES))
+                + common
+        }
+        TrackerKind::Iter => {
+            hash(1, std::mem::size_of::<TaskStats>() as u64)
+                + ring(4096)
+                + hash(max_tasks, 8)
+                + common
+                + 3 * 320
+        }
+    }
+}
+
+/// Which tracker measures on-CPU time.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TrackerKind {
+    /// A task iterator reads the scheduler's counters at each read, and
+    /// rare events (exit, free, migration between packages, cgroup move)
+    /// complete them: nothing runs at context switches (Linux 5.8+ with
+    /// BTF).
+    Iter,
+    /// A program on every context switch charges the leaving thread: the
+    /// fallback without BTF, at a cost to every switch on the machine.
+    Switch,
+}
+
+/// An iterator-tracker event whose program is left out (tests of what
+/// happens when its records are lost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SkipEvent {
+    /// `sched_process_exit`: final run times come from the free alone.
+    Exit,
+    /// `sched_process_free`: threads are settled from their exit reading.
+    Free,
+}
+
+/// Which tracker to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TrackerChoice {
+    /// The iterator where it loads, else the switch tracker (with the reason
+    /// in the report).
+    #[default]
+    Auto,
+    /// The iterator tracker, or an error saying why not.
+    Iter,
+    /// The switch tracker.
+    Switch,
+}
+
+/// How exits are detected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ExitTracking {
+    /// The iterator tracker: the final run time when the task is freed
+    /// (`sched_process_free`), the exit's reading when no free comes.
+    FreeEvent,
+    /// Linux 5.18+: the final context switch (`prev_state == TASK_DEAD`)
+    /// reports exact final totals and frees the entry in the kernel.
+    FinalSwitch,
+    /// Older kernels: `sched_process_exit` flags the entry; userspace reads
+    /// the last slice and frees it one interval later.
+    ExitTracepoint,
+}
+
+/// Which clock task time comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TaskClock {
+    /// The scheduler's own `se.sum_exec_runtime` (kernel with BTF): the
+    /// same nanoseconds as `/proc/<pid>/schedstat` and `getrusage`.
+    SumExecRuntime,
+    /// Time between context switches (kernel without BTF).
+    SwitchTiming,
+}
+
+/// Settings of the tracker.
+#[derive(Clone, Debug)]
+pub(crate) struct TrackerConfig {
+    /// Which tracker.
+    pub(crate) tracker: TrackerChoice,
+    /// Capacity of the per-thread map (the switch tracker's entries; the
+    /// iterator tracker's filter).
+    pub(crate) max_tasks: u32,
+    /// Iterator tracker: an event program not to attach (tests).
+    pub(crate) skip_event: Option<SkipEvent>,
+    /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
+    /// is available (tests of the older-kernel path).
+    pub(crate) force_exit_tracepoint: bool,
+    /// Time slices between context switches even where the kernel's BTF
+    /// gives the scheduler's own counter (tests of the no-BTF path).
+    pub(crate) force_switch_timing: bool,
+    /// sysfs, for the topology.
+    pub(crate) sys: SysRoot,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        Self {
+            tracker: TrackerChoice::Auto,
+            max_tasks: DEFAULT_MAX_TASKS,
+            skip_event: None,
+            force_exit_tracepoint: false,
+            force_switch_timing: false,
+            sys: SysRoot::real(),
+        }
+    }
+}
