@@ -1,14 +1,23 @@
-//! The Prometheus view of a profile so far.
+//! The Prometheus view of a profile so far, one family group at a time.
 
 use super::Profile;
 use crate::attribution::EnergyBy;
 use crate::output::EnergyJ;
-use crate::output::prometheus::Labels;
-use crate::output::prometheus::Snapshot;
-use crate::output::record::ProcessRow;
-use crate::output::record::joules;
+use crate::output::prometheus::{self as m, Labels, Snapshot};
+use crate::output::record::{ProcessRow, joules};
 use crate::process::Role;
 use crate::sources::Domain;
+
+/// Series of one family: labels and value.
+type Series = Vec<(Labels, f64)>;
+
+/// Labels from pairs.
+fn l(pairs: &[(&str, String)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), v.clone()))
+        .collect()
+}
 
 impl Profile {
     /// The Prometheus view of the profile so far: counters per domain,
@@ -18,12 +27,51 @@ impl Profile {
     /// are left out (their series end).
     pub(crate) fn snapshot(&self, top: usize, grace_ns: u64) -> Snapshot {
         let since = self.last_ns.saturating_sub(grace_ns);
-        let l = |pairs: &[(&str, String)]| -> Labels {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_string(), v.clone()))
-                .collect()
-        };
+        let [measured, idle, static_energy, static_power, unattributed] = self.domain_series();
+        let [c_energy, c_static, c_cpu, c_info] = self.container_series(since);
+        let [g_energy, g_static, g_cpu] = self.cgroup_series(since);
+        let (busy, idle_ns, lost) = self.machine.totals();
+        let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
+            .into_iter()
+            .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
+            .collect();
+        let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
+        let self_energy = me
+            .by_domain()
+            .into_iter()
+            .map(|(d, v)| (l(&[("domain", d.into())]), v))
+            .collect();
+        let (power, gpu_power) = self.power_series(top);
+        Snapshot {
+            families: vec![
+                (&m::ENERGY, measured),
+                (&m::IDLE_ENERGY, idle),
+                (&m::STATIC_ENERGY, static_energy),
+                (&m::STATIC_POWER, static_power),
+                (&m::UNATTRIBUTED_ENERGY, unattributed),
+                (&m::CONTAINER_ENERGY, c_energy),
+                (&m::CONTAINER_STATIC_ENERGY, c_static),
+                (&m::CONTAINER_CPU, c_cpu),
+                (&m::CGROUP_ENERGY, g_energy),
+                (&m::CGROUP_STATIC_ENERGY, g_static),
+                (&m::CGROUP_CPU, g_cpu),
+                (&m::CPU, cpu),
+                (
+                    &m::SELF_CPU,
+                    vec![(Vec::new(), self.table.totals().profiler_ns as f64 / 1e9)],
+                ),
+                (&m::SELF_ENERGY, self_energy),
+                (&m::PROCESS_POWER, power),
+                (&m::GPU_POWER, gpu_power),
+                (&m::CONTAINER_INFO, c_info),
+                (&m::ENERGY_READER_INFO, self.reader_series()),
+            ],
+        }
+    }
+
+    /// Per domain and package: measured, idle, static energy, static
+    /// power (with where its figure comes from), unattributed.
+    fn domain_series(&self) -> [Series; 5] {
         let pkg = |p: Option<u32>| p.map_or_else(|| "machine".to_string(), |p| p.to_string());
         let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
         let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
@@ -42,6 +90,12 @@ impl Profile {
             }
             unattributed.push((labels, joules(t.unattributed_uj)));
         }
+        [measured, idle, static_energy, static_power, unattributed]
+    }
+
+    /// Per container that ran since `since`: energy per domain, static
+    /// energy, CPU seconds, and its name on an info series.
+    fn container_series(&self, since: u64) -> [Series; 4] {
         let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
         let mut c_static = Vec::new();
         for c in self.container_reports(Some(since)) {
@@ -71,6 +125,12 @@ impl Profile {
                 c_energy.push((labels, v));
             }
         }
+        [c_energy, c_static, c_cpu, c_info]
+    }
+
+    /// Per cgroup path that ran since `since`: energy per domain, static
+    /// energy, CPU seconds.
+    fn cgroup_series(&self, since: u64) -> [Series; 3] {
         let (mut g_energy, mut g_cpu, mut g_static) = (Vec::new(), Vec::new(), Vec::new());
         // Per path: a restarted service or container gets a new cgroup
         // (a new id) at the same path, and its series must go on rising,
@@ -101,17 +161,12 @@ impl Profile {
                 ));
             }
         }
-        let (busy, idle_ns, lost) = self.machine.totals();
-        let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
-            .into_iter()
-            .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
-            .collect();
-        let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
-        let self_energy = me
-            .by_domain()
-            .into_iter()
-            .map(|(d, v)| (l(&[("domain", d.into())]), v))
-            .collect();
+        [g_energy, g_static, g_cpu]
+    }
+
+    /// The last interval's power: its `top` processes by name, the rest
+    /// as one `other` series; and each GPU's power reading.
+    fn power_series(&self, top: usize) -> (Series, Series) {
         // Power of the last interval's processes: the top ones by name, the
         // rest as one `other` series.
         let mut power = Vec::new();
@@ -150,49 +205,26 @@ impl Profile {
                 .filter_map(|g| Some((l(&[("gpu", g.index.to_string())]), g.power_w?)))
                 .collect();
         }
-        use crate::output::prometheus as m;
-        Snapshot {
-            families: vec![
-                (&m::ENERGY, measured),
-                (&m::IDLE_ENERGY, idle),
-                (&m::STATIC_ENERGY, static_energy),
-                (&m::STATIC_POWER, static_power),
-                (&m::UNATTRIBUTED_ENERGY, unattributed),
-                (&m::CONTAINER_ENERGY, c_energy),
-                (&m::CONTAINER_STATIC_ENERGY, c_static),
-                (&m::CONTAINER_CPU, c_cpu),
-                (&m::CGROUP_ENERGY, g_energy),
-                (&m::CGROUP_STATIC_ENERGY, g_static),
-                (&m::CGROUP_CPU, g_cpu),
-                (&m::CPU, cpu),
+        (power, gpu_power)
+    }
+
+    /// The energy readers in use, as info series.
+    fn reader_series(&self) -> Series {
+        self.readers
+            .used()
+            .iter()
+            .filter(|u| u.name != "none")
+            .map(|u| {
                 (
-                    &m::SELF_CPU,
-                    vec![(Vec::new(), self.table.totals().profiler_ns as f64 / 1e9)],
-                ),
-                (&m::SELF_ENERGY, self_energy),
-                (&m::PROCESS_POWER, power),
-                (&m::GPU_POWER, gpu_power),
-                (&m::CONTAINER_INFO, c_info),
-                (
-                    &m::ENERGY_READER_INFO,
-                    self.readers
-                        .used()
-                        .iter()
-                        .filter(|u| u.name != "none")
-                        .map(|u| {
-                            (
-                                l(&[
-                                    ("kind", u.kind.to_string()),
-                                    ("reader", u.name.to_string()),
-                                    ("model", u.model.clone().unwrap_or_default()),
-                                    ("estimated", u.estimated.to_string()),
-                                ]),
-                                1.0,
-                            )
-                        })
-                        .collect(),
-                ),
-            ],
-        }
+                    l(&[
+                        ("kind", u.kind.to_string()),
+                        ("reader", u.name.to_string()),
+                        ("model", u.model.clone().unwrap_or_default()),
+                        ("estimated", u.estimated.to_string()),
+                    ]),
+                    1.0,
+                )
+            })
+            .collect()
     }
 }
