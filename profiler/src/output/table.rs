@@ -221,8 +221,22 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
 /// (every CPU's window: busy + idle + lost).
 pub(crate) fn render_run_table(r: &RunReport) -> String {
     let mut s = String::new();
-    let total = r.machine.window_ns;
     let m = Measured::of(&r.energy.domains);
+    let tree_procs = run_header(&mut s, r, &m);
+    run_processes(&mut s, r, &m);
+    run_groups(&mut s, r, &m, tree_procs);
+    run_notes(&mut s, r);
+    render_containers(&mut s, &r.containers);
+    render_energy(&mut s, &EnergyView::of(r));
+    if let Some(st) = &r.stacks {
+        render_functions(&mut s, st, 10);
+    }
+    s
+}
+
+/// The run's first line and the process table's header; the number of
+/// processes in the command's tree.
+fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
     let (argv, outcome, tree_procs) = match &r.command {
         Some(c) => (
             c.argv.join(" "),
@@ -258,6 +272,12 @@ pub(crate) fn render_run_table(r: &RunReport) -> String {
         "START s",
         "END s"
     );
+    tree_procs
+}
+
+/// The processes with the most CPU time, then the rest folded by name.
+fn run_processes(s: &mut String, r: &RunReport, m: &Measured) {
+    let total = r.machine.window_ns;
     let mut procs: Vec<_> = r.processes.iter().collect();
     procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
     let opt = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| format!("{:.3}", secs(t)));
@@ -310,6 +330,12 @@ pub(crate) fn render_run_table(r: &RunReport) -> String {
             );
         }
     }
+}
+
+/// The groups every process is in, idle and unattributed energy, and all
+/// CPU time.
+fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
+    let total = r.machine.window_ns;
     let sum = |d: Domain, f: fn(&super::DomainReport) -> f64| -> f64 {
         r.energy
             .domains
@@ -378,6 +404,10 @@ pub(crate) fn render_run_table(r: &RunReport) -> String {
         r.machine.cpus,
         secs(r.wall_ns)
     );
+}
+
+/// What was lost or approximated, and why the switch tracker ran.
+fn run_notes(s: &mut String, r: &RunReport) {
     if r.lost_ns > 0 || r.profiler.events_lost > 0 || r.profiler.discarded_ns > 0 {
         let _ = writeln!(
             s,
@@ -419,12 +449,6 @@ pub(crate) fn render_run_table(r: &RunReport) -> String {
             "  note: the switch tracker ran (it costs every context switch) because {why}"
         );
     }
-    render_containers(&mut s, &r.containers);
-    render_energy(&mut s, &EnergyView::of(r));
-    if let Some(st) = &r.stacks {
-        render_functions(&mut s, st, 10);
-    }
-    s
 }
 
 /// The functions with the most energy (`--stacks`).
