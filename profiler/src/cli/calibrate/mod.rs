@@ -109,41 +109,9 @@ pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("wattprof-calibration.json"));
     let cfg = measured_only(&args, args.no_gpu);
-    let out_dir = output
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    if !out_dir.is_dir() {
-        return Err(Fatal::profiler(format!(
-            "cannot write --output {}: {} is not a directory",
-            output.display(),
-            out_dir.display()
-        ))
-        .into());
-    }
+    check_output_dir(&output)?;
     if let Some(log) = &args.wattmeter_log {
-        let text = std::fs::read(log).map_err(|e| {
-            Fatal::profiler(format!(
-                "cannot read --wattmeter-log {}: {e} (start the wattmeter's logging first)",
-                log.display()
-            ))
-        })?;
-        let first = String::from_utf8_lossy(&text[..text.len().min(4096)])
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let outlet = args.wattmeter_outlet;
-        if let Line::Header { power_column: None } =
-            parse_line(&first, outlet, default_power_column(outlet))
-        {
-            return Err(Fatal::profiler(format!(
-                "--wattmeter-log {}: its header has no #activepow{outlet} column (give the \
-                 --wattmeter-outlet the machine is plugged into)",
-                log.display()
-            ))
-            .into());
-        }
+        check_log_header(log, args.wattmeter_outlet)?;
     }
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let mut meter = match (&args.wattmeter_log, &args.wattmeter_cmd) {
@@ -164,21 +132,85 @@ pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         .map(|u| format!("{} {}: {}", u.kind, u.name, u.detail))
         .collect();
     used.push(format!("wall wattmeter: {}", meter.info().location));
+    check_gpu_load(&args, &readers, regressor)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (points, problems) =
+        climb_against_the_wall(&args, &mut readers, &mut meter, regressor, cpus)?;
+    fit_and_write(&output, points, &problems, regressor, used, cpus)
+}
+
+/// The directory `--output` goes in must exist.
+fn check_output_dir(output: &std::path::Path) -> Result<(), Fatal> {
+    let out_dir = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !out_dir.is_dir() {
+        return Err(Fatal::profiler(format!(
+            "cannot write --output {}: {} is not a directory",
+            output.display(),
+            out_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A `--wattmeter-log` must be readable and have the outlet's column.
+fn check_log_header(log: &std::path::Path, outlet: u32) -> Result<(), Fatal> {
+    let text = std::fs::read(log).map_err(|e| {
+        Fatal::profiler(format!(
+            "cannot read --wattmeter-log {}: {e} (start the wattmeter's logging first)",
+            log.display()
+        ))
+    })?;
+    let first = String::from_utf8_lossy(&text[..text.len().min(4096)])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    if let Line::Header { power_column: None } =
+        parse_line(&first, outlet, default_power_column(outlet))
+    {
+        return Err(Fatal::profiler(format!(
+            "--wattmeter-log {}: its header has no #activepow{outlet} column (give the \
+                 --wattmeter-outlet the machine is plugged into)",
+            log.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A `--gpu-load` step needs the GPUs read and a CPU counter to fit
+/// against.
+fn check_gpu_load(
+    args: &CalibrateArgs,
+    readers: &Readers,
+    regressor: Regressor,
+) -> Result<(), Fatal> {
     if args.gpu_load.is_some() && (args.no_gpu || readers.gpus().is_empty()) {
         return Err(Fatal::profiler(
             "--gpu-load needs the GPUs read (NVML found none, or --no-gpu): a GPU step whose \
              power no counter sees would bend the fit",
-        )
-        .into());
+        ));
     }
     if args.gpu_load.is_some() && regressor == Regressor::BusyCpus {
         return Err(Fatal::profiler(
             "--gpu-load needs a CPU energy counter: against busy CPUs, a GPU step's power \
              is not explained and would bend the fit",
-        )
-        .into());
+        ));
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(())
+}
+
+/// The staircase against the wattmeter: its points, and the problems
+/// reading met.
+fn climb_against_the_wall(
+    args: &CalibrateArgs,
+    readers: &mut Readers,
+    meter: &mut Wattmeter,
+    regressor: Regressor,
+    cpus: usize,
+) -> Result<(Vec<Point>, Vec<String>), Fatal> {
     let mut steps: Vec<Step> = (0..=cpus)
         .map(|n| Step {
             name: format!("{n} CPUs busy"),
@@ -208,7 +240,7 @@ pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         &steps,
         args.step,
         |name, window| {
-            let w = measure(&mut readers, &mut meter, window, cpus as f64);
+            let w = measure(readers, meter, window, cpus as f64);
             problems.extend(w.problems);
             // A window with no good frame span is no point.
             let Some(wall_w) = w.wall_w else {
@@ -241,7 +273,18 @@ pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         },
     )
     .map_err(Fatal::profiler)?;
-    let points = points.into_inner();
+    Ok((points.into_inner(), problems))
+}
+
+/// The wall power law fitted, checked and written to `output`.
+fn fit_and_write(
+    output: &std::path::Path,
+    points: Vec<Point>,
+    problems: &[String],
+    regressor: Regressor,
+    used: Vec<String>,
+    cpus: usize,
+) -> anyhow::Result<i32> {
     if points.is_empty() {
         return Err(Fatal::profiler(format!(
             "the wattmeter gave no energy during the staircase{} (is its log being written, and \
@@ -282,7 +325,7 @@ pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
         &tmp,
         serde_json::to_string_pretty(&calibration).unwrap_or_default() + "\n",
     )
-    .and_then(|()| std::fs::rename(&tmp, &output))
+    .and_then(|()| std::fs::rename(&tmp, output))
     .map_err(|e| Fatal::profiler(format!("cannot write --output {}: {e}", output.display())))?;
     println!(
         "wall = {:.4} x {} + {:.2} W; residual {:.2} W RMS ({:.2}% of the mean), R^2 {:.4}",
