@@ -4,10 +4,10 @@
 //! module imports from one further down this list:
 //!
 //! - [`tracker`] measures on-CPU time per thread in the kernel and hands
-//!   out [`tracker::CpuSample`]s (through [`tracker::CpuSampler`], which
+//!   out `tracker::CpuSample`s (through `tracker::CpuSampler`, which
 //!   tests script);
 //! - [`sources`] read energy: one file per reader behind
-//!   [`sources::Source`], and [`sources::registry`], the one list of
+//!   `sources::Source`, and `sources::registry`, the one list of
 //!   readers and the order they are tried in;
 //! - [`staircase`] is `calibrate`'s load staircase: the load, its steps
 //!   and the readings of each window;
@@ -16,13 +16,13 @@
 //! - [`attribution`] divides one interval's energy over consumers (a pure
 //!   function) and keeps the totals;
 //! - [`output`] holds what is written: the typed stream records
-//!   ([`output::record`]), the JSONL writer, the recording, the run's
+//!   (`output::record`), the JSONL writer, the recording, the run's
 //!   tables, and every Prometheus metric's definition;
 //! - [`report`] reads recordings back, and draws its summaries and
 //!   comparisons with `output`'s table pieces;
 //! - [`profile`] is where they meet: each interval, the counters and the
 //!   tracker are read together, attributed and summed; its
-//!   [`profile::sampling`] loop drives `run` and `monitor`;
+//!   `profile::sampling` loop drives `run` and `monitor`;
 //! - [`exporter`] serves the last snapshot over HTTP;
 //! - [`cli`] parses arguments and wires the above together.
 //!

@@ -1,9 +1,9 @@
 //! Where a profile's records go as it runs: every streamed output is a
 //! [`Sink`], and the profile hands each the same records in the same
 //! order (header, intervals and windows as they happen, the summary at
-//! the end). `run` and `monitor` differ in the sinks they register; the
-//! recording and the outputs made from it at the end (CSV, flame graph,
-//! plot) are made from the run document `finish` returns.
+//! the end; the header always first). The recording and the outputs made
+//! from it at the end (CSV, flame graph, plot) are made from the run
+//! document `finish` returns.
 
 use serde_json::Value;
 
@@ -84,6 +84,7 @@ impl Sink for IntervalCsvSink {
     }
 
     fn interval(&mut self, record: &IntervalRecord) {
+        debug_assert!(self.start_unix_ns > 0, "the header comes first");
         self.csv.write(record, self.start_unix_ns, self.g_per_kwh);
     }
 

@@ -154,7 +154,7 @@ pub(crate) struct Profile {
     cfg: ProfileConfig,
     /// The streamed outputs (`--jsonl`, `--csv-intervals`).
     sinks: Vec<Box<dyn Sink>>,
-    /// Wall-clock start (for the CSV's timestamps), from the header.
+    /// Wall-clock start, from the header (clock-jump detection).
     start_unix_ns: u64,
     problems: Vec<String>,
     problem_count: u64,
@@ -253,8 +253,9 @@ impl Profile {
         self.intervals.set_dir(dir);
     }
 
-    /// Writes the stream's header record (and takes the wall-clock start
-    /// the CSV's timestamps count from).
+    /// Writes the stream's header record to every sink (the interval CSV
+    /// takes its wall-clock start and carbon intensity from it, so this
+    /// comes before the first tick) and keeps the wall-clock start.
     pub(crate) fn write_header(
         &mut self,
         mode: &str,

@@ -111,7 +111,7 @@ fn parse_zone_id(name: &str) -> Option<(bool, Vec<u32>)> {
 
 impl Powercap {
     /// Finds every zone under `sys`. Zones whose counter cannot be read are
-    /// left out (with the reason available from [`Powercap::problems`]);
+    /// left out (`registry` says why when none is left);
     /// no readable zone at all is [`SourceError::NotSupported`]. `cpuinfo`
     /// (the text of `/proc/cpuinfo`) tells AMD, whose `core` zone is left
     /// out.

@@ -1,8 +1,8 @@
 //! Exact on-CPU time per thread, from the scheduler.
 //!
-//! [`EbpfTracker`] loads wattprof's eBPF object and turns its cumulative
-//! counters into per-interval [`CpuSample`]s. Everything downstream consumes
-//! samples through the [`CpuSampler`] trait, so it can be tested on
+//! `EbpfTracker` loads wattprof's eBPF object and turns its cumulative
+//! counters into per-interval `CpuSample`s. Everything downstream consumes
+//! samples through the `CpuSampler` trait, so it can be tested on
 //! synthetic samples without root.
 
 mod btf;
@@ -194,7 +194,7 @@ impl CpuSample {
     }
 }
 
-/// A source of [`CpuSample`]s: the eBPF tracker, or a synthetic one in tests.
+/// A source of `CpuSample`s: the eBPF tracker, or a synthetic one in tests.
 pub(crate) trait CpuSampler {
     /// Takes every thread's starting point: returns the monotonic time
     /// counting starts. `at_read` runs right before the read (the energy

@@ -79,8 +79,6 @@ pub enum SmBasis {
     Equal,
 }
 
-impl SmBasis {}
-
 /// One GPU over one interval.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GpuReading {

@@ -1,4 +1,5 @@
-//! Loading wattprof's eBPF object and reading it.
+//! The eBPF time tracker: its state, its reads and its samples (loading
+//! and attaching are `start.rs`, the event ring `ring.rs`).
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
@@ -59,7 +60,6 @@ pub(crate) struct EbpfTracker {
     flush_supported: bool,
     batch_supported: bool,
     read_syscalls: u64,
-    ring_records: u64,
     start_ns: u64,
     /// Per CPU: task time settled beyond an interval's window (a slice
     /// charged at a flush, then settled with the scheduler's figure), taken

@@ -42,7 +42,6 @@ impl EbpfTracker {
                 {
                     // SAFETY: a `ThreadEvent` written by our program.
                     let ev: ThreadEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                    self.ring_records += 1;
                     // Its free carries the final run time: only that
                     // ends the settle wait's interest in it.
                     if ev.kind == profiler_common::EVENT_THREAD_FREE {
@@ -58,7 +57,6 @@ impl EbpfTracker {
             // SAFETY: the record is a `RawEvent` written by our program;
             // read_unaligned copes with the ring's 8-byte alignment.
             let ev: RawEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            self.ring_records += 1;
             match ev.kind {
                 EVENT_FORK => {
                     self.forks.forked(ev.tid, ev.ts_ns);

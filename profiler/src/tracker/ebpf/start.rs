@@ -123,7 +123,6 @@ impl EbpfTracker {
             flush_supported: true,
             batch_supported: true,
             read_syscalls: 0,
-            ring_records: 0,
             start_ns: 0,
             idle_debt: Vec::new(),
             forks: crate::tracker::forks::RecentForks::default(),
