@@ -65,8 +65,20 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+/// One line for a failure (no backtrace: CI shows the end of the output,
+/// and the failed tests' messages printed just before must stay in it).
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::BuildEbpf { out } => {
             let out = out.unwrap_or_else(ebpf::committed_dir);
             ebpf::build(&out)?;

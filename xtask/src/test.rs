@@ -17,7 +17,20 @@ struct Counts {
     failed: u64,
     /// Skipped tests by test binary and name, with the first reason.
     skipped: std::collections::BTreeMap<String, String>,
+    /// Failed tests by test binary and name, with their panic message
+    /// (where and what), so that the end of the output says why.
+    failures: Vec<Failure>,
 }
+
+/// A failed test: its binary, its name, and its panic message's lines.
+struct Failure {
+    binary: String,
+    name: String,
+    message: Vec<String>,
+}
+
+/// At most this many lines of one failed test's panic message are kept.
+const FAILURE_LINES: usize = 12;
 
 impl Counts {
     /// One `cargo test` run's output: stdout has libtest's results,
@@ -51,8 +64,34 @@ impl Counts {
         }
         let mut binary = String::new();
         let mut skipped = Vec::new();
-        for line in stderr.lines() {
-            let line = line.trim();
+        // The panic being read: (test name, message lines).
+        let mut panic: Option<(String, Vec<String>)> = None;
+        for raw in stderr.lines() {
+            let line = raw.trim();
+            if let Some((name, mut message)) = panic.take() {
+                let ends = line.is_empty()
+                    || line.starts_with("stack backtrace:")
+                    || line.starts_with("note: ")
+                    || message.len() >= FAILURE_LINES;
+                if !ends {
+                    message.push(raw.to_string());
+                    panic = Some((name, message));
+                    continue;
+                }
+                self.failed_with(&failed_names, &binary, name, message);
+            }
+            // libtest names each test's thread after the test:
+            // `thread '<name>' (<tid>) panicked at <file:line:col>:`.
+            if let Some(rest) = line.strip_prefix("thread '")
+                && let Some((name, after)) = rest.split_once('\'')
+                && let Some(at) = after.split_once("panicked at ").map(|(_, at)| at)
+            {
+                panic = Some((
+                    name.to_string(),
+                    vec![format!("panicked at {}", at.trim_end_matches(':'))],
+                ));
+                continue;
+            }
             if let Some(rest) = line.strip_prefix("Running ") {
                 binary = rest.split(" (").next().unwrap_or(rest).to_string();
             } else if let Some(rest) = line.strip_prefix("skipping: ") {
@@ -71,8 +110,28 @@ impl Counts {
                     .or_insert(reason);
             }
         }
+        if let Some((name, message)) = panic {
+            self.failed_with(&failed_names, &binary, name, message);
+        }
         if !success && self.failed == failed_before {
             self.failed += 1;
+        }
+    }
+
+    /// A panic message read for `name`: kept if that test failed (a test
+    /// may panic on purpose in a thread of its own), once.
+    fn failed_with(&mut self, failed: &[String], binary: &str, name: String, message: Vec<String>) {
+        if failed.contains(&name)
+            && !self
+                .failures
+                .iter()
+                .any(|f| f.binary == binary && f.name == name)
+        {
+            self.failures.push(Failure {
+                binary: binary.to_string(),
+                name,
+                message,
+            });
         }
     }
 
@@ -359,6 +418,15 @@ pub fn run(check_ebpf: bool) -> Result<()> {
             println!("  {name}: {reason}");
         }
     }
+    if !counts.failures.is_empty() {
+        println!("failed tests, with their messages:");
+        for f in &counts.failures {
+            println!("  {}: {}", f.binary, f.name);
+            for line in &f.message {
+                println!("    {line}");
+            }
+        }
+    }
     println!("wattprof: {passed} passed, {failed} failed, {skipped} skipped");
     if !ok || failed > 0 {
         bail!("tests failed");
@@ -391,6 +459,40 @@ mod tests {
         assert_eq!(c.totals(), (13, 1, 2));
         assert_eq!(c.skipped["unittests src/lib.rs: a::b"], "needs root");
         assert_eq!(c.skipped["tests/x.rs: a::b"], "no prometheus binary");
+    }
+
+    #[test]
+    fn a_failed_test_s_panic_message_is_kept_and_others_are_not() {
+        let mut c = Counts::default();
+        c.add_run(
+            "test result: FAILED. 1 passed; 1 failed; 0 ignored\n\
+             test run::b ... FAILED\n",
+            "     Running tests/run.rs (target/debug/deps/run-1)\n\
+             thread 'run::a' (12) panicked at tests/run.rs:3:5:\n\
+             a worker's panic that the test caught\n\
+             \n\
+             some output of b\n\
+             thread 'run::b' (13) panicked at tests/run.rs:9:9:\n\
+             spawner: error 0.002\n\
+             \x20 second line\n\
+             stack backtrace:\n\
+             \x20  0: rust_begin_unwind\n",
+            false,
+        );
+        assert_eq!(c.failures.len(), 1);
+        let f = &c.failures[0];
+        assert_eq!(
+            (f.binary.as_str(), f.name.as_str()),
+            ("tests/run.rs", "run::b")
+        );
+        assert_eq!(
+            f.message,
+            [
+                "panicked at tests/run.rs:9:9",
+                "spawner: error 0.002",
+                "  second line"
+            ]
+        );
     }
 
     #[test]
