@@ -34,51 +34,47 @@ const FAILURE_LINES: usize = 12;
 
 impl Counts {
     /// One `cargo test` run's output: stdout has libtest's results,
-    /// stderr cargo's `Running <binary>` lines and the tests' skip lines,
-    /// in order. A run that failed with no failed test counted (a test
-    /// binary that crashed: no result line) counts one failure.
+    /// stderr cargo's `Running <binary>` lines, the tests' skip lines and
+    /// their panic messages, in order. A run that failed with no failed
+    /// test counted (a test binary that crashed: no result line) counts
+    /// one failure.
     fn add_run(&mut self, stdout: &str, stderr: &str, success: bool) {
         let failed_before = self.failed;
-        let mut failed_names = Vec::new();
         for line in stdout.lines() {
-            let line = line.trim();
-            if let Some(rest) = line.strip_prefix("test result: ") {
-                for part in rest.split(';') {
-                    let mut words = part.split_whitespace().rev();
-                    let (Some(kind), Some(n)) = (words.next(), words.next()) else {
-                        continue;
-                    };
-                    let n: u64 = n.trim_start_matches("ok.").trim().parse().unwrap_or(0);
-                    match kind {
-                        "passed" => self.passed += n,
-                        "failed" => self.failed += n,
-                        _ => {}
-                    }
+            let Some(rest) = line.trim().strip_prefix("test result: ") else {
+                continue;
+            };
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let n: u64 = n.trim_start_matches("ok.").trim().parse().unwrap_or(0);
+                match kind {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    _ => {}
                 }
-            } else if let Some(name) = line
-                .strip_prefix("test ")
-                .and_then(|l| l.strip_suffix(" ... FAILED"))
-            {
-                failed_names.push(name.to_string());
             }
         }
+        let failed_names = failed_test_names(stdout);
         let mut binary = String::new();
         let mut skipped = Vec::new();
-        // The panic being read: (test name, message lines).
-        let mut panic: Option<(String, Vec<String>)> = None;
+        // Every panic read, in order, and the one being read.
+        let mut panics: Vec<Failure> = Vec::new();
+        let mut reading: Option<Failure> = None;
+        // What cargo said of a test binary that did not finish.
+        let mut cargo_errors = Vec::new();
         for raw in stderr.lines() {
             let line = raw.trim();
-            if let Some((name, mut message)) = panic.take() {
-                let ends = line.is_empty()
-                    || line.starts_with("stack backtrace:")
-                    || line.starts_with("note: ")
-                    || message.len() >= FAILURE_LINES;
-                if !ends {
-                    message.push(raw.to_string());
-                    panic = Some((name, message));
+            if let Some(mut p) = reading.take() {
+                if ends_message(line) || p.message.len() >= FAILURE_LINES {
+                    panics.push(p);
+                } else {
+                    p.message.push(raw.to_string());
+                    reading = Some(p);
                     continue;
                 }
-                self.failed_with(&failed_names, &binary, name, message);
             }
             // libtest names each test's thread after the test:
             // `thread '<name>' (<tid>) panicked at <file:line:col>:`.
@@ -86,10 +82,17 @@ impl Counts {
                 && let Some((name, after)) = rest.split_once('\'')
                 && let Some(at) = after.split_once("panicked at ").map(|(_, at)| at)
             {
-                panic = Some((
-                    name.to_string(),
-                    vec![format!("panicked at {}", at.trim_end_matches(':'))],
-                ));
+                reading = Some(Failure {
+                    binary: binary.clone(),
+                    name: name.to_string(),
+                    message: vec![format!("panicked at {}", at.trim_end_matches(':'))],
+                });
+                continue;
+            }
+            if line.starts_with("error: test failed")
+                || line.starts_with("process didn't exit successfully")
+            {
+                cargo_errors.push(line.to_string());
                 continue;
             }
             if let Some(rest) = line.strip_prefix("Running ") {
@@ -110,27 +113,46 @@ impl Counts {
                     .or_insert(reason);
             }
         }
-        if let Some((name, message)) = panic {
-            self.failed_with(&failed_names, &binary, name, message);
+        panics.extend(reading);
+        // Each failed test with its last panic in each binary (a test may
+        // catch a panic on purpose before the one that fails it); one with
+        // none (it returned an error, or its output was cut) is listed too.
+        for name in &failed_names {
+            let mut found: Vec<&Failure> = Vec::new();
+            for p in panics.iter().filter(|p| p.name == *name) {
+                match found.iter_mut().find(|f| f.binary == p.binary) {
+                    Some(f) => *f = p,
+                    None => found.push(p),
+                }
+            }
+            if found.is_empty() {
+                self.failures.push(Failure {
+                    binary: String::new(),
+                    name: name.clone(),
+                    message: vec![
+                        "no panic message found (a test that returned an error, or output cut)"
+                            .into(),
+                    ],
+                });
+            }
+            for f in found {
+                self.failures.push(Failure {
+                    binary: f.binary.clone(),
+                    name: f.name.clone(),
+                    message: f.message.clone(),
+                });
+            }
         }
         if !success && self.failed == failed_before {
             self.failed += 1;
-        }
-    }
-
-    /// A panic message read for `name`: kept if that test failed (a test
-    /// may panic on purpose in a thread of its own), once.
-    fn failed_with(&mut self, failed: &[String], binary: &str, name: String, message: Vec<String>) {
-        if failed.contains(&name)
-            && !self
-                .failures
-                .iter()
-                .any(|f| f.binary == binary && f.name == name)
-        {
             self.failures.push(Failure {
-                binary: binary.to_string(),
-                name,
-                message,
+                binary: String::new(),
+                name: "a test binary that did not finish".into(),
+                message: if cargo_errors.is_empty() {
+                    vec!["cargo test failed with no result line".into()]
+                } else {
+                    cargo_errors
+                },
             });
         }
     }
@@ -140,6 +162,61 @@ impl Counts {
         let skipped = self.skipped.len() as u64;
         (self.passed.saturating_sub(skipped), self.failed, skipped)
     }
+}
+
+/// Where a panic message read from stderr ends: a blank line, the
+/// backtrace or the panic hook's note, or a line of something else (the
+/// next panic, the next test binary, a skip line, cargo's error). std
+/// prints the note only after a process's first panic, and never a blank
+/// line, so the next line is often the only end there is.
+fn ends_message(line: &str) -> bool {
+    line.is_empty()
+        || [
+            "stack backtrace:",
+            "note: ",
+            "thread '",
+            "Running ",
+            "Doc-tests ",
+            "skipping: ",
+            "error: ",
+        ]
+        .iter()
+        .any(|p| line.starts_with(p))
+}
+
+/// The failed tests' names in libtest's stdout: the list under the last
+/// `failures:` heading of each binary (four spaces, then the name), and any
+/// `test <name> ... FAILED` line (a test that printed to stdout while it
+/// ran splits that line, so the list is what counts).
+fn failed_test_names(stdout: &str) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut push = |n: &str| {
+        if !names.iter().any(|x| x == n) {
+            names.push(n.to_string());
+        }
+    };
+    let mut in_list = false;
+    for line in stdout.lines() {
+        if let Some(name) = line
+            .trim()
+            .strip_prefix("test ")
+            .and_then(|l| l.strip_suffix(" ... FAILED"))
+        {
+            push(name);
+        }
+        if line.trim_end() == "failures:" {
+            in_list = true;
+            continue;
+        }
+        if in_list {
+            match line.strip_prefix("    ") {
+                Some(name) if !name.is_empty() && !name.contains(char::is_whitespace) => push(name),
+                _ if line.trim().is_empty() => {}
+                _ => in_list = false,
+            }
+        }
+    }
+    names
 }
 
 fn cargo() -> Command {
@@ -421,7 +498,11 @@ pub fn run(check_ebpf: bool) -> Result<()> {
     if !counts.failures.is_empty() {
         println!("failed tests, with their messages:");
         for f in &counts.failures {
-            println!("  {}: {}", f.binary, f.name);
+            if f.binary.is_empty() {
+                println!("  {}", f.name);
+            } else {
+                println!("  {}: {}", f.binary, f.name);
+            }
             for line in &f.message {
                 println!("    {line}");
             }
@@ -462,23 +543,40 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_test_s_panic_message_is_kept_and_others_are_not() {
+    fn a_failed_test_s_last_panic_message_is_kept_and_others_are_not() {
         let mut c = Counts::default();
+        // As libtest and std print them: b wrote to stdout while it ran
+        // (its FAILED is on a line of its own), std's note follows only a
+        // process's first panic, and nothing ends b's message but the
+        // skip line after it.
         c.add_run(
-            "test result: FAILED. 1 passed; 1 failed; 0 ignored\n\
-             test run::b ... FAILED\n",
+            "running 3 tests\n\
+             test run::a ... ok\n\
+             test run::b ... some output of b\n\
+             FAILED\n\
+             test run::c ... ok\n\
+             \n\
+             failures:\n\
+             \n\
+             failures:\n\
+             \x20   run::b\n\
+             \n\
+             test result: FAILED. 2 passed; 1 failed; 0 ignored\n",
             "     Running tests/run.rs (target/debug/deps/run-1)\n\
              thread 'run::a' (12) panicked at tests/run.rs:3:5:\n\
              a worker's panic that the test caught\n\
-             \n\
-             some output of b\n\
+             note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n\
+             thread 'run::b' (13) panicked at tests/run.rs:5:5:\n\
+             a panic b caught on purpose\n\
              thread 'run::b' (13) panicked at tests/run.rs:9:9:\n\
              spawner: error 0.002\n\
              \x20 second line\n\
-             stack backtrace:\n\
-             \x20  0: rust_begin_unwind\n",
+             skipping: run::c: no prometheus binary\n\
+             error: test failed, to rerun pass `--test run`\n",
             false,
         );
+        assert_eq!(c.totals(), (1, 1, 1));
+        assert_eq!(c.skipped["tests/run.rs: run::c"], "no prometheus binary");
         assert_eq!(c.failures.len(), 1);
         let f = &c.failures[0];
         assert_eq!(
@@ -496,6 +594,35 @@ mod tests {
     }
 
     #[test]
+    fn failures_with_no_panic_or_no_end_are_listed_too() {
+        let mut c = Counts::default();
+        // x's panic is the last thing on stderr; y returned an error (no
+        // panic); a backtrace ends nothing early, and is not kept.
+        c.add_run(
+            "failures:\n\
+             \x20   m::x\n\
+             \x20   m::y\n\
+             \n\
+             test result: FAILED. 0 passed; 2 failed\n",
+            "     Running unittests src/lib.rs (target/debug/deps/m-1)\n\
+             thread 'm::x' (7) panicked at src/lib.rs:1:1:\n\
+             x: 3 != 4\n\
+             stack backtrace:\n\
+             \x20  0: rust_begin_unwind\n\
+             thread 'm::x' (7) panicked at src/lib.rs:2:2:\n\
+             the last one",
+            false,
+        );
+        let names: Vec<&str> = c.failures.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["m::x", "m::y"]);
+        assert!(c.failures[1].message[0].starts_with("no panic message found"));
+        assert_eq!(
+            c.failures[0].message,
+            ["panicked at src/lib.rs:2:2", "the last one"]
+        );
+    }
+
+    #[test]
     fn a_crashed_test_binary_is_a_failure() {
         let mut c = Counts::default();
         c.add_run(
@@ -506,5 +633,10 @@ mod tests {
             false,
         );
         assert_eq!(c.totals(), (4, 1, 0));
+        assert_eq!(c.failures.len(), 1);
+        assert_eq!(
+            c.failures[0].message,
+            ["error: test failed, to rerun pass `--test y`"]
+        );
     }
 }
