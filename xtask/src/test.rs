@@ -32,18 +32,50 @@ struct Failure {
 /// At most this many lines of one failed test's panic message are kept.
 const FAILURE_LINES: usize = 12;
 
-impl Counts {
-    /// One `cargo test` run's output: stdout has libtest's results,
-    /// stderr cargo's `Running <binary>` lines, the tests' skip lines and
-    /// their panic messages, in order. A run that failed with no failed
-    /// test counted (a test binary that crashed: no result line) counts
-    /// one failure.
-    fn add_run(&mut self, stdout: &str, stderr: &str, success: bool) {
-        let failed_before = self.failed;
-        for line in stdout.lines() {
-            let Some(rest) = line.trim().strip_prefix("test result: ") else {
-                continue;
-            };
+/// One test binary's part of libtest's stdout, from its `running N tests`
+/// line to the next.
+#[derive(Default)]
+struct Block {
+    passed: u64,
+    failed: u64,
+    /// Its `test result:` line came (a binary that crashed has none).
+    finished: bool,
+    /// Failed tests: the list under `failures:` and `... FAILED` lines.
+    failed_names: Vec<String>,
+    /// The last test started with no outcome on its line yet.
+    started: Option<String>,
+}
+
+impl Block {
+    fn failed_name(&mut self, name: &str) {
+        if !self.failed_names.iter().any(|n| n == name) {
+            self.failed_names.push(name.to_string());
+        }
+    }
+}
+
+/// libtest's stdout cut into its binaries' blocks.
+fn stdout_blocks(stdout: &str) -> Vec<Block> {
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut in_list = false;
+    for line in stdout.lines() {
+        let trimmed = line.trim();
+        if trimmed
+            .strip_prefix("running ")
+            .and_then(|r| r.strip_suffix(" tests").or_else(|| r.strip_suffix(" test")))
+            .is_some_and(|n| n.parse::<u64>().is_ok())
+        {
+            blocks.push(Block::default());
+            in_list = false;
+            continue;
+        }
+        if blocks.is_empty() {
+            blocks.push(Block::default());
+        }
+        let Some(b) = blocks.last_mut() else { continue };
+        if let Some(rest) = trimmed.strip_prefix("test result: ") {
+            b.finished = true;
+            in_list = false;
             for part in rest.split(';') {
                 let mut words = part.split_whitespace().rev();
                 let (Some(kind), Some(n)) = (words.next(), words.next()) else {
@@ -51,28 +83,96 @@ impl Counts {
                 };
                 let n: u64 = n.trim_start_matches("ok.").trim().parse().unwrap_or(0);
                 match kind {
-                    "passed" => self.passed += n,
-                    "failed" => self.failed += n,
+                    "passed" => b.passed += n,
+                    "failed" => b.failed += n,
                     _ => {}
                 }
             }
+            continue;
         }
-        let failed_names = failed_test_names(stdout);
-        let mut binary = String::new();
-        let mut skipped = Vec::new();
+        if trimmed == "failures:" {
+            in_list = true;
+            continue;
+        }
+        if in_list {
+            // Four spaces and a name (a doc-test's has spaces in it).
+            match line.strip_prefix("    ") {
+                Some(name) if !name.is_empty() && !name.starts_with(' ') => {
+                    b.failed_name(name.trim_end());
+                }
+                _ if trimmed.is_empty() => {}
+                _ => in_list = false,
+            }
+            continue;
+        }
+        if let Some((name, outcome)) = trimmed
+            .strip_prefix("test ")
+            .and_then(|l| l.split_once(" ..."))
+        {
+            let outcome = outcome.trim();
+            if outcome == "FAILED" {
+                b.failed_name(name);
+            }
+            b.started = (!["ok", "FAILED", "ignored"]
+                .iter()
+                .any(|o| outcome.starts_with(o)))
+            .then(|| name.to_string());
+        }
+    }
+    blocks
+}
+
+/// A test binary's name from cargo's `Running <what> (<path>)` or
+/// `Doc-tests <crate>` line: unit tests are named with their crate
+/// (`profiler unittests src/lib.rs`), since several crates have a
+/// `src/lib.rs`.
+fn binary_label(line: &str) -> Option<String> {
+    if let Some(krate) = line.strip_prefix("Doc-tests ") {
+        return Some(format!("doc-tests {}", krate.trim()));
+    }
+    let rest = line.strip_prefix("Running ")?;
+    let (what, path) = rest.split_once(" (").unwrap_or((rest, ""));
+    if !what.starts_with("unittests") {
+        return Some(what.to_string());
+    }
+    // target/debug/deps/<crate>-<hash>)
+    let file = path.trim_end_matches(')').rsplit('/').next().unwrap_or("");
+    let krate = file.rsplit_once('-').map_or(file, |(k, _)| k);
+    Some(if krate.is_empty() {
+        what.to_string()
+    } else {
+        format!("{krate} {what}")
+    })
+}
+
+impl Counts {
+    /// One `cargo test` run's output: stdout has libtest's results, a
+    /// block per test binary; stderr has cargo's `Running <binary>` (and
+    /// `Doc-tests`) lines, the tests' skip lines and their panic messages,
+    /// in order. The k-th block is the k-th binary's. A binary with no
+    /// result line (it crashed) counts one failure, and a failed run
+    /// with nothing else counted (it did not build) counts one.
+    fn add_run(&mut self, stdout: &str, stderr: &str, success: bool) {
+        let failed_before = self.failed;
+        let blocks = stdout_blocks(stdout);
+        let mut binaries: Vec<String> = Vec::new();
+        // (binary index, test name, reason), in order.
+        let mut skips: Vec<(usize, String, String)> = Vec::new();
         // Every panic read, in order, and the one being read.
-        let mut panics: Vec<Failure> = Vec::new();
-        let mut reading: Option<Failure> = None;
-        // What cargo said of a test binary that did not finish.
+        let mut panics: Vec<(usize, Failure)> = Vec::new();
+        let mut reading: Option<(usize, Failure)> = None;
+        // What cargo said of a test binary that did not finish, or of a
+        // run that did not build.
         let mut cargo_errors = Vec::new();
         for raw in stderr.lines() {
             let line = raw.trim();
-            if let Some(mut p) = reading.take() {
+            let at = binaries.len().saturating_sub(1);
+            if let Some((k, mut p)) = reading.take() {
                 if ends_message(line) || p.message.len() >= FAILURE_LINES {
-                    panics.push(p);
+                    panics.push((k, p));
                 } else {
                     p.message.push(raw.to_string());
-                    reading = Some(p);
+                    reading = Some((k, p));
                     continue;
                 }
             }
@@ -80,66 +180,108 @@ impl Counts {
             // `thread '<name>' (<tid>) panicked at <file:line:col>:`.
             if let Some(rest) = line.strip_prefix("thread '")
                 && let Some((name, after)) = rest.split_once('\'')
-                && let Some(at) = after.split_once("panicked at ").map(|(_, at)| at)
+                && let Some(loc) = after.split_once("panicked at ").map(|(_, l)| l)
             {
-                reading = Some(Failure {
-                    binary: binary.clone(),
-                    name: name.to_string(),
-                    message: vec![format!("panicked at {}", at.trim_end_matches(':'))],
-                });
-                continue;
-            }
-            if line.starts_with("error: test failed")
+                let binary = binaries.last().cloned().unwrap_or_default();
+                let message = vec![format!("panicked at {}", loc.trim_end_matches(':'))];
+                let name = name.to_string();
+                reading = Some((
+                    at,
+                    Failure {
+                        binary,
+                        name,
+                        message,
+                    },
+                ));
+            } else if line.starts_with("error: ")
                 || line.starts_with("process didn't exit successfully")
             {
                 cargo_errors.push(line.to_string());
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix("Running ") {
-                binary = rest.split(" (").next().unwrap_or(rest).to_string();
+            } else if let Some(label) = binary_label(line) {
+                binaries.push(label);
             } else if let Some(rest) = line.strip_prefix("skipping: ") {
                 let (name, reason) = rest.split_once(": ").unwrap_or(("unnamed test", rest));
-                skipped.push((name.trim().to_string(), reason.trim().to_string()));
-            } else {
-                continue;
-            }
-            // A skip line belongs to the binary running then.
-            if let Some((name, reason)) = skipped.pop() {
-                if failed_names.contains(&name) {
-                    continue;
-                }
-                self.skipped
-                    .entry(format!("{binary}: {name}"))
-                    .or_insert(reason);
+                skips.push((at, name.trim().to_string(), reason.trim().to_string()));
             }
         }
         panics.extend(reading);
-        // Each failed test with its last panic in each binary (a test may
-        // catch a panic on purpose before the one that fails it); one with
-        // none (it returned an error, or its output was cut) is listed too.
-        for name in &failed_names {
-            let mut found: Vec<&Failure> = Vec::new();
-            for p in panics.iter().filter(|p| p.name == *name) {
-                match found.iter_mut().find(|f| f.binary == p.binary) {
-                    Some(f) => *f = p,
-                    None => found.push(p),
-                }
+        // Block k is binary k's; if they cannot be paired (a test wrote a
+        // `running N tests` line of its own), every block's failed names
+        // are taken as every binary's.
+        let paired = blocks.len() == binaries.len();
+        let all_failed: Vec<String> = blocks.iter().flat_map(|b| b.failed_names.clone()).collect();
+        let failed_in = |k: usize| -> &[String] {
+            if paired {
+                blocks.get(k).map_or(&[], |b| b.failed_names.as_slice())
+            } else {
+                &all_failed
             }
-            if found.is_empty() {
-                self.failures.push(Failure {
-                    binary: String::new(),
-                    name: name.clone(),
-                    message: vec![
-                        "no panic message found (a test that returned an error, or output cut)"
-                            .into(),
-                    ],
+        };
+        let finished = |k: usize| !paired || blocks.get(k).is_some_and(|b| b.finished);
+        for b in &blocks {
+            self.passed += b.passed;
+            self.failed += b.failed;
+        }
+        // A skip line belongs to the binary running then; a test that said
+        // it skipped and then failed is a failure; a binary that did not
+        // finish counted no passes to move its skips from.
+        for (k, name, reason) in skips {
+            let label = binaries.get(k).cloned().unwrap_or_default();
+            if finished(k) && !failed_in(k).contains(&name) {
+                self.skipped
+                    .entry(format!("{label}: {name}"))
+                    .or_insert(reason);
+            }
+        }
+        // Each failed test with its last panic (a test may catch a panic
+        // on purpose before the one that fails it); one with none (it
+        // returned an error, or its output was cut) is listed too.
+        let groups: Vec<(Option<usize>, &[String])> = if paired {
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(k, b)| (Some(k), b.failed_names.as_slice()))
+                .collect()
+        } else {
+            vec![(None, all_failed.as_slice())]
+        };
+        for (k, names) in groups {
+            for name in names {
+                let last = panics
+                    .iter()
+                    .rev()
+                    .find(|(pk, p)| p.name == *name && k.is_none_or(|k| *pk == k))
+                    .map(|(_, p)| p);
+                self.failures.push(match last {
+                    Some(p) => Failure {
+                        binary: p.binary.clone(),
+                        name: p.name.clone(),
+                        message: p.message.clone(),
+                    },
+                    None => Failure {
+                        binary: k.map(|k| binaries[k].clone()).unwrap_or_default(),
+                        name: name.clone(),
+                        message: vec![
+                            "no panic message found (a test that returned an error, or output cut)"
+                                .into(),
+                        ],
+                    },
                 });
             }
-            for f in found {
+        }
+        // Binaries that started and gave no result: each one failure.
+        if paired {
+            for (k, b) in blocks.iter().enumerate().filter(|(_, b)| !b.finished) {
+                self.failed += 1;
+                let mut message = vec![match &b.started {
+                    Some(t) => format!("no result line; the last test started was {t}"),
+                    None => "no result line".to_string(),
+                }];
+                message.extend(cargo_errors.iter().cloned());
                 self.failures.push(Failure {
-                    binary: f.binary.clone(),
-                    name: f.name.clone(),
-                    message: f.message.clone(),
+                    binary: binaries[k].clone(),
+                    name: "did not finish".into(),
+                    message,
                 });
             }
         }
@@ -147,9 +289,9 @@ impl Counts {
             self.failed += 1;
             self.failures.push(Failure {
                 binary: String::new(),
-                name: "a test binary that did not finish".into(),
+                name: "cargo test failed with no failed test counted".into(),
                 message: if cargo_errors.is_empty() {
-                    vec!["cargo test failed with no result line".into()]
+                    vec!["no result line".into()]
                 } else {
                     cargo_errors
                 },
@@ -182,41 +324,6 @@ fn ends_message(line: &str) -> bool {
         ]
         .iter()
         .any(|p| line.starts_with(p))
-}
-
-/// The failed tests' names in libtest's stdout: the list under the last
-/// `failures:` heading of each binary (four spaces, then the name), and any
-/// `test <name> ... FAILED` line (a test that printed to stdout while it
-/// ran splits that line, so the list is what counts).
-fn failed_test_names(stdout: &str) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    let mut push = |n: &str| {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.to_string());
-        }
-    };
-    let mut in_list = false;
-    for line in stdout.lines() {
-        if let Some(name) = line
-            .trim()
-            .strip_prefix("test ")
-            .and_then(|l| l.strip_suffix(" ... FAILED"))
-        {
-            push(name);
-        }
-        if line.trim_end() == "failures:" {
-            in_list = true;
-            continue;
-        }
-        if in_list {
-            match line.strip_prefix("    ") {
-                Some(name) if !name.is_empty() && !name.contains(char::is_whitespace) => push(name),
-                _ if line.trim().is_empty() => {}
-                _ => in_list = false,
-            }
-        }
-    }
-    names
 }
 
 fn cargo() -> Command {
@@ -522,24 +629,71 @@ mod tests {
     #[test]
     fn counts_each_test_once() {
         let mut c = Counts::default();
+        // Three binaries: two crates' src/lib.rs unit tests (a and b, each
+        // with a skipping test a::b) and tests/x.rs, where c::d said it
+        // skipped and then failed, and another a::b skipped.
         c.add_run(
-            "test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
-             test result: FAILED. 3 passed; 1 failed; 0 ignored\n\
-             test c::d ... FAILED\n",
+            "running 12 tests\n\
+             test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
+             \n\
+             running 2 tests\n\
+             test result: ok. 2 passed; 0 failed; 0 ignored\n\
+             \n\
+             running 4 tests\n\
+             test c::d ... FAILED\n\
+             \n\
+             failures:\n\
+             \x20   c::d\n\
+             \n\
+             test result: FAILED. 3 passed; 1 failed; 0 ignored\n",
             "     Running unittests src/lib.rs (target/debug/deps/a-1)\n\
              skipping: a::b: needs root\n\
+             skipping: a::b: needs root\n\
+             \x20    Running unittests src/lib.rs (target/debug/deps/b_crate-9)\n\
              skipping: a::b: needs root\n\
              \x20    Running tests/x.rs (target/debug/deps/x-2)\n\
              skipping: a::b: no prometheus binary\n\
              skipping: c::d: no curl\n",
             false,
         );
-        // 15 passed in cargo's count: a::b skipped in two binaries (once
+        // 17 passed in cargo's count: a::b skipped in three binaries (once
         // each however often it said so); c::d said it skipped and then
         // failed, so it is a failure only.
-        assert_eq!(c.totals(), (13, 1, 2));
-        assert_eq!(c.skipped["unittests src/lib.rs: a::b"], "needs root");
+        assert_eq!(c.totals(), (14, 1, 3));
+        assert_eq!(c.skipped["a unittests src/lib.rs: a::b"], "needs root");
+        assert_eq!(
+            c.skipped["b_crate unittests src/lib.rs: a::b"],
+            "needs root"
+        );
         assert_eq!(c.skipped["tests/x.rs: a::b"], "no prometheus binary");
+    }
+
+    #[test]
+    fn a_name_failing_in_one_binary_is_not_a_failure_in_another() {
+        let mut c = Counts::default();
+        c.add_run(
+            "running 1 test\n\
+             test t::x ... ok\n\
+             test result: ok. 1 passed; 0 failed\n\
+             running 1 test\n\
+             test t::x ... FAILED\n\
+             failures:\n\
+             \x20   t::x\n\
+             test result: FAILED. 0 passed; 1 failed\n",
+            "     Running tests/a.rs (target/debug/deps/a-1)\n\
+             skipping: t::x: no docker\n\
+             thread 't::x' (4) panicked at tests/a.rs:1:1:\n\
+             a panic caught on purpose\n\
+             \x20    Running tests/b.rs (target/debug/deps/b-2)\n\
+             thread 't::x' (5) panicked at tests/b.rs:2:2:\n\
+             the failure\n",
+            false,
+        );
+        assert_eq!(c.totals(), (0, 1, 1));
+        assert_eq!(c.skipped["tests/a.rs: t::x"], "no docker");
+        assert_eq!(c.failures.len(), 1);
+        assert_eq!(c.failures[0].binary, "tests/b.rs");
+        assert_eq!(c.failures[0].message[1], "the failure");
     }
 
     #[test]
@@ -623,20 +777,58 @@ mod tests {
     }
 
     #[test]
-    fn a_crashed_test_binary_is_a_failure() {
+    fn a_crashed_test_binary_is_a_failure_beside_other_failures() {
         let mut c = Counts::default();
+        // y fails a test; z crashes in its second test (no result line),
+        // and its skip line moves no pass, since none was counted.
         c.add_run(
-            "test result: ok. 4 passed; 0 failed\n",
+            "running 2 tests\n\
+             test y::a ... FAILED\n\
+             failures:\n\
+             \x20   y::a\n\
+             test result: FAILED. 1 passed; 1 failed\n\
+             running 3 tests\n\
+             test z::a ... ok\n\
+             test z::b ... ",
             "     Running tests/y.rs (target/debug/deps/y-3)\n\
-             error: test failed, to rerun pass `--test y`\n\
-             Caused by: process didn't exit successfully (signal: 6, SIGABRT)\n",
+             thread 'y::a' (9) panicked at tests/y.rs:1:1:\n\
+             y failed\n\
+             \x20    Running tests/z.rs (target/debug/deps/z-4)\n\
+             skipping: z::a: no curl\n\
+             error: test failed, to rerun pass `--test z`\n\
+             \n\
+             Caused by:\n\
+             \x20 process didn't exit successfully: `z-4` (signal: 6, SIGABRT)\n",
             false,
         );
-        assert_eq!(c.totals(), (4, 1, 0));
-        assert_eq!(c.failures.len(), 1);
+        assert_eq!(c.totals(), (1, 2, 0));
+        let names: Vec<(&str, &str)> = c
+            .failures
+            .iter()
+            .map(|f| (f.binary.as_str(), f.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [("tests/y.rs", "y::a"), ("tests/z.rs", "did not finish")]
+        );
+        assert_eq!(
+            c.failures[1].message,
+            [
+                "no result line; the last test started was z::b",
+                "error: test failed, to rerun pass `--test z`",
+                "process didn't exit successfully: `z-4` (signal: 6, SIGABRT)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_that_did_not_build_is_one_failure() {
+        let mut c = Counts::default();
+        c.add_run("", "error: could not compile `profiler`\n", false);
+        assert_eq!(c.totals(), (0, 1, 0));
         assert_eq!(
             c.failures[0].message,
-            ["error: test failed, to rerun pass `--test y`"]
+            ["error: could not compile `profiler`"]
         );
     }
 }
