@@ -133,14 +133,68 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
             )
         })
         .collect();
+    // The fixture's power follows /proc/stat's busy time (irq, softirq and
+    // steal included, in 10 ms ticks); wattprof divides each interval's
+    // energy by task time. In an interval where the two differ, a
+    // task-second carries more or less energy, and a burner's energy
+    // moves by up to that difference's energy × its share of the
+    // interval's task time. Fresh-clone run 48: an interval with 37 ms of
+    // busy time and no task (1.2% off, against a fixed 1%).
+    let share_shift = |law: PowerLaw, name: &str| -> [f64; 2] {
+        let mut shift = [0.0f64; 2];
+        for iv in intervals {
+            let secs = iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e9;
+            let busy_s = iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e9;
+            let Some(w) = iv["domains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|d| d["domain"] == name)
+                .and_then(|d| d["power_w"].as_f64())
+            else {
+                continue;
+            };
+            let fixture_busy_s = ((w - law.static_w) / law.per_cpu_w * secs).max(0.0);
+            let off_j = (fixture_busy_s - busy_s).abs() * law.per_cpu_w;
+            for (k, p) in [full, half].iter().enumerate() {
+                let t = iv["processes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|q| q["pid"] == p["pid"])
+                    .and_then(|q| q["on_cpu_ns"].as_f64())
+                    .unwrap_or(0.0)
+                    / 1e9;
+                if busy_s > 0.0 {
+                    shift[k] += off_j * (t / busy_s).min(1.0);
+                }
+            }
+        }
+        shift
+    };
+    let allowed = |law: PowerLaw, name: &str, key: &str| {
+        let [a, b] = share_shift(law, name);
+        0.01 + a / f(full, key) + b / f(half, key)
+    };
+    let (pkg_allowed, dram_allowed) = (
+        allowed(package, "package", "/energy/package_j"),
+        allowed(dram, "dram", "/energy/dram_j"),
+    );
+    eprintln!(
+        "allowed: package {:.2}%, DRAM {:.2}% (1% and the fixture's busy time that was no task's)",
+        pkg_allowed * 100.0,
+        dram_allowed * 100.0
+    );
     assert!((time_ratio - 2.0).abs() < 0.02, "time ratio {time_ratio}");
     assert!(
-        (energy_ratio / time_ratio - 1.0).abs() < 0.01,
-        "{per_interval:#?}"
+        (energy_ratio / time_ratio - 1.0).abs() < pkg_allowed,
+        "package ratio {energy_ratio:.4} for time {time_ratio:.4} (allowed {pkg_allowed:.4}): \
+         {per_interval:#?}"
     );
     assert!(
-        (dram_ratio / time_ratio - 1.0).abs() < 0.01,
-        "{per_interval:#?}"
+        (dram_ratio / time_ratio - 1.0).abs() < dram_allowed,
+        "DRAM ratio {dram_ratio:.4} for time {time_ratio:.4} (allowed {dram_allowed:.4}): \
+         {per_interval:#?}"
     );
 
     // This host's model was used, and each burner's static part is the

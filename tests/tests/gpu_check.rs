@@ -123,11 +123,19 @@ fn kept_stretches(rec: &serde_json::Value) -> (f64, f64) {
     let mut last = None;
     let (mut started, mut settled, mut kept) = (false, 0.0, 0.0);
     let mut tail: std::collections::VecDeque<f64> = Default::default();
+    // The read after a failed one spans more than its interval: the
+    // learner takes it as work (it ends the stretch).
+    let mut after_gap = false;
     for i in rec["intervals"].as_array().expect("intervals") {
-        let Some(g) = i["gpus"].get(0) else { continue };
-        let secs = i["duration_ns"].as_f64().expect("duration_ns") / 1e9;
-        let procs = g["processes"].as_array().map_or(&[][..], |p| p.as_slice());
-        let state = if procs.is_empty() {
+        let secs = i["duration_ns"].as_u64().expect("duration_ns") as f64 / 1e9;
+        let Some(g) = i["gpus"].get(0) else {
+            after_gap = true;
+            continue;
+        };
+        let procs = g["processes"].as_array().expect("gpus[0].processes");
+        let state = if std::mem::take(&mut after_gap) {
+            State::Working
+        } else if procs.is_empty() {
             State::Idle
         } else if procs.iter().all(|p| p["sm_util_pct"].as_f64() == Some(0.0))
             && g["util_pct"].as_f64().is_none_or(|u| u == 0.0)
