@@ -15,11 +15,13 @@
 //! It behaves as the driver does, not as the documentation's happy path:
 //! - **Per-process samples at the driver's pace.** The driver samples each
 //!   process every `sample_ms` (default 167: its fastest, 1/6 s; the
-//!   slowest is 1 s) and keeps its last 16 samples. Timestamps are CPU
-//!   time in microseconds since the epoch. `nvmlDeviceGetProcessUtilization`
-//!   returns only samples newer than `lastSeenTimeStamp`, and
-//!   NVML_ERROR_NOT_FOUND when there is none. `sample_ms=0` samples at
-//!   every call.
+//!   slowest is 1 s; an H200 on driver 580 took 200 ms) and keeps its
+//!   last 16 samples. A sample's SM is the process's mean over that
+//!   period. Timestamps are CPU time in microseconds since the epoch.
+//!   `nvmlDeviceGetProcessUtilization` returns, of each process newer
+//!   than `lastSeenTimeStamp`, only its newest sample, as driver 580 does
+//!   (`history=all`: every one), and NVML_ERROR_NOT_FOUND when there is
+//!   none. `sample_ms=0` samples at every call.
 //! - **Garbage on request**, `garbage=pid0,sm_over,future,dup,exited`, added
 //!   to every tick: a pid-0 entry, a second entry for the first process with
 //!   SM 37100 (nvtop issue 110), one a day in the future, an exact
@@ -35,7 +37,9 @@
 //!   draw is IDLE, + HELD while any process holds a context, + PER_SM per
 //!   SM percent of each holder; the counter integrates it exactly. With
 //!   `procs=PID:SM:MEM@FROM-TO` a process holds the GPU only from FROM to
-//!   TO ms after nvmlInit (several entries may give one pid phases).
+//!   TO ms after nvmlInit (several entries may give one pid phases), and
+//!   with `PID:SM:MEM~A-B/P` it works only from A to B ms of every P ms
+//!   (holding its context idle the rest): processes taking turns.
 //! - **A 1 s averaged power reading**, as Ampere and later report: with
 //!   `power_step_ms=N:MW` the draw changes to MW after N ms, and
 //!   `nvmlDeviceGetPowerUsage` answers the mean over the last second while
@@ -122,12 +126,54 @@ struct Proc {
     mem: u64,
     /// Held from..to (ms after nvmlInit); always when `None`.
     window: Option<(u64, u64)>,
+    /// Works (at `sm`) only from A to B ms of every P ms after nvmlInit,
+    /// and holds its context idle the rest of the time: processes taking
+    /// turns on the GPU.
+    duty: Option<(u64, u64, u64)>,
 }
 
 impl Proc {
     fn active(&self, t: f64) -> bool {
         self.window
             .is_none_or(|(a, b)| t * 1e3 >= a as f64 && t * 1e3 < b as f64)
+    }
+
+    /// Its SM use at `t` s: `sm` while it holds the GPU and is in its
+    /// working part of the cycle, else 0.
+    fn sm_at(&self, t: f64) -> u32 {
+        if !self.active(t) {
+            return 0;
+        }
+        match self.duty {
+            Some((a, b, p)) if p > 0 => {
+                let phase = (t * 1e3).rem_euclid(p as f64);
+                if phase >= a as f64 && phase < b as f64 {
+                    self.sm
+                } else {
+                    0
+                }
+            }
+            _ => self.sm,
+        }
+    }
+
+    /// The times in (0, `t`) s at which its SM use changes.
+    fn cuts(&self, t: f64) -> Vec<f64> {
+        let mut out: Vec<f64> = self
+            .window
+            .into_iter()
+            .flat_map(|(a, b)| [a as f64 / 1e3, b as f64 / 1e3])
+            .collect();
+        if let Some((a, b, p)) = self.duty.filter(|d| d.2 > 0) {
+            let p_s = p as f64 / 1e3;
+            for k in 0..=(t / p_s) as u64 {
+                let base = k as f64 * p_s;
+                out.push(base + a as f64 / 1e3);
+                out.push(base + b as f64 / 1e3);
+            }
+        }
+        out.retain(|c| *c > 0.0 && *c < t);
+        out
     }
 }
 
@@ -158,6 +204,9 @@ struct Gpu {
     load: Option<(f64, f64, f64)>,
     /// None: the default pace; Some(0): a sample at every call.
     sample_ms: Option<u64>,
+    /// Samples calls return every sample since the last seen, not each
+    /// process's newest only (`history=all`).
+    history_all: bool,
     garbage: Garbage,
     race: u32,
     fail: Vec<(Call, u32, u32, c_uint)>,
@@ -299,6 +348,7 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                 "lost_after" => g.lost_after = v.parse().unwrap_or(0),
                 "back_after" => g.back_after = v.parse().unwrap_or(0),
                 "sample_ms" => g.sample_ms = v.parse().ok(),
+                "history" => g.history_all = v == "all",
                 "race" => g.race = v.parse().unwrap_or(0),
                 "fail" => g.fail = parse_fail(v),
                 "garbage" => {
@@ -324,6 +374,22 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 }
                                 None => (p, None),
                             };
+                            // PID:SM:MEM~A-B/P: works A to B ms of every P.
+                            let (p, duty) = match p.split_once('~') {
+                                Some((p, d)) => {
+                                    let (ab, period) = d.split_once('/')?;
+                                    let (a, b) = ab.split_once('-')?;
+                                    (
+                                        p,
+                                        Some((
+                                            a.parse().ok()?,
+                                            b.parse().ok()?,
+                                            period.parse().ok()?,
+                                        )),
+                                    )
+                                }
+                                None => (p, None),
+                            };
                             let mut f = p.split(':');
                             let pid = f.next()?;
                             Some(Proc {
@@ -340,6 +406,7 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 sm: f.next()?.parse().ok()?,
                                 mem: f.next()?.parse().ok()?,
                                 window,
+                                duty,
                             })
                         })
                         .collect()
@@ -557,7 +624,7 @@ impl Gpu {
     fn draw_mw(&self, t: f64) -> f64 {
         if let Some((idle, held, per_sm)) = self.load {
             let on: Vec<&Proc> = self.procs.iter().filter(|p| p.active(t)).collect();
-            let sm: u32 = on.iter().map(|p| p.sm).sum();
+            let sm: u32 = on.iter().map(|p| p.sm_at(t)).sum();
             return idle + if on.is_empty() { 0.0 } else { held } + per_sm * f64::from(sm);
         }
         match self.power_step {
@@ -572,8 +639,7 @@ impl Gpu {
         let mut cuts: Vec<f64> = self
             .procs
             .iter()
-            .filter_map(|p| p.window)
-            .flat_map(|(a, b)| [a as f64 / 1e3, b as f64 / 1e3])
+            .flat_map(|p| p.cuts(t))
             .chain(self.power_step.map(|(ms, _)| ms as f64 / 1e3))
             .filter(|c| *c > 0.0 && *c < t)
             .collect();
@@ -744,7 +810,33 @@ pub struct ProcessSample {
     dec_util: c_uint,
 }
 
-/// The samples the driver holds newer than `last_seen`.
+/// A process's mean SM use over (`from`, `to`] s: what the driver reports
+/// for a sampling period (a process working 200 ms of every 300 reads 57
+/// or 76 of 95 on an H200, by where the period falls).
+fn mean_sm(procs: &[&Proc], from: f64, to: f64) -> f64 {
+    if to <= from {
+        return procs.iter().map(|p| f64::from(p.sm_at(to))).sum();
+    }
+    let mut cuts: Vec<f64> = procs
+        .iter()
+        .flat_map(|p| p.cuts(to))
+        .filter(|c| *c > from)
+        .collect();
+    cuts.push(to);
+    cuts.sort_by(f64::total_cmp);
+    let (mut a, mut sum) = (from, 0.0);
+    for c in cuts {
+        let mid = (a + c) / 2.0;
+        sum += procs.iter().map(|p| f64::from(p.sm_at(mid))).sum::<f64>() * (c - a);
+        a = c;
+    }
+    sum / (to - from)
+}
+
+/// The samples the driver gives for `last_seen`: of each process that
+/// used the SM, its newest sample after `last_seen` only (driver 580 on an
+/// H200: one call a second apart returns one sample per process, not
+/// the five it took), or every one with `history=all`.
 fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
     let sample = |pid, time_stamp, sm_util: u32| ProcessSample {
         pid,
@@ -767,15 +859,40 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
             .map(|k| now.start_epoch_us + k * period_us)
             .collect(),
     };
-    let mut out = Vec::new();
+    // The scenario's processes by the pid they resolve to now.
+    let mut by_pid: Vec<(u32, Vec<&Proc>)> = Vec::new();
+    for p in &g.procs {
+        let pid = resolve(p.pid);
+        if pid == 0 {
+            continue;
+        }
+        match by_pid.iter_mut().find(|(q, _)| *q == pid) {
+            Some((_, v)) => v.push(p),
+            None => by_pid.push((pid, vec![p])),
+        }
+    }
+    let secs = |ts: u64| ts.saturating_sub(now.start_epoch_us) as f64 / 1e6;
+    let mut out: Vec<ProcessSample> = Vec::new();
     let mut procs = Vec::new();
     for &ts in ticks.iter().filter(|ts| **ts > last_seen) {
+        let t = secs(ts);
         // Who held the GPU then.
-        procs = running(g, ts.saturating_sub(now.start_epoch_us) as f64 / 1e6);
-        // The driver gives samples only of processes that used the SM.
-        for &(pid, sm, _) in procs.iter().filter(|p| p.1 > 0) {
-            out.push(sample(pid, ts, sm));
+        procs = running(g, t);
+        // The driver gives samples only of processes that used the SM
+        // over its period.
+        for (pid, ps) in &by_pid {
+            let sm = mean_sm(ps, t - period_us as f64 / 1e6, t).round() as u32;
+            if sm > 0 {
+                if !g.history_all {
+                    out.retain(|s| s.pid != *pid);
+                }
+                out.push(sample(*pid, ts, sm));
+            }
         }
+    }
+    // Garbage, once per call that has anything new.
+    let newest = ticks.iter().rev().find(|ts| **ts > last_seen);
+    if let Some(&ts) = newest {
         let first = procs.first().map(|p| p.0);
         let gb = &g.garbage;
         if gb.pid0 {
