@@ -71,14 +71,14 @@ fn energy_counter_utilization_memory_and_processes() {
     );
     // The driver sampled (every 167 ms) within the 300 ms.
     assert_eq!(g.sm_basis, SmBasis::Sampled);
-    let procs: Vec<(u32, u32, u64)> = g
+    let procs: Vec<(u32, f64, u64)> = g
         .processes
         .iter()
         .map(|p| (p.pid, p.sm_util_pct, p.memory_bytes))
         .collect();
     assert_eq!(
         procs,
-        vec![(4242, 70, 1_073_741_824), (4243, 20, 536_870_912)]
+        vec![(4242, 70.0, 1_073_741_824), (4243, 20.0, 536_870_912)]
     );
 }
 
@@ -165,7 +165,7 @@ fn no_driver_or_no_gpu_is_a_status_not_an_error() {
 }
 
 /// (pid, SM %) of each process on a reading.
-fn shares(r: &GpuReading) -> Vec<(u32, u32)> {
+fn shares(r: &GpuReading) -> Vec<(u32, f64)> {
     r.processes.iter().map(|p| (p.pid, p.sm_util_pct)).collect()
 }
 
@@ -224,7 +224,11 @@ fn garbage_samples_are_discarded_said_once_and_never_move_last_seen_into_the_fut
         // weighted once: a far-future timestamp as the last seen would
         // have made every later call NOT_FOUND (carried, then equal).
         assert_eq!(r[0].sm_basis, SmBasis::Sampled, "round {round}");
-        assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)], "round {round}");
+        assert_eq!(
+            shares(&r[0]),
+            vec![(5001, 60.0), (5002, 30.0)],
+            "round {round}"
+        );
     }
     let discarded: Vec<_> = lines.iter().filter(|l| l.contains("discarded")).collect();
     assert_eq!(discarded.len(), 1, "said once while it lasts: {lines:?}");
@@ -244,7 +248,7 @@ fn a_count_race_is_retried() {
     std::thread::sleep(Duration::from_millis(250));
     let r = gpus.read_gpus();
     assert_eq!(r[0].sm_basis, SmBasis::Sampled);
-    assert_eq!(shares(&r[0]), vec![(5001, 50), (5002, 25)]);
+    assert_eq!(shares(&r[0]), vec![(5001, 50.0), (5002, 25.0)]);
     assert!(said(&gpus, 0).is_empty(), "{:?}", gpus.problems());
     // A race that never ends is a failure said, not a silent equal split.
     let lib = stub(
@@ -277,7 +281,7 @@ fn between_the_driver_s_samples_shares_are_carried_for_2_s_then_equal_and_said()
     let mut bases = Vec::new();
     for _ in 0..20 {
         let r = gpus.read_gpus();
-        assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)], "{r:?}");
+        assert_eq!(shares(&r[0]), vec![(5001, 60.0), (5002, 30.0)], "{r:?}");
         bases.push(r[0].sm_basis);
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -300,7 +304,7 @@ fn between_the_driver_s_samples_shares_are_carried_for_2_s_then_equal_and_said()
     let failed_at = Instant::now();
     let r = gpus.read_gpus();
     assert_eq!(r[0].sm_basis, SmBasis::Carried);
-    assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)]);
+    assert_eq!(shares(&r[0]), vec![(5001, 60.0), (5002, 30.0)]);
     assert!(
         said(&gpus, 0)
             .iter()
@@ -319,7 +323,7 @@ fn between_the_driver_s_samples_shares_are_carried_for_2_s_then_equal_and_said()
         );
     }
     assert_eq!(last[0].sm_basis, SmBasis::Equal);
-    assert_eq!(shares(&last[0]), vec![(5001, 0), (5002, 0)]);
+    assert_eq!(shares(&last[0]), vec![(5001, 0.0), (5002, 0.0)]);
 }
 
 #[test]
@@ -535,7 +539,7 @@ fn with_mig_on_nvml_gives_no_utilization_the_holders_share_equally_and_it_is_sai
     let r = gpus.read_gpus();
     assert_eq!(r[0].util_pct, None);
     assert_eq!(r[0].sm_basis, SmBasis::Equal);
-    assert_eq!(shares(&r[0]), vec![(5001, 0), (5002, 0)]);
+    assert_eq!(shares(&r[0]), vec![(5001, 0.0), (5002, 0.0)]);
     assert!(
         said(&gpus, 0).iter().any(|l| l.contains("MIG is on")),
         "{:?}",
@@ -552,7 +556,7 @@ fn a_failed_process_list_keeps_the_sampled_processes_and_is_said() {
     let mut gpus = open(&lib);
     std::thread::sleep(Duration::from_millis(250));
     let r = gpus.read_gpus();
-    assert_eq!(shares(&r[0]), vec![(5001, 60), (5002, 30)]);
+    assert_eq!(shares(&r[0]), vec![(5001, 60.0), (5002, 30.0)]);
     assert!(
         said(&gpus, 0)
             .iter()
@@ -607,4 +611,93 @@ fn drivers_with_the_v3_quirk_are_read_through_v2() {
         .map(|p| p.pid)
         .collect();
     assert_eq!(pids, vec![5001, 5002, 5003]);
+}
+
+/// A's share of A and B on a reading (0 when neither has one).
+fn share_of_first(r: &GpuReading) -> f64 {
+    let s = shares(r);
+    let a = s.iter().find(|p| p.0 == 5001).map_or(0.0, |p| p.1);
+    let b = s.iter().find(|p| p.0 == 5002).map_or(0.0, |p| p.1);
+    if a + b > 0.0 { a / (a + b) } else { 0.0 }
+}
+
+#[test]
+fn processes_taking_turns_are_weighed_by_every_sample_of_the_interval_not_the_last() {
+    // As measured on an H200 (driver 580): the driver samples every 200
+    // ms, a sample is the process's mean SM over its period, and a call
+    // returns each process's newest sample only. A works 200 ms of every
+    // 300, B the other 100 ms: A's true share of any second is 2/3 ± 0.1
+    // (a second is 3.33 of their cycles).
+    let scenario = "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=200 \
+                    procs=5001:90:1024~0-200/300,5002:90:2048~200-300/300\n";
+    let mut by_read = Vec::new();
+    let mut with_sampler = Vec::new();
+    for sampler in [false, true] {
+        let lib = stub(scenario);
+        let mut gpus = open(&lib);
+        if sampler {
+            gpus.sample_between_reads(Duration::from_millis(100))
+                .expect("sampler");
+        }
+        std::thread::sleep(Duration::from_millis(450));
+        gpus.read_gpus();
+        let mut a = Vec::new();
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(1000));
+            let r = gpus.read_gpus();
+            assert_eq!(r[0].sm_basis, SmBasis::Sampled, "{r:?}");
+            a.push(share_of_first(&r[0]));
+        }
+        if sampler {
+            with_sampler = a;
+        } else {
+            by_read = a;
+        }
+    }
+    eprintln!(
+        "A's share per 1 s interval: read once {by_read:.3?}, sampled between reads {with_sampler:.3?}"
+    );
+    // One sample a read is a 200 ms window: 1/2 or all of it A's.
+    assert!(
+        by_read.iter().any(|s| (s - 2.0 / 3.0).abs() > 0.15),
+        "the stub gives the newest sample only: {by_read:?}"
+    );
+    for s in &with_sampler {
+        assert!((s - 2.0 / 3.0).abs() <= 0.1, "{with_sampler:?}");
+    }
+    let mean = with_sampler.iter().sum::<f64>() / with_sampler.len() as f64;
+    assert!((mean / (2.0 / 3.0) - 1.0).abs() < 0.03, "{with_sampler:?}");
+}
+
+#[test]
+fn a_process_that_ended_since_the_last_read_keeps_its_samples_of_the_interval() {
+    // A works until 1.3 s after NVML's init and then leaves the process
+    // list; B works throughout. The read after A left still gives A its
+    // samples from before it left (it used the GPU in that interval),
+    // instead of handing B all of the interval.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
+         procs=5001:60:1024@0-1300,5002:30:2048\n",
+    );
+    let mut gpus = open(&lib);
+    gpus.sample_between_reads(Duration::from_millis(50))
+        .expect("sampler");
+    std::thread::sleep(Duration::from_millis(900));
+    let r = gpus.read_gpus();
+    assert_eq!(shares(&r[0]), vec![(5001, 60.0), (5002, 30.0)], "{r:?}");
+    // A read about 1.7 s in: A was there for about 0.4 s of its 0.8 s.
+    std::thread::sleep(Duration::from_millis(800));
+    let r = gpus.read_gpus();
+    let s = shares(&r[0]);
+    assert_eq!(
+        s.len(),
+        2,
+        "the ended process is kept for this interval: {s:?}"
+    );
+    assert!(s[0].0 == 5001 && s[0].1 > 10.0 && s[0].1 < 50.0, "{s:?}");
+    assert_eq!(r[0].processes[0].memory_bytes, 0, "no longer holds memory");
+    // The next interval is B's alone.
+    std::thread::sleep(Duration::from_millis(500));
+    let r = gpus.read_gpus();
+    assert_eq!(shares(&r[0]), vec![(5002, 30.0)], "{r:?}");
 }

@@ -94,7 +94,7 @@ pub(crate) struct GpuInterval {
     /// Integrated from power samples rather than read from a counter.
     pub(crate) estimated: bool,
     /// The processes that held it: their consumer (`None`: not a known
-    /// consumer) and SM utilization (percent).
+    /// consumer) and SM utilization (thousandths of a percent).
     pub(crate) processes: Vec<(Option<ConsumerId>, u32)>,
     /// Its static energy over the interval (0 where not known yet).
     pub(crate) statics: GpuStaticEnergy,

@@ -21,7 +21,7 @@ use crate::sources::Domain;
 use crate::tracker::{CpuSample, CpuTimes};
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub(crate) const RUN_SCHEMA_VERSION: u32 = 4;
+pub(crate) const RUN_SCHEMA_VERSION: u32 = 5;
 
 /// The oldest layout `wattprof report` still reads (2: before the static
 /// and dynamic split, whose figures read as 0).

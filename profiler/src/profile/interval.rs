@@ -181,7 +181,12 @@ impl Profile {
                 processes: g
                     .processes
                     .iter()
-                    .map(|p| (self.table.id_of(p.pid), p.sm_util_pct))
+                    .map(|p| {
+                        (
+                            self.table.id_of(p.pid),
+                            (p.sm_util_pct * 1000.0).round() as u32,
+                        )
+                    })
                     .collect(),
                 statics: self.statics.gpu_interval(g, duration_ns),
             });

@@ -8,10 +8,14 @@
 //! process's SM share and memory.
 //!
 //! NVML is read as it behaves, not as documented:
+//! - NVML returns of each process only its newest sample, so the samples
+//!   are fetched every 100 ms between reads ([`sampler`]) and a process's
+//!   share is its SM summed over the driver's sampling periods of the
+//!   interval;
 //! - per-process samples are sanitised (the pid is in the driver's process
-//!   list, SM at most 100, the timestamp after the last one seen and not in
-//!   the future), duplicates merged, each process's samples averaged, and
-//!   the last timestamp seen never moves into the future;
+//!   list at this read or the last, SM at most 100, the timestamp after the
+//!   last one seen and not in the future), duplicates merged, and the last
+//!   timestamp seen never moves into the future;
 //! - a count race (INSUFFICIENT_SIZE) is retried;
 //! - an interval with no new sample (the driver samples every 1/6 s to
 //!   1 s) uses the shares seen within the last 2 s ([`SmBasis::Carried`]),
@@ -29,15 +33,23 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
 use serde::Serialize;
 
+mod container;
+mod said;
+pub(crate) mod sampler;
 mod samples;
 pub(crate) mod statics;
 
-pub(crate) use samples::{RawSample, sanitise, v3_quirk};
+pub(crate) use container::container_hint;
+use said::Said;
+
+use sampler::{Pending, Sampler};
+pub(crate) use samples::{sanitise, v3_quirk};
 
 use super::{
     Domain, DomainEnergy, Source, SourceError, SourceInfo,
@@ -59,9 +71,10 @@ pub enum GpuEnergyMethod {
 pub struct GpuProcess {
     /// Process id.
     pub pid: u32,
-    /// Streaming-multiprocessor utilization, percent (the mean of its
-    /// samples over the interval).
-    pub sm_util_pct: u32,
+    /// Streaming-multiprocessor utilization, percent, over the
+    /// interval: its samples summed over the driver's sampling periods
+    /// they cover (0.01 resolution).
+    pub sm_util_pct: f64,
     /// GPU memory in use, bytes.
     pub memory_bytes: u64,
 }
@@ -139,9 +152,6 @@ enum Energy {
 /// 2 s back.
 pub(crate) const CARRY_SHARES: Duration = Duration::from_secs(2);
 
-/// How many times a count race (INSUFFICIENT_SIZE) is retried in a read.
-const RACE_RETRIES: u32 = 3;
-
 /// Past this long lost, a GPU's counter is started afresh when it answers
 /// again (its energy meanwhile is not divided: said); within it, the
 /// next read's energy covers the time it was lost.
@@ -152,16 +162,25 @@ struct Gpu {
     energy: Energy,
     /// Since when it answers GPU_IS_LOST.
     lost: Option<Instant>,
-    last_sample_ts: u64,
+    /// The samples fetched since the last read (by the read, and by the
+    /// [`Sampler`] between reads), and the next `lastSeenTimeStamp`.
+    pending: Arc<Mutex<Pending>>,
+    /// The last seen timestamp when the last read took its samples.
+    read_floor: u64,
+    /// The process list at the last read: a process that ended since
+    /// keeps its samples of this interval.
+    listed_before: Vec<u32>,
     /// The latest sampled shares (pid → SM %), and when.
-    shares: Option<(Instant, HashMap<u32, u32>)>,
+    shares: Option<(Instant, HashMap<u32, f64>)>,
     /// Failures going on, by what failed: said when they begin and end.
     failing: BTreeMap<&'static str, String>,
 }
 
 /// The NVML reader.
 pub struct NvmlGpus {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
+    /// Fetches the samples between reads, once started.
+    sampler: Option<Sampler>,
     gpus: Vec<Gpu>,
     problems: Vec<(u32, String)>,
     /// The last [`Source::read`]'s detail, until taken.
@@ -187,31 +206,6 @@ fn nvml_err(what: &str, e: &NvmlError) -> String {
     format!("{what}: {e}")
 }
 
-/// In a container (seen from the root `root`), what the NVIDIA container
-/// toolkit was not asked for: `None` outside one.
-pub(crate) fn container_hint(root: &std::path::Path) -> Option<String> {
-    let cgroup = std::fs::read_to_string(root.join("proc/1/cgroup")).unwrap_or_default();
-    let inside = root.join(".dockerenv").exists()
-        || root.join("run/.containerenv").exists()
-        || ["docker", "kubepods", "libpod", "containerd"]
-            .iter()
-            .any(|w| cgroup.contains(w));
-    if !inside {
-        return None;
-    }
-    Some(if root.join("dev/nvidiactl").exists() {
-        // The devices were given, not the driver's libraries.
-        "the GPU devices are here but not libnvidia-ml.so.1: set NVIDIA_DRIVER_CAPABILITIES=utility \
-         (or all) so the NVIDIA container toolkit mounts it"
-            .into()
-    } else {
-        "run it with the NVIDIA container toolkit: `docker run --gpus all -e \
-         NVIDIA_DRIVER_CAPABILITIES=utility` (Kubernetes: runtimeClassName: nvidia and \
-         NVIDIA_VISIBLE_DEVICES=all), or --no-gpu on a node without GPUs"
-            .into()
-    })
-}
-
 /// An energy probe failure that power integration can stand in for.
 fn integrate_instead(e: &NvmlError) -> bool {
     matches!(
@@ -228,33 +222,6 @@ fn now_epoch_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// Problems said by [`NvmlGpus`]: a failure is a line when it begins and
-/// when it ends.
-struct Said<'a> {
-    index: u32,
-    failing: &'a mut BTreeMap<&'static str, String>,
-    out: &'a mut Vec<(u32, String)>,
-}
-
-impl Said<'_> {
-    /// `what` fails now with `line` (`None`: it works).
-    fn set(&mut self, what: &'static str, line: Option<String>) {
-        match line {
-            Some(line) => {
-                if !self.failing.contains_key(what) {
-                    self.out.push((self.index, line.clone()));
-                }
-                self.failing.insert(what, line);
-            }
-            None => {
-                if self.failing.remove(what).is_some() {
-                    self.out.push((self.index, format!("{what} reads again")));
-                }
-            }
-        }
-    }
 }
 
 impl NvmlGpus {
@@ -358,7 +325,9 @@ impl NvmlGpus {
                 },
                 energy,
                 lost: None,
-                last_sample_ts: 0,
+                pending: Arc::default(),
+                read_floor: 0,
+                listed_before: Vec::new(),
                 shares: None,
                 failing: BTreeMap::new(),
             });
@@ -373,13 +342,29 @@ impl NvmlGpus {
             ));
         }
         Ok(Self {
-            nvml,
+            nvml: Arc::new(nvml),
+            sampler: None,
             gpus,
             problems,
             last: Vec::new(),
             driver_version,
             processes_v2,
         })
+    }
+
+    /// Fetches the per-process samples every `every` between reads (a
+    /// thread; see [`sampler`]), for every GPU that gives them (not MIG).
+    /// Without it each read weighs its interval by the samples of the
+    /// driver's last period only.
+    pub fn sample_between_reads(&mut self, every: Duration) -> std::io::Result<()> {
+        let gpus = self
+            .gpus
+            .iter()
+            .filter(|g| !g.info.mig)
+            .map(|g| (g.info.index, Arc::clone(&g.pending)))
+            .collect();
+        self.sampler = Some(Sampler::start(Arc::clone(&self.nvml), gpus, every)?);
+        Ok(())
     }
 
     /// The GPUs found.
@@ -602,37 +587,22 @@ fn read_gpu(
             }),
         );
     }
-    // The per-process samples since the last seen, a count race retried.
-    let mut samples = device.process_utilization_stats(g.last_sample_ts);
-    for _ in 0..RACE_RETRIES {
-        if !matches!(samples, Err(NvmlError::InsufficientSize(_))) {
-            break;
-        }
-        samples = device.process_utilization_stats(g.last_sample_ts);
-    }
-    let samples_ok = matches!(samples, Ok(_) | Err(NvmlError::NotFound));
-    let raw: Vec<RawSample> = match samples {
-        Ok(s) => {
-            said.set("samples", None);
-            s.iter()
-                .map(|s| RawSample {
-                    pid: s.pid,
-                    timestamp: s.timestamp,
-                    sm_util: s.sm_util,
-                })
-                .collect()
-        }
-        // Nothing new since the last seen: the driver's pace.
-        Err(NvmlError::NotFound) => {
-            said.set("samples", None);
-            Vec::new()
-        }
+    // The per-process samples since the last read: those the sampler
+    // fetched meanwhile, and the newest now (a count race retried).
+    let now_us = now_epoch_us();
+    let (fetched, raw) = {
+        let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let fetched = sampler::fetch(&device, &mut p, now_us);
+        (fetched, std::mem::take(&mut p.raw))
+    };
+    let samples_ok = fetched.is_ok();
+    match fetched {
+        Ok(()) => said.set("samples", None),
         Err(NvmlError::NotSupported) if g.info.mig => {
             said.set(
                 "samples",
                 Some("MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into()),
             );
-            Vec::new()
         }
         Err(e) => {
             said.set(
@@ -641,18 +611,25 @@ fn read_gpu(
                     "per-process samples failed ({e}): shares carried up to 2 s, then equal"
                 )),
             );
-            Vec::new()
         }
-    };
-    let pids: Option<Vec<u32>> = listed.as_ref().map(|l| l.keys().copied().collect());
-    let clean = sanitise(&raw, pids.as_deref(), g.last_sample_ts, now_epoch_us());
+    }
+    // Who may have samples: the holders now, and those at the last read
+    // (a process that ended since used the GPU in this interval).
+    let pids: Option<Vec<u32>> = listed.as_ref().map(|l| {
+        let mut p: Vec<u32> = l.keys().copied().collect();
+        p.extend(g.listed_before.iter().filter(|b| !l.contains_key(b)));
+        p
+    });
+    let clean = sanitise(&raw, pids.as_deref(), g.read_floor, now_us);
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
     if !raw.is_empty() {
         said.set("sample sanity", clean.discarded());
     }
-    if let Some(ts) = clean.newest {
-        g.last_sample_ts = ts;
-    }
+    g.read_floor = g
+        .pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .last_seen;
     let now = Instant::now();
     let (shares, sm_basis) = if !clean.shares.is_empty() {
         g.shares = Some((now, clean.shares.clone()));
@@ -665,15 +642,28 @@ fn read_gpu(
             _ => (HashMap::new(), SmBasis::Equal),
         }
     };
-    // Holders: the process list, else those with shares.
+    // Holders: the process list (and those that ended since the last read
+    // with samples of this interval), else those with shares.
     let mut processes: Vec<GpuProcess> = match &listed {
         Some(l) => l
             .iter()
             .map(|(&pid, &memory_bytes)| GpuProcess {
                 pid,
-                sm_util_pct: shares.get(&pid).copied().unwrap_or(0),
+                sm_util_pct: shares.get(&pid).copied().unwrap_or(0.0),
                 memory_bytes,
             })
+            .chain(
+                g.listed_before
+                    .iter()
+                    .filter(|pid| !l.contains_key(pid) && sm_basis == SmBasis::Sampled)
+                    .filter_map(|pid| {
+                        shares.get(pid).map(|&sm| GpuProcess {
+                            pid: *pid,
+                            sm_util_pct: sm,
+                            memory_bytes: 0,
+                        })
+                    }),
+            )
             .collect(),
         None => shares
             .iter()
@@ -685,8 +675,12 @@ fn read_gpu(
             .collect(),
     };
     processes.sort_by_key(|p| p.pid);
+    if let Some(l) = &listed {
+        g.listed_before = l.keys().copied().collect();
+    }
     // Carried shares of processes that have all left are no shares.
-    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0) {
+    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
+    {
         SmBasis::Equal
     } else {
         sm_basis
@@ -696,7 +690,7 @@ fn read_gpu(
     // did no work.
     let at_rest = !processes.is_empty()
         && samples_ok
-        && processes.iter().all(|p| p.sm_util_pct == 0)
+        && processes.iter().all(|p| p.sm_util_pct == 0.0)
         && util_pct.is_none_or(|u| u == 0);
     Some(GpuReading {
         index,

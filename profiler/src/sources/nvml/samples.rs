@@ -24,10 +24,13 @@ pub(crate) struct RawSample {
 }
 
 /// What [`sanitise`] kept and discarded.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Sanitised {
-    /// Each kept process's mean SM over its samples.
-    pub(crate) shares: HashMap<u32, u32>,
+    /// Each kept process's SM over the driver's sampling periods the
+    /// samples cover: the sum of its samples over the most samples any
+    /// one process has (a period in which NVML did not sample a process
+    /// is one in which it did not use the SM, so it counts as 0).
+    pub(crate) shares: HashMap<u32, f64>,
     /// The newest kept timestamp (the next `lastSeenTimeStamp`).
     pub(crate) newest: Option<u64>,
     /// Discarded: pid 0.
@@ -68,7 +71,8 @@ impl Sanitised {
 /// Keeps the samples that can be true: the pid is in the driver's process
 /// list (`listed`; `None` when the list could not be read: any pid but 0),
 /// SM at most 100, the timestamp in (`last_seen`, `now_us`]; exact
-/// duplicates once. Each process's share is the mean of its samples.
+/// duplicates once. Each process's share is its SM summed over the
+/// periods sampled, over their number (see [`Sanitised::shares`]).
 pub(crate) fn sanitise(
     samples: &[RawSample],
     listed: Option<&[u32]>,
@@ -97,11 +101,24 @@ pub(crate) fn sanitise(
             out.newest = Some(out.newest.map_or(s.timestamp, |n| n.max(s.timestamp)));
         }
     }
+    let periods = sums.values().map(|(_, n)| *n).max().unwrap_or(1);
     out.shares = sums
         .into_iter()
-        .map(|(pid, (sum, n))| (pid, ((sum + n / 2) / n) as u32))
+        .map(|(pid, (sum, _))| (pid, round2(sum as f64 / periods as f64)))
         .collect();
     out
+}
+
+/// To 0.01 (a percent's hundredth: finer than any sample).
+pub(crate) fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Whether a sample's timestamp may become the next `lastSeenTimeStamp`:
+/// a real process, SM at most 100, not in the future (a far-future one
+/// would make every later call NOT_FOUND).
+pub(crate) fn plausible(s: &RawSample, now_us: u64) -> bool {
+    s.pid != 0 && s.sm_util <= 100 && s.timestamp <= now_us
 }
 
 #[cfg(test)]
@@ -131,9 +148,11 @@ mod tests {
             s(20, now + 86_400_000_000, 99), // in the future
         ];
         let c = sanitise(&raw, Some(&[10, 20]), 1_000, now);
-        // pid 10: (60 + 40) / 2, not weighted by its duplicate.
-        assert_eq!(c.shares.get(&10), Some(&50));
-        assert_eq!(c.shares.get(&20), Some(&30));
+        // pid 10: (60 + 40) / 2, not weighted by its duplicate; pid 20 was
+        // sampled in one of the two periods (in the other it did not use
+        // the SM): 30 / 2.
+        assert_eq!(c.shares.get(&10), Some(&50.0));
+        assert_eq!(c.shares.get(&20), Some(&15.0));
         assert_eq!(c.shares.len(), 2);
         assert_eq!(
             (
@@ -160,7 +179,7 @@ mod tests {
     #[test]
     fn with_no_process_list_any_pid_but_0_is_kept_and_clean_samples_say_nothing() {
         let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, 0, 10);
-        assert_eq!(c.shares.get(&7), Some(&20));
+        assert_eq!(c.shares.get(&7), Some(&20.0));
         assert_eq!(c.pid0, 1);
         // Samples of a process that has just ended: dropped, not said.
         let c = sanitise(&[s(7, 5, 20), s(8, 5, 20)], Some(&[7]), 0, 10);
