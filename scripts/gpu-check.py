@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 NVML_SUCCESS = 0
@@ -234,6 +235,34 @@ def worker(argv, stub):
         raise SystemExit(f"unknown worker {mode}")
 
 
+class SampleWatch:
+    """Every per-process sample NVML gives, asked every 50 ms from 2 s
+    before the newest seen, repeats left out: (pid, timestamp µs, SM,
+    first seen µs)."""
+
+    def __init__(self, nvml):
+        self.nvml, self.raw, self.done = nvml, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        seen, newest = set(), 0
+        while not self.done.wait(0.05):
+            rc, s = self.nvml.samples(max(0, newest - 2_000_000))
+            now = time.time() * 1e6
+            for x in s:
+                key = (x.pid, x.timeStamp, x.smUtil)
+                if x.pid and x.smUtil <= 100 and x.timeStamp <= now + 1e6 and key not in seen:
+                    seen.add(key)
+                    self.raw.append((x.pid, x.timeStamp, x.smUtil, now))
+                    newest = max(newest, x.timeStamp)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.raw
+
+
 # ---------------------------------------------------------------- check ---
 
 class Check:
@@ -409,9 +438,20 @@ class Check:
                 self.scenario("gpu name=Stub-GPU uuid=GPU-stub energy=counter energy_step_ms=100 sample_ms=200 "
                               "load=40000:15000:2000 "
                               "procs=child/1:90:1024~0-200/300,child/2:90:1024~200-300/300\n")
-            rec, lines = self.wattprof(["run", "--interval", interval], self.me() + ["--worker", "turns", str(secs)],
-                                       f"turns-{interval}")
+            # At 1 s, the check's own record of every sample NVML gives
+            # during the turns (asked every 50 ms, 2 s back, repeats left
+            # out): how many each process gets, their SM, and how late each
+            # is published; does one process's sample come after the
+            # other's newer one?
+            watch = SampleWatch(self.nvml()) if interval == "1s" else None
+            try:
+                rec, lines = self.wattprof(["run", "--interval", interval],
+                                           self.me() + ["--worker", "turns", str(secs)], f"turns-{interval}")
+            finally:
+                raw = watch.stop() if watch else None
             kids = [x for x in lines if "busy_s" in x]
+            if raw is not None:
+                self.sample_figures(step, raw, [k["pid"] for k in kids])
             by_pid = {p["pid"]: p for p in rec["processes"]}
             j = [by_pid.get(k["pid"], {}).get("energy", {}).get("gpu_j", 0.0) for k in kids]
             busy = [k["busy_s"] for k in kids]
@@ -423,6 +463,29 @@ class Check:
             self.record(step, f"{interval}: GPU J {j[0]:.2f}:{j[1]:.2f} = {ratio_j:.3f} vs busy {ratio_t:.3f}",
                         off, "within 10%", off < 0.10,
                         note=f"dynamic {[round(x, 2) for x in j]} J, busy {[round(x, 2) for x in busy]} s")
+
+    def sample_figures(self, step, raw, pids):
+        """What NVML's samples of the two turn-takers were (SampleWatch)."""
+        with open(os.path.join(self.out, "turns-samples.json"), "w") as f:
+            json.dump([{"pid": p, "ts_us": t, "sm": sm, "seen_us": seen} for p, t, sm, seen in raw], f)
+        per = {}
+        for pid in pids:
+            mine = [r for r in raw if r[0] == pid]
+            if not mine:
+                continue
+            per[pid] = (len(mine), statistics.mean(r[2] for r in mine),
+                        statistics.median((r[3] - r[1]) / 1e3 for r in mine))
+        if len(per) == 2:
+            (na, sa, la), (nb, sb, lb) = (per[p] for p in pids)
+            self.record(step, "1s: NVML samples of A : B (count, mean SM)", na / nb, "recorded (no bound)", None,
+                        note=f"A {na} at {sa:.1f}% SM, B {nb} at {sb:.1f}%; SM-sum ratio {na * sa / (nb * sb):.3f}")
+            self.record(step, "1s: a sample's publication lag, A : B (median)", la, "recorded (no bound)", None,
+                        "ms", note=f"A {la:.0f} ms, B {lb:.0f} ms")
+        # Samples returned only because the call asked 2 s back: newer
+        # than their own timestamp was another process's sample seen first.
+        late = sum(1 for i, r in enumerate(raw) if any(q[1] > r[1] and q[3] < r[3] for q in raw[:i]))
+        self.record(step, "1s: samples published after another's newer one", late, "recorded (no bound)", None,
+                    note=f"of {len(raw)}; these are lost to a call that asks from the newest seen")
 
     # 4
     def idle_and_held(self):

@@ -208,7 +208,7 @@ fn gpu_pids_this_pid_namespace_cannot_see_are_said() {
 #[test]
 fn garbage_samples_are_discarded_said_once_and_never_move_last_seen_into_the_future() {
     // nvtop issue 110: pid 0, SM 37100, a far-future timestamp, a
-    // duplicate, an exited pid, in every tick.
+    // duplicate, an exited pid, in every call with something new.
     let lib = stub(
         "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
          garbage=pid0,sm_over,future,dup,exited procs=5001:60:1024,5002:30:2048\n",
@@ -636,8 +636,7 @@ fn processes_taking_turns_are_weighed_by_every_sample_of_the_interval_not_the_la
         let lib = stub(scenario);
         let mut gpus = open(&lib);
         if sampler {
-            gpus.sample_between_reads(Duration::from_millis(100))
-                .expect("sampler");
+            gpus.sample_between_reads(Duration::from_millis(100));
         }
         std::thread::sleep(Duration::from_millis(450));
         gpus.read_gpus();
@@ -657,7 +656,7 @@ fn processes_taking_turns_are_weighed_by_every_sample_of_the_interval_not_the_la
     eprintln!(
         "A's share per 1 s interval: read once {by_read:.3?}, sampled between reads {with_sampler:.3?}"
     );
-    // One sample a read is a 200 ms window: 1/2 or all of it A's.
+    // One sample a read: A's share 1/2 or 2/3 (B's newest can be older).
     assert!(
         by_read.iter().any(|s| (s - 2.0 / 3.0).abs() > 0.15),
         "the stub gives the newest sample only: {by_read:?}"
@@ -666,38 +665,78 @@ fn processes_taking_turns_are_weighed_by_every_sample_of_the_interval_not_the_la
         assert!((s - 2.0 / 3.0).abs() <= 0.1, "{with_sampler:?}");
     }
     let mean = with_sampler.iter().sum::<f64>() / with_sampler.len() as f64;
-    assert!((mean / (2.0 / 3.0) - 1.0).abs() < 0.03, "{with_sampler:?}");
+    assert!((mean / (2.0 / 3.0) - 1.0).abs() < 0.05, "{with_sampler:?}");
 }
 
 #[test]
 fn a_process_that_ended_since_the_last_read_keeps_its_samples_of_the_interval() {
-    // A works until 1.3 s after NVML's init and then leaves the process
-    // list; B works throughout. The read after A left still gives A its
-    // samples from before it left (it used the GPU in that interval),
-    // instead of handing B all of the interval.
+    // A works until 1.8 s after NVML's init and then leaves the process
+    // list; B works throughout; reads every 300 ms. The first read after A
+    // left still gives A its samples from before it left (it used the GPU
+    // in that interval) instead of handing B all of the interval, and the
+    // read after that is B's alone. Read late on a loaded machine, the
+    // same holds of whichever read comes first after 1.8 s.
     let lib = stub(
         "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=100 \
-         procs=5001:60:1024@0-1300,5002:30:2048\n",
+         procs=5001:60:1024@0-1800,5002:30:2048\n",
     );
     let mut gpus = open(&lib);
-    gpus.sample_between_reads(Duration::from_millis(50))
-        .expect("sampler");
-    std::thread::sleep(Duration::from_millis(900));
-    let r = gpus.read_gpus();
-    assert_eq!(shares(&r[0]), vec![(5001, 60.0), (5002, 30.0)], "{r:?}");
-    // A read about 1.7 s in: A was there for about 0.4 s of its 0.8 s.
-    std::thread::sleep(Duration::from_millis(800));
-    let r = gpus.read_gpus();
-    let s = shares(&r[0]);
+    gpus.sample_between_reads(Duration::from_millis(50));
+    let mut readings = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(3000) {
+        std::thread::sleep(Duration::from_millis(300));
+        readings.push(gpus.read_gpus().remove(0));
+    }
+    let listed = |r: &GpuReading| {
+        r.processes
+            .iter()
+            .any(|p| p.pid == 5001 && p.memory_bytes > 0)
+    };
+    let first_after = readings
+        .iter()
+        .position(|r| !listed(r))
+        .expect("A left the list");
+    assert!(first_after > 0, "A was listed at some read: {readings:?}");
+    let r = &readings[first_after];
+    let s = shares(r);
     assert_eq!(
         s.len(),
         2,
-        "the ended process is kept for this interval: {s:?}"
+        "the ended process is kept for this interval: {r:?}"
     );
-    assert!(s[0].0 == 5001 && s[0].1 > 10.0 && s[0].1 < 50.0, "{s:?}");
-    assert_eq!(r[0].processes[0].memory_bytes, 0, "no longer holds memory");
-    // The next interval is B's alone.
-    std::thread::sleep(Duration::from_millis(500));
-    let r = gpus.read_gpus();
-    assert_eq!(shares(&r[0]), vec![(5002, 30.0)], "{r:?}");
+    assert!(s[0].0 == 5001 && s[0].1 > 0.0 && s[0].1 <= 60.0, "{s:?}");
+    assert_eq!(r.processes[0].memory_bytes, 0, "no longer holds memory");
+    let next = readings.get(first_after + 1).expect("a read after");
+    assert_eq!(shares(next), vec![(5002, 30.0)], "{next:?}");
+}
+
+#[test]
+fn a_sample_published_after_another_process_s_newer_one_is_still_counted() {
+    // lastSeenTimeStamp is one for all processes. B's samples are
+    // published 150 ms after their timestamp, A's at once: by the time
+    // B's sample of a tick is there, A's sample of the same tick has moved
+    // the last seen to it, and asking from the last seen never returns B.
+    // Each call asks a second back and drops the samples it had already.
+    let lib = stub(
+        "gpu name=A uuid=GPU-0 power_mw=100000 energy=counter sample_ms=200 \
+         procs=5001:60:1024,5002:30:2048+150\n",
+    );
+    let mut gpus = open(&lib);
+    gpus.sample_between_reads(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(700));
+    gpus.read_gpus();
+    for round in 0..3 {
+        std::thread::sleep(Duration::from_millis(1000));
+        let r = gpus.read_gpus();
+        let s = shares(&r[0]);
+        // A's samples of a second and B's (its newest of the second is
+        // not out yet, its last one of the second before is): each counted
+        // once, never twice, so A's share is twice B's, or 2.5 times when
+        // B has one sample fewer. The six periods spanned make A's 50.
+        assert_eq!(s.len(), 2, "round {round}: {r:?}");
+        let ratio = s[0].1 / s[1].1;
+        assert!((1.95..=2.55).contains(&ratio), "round {round}: {s:?}");
+        assert!(s[0].1 >= 45.0 && s[0].1 <= 60.0, "round {round}: {s:?}");
+    }
 }

@@ -266,14 +266,9 @@ impl Readers {
             match NvmlGpus::open(cfg.nvml_lib.as_deref()) {
                 Ok(mut g) => {
                     // NVML keeps each process's newest sample only: fetched
-                    // between reads, or a read weighs its interval by the
-                    // driver's last sampling period.
-                    g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL)
-                        .map_err(|e| {
-                            SourceError::Fatal(format!(
-                                "cannot start the NVML sampling thread: {e}"
-                            ))
-                        })?;
+                    // between reads, or a read weighs its interval by one
+                    // sample per process.
+                    g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL);
                     gpus = g.gpus();
                     for info in &gpus {
                         used.push(ReaderUse {

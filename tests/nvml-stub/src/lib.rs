@@ -23,7 +23,7 @@
 //!   (`history=all`: every one), and NVML_ERROR_NOT_FOUND when there is
 //!   none. `sample_ms=0` samples at every call.
 //! - **Garbage on request**, `garbage=pid0,sm_over,future,dup,exited`, added
-//!   to every tick: a pid-0 entry, a second entry for the first process with
+//!   to every call that has something new: a pid-0 entry, a second entry for the first process with
 //!   SM 37100 (nvtop issue 110), one a day in the future, an exact
 //!   duplicate, and a pid that is in no process list (an exited process).
 //! - **A count race**, `race=N`: the first N sized calls for samples find a
@@ -39,7 +39,11 @@
 //!   `procs=PID:SM:MEM@FROM-TO` a process holds the GPU only from FROM to
 //!   TO ms after nvmlInit (several entries may give one pid phases), and
 //!   with `PID:SM:MEM~A-B/P` it works only from A to B ms of every P ms
-//!   (holding its context idle the rest): processes taking turns.
+//!   (holding its context idle the rest): processes taking turns. A
+//!   `+LAG` after either publishes its samples LAG ms after their
+//!   timestamp, so another process's newer sample can move
+//!   `lastSeenTimeStamp` past them (stop 30's hypothesis for the H200's
+//!   1 s turns).
 //! - **A 1 s averaged power reading**, as Ampere and later report: with
 //!   `power_step_ms=N:MW` the draw changes to MW after N ms, and
 //!   `nvmlDeviceGetPowerUsage` answers the mean over the last second while
@@ -130,6 +134,8 @@ struct Proc {
     /// and holds its context idle the rest of the time: processes taking
     /// turns on the GPU.
     duty: Option<(u64, u64, u64)>,
+    /// Its samples are published this many ms after their timestamp.
+    lag_ms: u64,
 }
 
 impl Proc {
@@ -374,6 +380,11 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 }
                                 None => (p, None),
                             };
+                            // ...+LAG: its samples are published LAG ms late.
+                            let (p, lag_ms) = match p.split_once('+') {
+                                Some((p, lag)) => (p, lag.parse().ok()?),
+                                None => (p, 0),
+                            };
                             // PID:SM:MEM~A-B/P: works A to B ms of every P.
                             let (p, duty) = match p.split_once('~') {
                                 Some((p, d)) => {
@@ -407,6 +418,7 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 mem: f.next()?.parse().ok()?,
                                 window,
                                 duty,
+                                lag_ms,
                             })
                         })
                         .collect()
@@ -879,8 +891,12 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
         // Who held the GPU then.
         procs = running(g, t);
         // The driver gives samples only of processes that used the SM
-        // over its period.
+        // over its period, each once it is published.
         for (pid, ps) in &by_pid {
+            let lag_us = ps.iter().map(|p| p.lag_ms).max().unwrap_or(0) * 1000;
+            if ts + lag_us > now.epoch_us {
+                continue;
+            }
             let sm = mean_sm(ps, t - period_us as f64 / 1e6, t).round() as u32;
             if sm > 0 {
                 if !g.history_all {

@@ -73,7 +73,7 @@ pub struct GpuProcess {
     pub pid: u32,
     /// Streaming-multiprocessor utilization, percent, over the
     /// interval: its samples summed over the driver's sampling periods
-    /// they cover (0.01 resolution).
+    /// they cover (0.001 resolution).
     pub sm_util_pct: f64,
     /// GPU memory in use, bytes.
     pub memory_bytes: u64,
@@ -325,7 +325,7 @@ impl NvmlGpus {
                 },
                 energy,
                 lost: None,
-                pending: Arc::default(),
+                pending: Arc::new(Mutex::new(Pending::new())),
                 read_floor: 0,
                 listed_before: Vec::new(),
                 shares: None,
@@ -356,15 +356,28 @@ impl NvmlGpus {
     /// thread; see [`sampler`]), for every GPU that gives them (not MIG).
     /// Without it each read weighs its interval by the samples of the
     /// driver's last period only.
-    pub fn sample_between_reads(&mut self, every: Duration) -> std::io::Result<()> {
-        let gpus = self
+    /// A thread that cannot start is said, and each read then takes one
+    /// sample per process.
+    pub fn sample_between_reads(&mut self, every: Duration) {
+        let gpus: Vec<_> = self
             .gpus
             .iter()
             .filter(|g| !g.info.mig)
             .map(|g| (g.info.index, Arc::clone(&g.pending)))
             .collect();
-        self.sampler = Some(Sampler::start(Arc::clone(&self.nvml), gpus, every)?);
-        Ok(())
+        if gpus.is_empty() {
+            return;
+        }
+        match Sampler::start(Arc::clone(&self.nvml), gpus, every) {
+            Ok(s) => self.sampler = Some(s),
+            Err(e) => self.problems.push((
+                0,
+                format!(
+                    "cannot start the thread that fetches NVML's samples between reads ({e}): \
+                     each read weighs its interval by one sample per process"
+                ),
+            )),
+        }
     }
 
     /// The GPUs found.
@@ -539,6 +552,21 @@ fn read_gpu(
             None
         }
     };
+    // The per-process samples since the last read: those the sampler
+    // fetched meanwhile, and the newest now (a count race retried); before
+    // the process list, so a process that starts in between is listed.
+    let (fetched, raw, trimmed, last_seen) = {
+        let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let fetched = sampler::fetch(&device, &mut p);
+        (
+            fetched,
+            std::mem::take(&mut p.raw),
+            std::mem::take(&mut p.trimmed),
+            p.last_seen,
+        )
+    };
+    let now_us = now_epoch_us();
+    let samples_ok = fetched.is_ok();
     // The driver's process list: who holds a context, and their memory.
     let list = if processes_v2 {
         device.running_compute_processes_v2()
@@ -587,15 +615,6 @@ fn read_gpu(
             }),
         );
     }
-    // The per-process samples since the last read: those the sampler
-    // fetched meanwhile, and the newest now (a count race retried).
-    let now_us = now_epoch_us();
-    let (fetched, raw) = {
-        let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let fetched = sampler::fetch(&device, &mut p, now_us);
-        (fetched, std::mem::take(&mut p.raw))
-    };
-    let samples_ok = fetched.is_ok();
     match fetched {
         Ok(()) => said.set("samples", None),
         Err(NvmlError::NotSupported) if g.info.mig => {
@@ -620,16 +639,22 @@ fn read_gpu(
         p.extend(g.listed_before.iter().filter(|b| !l.contains_key(b)));
         p
     });
-    let clean = sanitise(&raw, pids.as_deref(), g.read_floor, now_us);
+    // Each call asked a second back (late samples), so the floor is too.
+    let floor = g.read_floor.saturating_sub(sampler::LOOK_BACK_US);
+    let clean = sanitise(&raw, pids.as_deref(), floor, now_us);
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
     if !raw.is_empty() {
         said.set("sample sanity", clean.discarded());
     }
-    g.read_floor = g
-        .pending
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .last_seen;
+    said.set(
+        "sample count",
+        (trimmed > 0).then(|| {
+            format!(
+                "more NVML samples in one interval than are kept: the oldest {trimmed} left out"
+            )
+        }),
+    );
+    g.read_floor = last_seen;
     let now = Instant::now();
     let (shares, sm_basis) = if !clean.shares.is_empty() {
         g.shares = Some((now, clean.shares.clone()));
@@ -678,6 +703,11 @@ fn read_gpu(
     if let Some(l) = &listed {
         g.listed_before = l.keys().copied().collect();
     }
+    // The sampler asks while someone holds the GPU (or the list failed).
+    g.pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .active = listed.as_ref().is_none_or(|l| !l.is_empty());
     // Carried shares of processes that have all left are no shares.
     let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
     {

@@ -2,12 +2,21 @@
 //!
 //! The driver samples each process's SM use every 1/6 s to 1 s (200 ms on
 //! an H200 with driver 580), and `nvmlDeviceGetProcessUtilization` returns
-//! of each process only its newest sample after `lastSeenTimeStamp`, not
-//! every one since (measured on that GPU: one call a second apart returned
-//! one sample per process). A read once an interval would weigh a whole
-//! second by its last 200 ms: two processes taking turns 2:1 were split
-//! 1.68:1. So a thread asks every [`SAMPLE_POLL`], faster than the driver
-//! samples, and keeps what it gets until the interval's read takes it.
+//! one sample per process, not every one since `lastSeenTimeStamp`
+//! (measured on that GPU: one call a second after the last returned one
+//! per process, of the five taken). A read once an interval weighs the
+//! interval by that one sample. So a thread asks every [`SAMPLE_POLL`],
+//! faster than the driver samples, and keeps what it gets until the
+//! interval's read takes it. (On the H200, two processes taking turns 2:1
+//! were 0.9% off in the middle intervals read once a second, and 2.5% off
+//! with this thread: what a sample means when contexts time-slice is not
+//! settled; see BENCHMARKS.md.)
+//!
+//! Each call asks [`LOOK_BACK_US`] before the newest sample seen, not from
+//! it: `lastSeenTimeStamp` is one for all processes, and a sample the
+//! driver publishes after another process's newer one would otherwise
+//! never be returned (nvitop reads 2 s back for this). Samples already
+//! returned are told apart by (pid, timestamp, SM) and dropped.
 
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
@@ -21,12 +30,16 @@ use super::samples::{RawSample, plausible};
 /// fastest sampling period (1/6 s), so no sample is missed.
 pub(crate) const SAMPLE_POLL: Duration = Duration::from_millis(100);
 
+/// How far before the newest sample seen each call asks (µs): a sample
+/// published up to a second late is still returned.
+pub(crate) const LOOK_BACK_US: u64 = 1_000_000;
+
 /// How many times a count race (INSUFFICIENT_SIZE) is retried in a call.
 const RACE_RETRIES: u32 = 3;
 
-/// Samples kept for one read at most (a read that stalls for minutes
-/// keeps the newest): 16 processes sampled 6 times a second for 40 s.
-const KEEP: usize = 4096;
+/// Samples kept for one read at most, the newest (said when more came):
+/// 4 processes sampled 5 times a second for an hour.
+const KEEP: usize = 72_000;
 
 /// One GPU's samples since its last read.
 #[derive(Debug, Default)]
@@ -34,37 +47,74 @@ pub(crate) struct Pending {
     /// The `lastSeenTimeStamp` of the next call: the newest plausible
     /// timestamp returned (never one in the future).
     pub(crate) last_seen: u64,
-    /// Samples returned since the last read, as returned.
+    /// Samples returned since the last read, as returned (a repeat of one
+    /// an earlier call returned left out).
     pub(crate) raw: Vec<RawSample>,
+    /// What the calls returned within the look-back, to leave out repeats.
+    seen: Vec<RawSample>,
+    /// Samples left out since the last read, past [`KEEP`].
+    pub(crate) trimmed: usize,
+    /// The GPU had holders (or an unknown list) at the last read: the
+    /// sampler asks only then, since NVML samples only processes holding
+    /// a context.
+    pub(crate) active: bool,
 }
 
-/// Asks for the samples newer than the last seen (a count race retried),
-/// keeps them, and moves the last seen to the newest plausible one.
-/// NOT_FOUND (nothing new: the driver's pace) is no failure.
-pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending, now_us: u64) -> Result<(), NvmlError> {
-    let mut samples = device.process_utilization_stats(p.last_seen);
+impl Pending {
+    /// Nothing seen yet; asked for by the sampler.
+    pub(crate) fn new() -> Self {
+        Self {
+            active: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Asks for the samples newer than [`LOOK_BACK_US`] before the last seen
+/// (a count race retried), keeps those no earlier call returned, and moves
+/// the last seen to the newest plausible one (not in the future: the
+/// clock is read after the call). NOT_FOUND (nothing new: the driver's
+/// pace) is no failure.
+pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlError> {
+    let ask = p.last_seen.saturating_sub(LOOK_BACK_US);
+    let mut samples = device.process_utilization_stats(ask);
     for _ in 0..RACE_RETRIES {
         if !matches!(samples, Err(NvmlError::InsufficientSize(_))) {
             break;
         }
-        samples = device.process_utilization_stats(p.last_seen);
+        samples = device.process_utilization_stats(ask);
     }
+    let now_us = super::now_epoch_us();
     match samples {
         Ok(s) => {
-            for x in s {
-                let r = RawSample {
+            let fresh: Vec<RawSample> = s
+                .iter()
+                .map(|x| RawSample {
                     pid: x.pid,
                     timestamp: x.timestamp,
                     sm_util: x.sm_util,
-                };
-                if plausible(&r, now_us) {
+                })
+                .filter(|r| !p.seen.contains(r))
+                .collect();
+            for r in &fresh {
+                if plausible(r, now_us) {
                     p.last_seen = p.last_seen.max(r.timestamp);
                 }
-                p.raw.push(r);
             }
+            p.seen.extend(fresh.iter().copied());
+            p.raw.extend(fresh);
+            // Repeats can come only from within the look-back.
+            let floor = p.last_seen.saturating_sub(LOOK_BACK_US);
+            p.seen.retain(|r| r.timestamp > floor);
             if p.raw.len() > KEEP {
                 let drop = p.raw.len() - KEEP;
                 p.raw.drain(..drop);
+                p.trimmed += drop;
+            }
+            // A driver returning new garbage (future timestamps) each call.
+            if p.seen.len() > KEEP {
+                let drop = p.seen.len() - KEEP;
+                p.seen.drain(..drop);
             }
             Ok(())
         }
@@ -96,11 +146,14 @@ impl Sampler {
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
                     for (index, pending) in &gpus {
+                        let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
+                        if !p.active {
+                            continue;
+                        }
                         let Ok(device) = nvml.device_by_index(*index) else {
                             continue;
                         };
-                        let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
-                        let _ = fetch(&device, &mut p, super::now_epoch_us());
+                        let _ = fetch(&device, &mut p);
                     }
                 }
             })?;

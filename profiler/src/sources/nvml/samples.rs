@@ -1,7 +1,11 @@
 //! NVML's per-process samples made trustworthy, and the driver quirks
 //! that decide how they are asked for. Pure: no NVML calls here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+/// Samples of different processes less than this apart (µs) are of one
+/// driver period: the driver's fastest period is 1/6 s.
+const SAME_PERIOD_US: u64 = 50_000;
 
 /// Whether a driver writes `_v3` process entries of another size than
 /// NVML's header says (535.43 to 535.86; nvitop PRs 79 and 89).
@@ -27,9 +31,10 @@ pub(crate) struct RawSample {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Sanitised {
     /// Each kept process's SM over the driver's sampling periods the
-    /// samples cover: the sum of its samples over the most samples any
-    /// one process has (a period in which NVML did not sample a process
-    /// is one in which it did not use the SM, so it counts as 0).
+    /// samples cover: the sum of its samples over the number of periods
+    /// in which NVML sampled any process (timestamps less than 50 ms apart
+    /// are one period). A period in which NVML did not sample a process is
+    /// one in which it did not use the SM, so it counts as 0.
     pub(crate) shares: HashMap<u32, f64>,
     /// The newest kept timestamp (the next `lastSeenTimeStamp`).
     pub(crate) newest: Option<u64>,
@@ -80,8 +85,9 @@ pub(crate) fn sanitise(
     now_us: u64,
 ) -> Sanitised {
     let mut out = Sanitised::default();
-    let mut seen: Vec<RawSample> = Vec::new();
+    let mut seen: HashSet<(u32, u64, u32)> = HashSet::new();
     let mut sums: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut stamps: Vec<u64> = Vec::new();
     for s in samples {
         if s.pid == 0 {
             out.pid0 += 1;
@@ -91,27 +97,42 @@ pub(crate) fn sanitise(
             out.sm_over_100 += 1;
         } else if s.timestamp <= last_seen || s.timestamp > now_us {
             out.bad_timestamp += 1;
-        } else if seen.contains(s) {
+        } else if !seen.insert((s.pid, s.timestamp, s.sm_util)) {
             out.duplicates += 1;
         } else {
-            seen.push(*s);
+            stamps.push(s.timestamp);
             let e = sums.entry(s.pid).or_default();
             e.0 += u64::from(s.sm_util);
             e.1 += 1;
             out.newest = Some(out.newest.map_or(s.timestamp, |n| n.max(s.timestamp)));
         }
     }
-    let periods = sums.values().map(|(_, n)| *n).max().unwrap_or(1);
+    // The driver periods sampled: timestamps grouped (and never fewer
+    // than one process's own samples).
+    stamps.sort_unstable();
+    let mut periods = 0u64;
+    let mut start = None;
+    for t in stamps {
+        if start.is_none_or(|s| t - s >= SAME_PERIOD_US) {
+            periods += 1;
+            start = Some(t);
+        }
+    }
+    let periods = sums
+        .values()
+        .map(|(_, n)| *n)
+        .fold(periods, u64::max)
+        .max(1);
     out.shares = sums
         .into_iter()
-        .map(|(pid, (sum, _))| (pid, round2(sum as f64 / periods as f64)))
+        .map(|(pid, (sum, _))| (pid, round3(sum as f64 / periods as f64)))
         .collect();
     out
 }
 
-/// To 0.01 (a percent's hundredth: finer than any sample).
-pub(crate) fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
+/// To 0.001 of a percent, the attribution's weight unit.
+pub(crate) fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 /// Whether a sample's timestamp may become the next `lastSeenTimeStamp`:
@@ -187,6 +208,35 @@ mod tests {
         let c = sanitise(&[s(7, 5, 20)], Some(&[7]), 0, 10);
         assert_eq!(c.discarded(), None);
         assert_eq!(sanitise(&[], Some(&[7]), 0, 10).newest, None);
+    }
+
+    #[test]
+    fn a_share_counts_every_period_any_process_was_sampled_in() {
+        // A sampled in three driver periods (200 ms apart), B in the
+        // middle one only, its timestamp 20 µs off A's: one period.
+        let raw = [
+            s(10, 1_000_000, 90),
+            s(10, 1_200_000, 90),
+            s(20, 1_200_020, 90),
+            s(10, 1_400_000, 90),
+        ];
+        let c = sanitise(&raw, Some(&[10, 20]), 0, 2_000_000);
+        assert_eq!(c.shares.get(&10), Some(&90.0));
+        assert_eq!(c.shares.get(&20), Some(&30.0));
+        // Periods in which only B was sampled count for A as 0.
+        let raw = [
+            s(10, 1_000_000, 60),
+            s(20, 1_200_000, 30),
+            s(20, 1_400_000, 30),
+        ];
+        let c = sanitise(&raw, None, 0, 2_000_000);
+        assert_eq!(c.shares.get(&10), Some(&20.0));
+        assert_eq!(c.shares.get(&20), Some(&20.0));
+        // Small shares keep their weight: 1% in one period of 300.
+        let mut raw: Vec<RawSample> = (0..300).map(|k| s(20, 1_000 + k * 200_000, 50)).collect();
+        raw.push(s(10, 1_000, 1));
+        let c = sanitise(&raw, None, 0, u64::MAX);
+        assert_eq!(c.shares.get(&10), Some(&0.003));
     }
 
     #[test]
