@@ -99,14 +99,44 @@ fn calibrate_with_no_wattmeter_fits_each_domain_s_static_power_and_slope() {
             .cloned()
             .unwrap_or_else(|| panic!("no {d} fit: {model}"))
     };
+    // The busy CPUs the staircase spanned ("N windows: X busy CPUs", on
+    // stderr).
+    let said = format!("{}{stdout}", String::from_utf8_lossy(&run.stderr));
+    let busy: Vec<f64> = said
+        .lines()
+        .filter_map(|l| l.split("windows: ").nth(1))
+        .filter_map(|l| l.split(" busy CPUs").next()?.trim().parse().ok())
+        .collect();
+    let (lo, hi) = busy
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+    assert!(
+        busy.len() >= 2 && hi > lo,
+        "the staircase's busy CPUs: {stdout}"
+    );
     for (d, s, k) in [("package", s, k), ("dram", DRAM.0, DRAM.1)] {
         let x = fit(d);
         let (fs, fk) = (f(&x, "/static_w"), f(&x, "/per_cpu_w"));
-        eprintln!("{d}: fitted {fs:.3} W + {fk:.3} W per busy CPU (fixture {s} + {k})");
-        // The fixture and calibrate both read busy CPUs from /proc/stat,
-        // each over its own window: within 2%.
-        assert!((fs / s - 1.0).abs() < 0.02, "{d} static {fs} vs {s}");
-        assert!((fk / k - 1.0).abs() < 0.02, "{d} slope {fk} vs {k}");
+        // The fixture draws for /proc/stat's busy time over its own
+        // windows and calibrate measures it over its 0.75 s ones: a step's
+        // figure differed between them by up to 0.11 W, 1.3% of a CPU at
+        // 8.7 W per CPU (fresh-clone run 59: 27.24 W at 1.13 CPUs for the
+        // law's 27.13). Over a span of `hi - lo` CPUs that moves the slope
+        // by up to 2 x 1.3% / span, and the static figure, extrapolated
+        // `lo` CPUs down, by k x (1.3% + that x lo). 2% at least (a quiet
+        // machine spans 0 to 2 CPUs); with a CPU kept busy beside it the
+        // span is 1.1 to 2, and the bounds widen to about 2.4% and 3%.
+        let tick = 0.0133;
+        let slope_tol = (2.0 * tick / (hi - lo)).max(0.02);
+        let static_tol = (k * (tick + slope_tol * lo) / s).max(0.02);
+        eprintln!(
+            "{d}: fitted {fs:.3} W + {fk:.3} W per busy CPU (fixture {s} + {k}); busy CPUs \
+             {lo:.2} to {hi:.2}: allowed {:.2}% and {:.2}%",
+            static_tol * 100.0,
+            slope_tol * 100.0
+        );
+        assert!((fs / s - 1.0).abs() < static_tol, "{d} static {fs} vs {s}");
+        assert!((fk / k - 1.0).abs() < slope_tol, "{d} slope {fk} vs {k}");
         assert_eq!(x["reader"], "powercap");
     }
     assert!(stdout.contains("host power model written to"), "{stdout}");

@@ -268,7 +268,11 @@ impl Readers {
                     // NVML keeps each process's newest sample only: fetched
                     // between reads, or a read weighs its interval by one
                     // sample per process.
-                    g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL);
+                    let sampling =
+                        g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL);
+                    if let Err(why) = &sampling {
+                        eprintln!("wattprof: {why}");
+                    }
                     gpus = g.gpus();
                     for info in &gpus {
                         used.push(ReaderUse {
@@ -285,7 +289,11 @@ impl Readers {
                                             "power samples integrated"
                                         }
                                     }
-                                ),
+                                ) + &sampling
+                                    .as_ref()
+                                    .err()
+                                    .map(|why| format!("; {why}"))
+                                    .unwrap_or_default(),
                             )
                         });
                     }

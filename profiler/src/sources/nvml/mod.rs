@@ -325,7 +325,7 @@ impl NvmlGpus {
                 },
                 energy,
                 lost: None,
-                pending: Arc::new(Mutex::new(Pending::new())),
+                pending: Arc::default(),
                 read_floor: 0,
                 listed_before: Vec::new(),
                 shares: None,
@@ -356,9 +356,9 @@ impl NvmlGpus {
     /// thread; see [`sampler`]), for every GPU that gives them (not MIG).
     /// Without it each read weighs its interval by the samples of the
     /// driver's last period only.
-    /// A thread that cannot start is said, and each read then takes one
-    /// sample per process.
-    pub fn sample_between_reads(&mut self, every: Duration) {
+    /// A thread that cannot start is no failure: each read then takes one
+    /// sample per process, and the error says so (for the reader's line).
+    pub fn sample_between_reads(&mut self, every: Duration) -> Result<(), String> {
         let gpus: Vec<_> = self
             .gpus
             .iter()
@@ -366,18 +366,16 @@ impl NvmlGpus {
             .map(|g| (g.info.index, Arc::clone(&g.pending)))
             .collect();
         if gpus.is_empty() {
-            return;
+            return Ok(());
         }
-        match Sampler::start(Arc::clone(&self.nvml), gpus, every) {
-            Ok(s) => self.sampler = Some(s),
-            Err(e) => self.problems.push((
-                0,
-                format!(
-                    "cannot start the thread that fetches NVML's samples between reads ({e}): \
-                     each read weighs its interval by one sample per process"
-                ),
-            )),
-        }
+        let s = Sampler::start(Arc::clone(&self.nvml), gpus, every).map_err(|e| {
+            format!(
+                "the thread that fetches NVML's samples between reads could not start ({e}): \
+                 each read weighs its interval by one sample per process"
+            )
+        })?;
+        self.sampler = Some(s);
+        Ok(())
     }
 
     /// The GPUs found.
@@ -646,14 +644,15 @@ fn read_gpu(
     if !raw.is_empty() {
         said.set("sample sanity", clean.discarded());
     }
-    said.set(
-        "sample count",
-        (trimmed > 0).then(|| {
+    if trimmed > 0 {
+        // Each time: a count of what one interval lost, not a state.
+        said.out.push((
+            index,
             format!(
                 "more NVML samples in one interval than are kept: the oldest {trimmed} left out"
-            )
-        }),
-    );
+            ),
+        ));
+    }
     g.read_floor = last_seen;
     let now = Instant::now();
     let (shares, sm_basis) = if !clean.shares.is_empty() {
@@ -703,11 +702,6 @@ fn read_gpu(
     if let Some(l) = &listed {
         g.listed_before = l.keys().copied().collect();
     }
-    // The sampler asks while someone holds the GPU (or the list failed).
-    g.pending
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .active = listed.as_ref().is_none_or(|l| !l.is_empty());
     // Carried shares of processes that have all left are no shares.
     let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
     {

@@ -38,8 +38,9 @@ pub(crate) const LOOK_BACK_US: u64 = 1_000_000;
 const RACE_RETRIES: u32 = 3;
 
 /// Samples kept for one read at most, the newest (said when more came):
-/// 4 processes sampled 5 times a second for an hour.
-const KEEP: usize = 72_000;
+/// 4 processes sampled 6 times a second (the driver's fastest) for an
+/// hour, `--interval`'s longest.
+const KEEP: usize = 86_400;
 
 /// One GPU's samples since its last read.
 #[derive(Debug, Default)]
@@ -54,20 +55,6 @@ pub(crate) struct Pending {
     seen: Vec<RawSample>,
     /// Samples left out since the last read, past [`KEEP`].
     pub(crate) trimmed: usize,
-    /// The GPU had holders (or an unknown list) at the last read: the
-    /// sampler asks only then, since NVML samples only processes holding
-    /// a context.
-    pub(crate) active: bool,
-}
-
-impl Pending {
-    /// Nothing seen yet; asked for by the sampler.
-    pub(crate) fn new() -> Self {
-        Self {
-            active: true,
-            ..Self::default()
-        }
-    }
 }
 
 /// Asks for the samples newer than [`LOOK_BACK_US`] before the last seen
@@ -103,9 +90,10 @@ pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlErro
             }
             p.seen.extend(fresh.iter().copied());
             p.raw.extend(fresh);
-            // Repeats can come only from within the look-back.
+            // Repeats can come only from within the look-back (kept from
+            // its floor on, in case a driver's "after" includes it).
             let floor = p.last_seen.saturating_sub(LOOK_BACK_US);
-            p.seen.retain(|r| r.timestamp > floor);
+            p.seen.retain(|r| r.timestamp >= floor);
             if p.raw.len() > KEEP {
                 let drop = p.raw.len() - KEEP;
                 p.raw.drain(..drop);
@@ -145,14 +133,15 @@ impl Sampler {
             .name("wattprof-nvml".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
+                    // Idle GPUs too: a job that starts between reads is
+                    // sampled from its first period (a call returns one
+                    // sample per process, so a later first call loses the
+                    // ones before it).
                     for (index, pending) in &gpus {
-                        let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
-                        if !p.active {
-                            continue;
-                        }
                         let Ok(device) = nvml.device_by_index(*index) else {
                             continue;
                         };
+                        let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
                         let _ = fetch(&device, &mut p);
                     }
                 }
