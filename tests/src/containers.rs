@@ -111,9 +111,10 @@ pub fn check_against_kernel(report: &Value, runtime: &str, expected: &[Expected]
         eprintln!("{runtime}: CPU ratio {cpu_ratio:.4}, energy ratio {energy_ratio:.4}");
         // Two loops against one: 2 on a quiet machine; on a loaded one
         // the kernel's fair share between the two containers' cgroups
-        // pulls it toward 1 (1.25 measured beside a compile). Far enough
-        // from 1 for an equal split to fail the check below.
-        assert!(cpu_ratio > 1.1, "two loops against one: {cpu_ratio}");
+        // pulls it toward 1 (1.25 measured beside a compile, 1.054 in a
+        // fresh-clone run beside a busy loop). It need only be far enough
+        // from 1 for an equal split to fail the 0.5% check below: 2%.
+        assert!(cpu_ratio > 1.02, "two loops against one: {cpu_ratio}");
         assert!(
             (energy_ratio / cpu_ratio - 1.0).abs() < 0.005,
             "energy {energy_ratio} against CPU {cpu_ratio}"
