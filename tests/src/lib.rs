@@ -616,3 +616,20 @@ pub fn docker_image() -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 }
+
+/// The lowest and highest of the figures `wattprof calibrate` printed on
+/// its steps' lines, each between `after` and `before` (busy CPUs:
+/// `"windows: "` and `" busy CPUs"`; counter watts: `"windows: x "` and
+/// `","`). Panics with the text when fewer than two differ.
+pub fn staircase_span(said: &str, after: &str, before: &str) -> (f64, f64) {
+    let xs: Vec<f64> = said
+        .lines()
+        .filter_map(|l| l.split(after).nth(1))
+        .filter_map(|l| l.split(before).next()?.trim().parse().ok())
+        .collect();
+    let (lo, hi) = xs
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+    assert!(xs.len() >= 2 && hi > lo, "the staircase's steps: {said}");
+    (lo, hi)
+}

@@ -155,15 +155,7 @@ fn a_known_wall_law_is_recovered_from_a_load_staircase() {
     assert_eq!(cal["regressor"], "counters_w");
     let (a, b) = (f(&cal, "/fit/a"), f(&cal, "/fit/b"));
     // The counters' watts the staircase spanned ("windows: x X, wall").
-    let xs: Vec<f64> = stderr
-        .lines()
-        .filter_map(|l| l.split("windows: x ").nth(1))
-        .filter_map(|l| l.split(',').next()?.trim().parse().ok())
-        .collect();
-    let (lo, hi) = xs
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(p, q), x| (p.min(*x), q.max(*x)));
-    assert!(xs.len() >= 2 && hi > lo, "the staircase's points: {stderr}");
+    let (lo, hi) = wattprof_tests::staircase_span(&stderr, "windows: x ", ",");
     // The rig's load figure and calibrate's differ by up to 1.3% of a CPU
     // per window (as in static_power.rs): 0.21 W of counters at 15.5 W per
     // CPU. Over the span of counter watts the steps reached, that moves a

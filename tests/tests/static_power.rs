@@ -102,18 +102,7 @@ fn calibrate_with_no_wattmeter_fits_each_domain_s_static_power_and_slope() {
     // The busy CPUs the staircase spanned ("N windows: X busy CPUs", on
     // stderr).
     let said = format!("{}{stdout}", String::from_utf8_lossy(&run.stderr));
-    let busy: Vec<f64> = said
-        .lines()
-        .filter_map(|l| l.split("windows: ").nth(1))
-        .filter_map(|l| l.split(" busy CPUs").next()?.trim().parse().ok())
-        .collect();
-    let (lo, hi) = busy
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
-    assert!(
-        busy.len() >= 2 && hi > lo,
-        "the staircase's busy CPUs: {stdout}"
-    );
+    let (lo, hi) = wattprof_tests::staircase_span(&said, "windows: ", " busy CPUs");
     for (d, s, k) in [("package", s, k), ("dram", DRAM.0, DRAM.1)] {
         let x = fit(d);
         let (fs, fk) = (f(&x, "/static_w"), f(&x, "/per_cpu_w"));

@@ -40,12 +40,14 @@ use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
 use serde::Serialize;
 
 mod container;
+mod energy;
 mod said;
 pub(crate) mod sampler;
 mod samples;
 pub(crate) mod statics;
 
 pub(crate) use container::container_hint;
+use energy::{Energy, Miss, read_energy};
 use said::Said;
 
 use sampler::{Pending, Sampler};
@@ -136,15 +138,6 @@ pub struct GpuInfo {
     pub memory_total_bytes: u64,
     /// MIG mode is enabled (instances are not attributed separately yet).
     pub mig: bool,
-}
-
-#[derive(Debug)]
-enum Energy {
-    Counter(EnergyCounter),
-    Integrate {
-        last: Option<(Instant, f64)>,
-        carry_uj: f64,
-    },
 }
 
 /// How long shares seen are carried into intervals with no new sample:
@@ -403,49 +396,6 @@ impl NvmlGpus {
             }
         }
         out
-    }
-}
-
-/// Why a GPU gave no energy this read.
-enum Miss {
-    /// GPU_IS_LOST.
-    Lost,
-    /// Anything else: the next read catches up.
-    Transient(String),
-}
-
-impl From<NvmlError> for Miss {
-    fn from(e: NvmlError) -> Self {
-        match e {
-            NvmlError::GpuLost => Self::Lost,
-            e => Self::Transient(e.to_string()),
-        }
-    }
-}
-
-/// The GPU's energy since the previous read.
-fn read_energy(
-    device: &nvml_wrapper::Device<'_>,
-    energy: &mut Energy,
-    power: &Result<u32, NvmlError>,
-) -> Result<u64, Miss> {
-    match energy {
-        Energy::Counter(c) => Ok(device
-            .total_energy_consumption()
-            .map(|mj| c.advance(mj).unwrap_or(0))?),
-        Energy::Integrate { last, carry_uj } => match power {
-            Ok(mw) => {
-                let (now, w) = (Instant::now(), f64::from(*mw) / 1e3);
-                let uj = last.map_or(0.0, |(t, w0)| {
-                    (now - t).as_secs_f64() * (w0 + w) / 2.0 * 1e6
-                }) + *carry_uj;
-                *last = Some((now, w));
-                *carry_uj = uj - uj.floor();
-                Ok(uj.floor() as u64)
-            }
-            Err(NvmlError::GpuLost) => Err(Miss::Lost),
-            Err(e) => Err(Miss::Transient(e.to_string())),
-        },
     }
 }
 
