@@ -113,8 +113,20 @@ fn podman_detached(name: &str, script: &str) -> String {
     // Podman asks runc for RLIMIT_NOFILE and RLIMIT_NPROC of 1048576 by
     // default; where the test runs without CAP_SYS_RESOURCE (this VM's
     // root) that fails, so the container gets limits below the host's.
-    let out = Command::new("podman")
-        .args(["run", "-d", "--network", "none", "--name", name])
+    let mut run = Command::new("podman");
+    run.args(["run", "-d", "--network", "none", "--name", name]);
+    // Debian's podman prefers crun, which refuses a host with cgroup v1
+    // hierarchies beside a cgroup2 mount that has a controller ("cgroups
+    // in hybrid mode not supported": this VM's cgroup2 has hugetlb, seen
+    // on a fresh machine); runc runs there. The runtime plays no part in
+    // what is checked: podman names the cgroup and answers the API.
+    if let Some(runc) = ["/usr/sbin/runc", "/usr/bin/runc"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    {
+        run.args(["--runtime", runc]);
+    }
+    let out = run
         .args([
             "--ulimit",
             "nofile=1024:1024",

@@ -396,6 +396,15 @@ fn ensure_dockerd() {
 /// nothing answers there (docker.io brings containerd and `ctr`).
 fn ensure_podman_and_containerd() {
     ensure_package("/usr/bin/podman", "podman", "the Podman container tests");
+    // Installed on its own: on a fresh machine docker.io (which brings it)
+    // comes later, and a containerd that only dockerd starts answers on
+    // dockerd's socket, not /run/containerd's, so the containerd tests
+    // were skipped (seen on a fresh machine).
+    ensure_package(
+        "/usr/bin/containerd",
+        "containerd",
+        "the containerd tests",
+    );
     ensure_daemon(
         "/usr/bin/containerd",
         &["ctr", "version"],
