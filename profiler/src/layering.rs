@@ -25,9 +25,12 @@ const LAYERS: &[&[&str]] = &[
     &["staircase"],
     &["process"],
     &["attribution"],
-    &["output"],
-    &["report"],
+    &["model"],
+    &["sums"],
+    &["render"],
+    &["sink"],
     &["profile"],
+    &["report"],
     &["exporter"],
     &["cli"],
 ];
@@ -442,28 +445,28 @@ fn the_checks_find_an_upward_import_and_a_circle_and_nothing_else() {
     };
     write(
         "lib.rs",
-        "pub mod tracker;\npub mod output;\npub mod report;\nmod stray;\n",
+        "pub mod tracker;\npub mod sink;\npub mod report;\nmod stray;\n",
     );
-    // output (below report) reaches up two ways: a `use` and a path in
+    // sink (below report) reaches up two ways: a `use` and a path in
     // code through `super`. A comment and a string naming report are not
     // imports.
     write(
-        "output/mod.rs",
+        "sink/mod.rs",
         "pub mod table;\n#[cfg(test)]\n#[path = \"tests_of_table.rs\"]\nmod tests;\n\
          // crate::report::x is only a comment\nfn f() { let _ = \"crate::report::y\"; }\n",
     );
     write(
-        "output/table.rs",
+        "sink/table.rs",
         "use crate::report::Summary;\nfn g() { super::super::report::render(); }\n",
     );
-    write("report/mod.rs", "use crate::output::table;\n");
+    write("report/mod.rs", "use crate::render;\n");
     // Inside a macro, and through a glob of the root.
     write("tracker/c.rs", "fn h() { assert!(crate::report::ok()); }\n");
     write("tracker/d.rs", "use crate::*;\n");
     // A #[path] file is the module that declares it: `super` there is
-    // output, not the crate root.
+    // sink, not the crate root.
     write(
-        "output/tests_of_table.rs",
+        "sink/tests_of_table.rs",
         "use super::table::x;\nuse super::super::report::y;\n",
     );
     // Two tracker files that import each other.
@@ -475,9 +478,9 @@ fn the_checks_find_an_upward_import_and_a_circle_and_nothing_else() {
     assert_eq!(
         up,
         vec![
-            "output/table.rs uses report::Summary (report is above output)".to_string(),
-            "output/table.rs uses report::render (report is above output)".to_string(),
-            "output/tests_of_table.rs uses report::y (report is above output)".to_string(),
+            "sink/table.rs uses report::Summary (report is above sink)".to_string(),
+            "sink/table.rs uses report::render (report is above sink)".to_string(),
+            "sink/tests_of_table.rs uses report::y (report is above sink)".to_string(),
             "tracker/c.rs uses report::ok (report is above tracker)".to_string(),
             "tracker/d.rs uses the crate root as a whole (a glob reaches every layer)".to_string(),
         ]

@@ -48,13 +48,16 @@ pub mod carbon;
 pub mod cli;
 pub mod exporter;
 pub mod hash;
-pub mod output;
+pub mod model;
 pub mod privilege;
 pub mod process;
 pub mod profile;
+pub mod render;
 pub mod report;
+pub mod sink;
 pub mod sources;
 pub mod staircase;
+pub mod sums;
 #[cfg(test)]
 mod testutil;
 pub mod topology;

@@ -44,7 +44,6 @@
 
 mod ledger;
 pub(crate) mod stacks;
-pub(crate) mod vms;
 
 pub(crate) use ledger::{EnergyBy, EnergyLedger};
 

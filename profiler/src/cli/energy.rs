@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use super::Fatal;
 use crate::carbon::CarbonIntensity;
-use crate::output::csv::IntervalCsv;
-use crate::output::jsonl::Jsonl;
 use crate::profile::ReaderConfig;
+use crate::sink::csv::IntervalCsv;
+use crate::sink::jsonl::Jsonl;
 use crate::sources::calibration::Calibration;
 use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 
@@ -202,7 +202,7 @@ impl EnergyArgs {
         if let Some(csv) = &self.csv {
             // Refused now, before anything is measured: a path that cannot
             // be written, or a CSV that is not codecarbon's.
-            crate::output::csv::check(csv).map_err(Fatal::profiler)?;
+            crate::sink::csv::check(csv).map_err(Fatal::profiler)?;
         }
         let jsonl = self
             .jsonl
@@ -228,6 +228,8 @@ impl EnergyArgs {
             Streams {
                 jsonl,
                 csv_intervals,
+                recording: None,
+                emissions: self.csv.clone(),
             },
         ))
     }
@@ -317,24 +319,35 @@ pub(crate) fn parse_vcpu_watts(text: &str) -> Result<(f64, f64), String> {
     Ok((lo, hi))
 }
 
-/// The files written as each interval ends.
-#[derive(Debug, Default)]
+/// The outputs of a profile, opened before anything is measured.
+#[derive(Default)]
 pub(crate) struct Streams {
     /// `--jsonl`.
     pub(crate) jsonl: Option<Jsonl>,
     /// `--csv-intervals`.
     pub(crate) csv_intervals: Option<IntervalCsv>,
+    /// `--output`.
+    pub(crate) recording: Option<crate::sink::recording::Recording>,
+    /// `--csv` (checked: codecarbon's layout, or a new file).
+    pub(crate) emissions: Option<PathBuf>,
 }
 
 impl Streams {
-    /// The profile's sinks, in the order they are written.
-    pub(crate) fn sinks(self) -> Vec<Box<dyn crate::output::sink::Sink>> {
-        let mut out: Vec<Box<dyn crate::output::sink::Sink>> = Vec::new();
+    /// The profile's sinks, in the order they are written (the recording
+    /// before the emissions row: what is kept first).
+    pub(crate) fn sinks(self) -> Vec<Box<dyn crate::sink::Sink>> {
+        let mut out: Vec<Box<dyn crate::sink::Sink>> = Vec::new();
         if let Some(j) = self.jsonl {
             out.push(Box::new(j));
         }
         if let Some(c) = self.csv_intervals {
-            out.push(Box::new(crate::output::sink::IntervalCsvSink::new(c)));
+            out.push(Box::new(crate::sink::IntervalCsvSink::new(c)));
+        }
+        if let Some(r) = self.recording {
+            out.push(Box::new(r));
+        }
+        if let Some(path) = self.emissions {
+            out.push(Box::new(crate::sink::csv::EmissionsRow::new(path)));
         }
         out
     }

@@ -15,9 +15,10 @@ use super::setup::{
     deliver, open_outputs, outputs_complete, parse_duration, parse_interval, start_profile,
     tracker_facts,
 };
-use crate::output::{By, render_monitor_frame};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
-use crate::profile::{Ending, KeepIntervals, Profile, Scope};
+use crate::profile::{Ending, Profile, Scope};
+use crate::render::{By, render_monitor_frame};
+use crate::sink::recording::Keep;
 use crate::tracker::{EbpfTracker, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
@@ -100,12 +101,12 @@ pub(crate) struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
-    let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
     let mut vm_export = args
         .vm_export
         .as_deref()
-        .map(crate::output::vm_export::VmExport::create)
+        .map(crate::sink::vm_export::VmExport::create)
         .transpose()
         .map_err(Fatal::profiler)?;
     let mut web_config = match &args.web_config {
@@ -129,11 +130,6 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let cfg = args.tracker.config();
-    let keep = if args.output.is_some() {
-        KeepIntervals::MachineOnly
-    } else {
-        KeepIntervals::Nothing
-    };
     let (mut tracker, mut profile, start_unix_ns) = start_profile(
         &cfg,
         &args.energy,
@@ -143,7 +139,6 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
             top: args.top.max(args.prometheus_top) as usize,
             pids: args.pid.clone(),
         },
-        keep,
         streams,
     )?;
     let start_ns = tracker.start_ns();
@@ -152,9 +147,6 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     }
     if vm_export.is_some() {
         profile.track_vms();
-    }
-    if let Some(out) = &pending_output {
-        profile.set_spill_dir(out.dir());
     }
     profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let exporter = match args.prometheus {
@@ -203,17 +195,17 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     // nothing already recorded is lost.
     let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&mut profile, "monitor"));
     let mut learned = profile.learned_to_save();
-    let report = profile.finish(Ending {
+    let finished = profile.finish(Ending {
         mode: "monitor",
         command: None,
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&report, pending_output, args.energy.csv.as_deref())?;
+    deliver(&finished)?;
     // After the recording: a slow state directory delays nothing kept.
     hooks.say_saved(learned.save_learned());
     stacks_written?;
-    outputs_complete(&report)?;
+    outputs_complete(&finished.report)?;
     Ok(0)
 }
 
@@ -230,7 +222,7 @@ struct MonitorLoop<'a> {
     live: bool,
     top: usize,
     by: By,
-    vm_export: Option<&'a mut crate::output::vm_export::VmExport>,
+    vm_export: Option<&'a mut crate::sink::vm_export::VmExport>,
     /// A write failed (said once; sampling goes on, and later writes try
     /// again).
     vm_export_failed: bool,

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::Fatal;
-use crate::output;
 use crate::report::{self, Loaded};
 
 /// Exit code for a file that cannot be read back.
@@ -131,7 +130,7 @@ pub(crate) fn execute(args: ReportArgs) -> anyhow::Result<i32> {
     }
     if let Some(csv) = &args.csv {
         // Before reading: a foreign CSV is refused without work.
-        output::csv::check(csv).map_err(fail)?;
+        crate::sink::csv::check(csv).map_err(fail)?;
     }
     let loaded = report::load(&args.files[0]).map_err(bad_file)?;
     let text = match (args.metrics, args.json) {
@@ -175,12 +174,14 @@ fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
         let s = &l.summary;
         let encode = || -> Result<Vec<u8>, String> {
             let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
-            w.write_record(output::csv::INTERVAL_COLUMNS)
+            w.write_record(crate::sink::csv::INTERVAL_COLUMNS)
                 .map_err(|e| e.to_string())?;
             for iv in &l.intervals {
-                for row in
-                    output::csv::interval_rows(iv, s.start_unix_ns, s.carbon_intensity_g_per_kwh)
-                {
+                for row in crate::sink::csv::interval_rows(
+                    iv,
+                    s.start_unix_ns,
+                    s.carbon_intensity_g_per_kwh,
+                ) {
                     w.write_record(&row).map_err(|e| e.to_string())?;
                 }
             }
@@ -195,12 +196,12 @@ fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
         ));
     }
     if let Some(path) = &args.csv {
-        let row = output::csv::emissions_row(
+        let row = crate::sink::csv::emissions_row(
             l.summary.emissions(),
-            output::csv::ram_total_gb(),
-            &output::csv::uuid4(),
+            crate::sink::csv::ram_total_gb(),
+            &crate::sink::csv::uuid4(),
         );
-        output::csv::append(path, &row).map_err(fail)?;
+        crate::sink::csv::append(path, &row).map_err(fail)?;
         said.0
             .push(format!("emissions row appended to {}", path.display()));
     }

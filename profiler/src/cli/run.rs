@@ -14,7 +14,8 @@ use super::setup::{
 use super::{Fatal, child, energy::EnergyArgs};
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::windows::WindowSocket;
-use crate::profile::{CommandEnd, Ending, KeepIntervals, Profile, Scope, WindowAnswer};
+use crate::profile::{CommandEnd, Ending, Profile, Scope, WindowAnswer};
+use crate::sink::recording::Keep;
 use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
 
 /// Arguments of `wattprof run`.
@@ -81,7 +82,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         child::sudo_user(|k| std::env::var_os(k))?
     };
-    let (pending_output, carbon, streams) = open_outputs(args.output.as_deref(), &args.energy)?;
+    let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::All, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
     // Before anything slow starts (NVML, `modprobe msr`, loading eBPF): a
     // signal that comes meanwhile is held and given to the command once it
@@ -99,17 +100,8 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let (mut tracker, mut profile, start_unix_ns) = start_profile(
-        &cfg,
-        &args.energy,
-        carbon,
-        Scope::Tree,
-        KeepIntervals::All,
-        streams,
-    )?;
-    if let Some(out) = &pending_output {
-        profile.set_spill_dir(out.dir());
-    }
+    let (mut tracker, mut profile, start_unix_ns) =
+        start_profile(&cfg, &args.energy, carbon, Scope::Tree, streams)?;
     profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
     if let Some(s) = &stack_outputs {
         s.start(&mut profile)?;
@@ -185,7 +177,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         s.write(&mut profile, &format!("`{}`", argv.join(" ")))
     });
 
-    let report = profile.finish(Ending {
+    let finished = profile.finish(Ending {
         mode: "run",
         command: Some(CommandEnd {
             argv,
@@ -196,13 +188,13 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&report, pending_output, args.energy.csv.as_deref())?;
+    deliver(&finished)?;
     stacks_written?;
     // The command's failure is its own exit status; a command that
     // succeeded exits 125 when an output of wattprof's stopped early.
     let code = child::exit_code(status);
     if code == 0 {
-        outputs_complete(&report)?;
+        outputs_complete(&finished.report)?;
     }
     Ok(code)
 }

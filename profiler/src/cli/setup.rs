@@ -1,18 +1,17 @@
-//! What `run` and `monitor` share: argument parsers, the recording's
-//! safe write, and starting a profile (readers, tracker, and their common
+//! What `run` and `monitor` share: argument parsers, opening the outputs,
+//! saying what they wrote, and starting a profile (readers, tracker, and their common
 //! starting point).
 
-use std::ffi::OsString;
 use std::io::Write;
 
-use anyhow::Context;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Fatal, energy::EnergyArgs};
-use crate::output::{self, ProfilerReport};
+use crate::model::ProfilerReport;
 use crate::process::{ProcFs, ProcessTable};
-use crate::profile::{self, KeepIntervals, Profile, ProfileConfig, Readers, Scope};
+use crate::profile::{self, Finished, Profile, ProfileConfig, Readers, Scope};
+use crate::sink::recording::{Keep, Recording};
 use crate::tracker::{EbpfTracker, TrackerConfig};
 
 /// Parses `1s`, `250ms`, `2.5s`, `1m`, `500us`; between 10 ms and 1 hour.
@@ -72,96 +71,21 @@ fn decimal(t: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(value * unit.as_secs_f64()).ok()
 }
 
-/// The output file is written to a temporary name beside it and renamed at
-/// the end, so a failed run never leaves a half-written report, and an
-/// unwritable location fails before the command starts.
-pub(super) struct PendingOutput {
-    tmp: PathBuf,
-    pub(super) dest: PathBuf,
-    file: std::fs::File,
-}
-
-impl PendingOutput {
-    pub(super) fn create(dest: &Path) -> Result<Self, Fatal> {
-        Self::create_for("--output", dest)
-    }
-
-    /// As [`PendingOutput::create`], for the option `option`.
-    pub(super) fn create_for(option: &str, dest: &Path) -> Result<Self, Fatal> {
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = dest.file_name().ok_or_else(|| {
-            Fatal::profiler(format!("{option} {}: not a file name", dest.display()))
-        })?;
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        let file = std::fs::File::create(&tmp).map_err(|e| {
-            Fatal::profiler(format!(
-                "cannot write {option} {}: {e} (check that {} exists and is writable)",
-                dest.display(),
-                dir.display()
-            ))
-        })?;
-        Ok(Self {
-            tmp,
-            dest: dest.to_path_buf(),
-            file,
-        })
-    }
-
-    /// The directory the recording goes to.
-    pub(super) fn dir(&self) -> PathBuf {
-        match self.dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        }
-    }
-
-    /// Writes `value` as pretty JSON, streamed (a long run's intervals are
-    /// read back from their temporary file one at a time), then a newline,
-    /// and puts the file in place.
-    pub(super) fn commit_json(mut self, value: &impl serde::Serialize) -> std::io::Result<()> {
-        {
-            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut self.file);
-            serde_json::to_writer_pretty(&mut w, value).map_err(std::io::Error::other)?;
-            w.flush()?;
-        }
-        self.commit_raw(b"\n")
-    }
-
-    /// Writes `bytes` as they are and puts the file in place.
-    pub(super) fn commit_raw(mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(bytes)?;
-        self.file.sync_all()?;
-        std::fs::rename(&self.tmp, &self.dest)
-    }
-}
-
-impl Drop for PendingOutput {
-    fn drop(&mut self) {
-        // After a successful rename this finds nothing to remove.
-        let _ = std::fs::remove_file(&self.tmp);
-    }
-}
-
 /// What a profile writes, opened before anything slow starts, so a bad
-/// path or figure fails first: the recording's pending file, the carbon
-/// intensity and the stream.
+/// path or figure fails first: the recording (keeping `keep` of each
+/// interval), the carbon intensity and the streams.
 pub(super) fn open_outputs(
     output: Option<&Path>,
+    keep: Keep,
     energy: &EnergyArgs,
-) -> anyhow::Result<(
-    Option<PendingOutput>,
-    crate::carbon::CarbonIntensity,
-    super::energy::Streams,
-)> {
-    let pending = output.map(PendingOutput::create).transpose()?;
-    let (carbon, streams) = energy.validate()?;
-    Ok((pending, carbon, streams))
+) -> anyhow::Result<(crate::carbon::CarbonIntensity, super::energy::Streams)> {
+    let recording = output
+        .map(|dest| Recording::create(dest, keep))
+        .transpose()
+        .map_err(Fatal::profiler)?;
+    let (carbon, mut streams) = energy.validate()?;
+    streams.recording = recording;
+    Ok((carbon, streams))
 }
 
 /// Opens the energy readers and starts the tracker, then builds the
@@ -173,7 +97,6 @@ pub(super) fn start_profile(
     energy: &EnergyArgs,
     carbon: crate::carbon::CarbonIntensity,
     scope: Scope,
-    keep: KeepIntervals,
     streams: super::energy::Streams,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
     let readers = Readers::open(&energy.readers()?)
@@ -214,7 +137,6 @@ pub(super) fn start_profile(
             },
             cgroupfs: None,
             scope,
-            keep,
             statics,
         },
         streams.sinks(),
@@ -263,7 +185,7 @@ pub(super) fn tracker_facts(
 /// An error (exit status 125) when an output stopped early, a full disk
 /// under `--jsonl` or `--csv-intervals`: what was written before stays
 /// valid, and the failure was said when it happened.
-pub(super) fn outputs_complete(report: &output::RunReport) -> anyhow::Result<()> {
+pub(super) fn outputs_complete(report: &crate::model::RunReport) -> anyhow::Result<()> {
     match report.profiler.output_errors.as_slice() {
         [] => Ok(()),
         errors => Err(Fatal::profiler(format!(
@@ -275,44 +197,18 @@ pub(super) fn outputs_complete(report: &output::RunReport) -> anyhow::Result<()>
     }
 }
 
-/// Writes the recording (first: a closed or broken stderr must not cost
-/// it), then prints the table to stderr.
-pub(super) fn deliver(
-    report: &output::RunReport,
-    pending_output: Option<PendingOutput>,
-    csv: Option<&Path>,
-) -> anyhow::Result<()> {
-    let written = match pending_output {
-        Some(out) => {
-            let dest = out.dest.clone();
-            out.commit_json(report)
-                .with_context(|| format!("writing {}", dest.display()))?;
-            Some(dest)
-        }
-        None => None,
-    };
-    let csv_written = csv
-        .map(|path| {
-            let row = output::csv::emissions_row(
-                report.into(),
-                output::csv::ram_total_gb(),
-                &output::csv::uuid4(),
-            );
-            output::csv::append(path, &row).map(|()| path)
-        })
-        .transpose();
+/// Prints the run's table to stderr, then what each output wrote; fails
+/// (exit status 125) if an output could not be written. The outputs were
+/// written first: a closed or broken stderr must not cost them.
+pub(super) fn deliver(finished: &Finished) -> anyhow::Result<()> {
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(output::render_run_table(report).as_bytes());
-    if let Some(dest) = written {
-        let _ = writeln!(stderr, "  report written to {}", dest.display());
+    let _ = stderr.write_all(crate::render::render_run_table(&finished.report).as_bytes());
+    for line in &finished.said {
+        let _ = writeln!(stderr, "  {line}");
     }
-    match csv_written {
-        Ok(Some(path)) => {
-            let _ = writeln!(stderr, "  emissions row appended to {}", path.display());
-            Ok(())
-        }
-        Ok(None) => Ok(()),
-        Err(e) => Err(Fatal::profiler(e).into()),
+    match finished.failed.as_slice() {
+        [] => Ok(()),
+        failed => Err(Fatal::profiler(failed.join("; ")).into()),
     }
 }
 

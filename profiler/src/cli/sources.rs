@@ -405,7 +405,7 @@ pub(crate) fn read_wattmeter_cmd(
     Ok(WattmeterReport {
         log: cmd.to_string(),
         outlet,
-        energy_j: crate::output::record::joules(energy_uj),
+        energy_j: crate::model::record::joules(energy_uj),
         stats: wm.stats().clone(),
     })
 }
@@ -424,7 +424,7 @@ pub(crate) fn read_wattmeter_log(
     Ok(WattmeterReport {
         log: path.display().to_string(),
         outlet,
-        energy_j: crate::output::record::joules(energy_uj),
+        energy_j: crate::model::record::joules(energy_uj),
         stats: wm.stats().clone(),
     })
 }
@@ -551,8 +551,8 @@ pub(crate) fn render(report: &SourcesReport) -> String {
                 x.package
                     .map(|p| format!(" of package {p}"))
                     .unwrap_or_default(),
-                crate::output::record::joules(x.a.1),
-                crate::output::record::joules(x.b.1),
+                crate::model::record::joules(x.a.1),
+                crate::model::record::joules(x.b.1),
                 x.relative * 100.0
             ));
         }

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use super::Fatal;
-use super::setup::PendingOutput;
-use crate::output::flamegraph;
 use crate::profile::Profile;
 use crate::profile::stacks::{DEFAULT_MAX_ENTRIES, StackProfile};
+use crate::sink::flamegraph;
+use crate::sink::recording::PendingOutput;
 use crate::tracker::stacks::{MAX_HZ, StackSampler};
 
 /// Energy flame graphs: options shared by `run` and `monitor`.
@@ -122,12 +122,14 @@ impl StackArgs {
                 .stacks_out
                 .as_deref()
                 .map(|p| PendingOutput::create_for("--stacks-out", p))
-                .transpose()?,
+                .transpose()
+                .map_err(Fatal::profiler)?,
             svg: self
                 .flamegraph
                 .as_deref()
                 .map(|p| PendingOutput::create_for("--flamegraph", p))
-                .transpose()?,
+                .transpose()
+                .map_err(Fatal::profiler)?,
             domain: self.flamegraph_domain.clone(),
             hz: self.stack_hz.unwrap_or(DEFAULT_HZ),
             max: self.stacks_max.map_or(DEFAULT_MAX_ENTRIES, |n| n as usize),

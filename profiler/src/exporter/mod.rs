@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::output::prometheus::{self, Snapshot, classic_text, openmetrics};
+use crate::sink::prometheus::{self, Snapshot, classic_text, openmetrics};
 pub(crate) use web_config::WebConfig;
 
 /// Connections served at once; more are answered 503 and closed.

@@ -18,7 +18,7 @@ fn get(addr: SocketAddr, request: &[u8]) -> String {
 fn energy_snapshot() -> Shared {
     Arc::new(Mutex::new(Arc::new(Snapshot {
         families: vec![(
-            &crate::output::prometheus::ENERGY,
+            &crate::sink::prometheus::ENERGY,
             vec![(vec![("domain".into(), "package".into())], 2.0)],
         )],
     })))

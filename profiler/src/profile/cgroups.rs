@@ -8,7 +8,7 @@ use super::Profile;
 use super::most_energy_first;
 use crate::attribution::{ConsumerId, EnergyBy};
 use crate::hash::IntMap;
-use crate::output::{CgroupReport, ContainerReport, EnergyJ};
+use crate::model::{CgroupReport, ContainerReport, EnergyJ};
 use crate::process::{IntervalUsage, Role};
 
 /// A cgroup whose processes have not run for this long is folded into its

@@ -281,7 +281,7 @@ impl Profile {
                         .filter(|pp| *pp != p.pid)
                         .and_then(|pp| table.get(pp))
                 })
-                .map(|p| crate::attribution::vms::ProcView {
+                .map(|p| crate::sums::vms::ProcView {
                     pid: p.pid,
                     comm: &p.comm,
                 });

@@ -20,7 +20,7 @@ pub mod windows;
 
 use cgroups::CgroupSum;
 pub(crate) use filter::Filter;
-pub(crate) use report::{CommandEnd, Ending, host_report};
+pub(crate) use report::{CommandEnd, Ending, Finished, host_report};
 
 pub(crate) use crate::sources::registry::{ReaderConfig, Readers};
 
@@ -29,19 +29,20 @@ use std::collections::HashMap;
 use crate::attribution::{ConsumerId, EnergyBy, EnergyLedger};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
-use crate::output::record::{HeaderRecord, IntervalRecord};
-use crate::output::sink::Sink;
-use crate::output::{HostReport, MachineTimes, MemoryReport, RUN_SCHEMA_VERSION, WindowReport};
+use crate::model::record::{HeaderRecord, IntervalRecord};
+use crate::model::{HostReport, MemoryReport, RUN_SCHEMA_VERSION, WindowReport};
 use crate::process::cgroup::CgroupNames;
 use crate::process::names::ContainerNames;
 use crate::process::{ProcFs, ProcessTable, Role};
+use crate::sink::Sink;
 use crate::sources::Domain;
+use crate::sums::machine::MachineTimes;
 use crate::tracker::{CpuSampler, TrackerError};
 
 /// Report order: most energy first, then most on-CPU time.
 fn most_energy_first(
-    a: (&crate::output::EnergyJ, u64),
-    b: (&crate::output::EnergyJ, u64),
+    a: (&crate::model::EnergyJ, u64),
+    b: (&crate::model::EnergyJ, u64),
 ) -> std::cmp::Ordering {
     b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
 }
@@ -61,18 +62,6 @@ pub(crate) enum Scope {
     },
 }
 
-/// Which interval records a profile keeps for its final recording (the
-/// stream always has them all).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum KeepIntervals {
-    /// Every record, with its processes (`run`).
-    All,
-    /// Machine-level figures only (`monitor --output`).
-    MachineOnly,
-    /// None (`monitor` without `--output`: nothing would read them).
-    Nothing,
-}
-
 /// How a profile is set up.
 #[derive(Clone, Debug)]
 pub(crate) struct ProfileConfig {
@@ -80,8 +69,6 @@ pub(crate) struct ProfileConfig {
     pub(crate) carbon: CarbonIntensity,
     /// Which processes are reported one by one.
     pub(crate) scope: Scope,
-    /// Which interval records are kept for the final recording.
-    pub(crate) keep: KeepIntervals,
     /// Which processes are reported one by one.
     pub(crate) filter: Filter,
     /// Where the container runtimes are asked for names.
@@ -127,7 +114,6 @@ pub(crate) struct Profile {
     v1_cgroup: IntMap<ConsumerId, Option<u64>>,
     containers: ContainerNames,
     windows: windows::Windows,
-    intervals: crate::output::spill::Intervals,
     last: Option<IntervalRecord>,
     scratch: Scratch,
     /// CPU time of intervals whose energy read failed.
@@ -141,7 +127,7 @@ pub(crate) struct Profile {
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// VMs and their energy (`monitor --vm-export`), when asked for.
-    vms: Option<crate::attribution::vms::VmTracker>,
+    vms: Option<crate::sums::vms::VmTracker>,
     /// Stack sampling (`--stacks`), when asked for.
     stacks: Option<stacks::StackProfile>,
     memory: IntMap<ConsumerId, MemoryReport>,
@@ -152,7 +138,7 @@ pub(crate) struct Profile {
     last_ns: u64,
     package_ids: Vec<u32>,
     cfg: ProfileConfig,
-    /// The streamed outputs (`--jsonl`, `--csv-intervals`).
+    /// Every output (the stream, the interval CSV, the recording, ...).
     sinks: Vec<Box<dyn Sink>>,
     /// Wall-clock start, from the header (clock-jump detection).
     start_unix_ns: u64,
@@ -222,7 +208,6 @@ impl Profile {
             v1_cgroup: IntMap::default(),
             containers: ContainerNames::new(&cfg.runtimes),
             windows: windows::Windows::default(),
-            intervals: Default::default(),
             last: None,
             scratch: Scratch::default(),
             held: held::HeldReads::default(),
@@ -245,12 +230,6 @@ impl Profile {
             host,
             clock_skew_ns: 0,
         }
-    }
-
-    /// Keeps the recording's intervals past 16 MiB in a temporary file in
-    /// `dir` (the recording's own directory).
-    pub(crate) fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
-        self.intervals.set_dir(dir);
     }
 
     /// Writes the stream's header record to every sink (the interval CSV
@@ -417,7 +396,7 @@ impl Profile {
     /// Each VM's energy so far, when tracked.
     pub(crate) fn vm_sums(
         &self,
-    ) -> Option<&std::collections::BTreeMap<String, crate::attribution::vms::VmSum>> {
+    ) -> Option<&std::collections::BTreeMap<String, crate::sums::vms::VmSum>> {
         self.vms.as_ref().map(|v| v.sums())
     }
 

@@ -1,10 +1,10 @@
 //! One interval's record: the rows of the processes reported one by one,
 //! with their memory (read at a rationed pace).
 
-use super::{KeepIntervals, Profile, Scope};
+use super::{Profile, Scope};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
-use crate::output::record::{
+use crate::model::record::{
     DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord, ProcessRow,
     joules,
 };
@@ -198,25 +198,17 @@ impl Profile {
         record
     }
 
-    /// Streams the record (JSON lines, the interval CSV) and keeps it for
-    /// the recording.
+    /// Hands the record to every sink, and keeps what they had to say.
     pub(super) fn write_record(&mut self, record: IntervalRecord) {
         for s in &mut self.sinks {
             s.interval(&record);
         }
-        // Kept serialized: a parsed record costs several times its text,
-        // and a run can last days.
-        let kept = match self.cfg.keep {
-            KeepIntervals::All => serde_json::value::to_raw_value(&record).ok(),
-            KeepIntervals::MachineOnly => {
-                serde_json::value::to_raw_value(&record.machine_only()).ok()
-            }
-            KeepIntervals::Nothing => None,
-        };
-        if let Some(kept) = kept {
-            self.intervals.push(kept);
-        }
-        if let Some(p) = self.intervals.take_problem() {
+        let problems: Vec<String> = self
+            .sinks
+            .iter_mut()
+            .filter_map(|s| s.take_problem())
+            .collect();
+        for p in problems {
             self.problem(p);
         }
         self.last = Some(record);

@@ -5,24 +5,24 @@ use super::Profile;
 use super::Scope;
 use super::most_energy_first;
 use super::windows;
-use crate::output::CommandReport;
-use crate::output::DomainReport;
-use crate::output::EnergyJ;
-use crate::output::EnergyReport;
-use crate::output::GroupEnergy;
-use crate::output::HostReport;
-use crate::output::LearnedFit;
-use crate::output::ProcessReport;
-use crate::output::ProfilerReport;
-use crate::output::RUN_SCHEMA_VERSION;
-use crate::output::RunReport;
-use crate::output::StaticPowerReport;
-use crate::output::WindowDomainReport;
-use crate::output::WindowReport;
-use crate::output::record::AveragePower;
-use crate::output::record::DomainUj;
-use crate::output::record::joules;
-use crate::output::record::watts;
+use crate::model::CommandReport;
+use crate::model::DomainReport;
+use crate::model::EnergyJ;
+use crate::model::EnergyReport;
+use crate::model::GroupEnergy;
+use crate::model::HostReport;
+use crate::model::LearnedFit;
+use crate::model::ProcessReport;
+use crate::model::ProfilerReport;
+use crate::model::RUN_SCHEMA_VERSION;
+use crate::model::RunReport;
+use crate::model::StaticPowerReport;
+use crate::model::WindowDomainReport;
+use crate::model::WindowReport;
+use crate::model::record::AveragePower;
+use crate::model::record::DomainUj;
+use crate::model::record::joules;
+use crate::model::record::watts;
 use crate::process::Process;
 use crate::process::Role;
 
@@ -59,6 +59,17 @@ pub(crate) struct CommandEnd {
     pub(crate) exit_code: Option<i32>,
     /// The signal that killed it, if one did.
     pub(crate) signal: Option<i32>,
+}
+
+/// A profile's end: its report, and what its sinks wrote or could not.
+pub(crate) struct Finished {
+    /// The run document (without its intervals).
+    pub(crate) report: RunReport,
+    /// What was written, one line each (`report written to FILE`), to be
+    /// said after the run's table.
+    pub(crate) said: Vec<String>,
+    /// Outputs that could not be written, one line each.
+    pub(crate) failed: Vec<String>,
 }
 
 /// Facts about how the profile ended, for the report.
@@ -120,9 +131,9 @@ impl Profile {
         }
     }
 
-    /// Ends the profile: closes open windows and builds the report. Call
-    /// after the final [`Profile::step`].
-    pub(crate) fn finish(mut self, ending: Ending) -> RunReport {
+    /// Ends the profile: closes open windows, builds the report and hands
+    /// it to every sink. Call after the final [`Profile::step`].
+    pub(crate) fn finish(mut self, ending: Ending) -> Finished {
         let end_ns = self.last_ns;
         let span = end_ns.saturating_sub(self.start_ns);
         let (windows, window_errors) = self.windows.finish(end_ns);
@@ -188,24 +199,28 @@ impl Profile {
             stacks: self
                 .stacks
                 .as_ref()
-                .map(|st| crate::output::flamegraph::StackReport {
-                    functions: crate::output::flamegraph::functions(st.ledger(), 20, span, carbon),
+                .map(|st| crate::model::stacks::StackReport {
+                    functions: crate::model::stacks::functions(st.ledger(), 20, span, carbon),
                     ..st.report()
                 }),
             intervals: Default::default(),
         };
-        report.profiler.output_errors = self.output_errors();
-        // The stream's last record: the summary, without the intervals it
-        // already holds.
-        for s in &mut self.sinks {
-            s.summary(&report);
+        // Each sink's end is tried whatever another's did; each sees the
+        // streams' failures so far (the stream's summary may fail too).
+        let (mut said, mut failed) = (Vec::new(), Vec::new());
+        for i in 0..self.sinks.len() {
+            report.profiler.output_errors = self.output_errors();
+            match self.sinks[i].finish(&report) {
+                Ok(line) => said.extend(line),
+                Err(e) => failed.push(e),
+            }
         }
-        let mut report = RunReport {
-            intervals: std::mem::take(&mut self.intervals),
-            ..report
-        };
         report.profiler.output_errors = self.output_errors();
-        report
+        Finished {
+            report,
+            said,
+            failed,
+        }
     }
 
     /// The processes reported one by one: the command's tree in start

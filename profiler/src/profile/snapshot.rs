@@ -2,10 +2,10 @@
 
 use super::Profile;
 use crate::attribution::EnergyBy;
-use crate::output::EnergyJ;
-use crate::output::prometheus::{self as m, Labels, Snapshot};
-use crate::output::record::{ProcessRow, joules};
+use crate::model::EnergyJ;
+use crate::model::record::{ProcessRow, joules};
 use crate::process::Role;
+use crate::sink::prometheus::{self as m, Labels, Snapshot};
 use crate::sources::Domain;
 
 /// Series of one family: labels and value.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::attribution::EnergyBy;
 use crate::attribution::stacks::{StackId, StackLedger};
-use crate::output::flamegraph::StackReport;
+use crate::model::stacks::StackReport;
 use crate::process::symbols::Symbols;
 use crate::tracker::stacks::{Drained, StackSampler, UserFrame};
 

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use super::*;
 use serde_json::Value;
 
-use crate::output::jsonl::Jsonl;
-use crate::output::{ProcessReport, ProfilerReport, RunReport};
+use crate::model::{ProcessReport, ProfilerReport, RunReport};
+use crate::sink::jsonl::Jsonl;
+use crate::sink::recording::{Keep, Recording};
 use crate::tracker::{CpuSample, CpuTimes, EventRing, TaskTime};
 
 const WINDOW_NS: u64 = 1_000_000_000;
@@ -83,7 +84,7 @@ fn write(path: &Path, text: &str) {
 }
 
 impl Rig {
-    fn new(tag: &str, scope: Scope, keep: KeepIntervals, filter: Filter) -> Self {
+    fn new(tag: &str, scope: Scope, keep: Option<Keep>, filter: Filter) -> Self {
         let dir = temp_dir(tag);
         let zone = dir.join("sys/class/powercap/intel-rapl:0");
         std::fs::create_dir_all(&zone).expect("zone");
@@ -120,7 +121,6 @@ impl Rig {
                     source: "test".into(),
                 },
                 scope,
-                keep,
                 filter,
                 runtimes: crate::process::names::RuntimeSockets {
                     docker: dir.join("no-docker.sock"),
@@ -130,9 +130,15 @@ impl Rig {
                 cgroupfs: Some(dir.join("cgroup")),
                 statics: Default::default(),
             },
-            vec![Box::new(
-                Jsonl::create(&dir.join("stream.jsonl")).expect("stream"),
-            )],
+            std::iter::once(
+                Box::new(Jsonl::create(&dir.join("stream.jsonl")).expect("stream"))
+                    as Box<dyn Sink>,
+            )
+            .chain(keep.map(|keep| {
+                Box::new(Recording::create(&dir.join("recording.json"), keep).expect("recording"))
+                    as Box<dyn Sink>
+            }))
+            .collect(),
             HostReport::default(),
         );
         let mut script = Script {
@@ -153,7 +159,7 @@ impl Rig {
     }
 
     /// A `monitor` rig (top 10), and its Docker container's cgroup id.
-    fn machine(tag: &str, keep: KeepIntervals) -> (Self, u64) {
+    fn machine(tag: &str, keep: Option<Keep>) -> (Self, u64) {
         let scope = Scope::Machine {
             top: 10,
             pids: Vec::new(),
@@ -226,7 +232,7 @@ impl Rig {
     }
 
     fn finish(self) -> (RunReport, Vec<Value>) {
-        let report = self.profile.finish(Ending {
+        let finished = self.profile.finish(Ending {
             mode: "run",
             command: None,
             start_unix_ns: 0,
@@ -252,6 +258,13 @@ impl Rig {
                 output_errors: Vec::new(),
             },
         });
+        let mut report = finished.report;
+        // The intervals, as the recording (if one was asked for) holds
+        // them.
+        if let Ok(text) = std::fs::read_to_string(self.dir.join("recording.json")) {
+            let back: RunReport = serde_json::from_str(&text).expect("the recording parses");
+            report.intervals = back.intervals;
+        }
         let text = std::fs::read_to_string(self.dir.join("stream.jsonl")).expect("stream");
         let stream = text
             .lines()
@@ -276,12 +289,7 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
-    let mut rig = Rig::new(
-        "conserve",
-        Scope::Tree,
-        KeepIntervals::All,
-        Filter::default(),
-    );
+    let mut rig = Rig::new("conserve", Scope::Tree, Some(Keep::All), Filter::default());
     rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
     // 5001001 (the tree) ran 600 ms, 5002002 (another program) 300 ms, of 2 s.
@@ -335,16 +343,8 @@ fn every_joule_is_attributed_idle_or_unattributed_and_shares_follow_cpu_time() {
     assert_eq!(iv["processes"][0]["pid"], 5001001);
     // The recording keeps every interval as streamed.
     assert_eq!(report.intervals.len(), 2);
-    let kept: Value = serde_json::from_str(
-        report
-            .intervals
-            .iter()
-            .next()
-            .expect("one")
-            .expect("read")
-            .get(),
-    )
-    .expect("kept interval");
+    let kept: Value =
+        serde_json::from_str(report.intervals.first().expect("one").get()).expect("kept interval");
     assert_eq!(&kept, iv);
 }
 
@@ -353,7 +353,7 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
     let mut rig = Rig::new(
         "failed-read",
         Scope::Tree,
-        KeepIntervals::All,
+        Some(Keep::All),
         Filter::default(),
     );
     rig.profile.table.set_root(5001001);
@@ -431,7 +431,7 @@ fn a_failed_read_s_energy_goes_to_the_processes_of_its_own_interval() {
 
 #[test]
 fn caught_up_energy_of_a_process_forgotten_meanwhile_goes_to_its_container() {
-    let (mut rig, docker) = Rig::machine("held-origin", KeepIntervals::Nothing);
+    let (mut rig, docker) = Rig::machine("held-origin", None);
     let user = rig.cgroup("user.slice");
     rig.interval(10.0, &[(5001001, user, 100_000_000)], false);
     // The container's process runs 1 s and exits while the counter cannot
@@ -462,7 +462,7 @@ fn caught_up_energy_of_a_process_forgotten_meanwhile_goes_to_its_container() {
 
 #[test]
 fn a_window_gets_the_energy_of_the_intervals_between_its_messages() {
-    let mut rig = Rig::new("window", Scope::Tree, KeepIntervals::All, Filter::default());
+    let mut rig = Rig::new("window", Scope::Tree, Some(Keep::All), Filter::default());
     rig.profile.table.set_root(5001001);
     let user = rig.cgroup("user.slice");
     rig.interval(40.0, &[(5001001, user, 1_000_000_000)], false);
@@ -515,7 +515,7 @@ fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
         top: 10,
         pids: Vec::new(),
     };
-    let mut rig = Rig::new("filter", scope, KeepIntervals::All, filter);
+    let mut rig = Rig::new("filter", scope, Some(Keep::All), filter);
     let cron = rig.cgroup("system.slice/cron.service");
     let user = rig.cgroup("user.slice");
     rig.interval(
@@ -538,7 +538,7 @@ fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
 
 #[test]
 fn cgroup_and_container_sums_follow_their_processes() {
-    let (mut rig, docker) = Rig::machine("cgroups", KeepIntervals::All);
+    let (mut rig, docker) = Rig::machine("cgroups", Some(Keep::All));
     let cron = rig.cgroup("system.slice/cron.service");
     rig.interval(
         40.0,
@@ -587,7 +587,7 @@ fn cgroup_and_container_sums_follow_their_processes() {
 
 #[test]
 fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
-    let (mut rig, docker) = Rig::machine("prune", KeepIntervals::Nothing);
+    let (mut rig, docker) = Rig::machine("prune", None);
     let user = rig.cgroup("user.slice");
     let cron = rig.cgroup("system.slice/cron.service");
     // The container's process runs, then exits; cron's process runs and
@@ -671,9 +671,9 @@ fn the_keep_policy_decides_what_the_recording_holds() {
         pids: Vec::new(),
     };
     for (keep, want) in [
-        (KeepIntervals::All, Some(true)),
-        (KeepIntervals::MachineOnly, Some(false)),
-        (KeepIntervals::Nothing, None),
+        (Some(Keep::All), Some(true)),
+        (Some(Keep::MachineOnly), Some(false)),
+        (None, None),
     ] {
         let mut rig = Rig::new("keep", scope(), keep, Filter::default());
         let user = rig.cgroup("user.slice");
@@ -686,16 +686,8 @@ fn the_keep_policy_decides_what_the_recording_holds() {
             None => assert!(report.intervals.is_empty(), "{keep:?}"),
             Some(with_processes) => {
                 assert_eq!(report.intervals.len(), 2, "{keep:?}");
-                let kept: Value = serde_json::from_str(
-                    report
-                        .intervals
-                        .iter()
-                        .nth(1)
-                        .expect("two")
-                        .expect("read")
-                        .get(),
-                )
-                .expect("kept interval");
+                let kept: Value = serde_json::from_str(report.intervals.get(1).expect("two").get())
+                    .expect("kept interval");
                 assert_eq!(kept["type"], "interval");
                 assert_eq!(kept.get("processes").is_some(), with_processes, "{keep:?}");
                 assert!(close(
@@ -713,7 +705,7 @@ fn monitor_rows_are_the_top_processes_by_energy_in_order() {
         top: 2,
         pids: Vec::new(),
     };
-    let mut rig = Rig::new("top", scope, KeepIntervals::All, Filter::default());
+    let mut rig = Rig::new("top", scope, Some(Keep::All), Filter::default());
     let user = rig.cgroup("user.slice");
     // Five processes, more than `top`: the unordered selection path.
     let tasks: Vec<(u32, u64, u64)> = [
@@ -751,7 +743,7 @@ fn static_power_is_learned_against_the_kernel_s_busy_time_not_task_time() {
     let mut rig = Rig::new(
         "kernel-busy",
         Scope::Tree,
-        KeepIntervals::All,
+        Some(Keep::All),
         Filter::default(),
     );
     rig.kernel_extra_ns = WINDOW_NS / 20;

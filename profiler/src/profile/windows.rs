@@ -274,7 +274,7 @@ pub struct WindowDomain {
 
 /// A profiling window as the profile keeps it: energy in µJ, monotonic
 /// begin and end (the end is the run's end if it was never ended).
-pub type Window = crate::output::WindowOf<EnergyBy, WindowDomain>;
+pub type Window = crate::model::WindowOf<EnergyBy, WindowDomain>;
 
 /// Open and finished windows.
 #[derive(Debug, Default)]

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::output::record::{AveragePower, DomainOf, HeaderRecord, IntervalRecord, joules_per_s};
-use crate::output::{EnergyJ, MemoryReport, ProcessReport};
+use crate::model::record::{AveragePower, DomainOf, HeaderRecord, IntervalRecord, joules_per_s};
+use crate::model::{EnergyJ, MemoryReport, ProcessReport};
 use crate::process::GroupTotals;
 
 /// Per domain and package, in the order they first appear.

@@ -39,7 +39,7 @@ fn domain_series(l: &Loaded, d: Domain) -> Option<String> {
     })
 }
 
-fn process_rows(l: &Loaded, has: fn(&crate::output::record::ProcessRow) -> bool) -> Option<String> {
+fn process_rows(l: &Loaded, has: fn(&crate::model::record::ProcessRow) -> bool) -> Option<String> {
     let rows: usize = l
         .intervals
         .iter()

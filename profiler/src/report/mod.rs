@@ -11,8 +11,8 @@ pub mod render;
 
 use serde::Serialize;
 
-use crate::output::record::IntervalRecord;
-use crate::output::{
+use crate::model::record::IntervalRecord;
+use crate::model::{
     ContainerReport, DomainReport, GroupEnergy, HostReport, ProcessReport, RunReport, WindowReport,
 };
 use crate::process::GroupTotals;
@@ -125,7 +125,7 @@ pub struct Summary {
     /// Reader failures.
     pub(crate) problems: Vec<String>,
     /// Energy per function (`--stacks`; not in a cut stream).
-    pub(crate) stacks: Option<crate::output::flamegraph::StackReport>,
+    pub(crate) stacks: Option<crate::model::stacks::StackReport>,
 }
 
 /// A file read back: its summary and its intervals.
@@ -283,8 +283,8 @@ impl Summary {
     }
 
     /// The figures of a codecarbon emissions row.
-    pub(crate) fn emissions(&self) -> crate::output::csv::Emissions<'_> {
-        crate::output::csv::Emissions {
+    pub(crate) fn emissions(&self) -> crate::sink::csv::Emissions<'_> {
+        crate::sink::csv::Emissions {
             mode: &self.mode,
             start_unix_ns: self.start_unix_ns,
             wall_ns: self.wall_ns,

@@ -11,7 +11,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::{Loaded, Summary};
-use crate::output::record::IntervalRecord;
+use crate::model::record::IntervalRecord;
 use crate::sources::Domain;
 
 /// The plots' size in pixels.
@@ -162,7 +162,7 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
 fn layers(l: &Loaded) -> (String, Vec<(String, Vec<f64>)>) {
     let ivs = &l.intervals;
     let has_processes = ivs.iter().any(|i| !i.process_rows().is_empty());
-    let measured = |iv: &IntervalRecord, f: fn(&crate::output::record::DomainRow) -> f64| {
+    let measured = |iv: &IntervalRecord, f: fn(&crate::model::record::DomainRow) -> f64| {
         iv.domains
             .iter()
             .filter(|d| matches!(d.domain, Domain::Package | Domain::Dram | Domain::Gpu))

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::error::Category;
 
-use crate::output::record::{HeaderRecord, IntervalRecord};
-use crate::output::{RUN_SCHEMA_OLDEST, RUN_SCHEMA_VERSION, RunReport, WindowReport};
+use crate::model::record::{HeaderRecord, IntervalRecord};
+use crate::model::{RUN_SCHEMA_OLDEST, RUN_SCHEMA_VERSION, RunReport, WindowReport};
 
 /// What can go wrong reading a file back: each is one line for people.
 #[derive(Debug, thiserror::Error)]
@@ -248,10 +248,7 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
         .iter()
         .enumerate()
         .map(|(i, raw)| {
-            raw.map_err(|e| e.to_string())
-                .and_then(|raw| {
-                    serde_json::from_str::<IntervalRecord>(raw.get()).map_err(|e| e.to_string())
-                })
+            serde_json::from_str::<IntervalRecord>(raw.get())
                 .map_err(|e| bad(path, None, format!("intervals[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 use super::compare::{Change, Comparison, Row, Side};
 use super::metrics::Metric;
 use super::{Format, Summary};
-use crate::output::table::{
+use crate::model::{DomainReport, EnergyJ};
+use crate::render::{
     EnergyView, Measured, left_cut, render_containers, render_energy, render_functions, secs,
 };
-use crate::output::{DomainReport, EnergyJ};
 use crate::sources::Domain;
 
 /// `wattprof report FILE`: the totals of a recording or stream, in the
@@ -40,7 +40,7 @@ pub fn render_summary(r: &Summary, top: usize) -> String {
         r.format.words(),
         r.file,
         r.wattprof_version,
-        crate::output::csv::iso8601_utc(r.start_unix_ns),
+        crate::sink::csv::iso8601_utc(r.start_unix_ns),
     );
     if let Some(cut) = &r.cut {
         let _ = writeln!(

@@ -23,8 +23,8 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::attribution::vms::VmSum;
 use crate::sources::powercap::{HOST_ESTIMATED, HOST_EXPORT_MARKER, wrap_period};
+use crate::sums::vms::VmSum;
 
 /// The counter's range, the one most Intel packages report.
 pub(crate) const MAX_ENERGY_RANGE_UJ: u64 = 262_143_328_850;

@@ -1,17 +1,22 @@
-//! Where a profile's records go as it runs: every streamed output is a
-//! [`Sink`], and the profile hands each the same records in the same
-//! order (header, intervals and windows as they happen, the summary at
-//! the end; the header always first). The recording and the outputs made
-//! from it at the end (CSV, flame graph, plot) are made from the run
-//! document `finish` returns.
+//! Every output of a running profile is a [`Sink`]: the profile hands
+//! each the same records in the same order (the header first, intervals
+//! and windows as they happen, the run document at the end), and a sink
+//! writes what it is for: the stream, the interval CSV, the recording,
+//! codecarbon's emissions row.
 
-use serde_json::Value;
+pub(crate) mod csv;
+pub(crate) mod flamegraph;
+pub(crate) mod jsonl;
+pub(crate) mod prometheus;
+pub(crate) mod recording;
+pub(crate) mod spill;
+pub(crate) mod vm_export;
 
-use super::jsonl::{Jsonl, Typed};
-use super::record::{HeaderRecord, IntervalRecord};
-use super::{RunReport, WindowReport};
+use crate::model::record::{HeaderRecord, IntervalRecord};
+use crate::model::{RunReport, WindowReport};
+use jsonl::{Jsonl, Typed};
 
-/// A streamed output.
+/// An output of a running profile.
 pub(crate) trait Sink {
     /// The stream's first record.
     fn header(&mut self, _header: &HeaderRecord) {}
@@ -19,10 +24,21 @@ pub(crate) trait Sink {
     fn interval(&mut self, _record: &IntervalRecord) {}
     /// A window, as it closes (or, unterminated, at the end).
     fn window(&mut self, _window: &WindowReport) {}
-    /// The end: the run document, without its intervals.
-    fn summary(&mut self, _report: &RunReport) {}
-    /// Why it stopped early (a failed write), if it did: one line.
+    /// The end: the run document (its `intervals` empty: a sink that
+    /// wants them keeps them as they pass). What was written, to be said
+    /// after the run's table (`report written to FILE`), or why it could
+    /// not be (one line; every sink's end is tried whatever another's
+    /// did).
+    fn finish(&mut self, _report: &RunReport) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+    /// Why it stopped streaming early (a failed write), if it did: one
+    /// line.
     fn failure(&self) -> Option<&str> {
+        None
+    }
+    /// A problem to keep in the run's report (said once, as it begins).
+    fn take_problem(&mut self) -> Option<String> {
         None
     }
 }
@@ -44,13 +60,14 @@ impl Sink for Jsonl {
         });
     }
 
-    fn summary(&mut self, report: &RunReport) {
-        let mut summary = serde_json::to_value(report).unwrap_or(Value::Null);
-        if let Some(o) = summary.as_object_mut() {
-            o.remove("intervals");
-            o.insert("type".into(), "summary".into());
-        }
-        self.write(&summary);
+    fn finish(&mut self, report: &RunReport) -> Result<Option<String>, String> {
+        // The stream's last record: the summary (the intervals it has
+        // already streamed are not part of the document's serialisation).
+        self.write(&Typed {
+            kind: "summary",
+            record: report,
+        });
+        Ok(None)
     }
 
     fn failure(&self) -> Option<&str> {
@@ -61,14 +78,14 @@ impl Sink for Jsonl {
 /// `--csv-intervals`: each interval's rows, timed from the header's
 /// wall-clock start, with the header's carbon intensity.
 pub(crate) struct IntervalCsvSink {
-    csv: super::csv::IntervalCsv,
+    csv: csv::IntervalCsv,
     start_unix_ns: u64,
     g_per_kwh: f64,
 }
 
 impl IntervalCsvSink {
     /// Rows into `csv`.
-    pub(crate) fn new(csv: super::csv::IntervalCsv) -> Self {
+    pub(crate) fn new(csv: csv::IntervalCsv) -> Self {
         Self {
             csv,
             start_unix_ns: 0,

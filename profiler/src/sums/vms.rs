@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ConsumerId, EnergyBy};
+use crate::attribution::{ConsumerId, EnergyBy};
 use crate::hash::IntMap;
 use crate::process::vm::{is_vmm, vm_name_from_cmdline, vm_of_cgroup};
 

@@ -9,8 +9,8 @@ use crate::carbon::J_PER_KWH;
 use std::io::BufRead;
 use std::path::Path;
 
-use super::record::IntervalRecord;
-use super::{DomainReport, EnergyJ, HostReport, RunReport};
+use crate::model::record::IntervalRecord;
+use crate::model::{DomainReport, EnergyJ, HostReport, RunReport};
 use crate::sources::Domain;
 
 /// codecarbon 3.3's columns, in its order (`EmissionsData`).
@@ -407,6 +407,30 @@ impl IntervalCsv {
             eprintln!("wattprof: {why}; sampling goes on");
             self.failed = Some(why);
         }
+    }
+}
+
+/// `--csv`: codecarbon's emissions row for the whole run, appended at the
+/// end (the file was checked before the profile began).
+pub(crate) struct EmissionsRow {
+    path: std::path::PathBuf,
+}
+
+impl EmissionsRow {
+    /// Appends to `path`.
+    pub(crate) fn new(path: std::path::PathBuf) -> Self {
+        Self { path }
+    }
+}
+
+impl super::Sink for EmissionsRow {
+    fn finish(&mut self, report: &RunReport) -> Result<Option<String>, String> {
+        let row = emissions_row(report.into(), ram_total_gb(), &uuid4());
+        append(&self.path, &row)?;
+        Ok(Some(format!(
+            "emissions row appended to {}",
+            self.path.display()
+        )))
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::{EnergyJ, RunReport};
+use crate::model::{EnergyJ, RunReport};
 use crate::sources::Domain;
 
 /// Rows shown one by one; the rest are summed by name.
@@ -29,7 +29,7 @@ pub(crate) struct Measured {
 }
 
 impl Measured {
-    pub(crate) fn of(domains: &[super::DomainReport]) -> Self {
+    pub(crate) fn of(domains: &[crate::model::DomainReport]) -> Self {
         let has = |d: Domain| domains.iter().any(|x| x.domain == d);
         Self {
             cpu: has(Domain::Package),
@@ -88,11 +88,11 @@ impl Measured {
 /// What the energy part of a table shows.
 pub(crate) struct EnergyView<'a> {
     pub(crate) readers: &'a [crate::sources::registry::ReaderUse],
-    pub(crate) domains: &'a [super::DomainReport],
+    pub(crate) domains: &'a [crate::model::DomainReport],
     pub(crate) g_per_kwh: f64,
     pub(crate) carbon_source: &'a str,
     pub(crate) problems: &'a [String],
-    pub(crate) windows: &'a [super::WindowReport],
+    pub(crate) windows: &'a [crate::model::WindowReport],
     pub(crate) window_errors: &'a [String],
     pub(crate) static_note: Option<&'a str>,
 }
@@ -336,7 +336,7 @@ fn run_processes(s: &mut String, r: &RunReport, m: &Measured) {
 /// CPU time.
 fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
     let total = r.machine.window_ns;
-    let sum = |d: Domain, f: fn(&super::DomainReport) -> f64| -> f64 {
+    let sum = |d: Domain, f: fn(&crate::model::DomainReport) -> f64| -> f64 {
         r.energy
             .domains
             .iter()
@@ -452,7 +452,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
 }
 
 /// The functions with the most energy (`--stacks`).
-pub(crate) fn render_functions(s: &mut String, st: &super::flamegraph::StackReport, top: usize) {
+pub(crate) fn render_functions(s: &mut String, st: &crate::model::stacks::StackReport, top: usize) {
     let lost = if st.lost_samples + st.merged_samples + st.lost_execs > 0 {
         format!(
             "; {} samples lost (ring full), {} merged into [other stacks], {} execs lost",
@@ -473,7 +473,7 @@ pub(crate) fn render_functions(s: &mut String, st: &super::flamegraph::StackRepo
         .functions
         .iter()
         .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0);
-    let j = |e: &super::EnergyJ| if wall { e.wall_j } else { e.total_j };
+    let j = |e: &crate::model::EnergyJ| if wall { e.wall_j } else { e.total_j };
     let _ = writeln!(
         s,
         "  top functions by energy{} (self: as the innermost frame; total: with what it called):\n  {:>12} {:>12} {:>8}  function",
@@ -495,7 +495,7 @@ pub(crate) fn render_functions(s: &mut String, st: &super::flamegraph::StackRepo
 }
 
 /// The ten containers with the most energy, and how many more there are.
-pub(crate) fn render_containers(s: &mut String, containers: &[super::ContainerReport]) {
+pub(crate) fn render_containers(s: &mut String, containers: &[crate::model::ContainerReport]) {
     if containers.is_empty() {
         return;
     }
@@ -562,7 +562,7 @@ fn render_sums<'a>(
 }
 
 /// A container's label in tables: runtime, name or short id, pod.
-pub(crate) fn container_label(c: &super::ContainerReport) -> String {
+pub(crate) fn container_label(c: &crate::model::ContainerReport) -> String {
     let short: String = c.id.chars().take(12).collect();
     let mut label = match &c.name {
         Some(n) => format!("{} {n} ({short})", c.runtime.name()),
@@ -585,9 +585,9 @@ pub(crate) fn container_label(c: &super::ContainerReport) -> String {
 /// One screen of `wattprof monitor`: the last interval's top processes by
 /// power, or the containers or cgroups with the most energy so far.
 pub(crate) fn render_monitor_frame(
-    interval: Option<&super::record::IntervalRecord>,
-    containers: &[super::ContainerReport],
-    cgroups: &[super::CgroupReport],
+    interval: Option<&crate::model::record::IntervalRecord>,
+    containers: &[crate::model::ContainerReport],
+    cgroups: &[crate::model::CgroupReport],
     elapsed_ns: u64,
     top: usize,
     by: By,
