@@ -42,10 +42,10 @@
 //! rounding goes to unattributed, so for every domain and interval
 //! `attributed + idle + unattributed == measured`, exactly.
 
-mod ledger;
+mod energy;
 pub(crate) mod stacks;
 
-pub(crate) use ledger::{EnergyBy, EnergyLedger};
+pub(crate) use energy::EnergyBy;
 
 use serde::Serialize;
 

@@ -53,32 +53,6 @@ pub(crate) struct EnergyJ {
 }
 
 impl EnergyJ {
-    /// From joules read back (`report`): totals, power and CO2 made as
-    /// [`EnergyJ::new`] makes them.
-    pub(crate) fn of_joules(
-        package_j: f64,
-        core_j: f64,
-        dram_j: f64,
-        gpu_j: f64,
-        static_j: f64,
-        span_ns: u64,
-        g_per_kwh: f64,
-    ) -> Self {
-        let total_j = package_j + dram_j + gpu_j;
-        Self {
-            static_j,
-            dynamic_j: (total_j - static_j).max(0.0),
-            package_j,
-            core_j,
-            dram_j,
-            gpu_j,
-            total_j,
-            avg_power_w: record::joules_per_s(total_j, span_ns),
-            co2_g: crate::carbon::grams(total_j, g_per_kwh),
-            wall_j: 0.0,
-        }
-    }
-
     /// The domains a sum reports apart (core is inside package), with
     /// their joules, named as everywhere ([`Domain::name`]).
     pub(crate) fn by_domain(&self) -> [(&'static str, f64); 3] {

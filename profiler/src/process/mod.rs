@@ -37,6 +37,12 @@ impl ProcFs {
             root: PathBuf::from("/proc"),
         }
     }
+
+    /// A copy of `/proc` at `root` (tests).
+    #[cfg(test)]
+    pub(crate) fn at(root: PathBuf) -> Self {
+        Self { root }
+    }
 }
 
 /// A process's resident memory, from `/proc/PID/smaps_rollup`.

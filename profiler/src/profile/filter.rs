@@ -66,11 +66,7 @@ impl Profile {
     /// cgroup path of a process record, when known (its v1 path where its
     /// v2 one is the root).
     pub(super) fn cgroup_path(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
-        let key = match self.v1_cgroup.get(&id) {
-            Some(Some(v1)) if self.cgroup_root.is_none_or(|r| cgroup_id == r) => *v1,
-            _ => cgroup_id,
-        };
-        self.cgroups.get(&key).and_then(|c| c.name.as_deref())
+        self.sums.cgroups.path_of(id, cgroup_id)
     }
 
     /// Whether a process passes `--pid`, `--cgroup` and `--container`.
@@ -82,10 +78,10 @@ impl Profile {
             _ => true,
         };
         pids_ok
-            && self
-                .cfg
-                .filter
-                .matches(self.cgroup_path(id, cgroup_id), &self.containers)
+            && self.cfg.filter.matches(
+                self.cgroup_path(id, cgroup_id),
+                self.sums.cgroups.containers(),
+            )
     }
 
     /// Indices in `usage` of the processes reported one by one this

@@ -81,7 +81,7 @@ impl Profile {
         );
         // Processes: the sample applied to the table.
         let mut usage = self.table.apply(sample);
-        self.machine.add(sample);
+        self.sums.machine.add(sample);
         for p in self.readers.take_problems() {
             self.problem(p);
         }
@@ -126,13 +126,13 @@ impl Profile {
             eprintln!("wattprof: {p}");
             self.problem(p);
         }
-        self.ledger.add(&shares);
+        self.sums.ledger.add(&shares);
         // Sums: per consumer, group, cgroup, container, VM and window.
         let (energy, index) = self.energy_per_consumer(&shares, &mut usage);
-        self.v1_cgroups(&mut usage);
+        self.sums.cgroups.v1_cgroups(&mut usage, &self.procfs);
         self.close_stacks(&usage, &energy, sample.at_ns);
         let groups = self.sum_groups_and_cgroups(&usage, &energy, &index, sample.at_ns);
-        self.name_cgroups(sample.at_ns);
+        self.sums.cgroups.name(sample.at_ns);
         self.sum_vms(&usage, &energy);
         if self.windows.any_open() {
             let consumers: Vec<(ConsumerId, u64)> = usage
@@ -267,15 +267,12 @@ impl Profile {
     /// Each VM's energy (`monitor --vm-export`): its processes found by
     /// their cgroup, their ancestors and their command lines.
     fn sum_vms(&mut self, usage: &[IntervalUsage], energy: &IntMap<ConsumerId, EnergyBy>) {
-        if let Some(vms) = &mut self.vms {
+        if let Some(vms) = &mut self.sums.vms {
             let table = &self.table;
             let procfs = &self.procfs;
             for u in usage {
                 let e = energy.get(&u.id).copied().unwrap_or_default();
-                let cgroup = self
-                    .cgroups
-                    .get(&u.cgroup_id)
-                    .and_then(|c| c.name.as_deref());
+                let cgroup = self.sums.cgroups.path(u.cgroup_id);
                 let chain = std::iter::successors(table.by_id(u.id), |p| {
                     p.ppid
                         .filter(|pp| *pp != p.pid)
@@ -296,12 +293,35 @@ impl Profile {
     /// prunes cgroups.
     fn forget_gone(&mut self, now_ns: u64) {
         let table = &self.table;
-        self.ledger.retain(|id| table.by_id(id).is_some());
-        self.memory.retain(|id, _| table.by_id(*id).is_some());
-        self.v1_cgroup.retain(|id, _| table.by_id(*id).is_some());
-        self.memory_read_ns
-            .retain(|id, _| table.by_id(*id).is_some());
-        self.prune_cgroups(now_ns);
+        self.sums.forget(|id| table.by_id(id).is_some());
+        let live = table.processes().map(|p| p.cgroup_id);
+        self.sums.cgroups.prune(now_ns, live);
+    }
+
+    /// Sums this interval's energy per group (returned: this interval's
+    /// per group) and per cgroup, and each cgroup's CPU time; keeps where
+    /// each process was while reads are held.
+    fn sum_groups_and_cgroups(
+        &mut self,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        index: &IntMap<ConsumerId, usize>,
+        at_ns: u64,
+    ) -> [EnergyBy; 3] {
+        let origin = &self.held_origin;
+        let groups =
+            self.sums
+                .add_interval(usage, energy, index, |id| origin.get(&id).copied(), at_ns);
+        // While reads are held, where each process that ran was (its
+        // record may be forgotten before the read that covers it comes);
+        // at most a minute of processes (HELD_MAX_NS).
+        if !self.held.any_live() {
+            self.held_origin.clear();
+        } else {
+            self.held_origin
+                .extend(usage.iter().map(|u| (u.id, (u.cgroup_id, u.role))));
+        }
+        groups
     }
 }
 

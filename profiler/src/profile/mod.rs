@@ -6,7 +6,6 @@
 //! This is the only place the pieces meet: `tracker` measures time,
 //! `sources` measure energy, `attribution` divides, `output` renders.
 
-mod cgroups;
 mod filter;
 mod held;
 mod interval;
@@ -18,34 +17,20 @@ pub(crate) mod stacks;
 pub(crate) mod statics;
 pub mod windows;
 
-use cgroups::CgroupSum;
 pub(crate) use filter::Filter;
 pub(crate) use report::{CommandEnd, Ending, Finished, host_report};
 
 pub(crate) use crate::sources::registry::{ReaderConfig, Readers};
 
-use std::collections::HashMap;
-
-use crate::attribution::{ConsumerId, EnergyBy, EnergyLedger};
+use crate::attribution::{ConsumerId, EnergyBy};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
 use crate::model::record::{HeaderRecord, IntervalRecord};
-use crate::model::{HostReport, MemoryReport, RUN_SCHEMA_VERSION, WindowReport};
-use crate::process::cgroup::CgroupNames;
-use crate::process::names::ContainerNames;
+use crate::model::{CgroupReport, ContainerReport, HostReport, RUN_SCHEMA_VERSION, WindowReport};
 use crate::process::{ProcFs, ProcessTable, Role};
 use crate::sink::Sink;
-use crate::sources::Domain;
-use crate::sums::machine::MachineTimes;
+use crate::sums::Sums;
 use crate::tracker::{CpuSampler, TrackerError};
-
-/// Report order: most energy first, then most on-CPU time.
-fn most_energy_first(
-    a: (&crate::model::EnergyJ, u64),
-    b: (&crate::model::EnergyJ, u64),
-) -> std::cmp::Ordering {
-    b.0.total_j.total_cmp(&a.0.total_j).then(b.1.cmp(&a.1))
-}
 
 /// Which processes a profile reports one by one.
 #[derive(Clone, Debug)]
@@ -97,22 +82,9 @@ pub(crate) struct Profile {
     /// Processes seen.
     pub(crate) table: ProcessTable<ProcFs>,
     procfs: ProcFs,
-    machine: MachineTimes,
     readers: Readers,
-    ledger: EnergyLedger,
-    groups: [EnergyBy; 3],
-    cgroups: IntMap<u64, CgroupSum>,
-    /// Sums of cgroups pruned from `cgroups`, per path.
-    pruned: HashMap<String, CgroupSum>,
-    /// Paths pruned from `pruned` past [`MAX_PRUNED_PATHS`]: how many, and
-    /// their sums together.
-    older: (u64, CgroupSum),
-    /// When cgroups were last pruned (monotonic ns).
-    pruned_at_ns: u64,
-    cgroup_names: CgroupNames,
-    cgroup_root: Option<u64>,
-    v1_cgroup: IntMap<ConsumerId, Option<u64>>,
-    containers: ContainerNames,
+    /// What is added up: per domain, consumer, group, cgroup, VM, CPU.
+    sums: Sums,
     windows: windows::Windows,
     last: Option<IntervalRecord>,
     scratch: Scratch,
@@ -126,14 +98,8 @@ pub(crate) struct Profile {
     unlisted_at_end: crate::hash::IntSet<u32>,
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
-    /// VMs and their energy (`monitor --vm-export`), when asked for.
-    vms: Option<crate::sums::vms::VmTracker>,
     /// Stack sampling (`--stacks`), when asked for.
     stacks: Option<stacks::StackProfile>,
-    memory: IntMap<ConsumerId, MemoryReport>,
-    memory_read_ns: IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
-    /// Memory reads left in the current second, and when it began.
-    memory_budget: (u64, u64),
     start_ns: u64,
     last_ns: u64,
     package_ids: Vec<u32>,
@@ -188,25 +154,8 @@ impl Profile {
         Self {
             table,
             procfs: ProcFs::real(),
-            machine: MachineTimes::default(),
             readers,
-            ledger: EnergyLedger::default(),
-            groups: Default::default(),
-            cgroups: IntMap::default(),
-            pruned: HashMap::new(),
-            older: (0, CgroupSum::default()),
-            pruned_at_ns: 0,
-            cgroup_names: cfg.cgroupfs.as_ref().map_or_else(
-                || CgroupNames::real(1_000_000_000),
-                |root| CgroupNames::new(root, 1_000_000_000),
-            ),
-            cgroup_root: cfg
-                .cgroupfs
-                .as_ref()
-                .map_or_else(|| CgroupNames::real(0), |root| CgroupNames::new(root, 0))
-                .root_id(),
-            v1_cgroup: IntMap::default(),
-            containers: ContainerNames::new(&cfg.runtimes),
+            sums: Sums::new(cfg.cgroupfs.as_deref(), &cfg.runtimes),
             windows: windows::Windows::default(),
             last: None,
             scratch: Scratch::default(),
@@ -214,11 +163,7 @@ impl Profile {
             statics,
             unlisted_at_end: Default::default(),
             held_origin: IntMap::default(),
-            vms: None,
             stacks: None,
-            memory: IntMap::default(),
-            memory_read_ns: IntMap::default(),
-            memory_budget: (0, 0),
             start_ns: 0,
             last_ns: 0,
             package_ids,
@@ -390,30 +335,45 @@ impl Profile {
 
     /// Keeps each VM's energy from now on (`monitor --vm-export`).
     pub(crate) fn track_vms(&mut self) {
-        self.vms.get_or_insert_with(Default::default);
+        self.sums.vms.get_or_insert_with(Default::default);
     }
 
     /// Each VM's energy so far, when tracked.
     pub(crate) fn vm_sums(
         &self,
     ) -> Option<&std::collections::BTreeMap<String, crate::sums::vms::VmSum>> {
-        self.vms.as_ref().map(|v| v.sums())
+        self.sums.vms.as_ref().map(|v| v.sums())
+    }
+
+    /// The profile's length so far (monotonic ns).
+    fn span_ns(&self) -> u64 {
+        self.last_ns.saturating_sub(self.start_ns)
+    }
+
+    /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
+    /// whose processes ran since then.
+    pub(crate) fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
+        self.sums
+            .cgroups
+            .reports(since_ns, self.span_ns(), &self.cfg.carbon)
+    }
+
+    /// Per container and systemd unit so far, most energy first; with
+    /// `since_ns`, only those whose processes ran since.
+    pub(crate) fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
+        self.sums
+            .cgroups
+            .container_reports(since_ns, self.span_ns(), &self.cfg.carbon)
     }
 
     /// Whether the CPU's energy is a power model's estimate.
     pub(crate) fn cpu_estimated(&self) -> bool {
-        self.ledger
-            .domains()
-            .iter()
-            .any(|d| d.domain == Domain::Package && d.estimated)
+        self.sums.cpu_estimated()
     }
 
     /// Whether DRAM energy is measured (a DRAM domain has been read).
     pub(crate) fn measures_dram(&self) -> bool {
-        self.ledger
-            .domains()
-            .iter()
-            .any(|d| d.domain == Domain::Dram)
+        self.sums.measures_dram()
     }
 }
 

@@ -1,5 +1,5 @@
 //! One interval's record: the rows of the processes reported one by one,
-//! with their memory (read at a rationed pace).
+//! with their memory (`sums::memory` reads it at a rationed pace).
 
 use super::{Profile, Scope};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
@@ -10,17 +10,8 @@ use crate::model::record::{
 };
 use crate::process::{IntervalUsage, Role};
 use crate::sources::registry::{DomainKey, IntervalEnergy};
+use crate::sums::memory::Row as MemoryRow;
 use crate::tracker::CpuSample;
-
-/// Shortest time between two memory reads of one process.
-const MEMORY_EVERY_NS: u64 = 1_000_000_000;
-
-/// Most memory reads a second, all processes together: with a changing
-/// top 10 at 100 ms, a read per process per second was still 100
-/// `smaps_rollup` walks a second (18% of the monitor's CPU with 1,000
-/// busy processes). A row whose process could not be read in time shows
-/// its last reading, or none.
-const MEMORY_READS_PER_S: u64 = 20;
 
 impl Profile {
     /// The rows of the processes reported one by one, with the memory of
@@ -43,58 +34,31 @@ impl Profile {
                 .map(|p| p.memory_bytes)
                 .sum()
         };
-        let exited = |id: ConsumerId| self.table.by_id(id).is_none_or(|p| p.exit_ns.is_some());
-        let due = |reads: &IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
-                   id: ConsumerId| {
-            reads
-                .get(&id)
-                .is_none_or(|(t, _)| at_ns.saturating_sub(*t) >= MEMORY_EVERY_NS)
-        };
-        // smaps_rollup walks the page tables: at most once a second per
-        // process, however short the interval. In `monitor`, whose top
-        // rows change from interval to interval, also at most
-        // MEMORY_READS_PER_S in all, those read longest ago (or never)
-        // first; `run` reads every process of its tree.
+        let memory_rows: Vec<MemoryRow> = selected
+            .iter()
+            .map(|i| {
+                let u = &usage[*i];
+                MemoryRow {
+                    id: u.id,
+                    pid: u.pid,
+                    exited: self.table.by_id(u.id).is_none_or(|p| p.exit_ns.is_some()),
+                    gpu_bytes: if read.gpus.is_empty() {
+                        0
+                    } else {
+                        gpu_bytes_of(u.id)
+                    },
+                }
+            })
+            .collect();
+        // `run` reads every process of its tree; `monitor`, whose top rows
+        // change from interval to interval, is rationed.
         let rationed = matches!(self.cfg.scope, Scope::Machine { .. });
-        let mut may_read: Vec<ConsumerId> = Vec::new();
-        if rationed {
-            if at_ns.saturating_sub(self.memory_budget.1) >= 1_000_000_000 {
-                self.memory_budget = (MEMORY_READS_PER_S, at_ns);
-            }
-            let mut stale: Vec<(u64, ConsumerId)> = selected
-                .iter()
-                .map(|i| usage[*i].id)
-                .filter(|id| !exited(*id) && due(&self.memory_read_ns, *id))
-                .map(|id| (self.memory_read_ns.get(&id).map_or(0, |(t, _)| *t), id))
-                .collect();
-            stale.sort_unstable();
-            let n = stale.len().min(self.memory_budget.0 as usize);
-            self.memory_budget.0 -= n as u64;
-            may_read.extend(stale[..n].iter().map(|(_, id)| *id));
-        }
-        for i in selected {
+        let memory = self
+            .sums
+            .memory
+            .read(&memory_rows, &self.procfs, rationed, at_ns);
+        for ((i, mem), m) in selected.into_iter().zip(memory).zip(&memory_rows) {
             let u = &usage[i];
-            let gpu_bytes = if read.gpus.is_empty() {
-                0
-            } else {
-                gpu_bytes_of(u.id)
-            };
-            let last = self.memory_read_ns.get(&u.id).and_then(|(_, m)| *m);
-            let mem = if exited(u.id) {
-                None
-            } else if !due(&self.memory_read_ns, u.id) || (rationed && !may_read.contains(&u.id)) {
-                last
-            } else {
-                let m = self.procfs.memory(u.pid);
-                self.memory_read_ns.insert(u.id, (at_ns, m));
-                m
-            };
-            let peak = self.memory.entry(u.id).or_default();
-            if let Some(m) = mem {
-                peak.peak_pss_bytes = peak.peak_pss_bytes.max(m.pss_bytes);
-                peak.peak_uss_bytes = peak.peak_uss_bytes.max(m.uss_bytes);
-            }
-            peak.peak_gpu_bytes = peak.peak_gpu_bytes.max(gpu_bytes);
             let e = energy.get(&u.id).copied().unwrap_or_default();
             rows.push(ProcessRow {
                 pid: u.pid,
@@ -110,7 +74,7 @@ impl Profile {
                 static_j: joules(e.static_uj()),
                 pss_bytes: mem.map(|m| m.pss_bytes),
                 uss_bytes: mem.map(|m| m.uss_bytes),
-                gpu_memory_bytes: gpu_bytes,
+                gpu_memory_bytes: m.gpu_bytes,
             });
         }
     }

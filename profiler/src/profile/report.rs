@@ -3,13 +3,11 @@
 
 use super::Profile;
 use super::Scope;
-use super::most_energy_first;
 use super::windows;
 use crate::model::CommandReport;
 use crate::model::DomainReport;
 use crate::model::EnergyJ;
 use crate::model::EnergyReport;
-use crate::model::GroupEnergy;
 use crate::model::HostReport;
 use crate::model::LearnedFit;
 use crate::model::ProcessReport;
@@ -19,12 +17,10 @@ use crate::model::RunReport;
 use crate::model::StaticPowerReport;
 use crate::model::WindowDomainReport;
 use crate::model::WindowReport;
-use crate::model::record::AveragePower;
-use crate::model::record::DomainUj;
 use crate::model::record::joules;
 use crate::model::record::watts;
 use crate::process::Process;
-use crate::process::Role;
+use crate::sums::most_energy_first;
 
 /// Host facts for the report header.
 pub(crate) fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {
@@ -122,11 +118,11 @@ impl Profile {
             start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),
             exit_ns: p.exit_ns.map(|t| t.saturating_sub(self.start_ns)),
             energy: EnergyJ::new(
-                &self.ledger.consumer(p.id),
+                &self.sums.ledger.consumer(p.id),
                 to.saturating_sub(from),
                 &self.cfg.carbon,
             ),
-            memory: self.memory.get(&p.id).copied().unwrap_or_default(),
+            memory: self.sums.memory.peak(p.id),
             cgroup: self.cgroup_path(p.id, p.cgroup_id).map(str::to_string),
         }
     }
@@ -146,17 +142,14 @@ impl Profile {
         let carbon = &self.cfg.carbon;
         let processes = self.process_reports(end_ns);
         let groups = self.table.totals().clone();
-        let group_energy = GroupEnergy {
-            tree: EnergyJ::new(&self.groups[Role::Tree as usize], span, carbon),
-            profiler: EnergyJ::new(&self.groups[Role::Profiler as usize], span, carbon),
-            other: EnergyJ::new(&self.groups[Role::Other as usize], span, carbon),
-        };
+        let group_energy = crate::sums::group_energy(&self.sums.groups, span, carbon);
         let cgroups = self.cgroup_reports(None);
         // Every container's name asked for (those first seen while the
         // daemon was not there yet too), and the answers waited for (each
         // lookup takes at most 0.5 s).
-        self.ask_container_names();
-        self.containers
+        self.sums.cgroups.ask_container_names();
+        self.sums
+            .cgroups
             .settle(std::time::Duration::from_millis(600));
         let containers = self.container_reports(None);
         let profiler = self.profiler_report(ending.profiler, &processes);
@@ -193,8 +186,11 @@ impl Profile {
             containers,
             windows,
             window_errors,
-            machine: self.machine.report(self.package_ids.clone(), attributed_ns),
-            lost_ns: self.machine.lost_ns(),
+            machine: self
+                .sums
+                .machine
+                .report(self.package_ids.clone(), attributed_ns),
+            lost_ns: self.sums.machine.lost_ns(),
             profiler,
             stacks: self
                 .stacks
@@ -257,29 +253,9 @@ impl Profile {
 
     /// Each domain's energy over the profile.
     fn domain_reports(&self, span: u64) -> Vec<DomainReport> {
-        self.ledger
-            .domains()
-            .iter()
-            .map(|t| {
-                DomainReport::from_uj(
-                    DomainUj {
-                        domain: t.domain,
-                        package: t.package,
-                        estimated: t.estimated,
-                        basis: t.basis,
-                        measured: t.measured_uj,
-                        attributed: t.attributed_uj,
-                        idle: t.idle_uj,
-                        unattributed: t.unattributed_uj,
-                        static_uj: t.static_uj,
-                        attributed_static: t.attributed_static_uj,
-                        figure: self.statics.figure(t.domain, t.package).copied(),
-                    },
-                    span,
-                    |avg_power_w| AveragePower { avg_power_w },
-                )
-            })
-            .collect()
+        self.sums
+            .ledger
+            .reports(span, |d, p| self.statics.figure(d, p).copied())
     }
 
     /// The problems kept, and how many more there were.
@@ -329,7 +305,7 @@ impl Profile {
             profiler.events_lost,
             profiler.discarded_ns,
             profiler.samples,
-        ) = self.machine.health();
+        ) = self.sums.machine.health();
         profiler.unmatched_forks = self.table.unmatched_forks();
         profiler.ended_unseen = processes
             .iter()

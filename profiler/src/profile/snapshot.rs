@@ -30,12 +30,16 @@ impl Profile {
         let [measured, idle, static_energy, static_power, unattributed] = self.domain_series();
         let [c_energy, c_static, c_cpu, c_info] = self.container_series(since);
         let [g_energy, g_static, g_cpu] = self.cgroup_series(since);
-        let (busy, idle_ns, lost) = self.machine.totals();
+        let (busy, idle_ns, lost) = self.sums.machine.totals();
         let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
             .into_iter()
             .map(|(state, ns)| (l(&[("state", state.into())]), ns as f64 / 1e9))
             .collect();
-        let me = EnergyJ::new(&self.groups[Role::Profiler as usize], 0, &self.cfg.carbon);
+        let me = EnergyJ::new(
+            &self.sums.groups[Role::Profiler as usize],
+            0,
+            &self.cfg.carbon,
+        );
         let self_energy = me
             .by_domain()
             .into_iter()
@@ -75,7 +79,7 @@ impl Profile {
         let pkg = |p: Option<u32>| p.map_or_else(|| "machine".to_string(), |p| p.to_string());
         let (mut measured, mut idle, mut unattributed) = (Vec::new(), Vec::new(), Vec::new());
         let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
-        for t in self.ledger.domains() {
+        for t in self.sums.ledger.domains() {
             let labels = l(&[
                 ("domain", t.domain.name().to_string()),
                 ("package", pkg(t.package)),
@@ -138,7 +142,7 @@ impl Profile {
         // one of them ran within the grace period.
         let mut by_path: std::collections::BTreeMap<&str, (u64, EnergyBy, u64)> =
             std::collections::BTreeMap::new();
-        for c in self.cgroup_sums() {
+        for c in self.sums.cgroups.sums() {
             let Some(path) = c.name.as_deref() else {
                 continue;
             };

@@ -3,7 +3,7 @@
 //! directories name the cgroup ids. Pids are above the kernel's largest
 //! (2^22), so no lookup in /proc can find a real process.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -617,12 +617,18 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     for _ in 0..130 {
         rig.interval(1.0, &[(5001001, user, 100_000_000)], false);
     }
-    assert!(!rig.profile.cgroups.contains_key(&docker), "pruned");
+    assert!(!rig.profile.sums.cgroups.holds(&docker), "pruned");
     assert!(
-        rig.profile.cgroups.contains_key(&cron),
+        rig.profile.sums.cgroups.holds(&cron),
         "a live process's cgroup is kept"
     );
-    assert!(rig.profile.pruned.keys().any(|p| p.contains(DOCKER_ID)));
+    assert!(
+        rig.profile
+            .sums
+            .cgroups
+            .pruned_paths()
+            .any(|p| p.contains(DOCKER_ID))
+    );
     let container = |rig: &Rig| {
         rig.profile
             .container_reports(None)

@@ -1,174 +1,245 @@
-//! A stream cut short, summed from its intervals: the figures a
-//! recording's summary holds, as far as interval records carry them.
+//! A stream cut short, summed from its intervals with the profile's own
+//! sums: domains in a [`EnergyLedger`], groups and processes as
+//! [`EnergyBy`], so each figure is made as the recording would have made
+//! it ([`EnergyLedger::reports`], [`EnergyJ::new`]), not by a second
+//! engine. A record's joules are its µJ over 10^6, so they go back to
+//! µJ exactly.
 
 use std::collections::BTreeMap;
 
-use crate::model::record::{AveragePower, DomainOf, HeaderRecord, IntervalRecord, joules_per_s};
-use crate::model::{EnergyJ, MemoryReport, ProcessReport};
+use crate::attribution::EnergyBy;
+use crate::carbon::CarbonIntensity;
+use crate::model::record::{GroupRow, HeaderRecord, IntervalRecord, ProcessRow};
+use crate::model::{DomainReport, EnergyJ, GroupEnergy, MemoryReport, ProcessReport};
 use crate::process::GroupTotals;
+use crate::sources::static_power::StaticFigure;
+use crate::sums::ledger::{DomainTotals, EnergyLedger};
+use crate::sums::{Groups, group_energy, most_energy_first};
 
-/// Per domain and package, in the order they first appear.
-pub(super) fn domains(intervals: &[IntervalRecord], span_ns: u64) -> Vec<DomainOf<AveragePower>> {
-    let mut domains: Vec<DomainOf<AveragePower>> = Vec::new();
-    for iv in intervals {
-        for d in &iv.domains {
-            let at = match domains
-                .iter()
-                .position(|x| x.domain == d.domain && x.package == d.package)
-            {
-                Some(at) => at,
-                None => {
-                    domains.push(DomainOf {
-                        domain: d.domain,
-                        package: d.package,
-                        estimated: false,
-                        basis: d.basis,
-                        measured_j: 0.0,
-                        attributed_j: 0.0,
-                        idle_j: 0.0,
-                        unattributed_j: 0.0,
-                        static_j: 0.0,
-                        attributed_static_j: 0.0,
-                        static_w: None,
-                        static_source: None,
-                        power: AveragePower { avg_power_w: 0.0 },
-                    });
-                    domains.len() - 1
-                }
-            };
-            let x = &mut domains[at];
-            x.estimated |= d.estimated;
-            x.measured_j += d.measured_j;
-            x.attributed_j += d.attributed_j;
-            x.idle_j += d.idle_j;
-            x.unattributed_j += d.unattributed_j;
-            x.static_j += d.static_j;
-            x.attributed_static_j += d.attributed_static_j;
-            // The last interval's figure, as a recording reports it.
-            if d.static_w.is_some() {
-                x.static_w = d.static_w;
-                x.static_source = d.static_source;
-            }
-        }
-    }
-    for d in &mut domains {
-        d.power.avg_power_w = joules_per_s(d.measured_j, span_ns);
-    }
-    domains
+/// µJ from a record's joules (a damaged file's negative or absurd figure
+/// is 0 or saturates).
+fn uj(j: f64) -> u64 {
+    (j * 1e6).round() as u64
 }
 
-/// Each group's CPU time; its package, core, DRAM, GPU, total and static
-/// joules; and all CPUs' busy time.
-pub(super) fn groups(intervals: &[IntervalRecord]) -> (GroupTotals, [[f64; 6]; 3], u64) {
-    let mut group_times = GroupTotals::default();
-    // package, core, DRAM, GPU, total, static (J) per group.
-    let mut sums = [[0.0f64; 6]; 3];
-    let mut busy_ns = 0;
+/// A row's joules as the sums keep them. Records hold the static part as
+/// one figure: it is kept as the package's, which only its total reads.
+fn energy_of(package_j: f64, core_j: f64, dram_j: f64, gpu_j: f64, static_j: f64) -> EnergyBy {
+    EnergyBy {
+        package_uj: uj(package_j),
+        core_uj: uj(core_j),
+        dram_uj: uj(dram_j),
+        gpu_uj: uj(gpu_j),
+        package_static_uj: uj(static_j),
+        ..EnergyBy::default()
+    }
+}
+
+/// What a cut stream's intervals add up to.
+pub(super) struct CutSums {
+    /// Per domain and package.
+    pub(super) domains: Vec<DomainReport>,
+    /// Each group's CPU time.
+    pub(super) group_times: GroupTotals,
+    /// Each group's energy.
+    pub(super) group_energy: GroupEnergy,
+    /// All CPUs' busy time.
+    pub(super) busy_ns: u64,
+    /// Each process's rows summed (all but `own`), most energy first.
+    pub(super) processes: Vec<ProcessReport>,
+}
+
+/// Sums `intervals` over `span_ns`; `own` is wattprof's pid in `run`,
+/// whose rows the recording's processes leave out.
+pub(super) fn sum(
+    intervals: &[IntervalRecord],
+    span_ns: u64,
+    own: Option<u32>,
+    carbon: &CarbonIntensity,
+) -> CutSums {
+    let (domains, figures) = domains(intervals);
+    let (group_times, groups, unsplit, busy_ns) = groups(intervals);
+    let mut group_energy = group_energy(&groups, span_ns, carbon);
+    // Streams from before the per-domain group fields have only each
+    // group's total.
+    for (e, total_uj) in [
+        &mut group_energy.tree,
+        &mut group_energy.profiler,
+        &mut group_energy.other,
+    ]
+    .into_iter()
+    .zip(unsplit)
+    {
+        if total_uj > 0 && e.total_j == 0.0 {
+            let whole = EnergyJ::new(
+                &EnergyBy {
+                    package_uj: total_uj,
+                    ..EnergyBy::default()
+                },
+                span_ns,
+                carbon,
+            );
+            e.total_j = whole.total_j;
+            e.avg_power_w = whole.avg_power_w;
+            e.co2_g = whole.co2_g;
+        }
+    }
+    CutSums {
+        domains: domains.reports(span_ns, |d, p| figures.get(&(d, p)).copied()),
+        group_times,
+        group_energy,
+        busy_ns,
+        processes: processes(intervals, own, carbon),
+    }
+}
+
+/// Per domain and package; and the last static figure each was divided
+/// with, as a recording reports it.
+fn domains(
+    intervals: &[IntervalRecord],
+) -> (
+    EnergyLedger,
+    BTreeMap<(crate::sources::Domain, Option<u32>), StaticFigure>,
+) {
+    let mut ledger = EnergyLedger::default();
+    let mut figures = BTreeMap::new();
+    for d in intervals.iter().flat_map(|iv| &iv.domains) {
+        ledger.add_domain(&DomainTotals {
+            domain: d.domain,
+            package: d.package,
+            estimated: d.estimated,
+            basis: d.basis,
+            measured_uj: uj(d.measured_j),
+            attributed_uj: uj(d.attributed_j),
+            idle_uj: uj(d.idle_j),
+            unattributed_uj: uj(d.unattributed_j),
+            static_uj: uj(d.static_j),
+            attributed_static_uj: uj(d.attributed_static_j),
+            static_cut_uj: 0,
+        });
+        if let (Some(static_w), Some(source)) = (d.static_w, d.static_source) {
+            figures.insert(
+                (d.domain, d.package),
+                StaticFigure {
+                    domain: d.domain,
+                    package: d.package,
+                    static_w,
+                    source,
+                    per_cpu_w: None,
+                    r_squared: None,
+                },
+            );
+        }
+    }
+    (ledger, figures)
+}
+
+/// Each group's CPU time and energy; each group's total where a row has
+/// no per-domain figures (older streams); all CPUs' busy time.
+fn groups(intervals: &[IntervalRecord]) -> (GroupTotals, Groups, [u64; 3], u64) {
+    let mut times = GroupTotals::default();
+    let mut groups = Groups::default();
+    let mut unsplit = [0u64; 3];
+    let mut busy_ns = 0u64;
     for iv in intervals {
         // Saturating: a damaged file must not overflow the sums.
-        busy_ns = iv.busy_ns.saturating_add(busy_ns);
+        busy_ns = busy_ns.saturating_add(iv.busy_ns);
         let gr = &iv.groups;
-        let t = &mut group_times;
-        t.tree_ns = t.tree_ns.saturating_add(gr.tree.on_cpu_ns);
-        t.profiler_ns = t.profiler_ns.saturating_add(gr.profiler.on_cpu_ns);
-        t.other_ns = t.other_ns.saturating_add(gr.other.on_cpu_ns);
-        for (acc, row) in sums.iter_mut().zip([gr.tree, gr.profiler, gr.other]) {
-            for (a, v) in acc.iter_mut().zip([
-                row.package_j,
-                row.core_j,
-                row.dram_j,
-                row.gpu_j,
-                row.energy_j,
-                row.static_j,
-            ]) {
-                *a += v;
-            }
+        for (i, (row, ns)) in [
+            (&gr.tree, &mut times.tree_ns),
+            (&gr.profiler, &mut times.profiler_ns),
+            (&gr.other, &mut times.other_ns),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            *ns = ns.saturating_add(row.on_cpu_ns);
+            let GroupRow {
+                package_j,
+                core_j,
+                dram_j,
+                gpu_j,
+                static_j,
+                energy_j,
+                ..
+            } = *row;
+            groups[i].merge(&energy_of(package_j, core_j, dram_j, gpu_j, static_j));
+            unsplit[i] = unsplit[i].saturating_add(uj(energy_j));
         }
     }
-    (group_times, sums, busy_ns)
+    (times, groups, unsplit, busy_ns)
 }
 
-/// A group's figures from its sums (`groups`).
-pub(super) fn group_energy(x: [f64; 6], span_ns: u64, g: f64) -> EnergyJ {
-    let mut e = EnergyJ::of_joules(x[0], x[1], x[2], x[3], x[5], span_ns, g);
-    // Streams from before the per-domain group fields have only the
-    // total.
-    if x[4] > 0.0 && e.total_j == 0.0 {
-        e.total_j = x[4];
-        e.avg_power_w = joules_per_s(x[4], span_ns);
-        e.co2_g = crate::carbon::grams(x[4], g);
-    }
-    e
-}
-
-/// Each process's rows summed (all but `own`, wattprof itself in `run`),
-/// its power over the intervals it was seen in; most energy first.
-pub(super) fn processes(
+/// Each process's rows summed (all but `own`), its power over the
+/// intervals it was seen in; most energy first.
+fn processes(
     intervals: &[IntervalRecord],
     own: Option<u32>,
-    g: f64,
+    carbon: &CarbonIntensity,
 ) -> Vec<ProcessReport> {
-    // Per pid: the row summed, and the first and last ns it was seen.
-    let mut by_pid: BTreeMap<u32, (ProcessReport, u64, u64)> = BTreeMap::new();
+    /// Per pid: its last name, CPU time, memory peaks, and the span it
+    /// was seen over.
+    struct Seen {
+        comm: String,
+        on_cpu_ns: u64,
+        memory: MemoryReport,
+        first_ns: u64,
+        last_ns: u64,
+    }
+    let mut energy = EnergyLedger::default();
+    let mut seen: BTreeMap<u32, Seen> = BTreeMap::new();
     for iv in intervals {
         let begin = iv.t_ns.saturating_sub(iv.duration_ns);
         for p in iv.process_rows().iter().filter(|p| Some(p.pid) != own) {
-            let e = by_pid.entry(p.pid).or_insert_with(|| {
-                (
-                    ProcessReport {
-                        pid: p.pid,
-                        ppid: None,
-                        comm: p.comm.clone(),
-                        on_cpu_ns: 0,
-                        on_cpu_ns_per_package: Vec::new(),
-                        start_ns: None,
-                        exit_ns: None,
-                        energy: EnergyJ::default(),
-                        memory: MemoryReport::default(),
-                        cgroup: None,
-                    },
-                    begin,
-                    iv.t_ns,
-                )
+            let ProcessRow {
+                package_j,
+                core_j,
+                dram_j,
+                gpu_j,
+                static_j,
+                ..
+            } = *p;
+            energy.add_consumer(
+                u64::from(p.pid),
+                &energy_of(package_j, core_j, dram_j, gpu_j, static_j),
+            );
+            let s = seen.entry(p.pid).or_insert_with(|| Seen {
+                comm: String::new(),
+                on_cpu_ns: 0,
+                memory: MemoryReport::default(),
+                first_ns: begin,
+                last_ns: iv.t_ns,
             });
-            let r = &mut e.0;
-            r.comm.clone_from(&p.comm);
-            r.on_cpu_ns = r.on_cpu_ns.saturating_add(p.on_cpu_ns);
-            r.energy.package_j += p.package_j;
-            r.energy.core_j += p.core_j;
-            r.energy.dram_j += p.dram_j;
-            r.energy.gpu_j += p.gpu_j;
-            r.energy.static_j += p.static_j;
-            let m = &mut r.memory;
+            s.comm.clone_from(&p.comm);
+            s.on_cpu_ns = s.on_cpu_ns.saturating_add(p.on_cpu_ns);
+            let m = &mut s.memory;
             m.peak_pss_bytes = m.peak_pss_bytes.max(p.pss_bytes.unwrap_or(0));
             m.peak_uss_bytes = m.peak_uss_bytes.max(p.uss_bytes.unwrap_or(0));
             m.peak_gpu_bytes = m.peak_gpu_bytes.max(p.gpu_memory_bytes);
-            e.2 = iv.t_ns;
+            s.last_ns = iv.t_ns;
         }
     }
-    let mut processes: Vec<ProcessReport> = by_pid
-        .into_values()
-        .map(|(mut r, first, last)| {
-            let e = r.energy;
-            let span = last.saturating_sub(first);
-            r.energy = EnergyJ::of_joules(
-                e.package_j,
-                e.core_j,
-                e.dram_j,
-                e.gpu_j,
-                e.static_j,
-                span,
-                g,
-            );
-            r
+    let mut processes: Vec<ProcessReport> = seen
+        .into_iter()
+        .map(|(pid, s)| ProcessReport {
+            pid,
+            ppid: None,
+            comm: s.comm,
+            on_cpu_ns: s.on_cpu_ns,
+            on_cpu_ns_per_package: Vec::new(),
+            start_ns: None,
+            exit_ns: None,
+            energy: EnergyJ::new(
+                &energy.consumer(u64::from(pid)),
+                s.last_ns.saturating_sub(s.first_ns),
+                carbon,
+            ),
+            memory: s.memory,
+            cgroup: None,
         })
         .collect();
-    processes.sort_by(|a, b| {
-        b.energy
-            .total_j
-            .total_cmp(&a.energy.total_j)
-            .then(a.pid.cmp(&b.pid))
-    });
+    processes
+        .sort_by(|a, b| most_energy_first((&a.energy, 0), (&b.energy, 0)).then(a.pid.cmp(&b.pid)));
     processes
 }
 
@@ -193,4 +264,114 @@ pub(super) fn missing(h: &HeaderRecord) -> Vec<String> {
         );
     }
     missing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::{Basis, DomainShare};
+    use crate::model::record::{DomainRow, DomainUj, GroupRows, IntervalPower, joules};
+    use crate::sources::Domain;
+
+    /// An interval's share of a domain, with µJ that are no round number
+    /// of joules.
+    fn share(domain: Domain, k: u64) -> DomainShare {
+        DomainShare {
+            domain,
+            package: Some(0),
+            estimated: false,
+            basis: Basis::CpuTime,
+            measured_uj: 1_234_567 + 7 * k + 38,
+            idle_uj: 10 + k,
+            unattributed_uj: 3,
+            attributed: vec![(1, 1_000_003 + k), (2, 234_539 + 6 * k)],
+            attributed_static: vec![(1, 500_001)],
+            static_uj: 700_009,
+            static_cut_uj: 0,
+        }
+    }
+
+    #[test]
+    fn a_cut_stream_sums_to_the_figures_the_profile_s_own_sums_report() {
+        let carbon = CarbonIntensity {
+            g_per_kwh: 100.0,
+            source: "test".into(),
+        };
+        // The profile's side: its ledger, fed the shares.
+        let mut ledger = EnergyLedger::default();
+        // The stream's side: the interval records made from them.
+        let mut intervals = Vec::new();
+        for k in 0..5 {
+            let shares = [share(Domain::Dram, k), share(Domain::Package, k)];
+            ledger.add(&shares);
+            let domains = shares
+                .iter()
+                .map(|s| {
+                    DomainRow::from_uj(
+                        DomainUj {
+                            domain: s.domain,
+                            package: s.package,
+                            estimated: s.estimated,
+                            basis: s.basis,
+                            measured: s.measured_uj,
+                            attributed: s.attributed_uj(),
+                            idle: s.idle_uj,
+                            unattributed: s.unattributed_uj,
+                            static_uj: s.static_uj,
+                            attributed_static: 500_001,
+                            figure: None,
+                        },
+                        1_000_000_000,
+                        |power_w| IntervalPower {
+                            power_w,
+                            covers_ns: None,
+                        },
+                    )
+                })
+                .collect();
+            let row = |pid: u32, uj: u64| ProcessRow {
+                pid,
+                comm: format!("p{pid}"),
+                on_cpu_ns: 10,
+                package_j: joules(uj),
+                static_j: joules(uj / 3),
+                ..ProcessRow::default()
+            };
+            intervals.push(IntervalRecord {
+                t_ns: (k + 1) * 1_000_000_000,
+                duration_ns: 1_000_000_000,
+                busy_ns: 20,
+                domains,
+                gpus: Vec::new(),
+                groups: GroupRows::default(),
+                processes: Some(vec![
+                    row(1, ledger.consumer(1).package_uj / (k + 1)),
+                    row(2, 234_539 + 6 * k),
+                ]),
+            });
+        }
+        let span = 5_000_000_000;
+        let cut = sum(&intervals, span, None, &carbon);
+        // Exactly the ledger's reports: the joules go back to µJ exactly.
+        assert_eq!(cut.domains, ledger.reports(span, |_, _| None));
+        let pid2: u64 = (0..5).map(|k| 234_539 + 6 * k).sum();
+        let p2 = cut.processes.iter().find(|p| p.pid == 2).expect("pid 2");
+        let mut want = EnergyBy::default();
+        for k in 0..5 {
+            want.merge(&energy_of(
+                joules(234_539 + 6 * k),
+                0.0,
+                0.0,
+                0.0,
+                joules((234_539 + 6 * k) / 3),
+            ));
+        }
+        assert_eq!(want.package_uj, pid2);
+        assert_eq!(
+            p2.energy,
+            EnergyJ::new(&want, 4_000_000_000 + 1_000_000_000, &carbon)
+        );
+        assert_eq!(p2.on_cpu_ns, 50);
+        assert_eq!(cut.busy_ns, 100);
+    }
 }

@@ -221,22 +221,21 @@ impl Summary {
         }
     }
 
-    /// Rebuilt from the complete lines of a stream that lacks its summary:
-    /// the sums of its intervals and its ended windows.
     /// From a stream cut short (no summary line): the sums of its
     /// intervals, each figure as the recording would have it, and what a
     /// cut stream cannot say.
     pub(crate) fn of_cut_stream(s: &read::Stream, file: String) -> Self {
         let h = &s.header;
         let g = h.carbon_intensity_g_per_kwh;
+        let carbon = crate::carbon::CarbonIntensity {
+            g_per_kwh: g,
+            source: h.carbon_intensity_source.clone(),
+        };
         let span_ns = s.intervals.last().map_or(0, |i| i.t_ns);
-        let domains = cut::domains(&s.intervals, span_ns);
-        let (group_times, sums, busy_ns) = cut::groups(&s.intervals);
-        let group = |x: [f64; 6]| cut::group_energy(x, span_ns, g);
         // In `run`, the rows include wattprof itself, which the
         // recording's processes do not (its energy is in its group).
         let own = h.profiler_pid.filter(|_| h.mode == "run");
-        let processes = cut::processes(&s.intervals, own, g);
+        let sums = cut::sum(&s.intervals, span_ns, own, &carbon);
         let missing = cut::missing(h);
         Self {
             file,
@@ -259,19 +258,15 @@ impl Summary {
             }),
             intervals: s.intervals.len(),
             readers: h.readers.clone(),
-            domains,
-            group_times,
-            group_energy: GroupEnergy {
-                tree: group(sums[0]),
-                profiler: group(sums[1]),
-                other: group(sums[2]),
-            },
+            domains: sums.domains,
+            group_times: sums.group_times,
+            group_energy: sums.group_energy,
             machine: MachineSummary {
                 cpus: None,
-                busy_ns,
+                busy_ns: sums.busy_ns,
                 window_ns: None,
             },
-            processes,
+            processes: sums.processes,
             containers: Vec::new(),
             windows: s.windows.clone(),
             carbon_intensity_g_per_kwh: g,

@@ -4,20 +4,23 @@
 
 use std::collections::HashMap;
 
-use super::Profile;
 use super::most_energy_first;
 use crate::attribution::{ConsumerId, EnergyBy};
+use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
 use crate::model::{CgroupReport, ContainerReport, EnergyJ};
-use crate::process::{IntervalUsage, Role};
+use crate::process::cgroup::CgroupNames;
+use crate::process::container::Container;
+use crate::process::names::{ContainerNames, RuntimeSockets};
+use crate::process::{IntervalUsage, ProcFs};
 
 /// A cgroup whose processes have not run for this long is folded into its
 /// path's sums (and looked up again if they run again): a host that
 /// creates cgroups all day keeps one entry per path, not per cgroup.
-pub(super) const PRUNE_AFTER_NS: u64 = 120_000_000_000;
+pub(crate) const PRUNE_AFTER_NS: u64 = 120_000_000_000;
 
 /// How often cgroups are pruned.
-pub(super) const PRUNE_EVERY_NS: u64 = 10_000_000_000;
+pub(crate) const PRUNE_EVERY_NS: u64 = 10_000_000_000;
 
 /// Paths of pruned cgroups kept one by one (those that ran least recently
 /// beyond this are summed together, `[N older cgroups]`).
@@ -25,25 +28,25 @@ pub(crate) const MAX_PRUNED_PATHS: usize = 10_000;
 
 /// One cgroup's sums.
 #[derive(Clone, Debug, Default)]
-pub(super) struct CgroupSum {
-    pub(super) on_cpu_ns: u64,
-    pub(super) energy: EnergyBy,
+pub(crate) struct CgroupSum {
+    pub(crate) on_cpu_ns: u64,
+    pub(crate) energy: EnergyBy,
     /// Its path, once found.
-    pub(super) name: Option<String>,
+    pub(crate) name: Option<String>,
     /// When a process of it last ran (monotonic ns).
-    pub(super) last_ns: u64,
+    pub(crate) last_ns: u64,
     /// Its path was looked at for a container (once named).
-    pub(super) recognized: bool,
+    pub(crate) recognized: bool,
     /// The container it is, if it is one.
-    pub(super) container: Option<crate::process::container::Container>,
+    pub(crate) container: Option<crate::process::container::Container>,
     /// Its runtime was asked for the container's name.
-    pub(super) name_asked: bool,
+    pub(crate) name_asked: bool,
     /// That container's name, once its runtime answered.
-    pub(super) container_name: Option<String>,
+    pub(crate) container_name: Option<String>,
 }
 
 /// Adds `c`'s sums to `into` (its path kept, its last run the later).
-pub(super) fn fold(into: &mut CgroupSum, c: &CgroupSum) {
+fn fold(into: &mut CgroupSum, c: &CgroupSum) {
     into.on_cpu_ns += c.on_cpu_ns;
     into.energy.merge(&c.energy);
     into.last_ns = into.last_ns.max(c.last_ns);
@@ -60,13 +63,54 @@ pub(super) fn fold(into: &mut CgroupSum, c: &CgroupSum) {
     }
 }
 
-impl Profile {
+/// Every cgroup's sums, by id while its processes run, by path once
+/// pruned; with the names of cgroups and of the containers they are.
+pub(crate) struct Cgroups {
+    by_id: IntMap<u64, CgroupSum>,
+    /// Sums of cgroups pruned from `by_id`, per path.
+    pruned: HashMap<String, CgroupSum>,
+    /// Paths pruned from `pruned` past [`MAX_PRUNED_PATHS`]: how many, and
+    /// their sums together.
+    older: (u64, CgroupSum),
+    /// When cgroups were last pruned (monotonic ns).
+    pruned_at_ns: u64,
+    names: CgroupNames,
+    /// The cgroup2 root's id (a process there on a hybrid host is named
+    /// by its v1 path).
+    root: Option<u64>,
+    /// Each process's v1 cgroup key, where its v2 cgroup is the root.
+    v1: IntMap<ConsumerId, Option<u64>>,
+    containers: ContainerNames,
+}
+
+impl Cgroups {
+    /// Named from the cgroup2 file system at `cgroupfs` (`None`: this
+    /// machine's mount); containers named by asking `runtimes`.
+    pub(crate) fn new(cgroupfs: Option<&std::path::Path>, runtimes: &RuntimeSockets) -> Self {
+        let names = |refresh_ns| {
+            cgroupfs.map_or_else(
+                || CgroupNames::real(refresh_ns),
+                |root| CgroupNames::new(root, refresh_ns),
+            )
+        };
+        Self {
+            by_id: IntMap::default(),
+            pruned: HashMap::new(),
+            older: (0, CgroupSum::default()),
+            pruned_at_ns: 0,
+            names: names(1_000_000_000),
+            root: names(0).root_id(),
+            v1: IntMap::default(),
+            containers: ContainerNames::new(runtimes),
+        }
+    }
+
     /// Folds cgroups whose processes have not run for [`PRUNE_AFTER_NS`]
     /// into their path's sums (every [`PRUNE_EVERY_NS`]); keeps at most
     /// [`MAX_PRUNED_PATHS`] paths, summing the least recently run beyond.
     /// Per-path and per-container figures, and so the exporter's counters,
     /// are unchanged by it.
-    pub(super) fn prune_cgroups(&mut self, now_ns: u64) {
+    pub(crate) fn prune(&mut self, now_ns: u64, live: impl Iterator<Item = u64>) {
         if now_ns.saturating_sub(self.pruned_at_ns) < PRUNE_EVERY_NS {
             return;
         }
@@ -77,24 +121,24 @@ impl Profile {
         // processes (named only once), and cgroup 0 (energy of processes
         // with no cgroup).
         let kept: crate::hash::IntSet<u64> = self
-            .v1_cgroup
+            .v1
             .values()
             .flatten()
             .copied()
-            .chain(self.table.processes().map(|p| p.cgroup_id))
+            .chain(live)
             .chain(std::iter::once(0))
             .collect();
         let stale: Vec<u64> = self
-            .cgroups
+            .by_id
             .iter()
             .filter(|(id, c)| c.last_ns < cutoff && !kept.contains(id))
             .map(|(id, _)| *id)
             .collect();
         for id in stale {
-            let Some(c) = self.cgroups.remove(&id) else {
+            let Some(c) = self.by_id.remove(&id) else {
                 continue;
             };
-            self.cgroup_names.forget(id);
+            self.names.forget(id);
             match &c.name {
                 Some(path) => fold(self.pruned.entry(path.clone()).or_default(), &c),
                 None => {
@@ -123,21 +167,20 @@ impl Profile {
     }
 
     /// Every cgroup sum: those kept by id, then the pruned ones by path.
-    pub(super) fn cgroup_sums(&self) -> impl Iterator<Item = &CgroupSum> {
-        self.cgroups.values().chain(self.pruned.values())
+    pub(crate) fn sums(&self) -> impl Iterator<Item = &CgroupSum> {
+        self.by_id.values().chain(self.pruned.values())
     }
 
     /// Tasks in the cgroup v2 root on a host whose units and containers
     /// live in cgroup v1 hierarchies: their v1 path, read once per process
     /// while it is alive.
-    pub(super) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage]) {
+    pub(crate) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage], procfs: &ProcFs) {
         for u in usage {
-            if self.cgroup_root.is_some_and(|r| u.cgroup_id != r) {
+            if self.root.is_some_and(|r| u.cgroup_id != r) {
                 continue;
             }
-            let cgroups = &mut self.cgroups;
-            let procfs = &self.procfs;
-            let key = *self.v1_cgroup.entry(u.id).or_insert_with(|| {
+            let cgroups = &mut self.by_id;
+            let key = *self.v1.entry(u.id).or_insert_with(|| {
                 let text = procfs.cgroup(u.pid);
                 crate::process::cgroup::v1_path(&text)
                     .filter(|p| p != "/")
@@ -155,13 +198,17 @@ impl Profile {
 
     /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
     /// whose processes ran since then.
-    pub(crate) fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
-        let span = self.last_ns.saturating_sub(self.start_ns);
+    pub(crate) fn reports(
+        &self,
+        since_ns: Option<u64>,
+        span: u64,
+        carbon: &CarbonIntensity,
+    ) -> Vec<CgroupReport> {
         let recent = |c: &CgroupSum| since_ns.is_none_or(|t| c.last_ns >= t);
         // One row per path: a pruned cgroup's sums go to the row of the
         // cgroup now at its path (a restarted unit), or stand alone.
         let mut rows: Vec<(String, u64, CgroupSum)> = self
-            .cgroups
+            .by_id
             .iter()
             .map(|(id, c)| {
                 let path = c.name.clone().unwrap_or_else(|| format!("id:{id}"));
@@ -192,7 +239,7 @@ impl Profile {
                 path,
                 id,
                 on_cpu_ns: c.on_cpu_ns,
-                energy: EnergyJ::new(&c.energy, span, &self.cfg.carbon),
+                energy: EnergyJ::new(&c.energy, span, carbon),
             })
             .collect();
         cgroups
@@ -202,7 +249,7 @@ impl Profile {
 
     /// The container a cgroup's sums are for: the one recognized while
     /// it ran, else what its path says.
-    pub(super) fn container_of(cg: &CgroupSum) -> Option<crate::process::container::Container> {
+    fn container_of(cg: &CgroupSum) -> Option<Container> {
         cg.container.clone().or_else(|| {
             cg.name
                 .as_deref()
@@ -212,9 +259,9 @@ impl Profile {
 
     /// Asks the runtimes for the name of every container again: those
     /// not named yet, and the others' current names (renamed since).
-    pub(super) fn ask_container_names(&self) {
+    pub(crate) fn ask_container_names(&self) {
         self.containers.expire();
-        for cg in self.cgroup_sums() {
+        for cg in self.sums() {
             if let Some(c) = Self::container_of(cg) {
                 let _ = self.containers.name(&c);
             }
@@ -223,11 +270,16 @@ impl Profile {
 
     /// Per container and systemd unit so far (from the cgroups), most
     /// energy first; with `since_ns`, only those whose processes ran since.
-    pub(crate) fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
+    pub(crate) fn container_reports(
+        &self,
+        since_ns: Option<u64>,
+        span: u64,
+        carbon: &CarbonIntensity,
+    ) -> Vec<ContainerReport> {
         type Sums = (u64, EnergyBy, Vec<String>, Option<String>);
-        let mut by: HashMap<crate::process::container::Container, Sums> = HashMap::new();
-        let mut last: HashMap<crate::process::container::Container, u64> = HashMap::new();
-        for cg in self.cgroup_sums() {
+        let mut by: HashMap<Container, Sums> = HashMap::new();
+        let mut last: HashMap<Container, u64> = HashMap::new();
+        for cg in self.sums() {
             let (ns, e) = (&cg.on_cpu_ns, &cg.energy);
             let Some(path) = &cg.name else { continue };
             let Some(c) = Self::container_of(cg) else {
@@ -243,7 +295,6 @@ impl Profile {
                 entry.3.clone_from(&cg.container_name);
             }
         }
-        let span = self.last_ns.saturating_sub(self.start_ns);
         let mut v: Vec<ContainerReport> = by
             .into_iter()
             .filter(|(c, _)| since_ns.is_none_or(|t| last.get(c).is_some_and(|l| *l >= t)))
@@ -264,7 +315,7 @@ impl Profile {
                     qos: c.qos,
                     cgroups,
                     on_cpu_ns: ns,
-                    energy: EnergyJ::new(&e, span, &self.cfg.carbon),
+                    energy: EnergyJ::new(&e, span, carbon),
                 }
             })
             .collect();
@@ -275,72 +326,90 @@ impl Profile {
         v
     }
 
-    /// Sums this interval's energy per group (returned: this interval's
-    /// per group) and per cgroup, and each cgroup's CPU time.
-    pub(super) fn sum_groups_and_cgroups(
-        &mut self,
-        usage: &[IntervalUsage],
-        energy: &IntMap<ConsumerId, EnergyBy>,
-        index: &IntMap<ConsumerId, usize>,
-        at_ns: u64,
-    ) -> [EnergyBy; 3] {
-        let mut interval_groups: [EnergyBy; 3] = Default::default();
-        for (id, e) in energy {
-            // A consumer the table no longer knows was an exited process
-            // outside the tree.
-            let u = index.get(id).map(|i| &usage[*i]);
-            // A process forgotten since it ran in an interval whose read
-            // failed: its role and cgroup as they were then.
-            let origin = self.held_origin.get(id).copied();
-            let role = u.map_or_else(|| origin.map_or(Role::Other, |o| o.1), |u| u.role);
-            self.groups[role as usize].merge(e);
-            interval_groups[role as usize].merge(e);
-            // A process that was in several cgroups in this interval: each
-            // gets the energy of its share of the process's time.
-            let mut rest = *e;
-            if let Some(u) = u.filter(|u| !u.other_cgroups_ns.is_empty()) {
-                let total: u64 = u.on_cpu_ns.iter().sum();
-                for (cgroup, ns) in &u.other_cgroups_ns {
-                    let part = e.share(*ns, total);
-                    rest = rest.less(&part);
-                    self.cgroups.entry(*cgroup).or_default().energy.merge(&part);
-                }
+    /// Adds a consumer's energy of this interval to its cgroup (`u`: its
+    /// usage this interval, if it ran; `cgroup`: where it was): a process
+    /// that was in several cgroups gives each the energy of its share of
+    /// the process's time.
+    pub(crate) fn add_energy(&mut self, u: Option<&IntervalUsage>, cgroup: u64, e: &EnergyBy) {
+        let mut rest = *e;
+        if let Some(u) = u.filter(|u| !u.other_cgroups_ns.is_empty()) {
+            let total: u64 = u.on_cpu_ns.iter().sum();
+            for (other, ns) in &u.other_cgroups_ns {
+                let part = e.share(*ns, total);
+                rest = rest.less(&part);
+                self.by_id.entry(*other).or_default().energy.merge(&part);
             }
-            let cgroup = u.map_or_else(|| origin.map_or(0, |o| o.0), |u| u.cgroup_id);
-            self.cgroups.entry(cgroup).or_default().energy.merge(&rest);
         }
-        // While reads are held, where each process that ran was (its
-        // record may be forgotten before the read that covers it comes);
-        // at most a minute of processes (HELD_MAX_NS).
-        if !self.held.any_live() {
-            self.held_origin.clear();
-        } else {
-            self.held_origin
-                .extend(usage.iter().map(|u| (u.id, (u.cgroup_id, u.role))));
-        }
+        self.by_id.entry(cgroup).or_default().energy.merge(&rest);
+    }
+
+    /// Adds this interval's CPU time to each cgroup its processes ran in,
+    /// and marks them as having run at `at_ns`.
+    pub(crate) fn add_time(&mut self, usage: &[IntervalUsage], at_ns: u64) {
         for u in usage {
             let mut rest: u64 = u.on_cpu_ns.iter().sum();
             for (cgroup, ns) in &u.other_cgroups_ns {
                 rest = rest.saturating_sub(*ns);
-                let c = self.cgroups.entry(*cgroup).or_default();
+                let c = self.by_id.entry(*cgroup).or_default();
                 c.on_cpu_ns += ns;
                 c.last_ns = at_ns;
             }
-            let c = self.cgroups.entry(u.cgroup_id).or_default();
+            let c = self.by_id.entry(u.cgroup_id).or_default();
             c.on_cpu_ns += rest;
             c.last_ns = at_ns;
         }
-        interval_groups
+    }
+
+    /// A cgroup's path, once found.
+    pub(crate) fn path(&self, cgroup_id: u64) -> Option<&str> {
+        self.by_id.get(&cgroup_id).and_then(|c| c.name.as_deref())
+    }
+
+    /// The cgroup path of a process (its v1 path where its v2 one is the
+    /// root), when known.
+    pub(crate) fn path_of(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
+        let key = match self.v1.get(&id) {
+            Some(Some(v1)) if self.root.is_none_or(|r| cgroup_id == r) => *v1,
+            _ => cgroup_id,
+        };
+        self.path(key)
+    }
+
+    /// The container runtimes' names.
+    pub(crate) fn containers(&self) -> &ContainerNames {
+        &self.containers
+    }
+
+    /// Waits up to `wait` for the runtimes' answers to names asked for.
+    pub(crate) fn settle(&self, wait: std::time::Duration) {
+        self.containers.settle(wait);
+    }
+
+    /// Whether cgroup `id` has sums of its own (not pruned).
+    #[cfg(test)]
+    pub(crate) fn holds(&self, id: &u64) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    /// The paths of pruned cgroups' sums.
+    #[cfg(test)]
+    pub(crate) fn pruned_paths(&self) -> impl Iterator<Item = &String> {
+        self.pruned.keys()
+    }
+
+    /// Forgets the v1 keys of processes `keep` rejects.
+    pub(crate) fn forget(&mut self, keep: impl Fn(ConsumerId) -> bool) {
+        self.v1.retain(|id, _| keep(*id));
     }
 
     /// Names new cgroups and recognizes their containers while they
     /// still exist, and asks the runtime for a new container's name now:
     /// the recording has it even when no exporter or screen asks, and
     /// even if the container is gone by the end.
-    pub(super) fn name_cgroups(&mut self, at_ns: u64) {
-        for (id, entry) in &mut self.cgroups {
+    pub(crate) fn name(&mut self, at_ns: u64) {
+        for (id, entry) in &mut self.by_id {
             if entry.name.is_none() {
-                entry.name = self.cgroup_names.name(*id, at_ns).map(str::to_string);
+                entry.name = self.names.name(*id, at_ns).map(str::to_string);
             }
             if !entry.recognized
                 && let Some(path) = entry.name.as_deref()

@@ -1,0 +1,196 @@
+//! The sums without root: cgroup fixtures are plain directories (a
+//! cgroup's id is its directory's inode), `/proc` a folder of
+//! `smaps_rollup` files.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use super::*;
+use crate::process::ProcFs;
+use crate::process::names::RuntimeSockets;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wattprof-sums-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn runtimes(dir: &std::path::Path) -> RuntimeSockets {
+    RuntimeSockets {
+        docker: dir.join("no-docker.sock"),
+        podman: dir.join("no-podman.sock"),
+        containerd: dir.join("no-containerd"),
+    }
+}
+
+fn carbon() -> CarbonIntensity {
+    CarbonIntensity {
+        g_per_kwh: 100.0,
+        source: "test".into(),
+    }
+}
+
+fn package(uj: u64) -> EnergyBy {
+    EnergyBy {
+        package_uj: uj,
+        ..EnergyBy::default()
+    }
+}
+
+fn usage(id: ConsumerId, role: Role, cgroup_id: u64, ns: u64) -> IntervalUsage {
+    IntervalUsage {
+        id,
+        pid: id as u32,
+        role,
+        cgroup_id,
+        on_cpu_ns: vec![ns],
+        other_cgroups_ns: Vec::new(),
+    }
+}
+
+/// A cgroup directory under `root`: its id.
+fn cgroup(root: &std::path::Path, path: &str) -> u64 {
+    let d = root.join(path);
+    std::fs::create_dir_all(&d).expect("cgroup dir");
+    std::fs::metadata(&d).expect("cgroup").ino()
+}
+
+#[test]
+fn energy_goes_to_each_group_and_cgroup_and_a_moved_process_splits_by_its_time() {
+    let dir = temp_dir("add");
+    let root = dir.join("cgroup");
+    let (a, b) = (cgroup(&root, "a.slice"), cgroup(&root, "b.slice"));
+    let mut sums = Sums::new(Some(&root), &runtimes(&dir));
+    // 1 ran 1,000 ns, 250 of them in b (moved during the interval); 2 is
+    // wattprof; 3 did not run (its energy is a held read's): it goes
+    // where it was; 4 did not run and nothing says where it was.
+    let mut moved = usage(1, Role::Tree, a, 1_000);
+    moved.other_cgroups_ns = vec![(b, 250)];
+    let usage = vec![moved, usage(2, Role::Profiler, b, 100)];
+    let index: IntMap<ConsumerId, usize> = [(1, 0), (2, 1)].into_iter().collect();
+    let energy: IntMap<ConsumerId, EnergyBy> = [
+        (1, package(1_000)),
+        (2, package(40)),
+        (3, package(300)),
+        (4, package(7)),
+    ]
+    .into_iter()
+    .collect();
+    let origin = |id: ConsumerId| (id == 3).then_some((b, Role::Other));
+    let interval = sums.add_interval(&usage, &energy, &index, origin, 5_000);
+    sums.cgroups.name(5_000);
+    assert_eq!(interval[Role::Tree as usize].package_uj, 1_000);
+    assert_eq!(interval[Role::Profiler as usize].package_uj, 40);
+    assert_eq!(interval[Role::Other as usize].package_uj, 300 + 7);
+    assert_eq!(sums.groups, interval, "the first interval's sums are it");
+    let by_path = |path: &str| {
+        sums.cgroups
+            .reports(None, 1_000_000_000, &carbon())
+            .into_iter()
+            .find(|c| c.path == path)
+            .unwrap_or_else(|| panic!("no cgroup {path}"))
+    };
+    let (ra, rb) = (by_path("/a.slice"), by_path("/b.slice"));
+    assert_eq!(ra.on_cpu_ns, 750);
+    assert_eq!(rb.on_cpu_ns, 250 + 100);
+    assert_eq!(ra.energy.package_j, 750e-6);
+    assert_eq!(rb.energy.package_j, 590e-6);
+    // With no cgroup known, energy is in cgroup 0, which has no path.
+    assert_eq!(by_path("id:0").energy.package_j, 7e-6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cgroups_not_run_for_two_minutes_fold_into_their_path_and_their_sums_stay() {
+    let dir = temp_dir("prune");
+    let root = dir.join("cgroup");
+    let (old, live, idle) = (
+        cgroup(&root, "old.scope"),
+        cgroup(&root, "live.scope"),
+        cgroup(&root, "idle.service"),
+    );
+    let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
+    for (id, cgroup_id) in [(1, old), (2, live), (3, idle)] {
+        c.add_energy(None, cgroup_id, &package(100 * id));
+        c.add_time(&[usage(id, Role::Other, cgroup_id, 10)], 1_000);
+    }
+    c.name(1_000);
+    let before = c.reports(None, 1, &carbon());
+    // Three minutes on: `idle` has a live process (kept); `old` has none.
+    c.prune(181_000_000_000, [idle].into_iter());
+    assert!(!c.holds(&old) && !c.holds(&live), "pruned");
+    assert!(c.holds(&idle), "a live process's cgroup is kept");
+    let paths: Vec<&String> = c.pruned_paths().collect();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    // Per-path figures are unchanged by it.
+    let after = c.reports(None, 1, &carbon());
+    let key = |r: &crate::model::CgroupReport| (r.path.clone(), r.on_cpu_ns, r.energy.total_j);
+    let (mut b, mut a): (Vec<_>, Vec<_>) = (
+        before.iter().map(key).collect(),
+        after.iter().map(key).collect(),
+    );
+    b.sort_by(|x, y| x.0.cmp(&y.0));
+    a.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(a, b);
+    // Only cgroups that ran since a time are reported for it.
+    assert!(c.reports(Some(2_000), 1, &carbon()).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn memory_is_read_at_most_once_a_second_and_monitor_reads_at_most_20_a_second() {
+    let dir = temp_dir("memory");
+    let smaps = |pid: u32, pss_kb: u64| {
+        let d = dir.join(pid.to_string());
+        std::fs::create_dir_all(&d).expect("proc dir");
+        std::fs::write(
+            d.join("smaps_rollup"),
+            format!("Pss: {pss_kb} kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n"),
+        )
+        .expect("smaps_rollup");
+    };
+    let procfs = ProcFs::at(dir.clone());
+    let rows: Vec<memory::Row> = (1..=30)
+        .map(|pid| {
+            smaps(pid, 100);
+            memory::Row {
+                id: u64::from(pid),
+                pid,
+                exited: pid == 30,
+                gpu_bytes: u64::from(pid),
+            }
+        })
+        .collect();
+    let mut m = memory::Memory::default();
+    // `run`: every process read, but an exited one has no memory.
+    let got = m.read(&rows[..3], &procfs, false, 1_000);
+    assert!(
+        got.iter()
+            .all(|g| g.map(|g| g.pss_bytes) == Some(100 * 1024))
+    );
+    smaps(1, 500);
+    // Within the second: the last reading, not a new one.
+    let got = m.read(&rows[..1], &procfs, false, 500_000_000);
+    assert_eq!(got[0].map(|g| g.pss_bytes), Some(100 * 1024));
+    // A second on: read again, and the peak follows.
+    let got = m.read(&rows[..1], &procfs, false, 1_000_001_000);
+    assert_eq!(
+        got[0].map(|g| (g.pss_bytes, g.uss_bytes)),
+        Some((500 * 1024, 3 * 1024))
+    );
+    assert_eq!(m.peak(1).peak_pss_bytes, 500 * 1024);
+    assert_eq!(m.peak(2).peak_gpu_bytes, 2);
+    // `monitor`: of 29 live rows, 20 are read (those never read first),
+    // the rest show their last reading or none.
+    let mut m = memory::Memory::default();
+    let got = m.read(&rows, &procfs, true, 5_000_000_000);
+    assert_eq!(got.iter().filter(|g| g.is_some()).count(), 20);
+    assert!(got[29].is_none(), "exited");
+    // The next second reads the 9 it could not, before any read again.
+    let got = m.read(&rows, &procfs, true, 6_000_000_000);
+    assert_eq!(got.iter().filter(|g| g.is_some()).count(), 29);
+    m.forget(|id| id != 1);
+    assert_eq!(m.peak(1), crate::model::MemoryReport::default());
+    let _ = std::fs::remove_dir_all(&dir);
+}
