@@ -341,7 +341,7 @@ impl Streams {
             out.push(Box::new(j));
         }
         if let Some(c) = self.csv_intervals {
-            out.push(Box::new(crate::sink::IntervalCsvSink::new(c)));
+            out.push(Box::new(crate::sink::csv::IntervalCsvSink::new(c)));
         }
         if let Some(r) = self.recording {
             out.push(Box::new(r));

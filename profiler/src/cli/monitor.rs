@@ -1,7 +1,7 @@
 //! `wattprof monitor`: the whole machine, per process and per cgroup,
 //! until Ctrl-C.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +17,11 @@ use super::setup::{
 };
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::{Ending, Profile, Scope};
-use crate::render::{By, render_monitor_frame};
+use crate::render::By;
 use crate::sink::recording::Keep;
+use crate::sink::screen::Screen;
+use crate::sink::snapshot::{Exporter, Published};
+use crate::sink::vm_export::VmExportSink;
 use crate::tracker::{EbpfTracker, monotonic_ns};
 
 /// Arguments of `wattprof monitor`.
@@ -103,7 +106,7 @@ pub(crate) struct MonitorArgs {
 pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
-    let mut vm_export = args
+    let vm_export = args
         .vm_export
         .as_deref()
         .map(crate::sink::vm_export::VmExport::create)
@@ -142,44 +145,50 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         streams,
     )?;
     let start_ns = tracker.start_ns();
-    if let Some(s) = &stack_outputs {
+    // monitor's outputs beyond the streams it shares with run, each a
+    // sink: the flame graph, each VM's counters, the exporter's snapshot,
+    // the screen.
+    if let Some(s) = stack_outputs {
         s.start(&mut profile)?;
+        profile.add_sink(Box::new(s.sink()));
     }
-    if vm_export.is_some() {
-        profile.track_vms();
+    if let Some(ex) = vm_export {
+        profile.add_sink(Box::new(VmExportSink::new(ex)));
     }
-    profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
-    let exporter = match args.prometheus {
+    // Serves until monitor ends.
+    let _exporter = match args.prometheus {
         Some(addr) => {
-            let shared: crate::exporter::Shared = Arc::new(std::sync::Mutex::new(Arc::new(
-                profile.snapshot(args.prometheus_top as usize, 0),
-            )));
-            let ex =
-                crate::exporter::serve(addr, shared.clone(), web_config.take()).map_err(|e| {
+            let published: Published = Arc::new(std::sync::Mutex::new(Arc::default()));
+            let ex = crate::exporter::serve(addr, published.clone(), web_config.take()).map_err(
+                |e| {
                     Fatal::profiler(format!(
                         "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
-                     choose another with --prometheus HOST:PORT)"
+                         choose another with --prometheus HOST:PORT)"
                     ))
-                })?;
+                },
+            )?;
             eprintln!("wattprof: Prometheus metrics at {}", ex.url());
-            Some((ex, shared))
+            profile.add_sink(Box::new(Exporter::new(
+                published,
+                args.prometheus_top as usize,
+                args.prometheus_grace.as_nanos() as u64,
+            )));
+            Some(ex)
         }
         None => None,
     };
+    if std::io::stdout().is_terminal() {
+        profile.add_sink(Box::new(Screen::new(
+            std::io::stdout(),
+            args.top as usize,
+            args.by,
+        )));
+    }
+    profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let interval_ns = args.interval.as_nanos() as u64;
     let mut hooks = MonitorLoop {
         stop: &stop,
         end_ns: args.duration.map(|d| start_ns + d.as_nanos() as u64),
-        start_ns,
-        exporter: exporter.as_ref().map(|(_, shared)| shared),
-        prometheus_top: args.prometheus_top as usize,
-        grace_ns: args.prometheus_grace.as_nanos() as u64,
-        last_snapshot_ns: 0,
-        live: std::io::stdout().is_terminal(),
-        top: args.top as usize,
-        by: args.by,
-        vm_export: vm_export.as_mut(),
-        vm_export_failed: false,
         learned_saved_ns: start_ns,
         learned_save_failed: false,
     };
@@ -190,10 +199,6 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         &mut hooks,
     )?;
     profile.tick(&mut tracker, true)?;
-    hooks.export_vms(&profile);
-    // Written before the recording; a failure is reported after it, so
-    // nothing already recorded is lost.
-    let stacks_written = stack_outputs.map_or(Ok(()), |s| s.write(&mut profile, "monitor"));
     let mut learned = profile.learned_to_save();
     let finished = profile.finish(Ending {
         mode: "monitor",
@@ -204,28 +209,15 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     deliver(&finished)?;
     // After the recording: a slow state directory delays nothing kept.
     hooks.say_saved(learned.save_learned());
-    stacks_written?;
     outputs_complete(&finished.report)?;
     Ok(0)
 }
 
-/// The `monitor` loop's part: the exporter's snapshot, the live screen,
-/// and the end (a signal, or `--duration`).
+/// The `monitor` loop's part: what it learns kept every ten minutes, and
+/// the end (a signal, or `--duration`).
 struct MonitorLoop<'a> {
     stop: &'a AtomicBool,
     end_ns: Option<u64>,
-    start_ns: u64,
-    exporter: Option<&'a crate::exporter::Shared>,
-    prometheus_top: usize,
-    grace_ns: u64,
-    last_snapshot_ns: u64,
-    live: bool,
-    top: usize,
-    by: By,
-    vm_export: Option<&'a mut crate::sink::vm_export::VmExport>,
-    /// A write failed (said once; sampling goes on, and later writes try
-    /// again).
-    vm_export_failed: bool,
     /// When what was learned of the static power was last written to the
     /// host power model (monotonic ns), and whether that write failed.
     learned_saved_ns: u64,
@@ -263,25 +255,6 @@ impl MonitorLoop<'_> {
             Err(_) => {}
         }
     }
-
-    /// Brings every VM's exported counters up to date.
-    fn export_vms(&mut self, profile: &Profile) {
-        let (Some(ex), Some(sums)) = (self.vm_export.as_deref_mut(), profile.vm_sums()) else {
-            return;
-        };
-        match ex.write(sums, profile.measures_dram(), profile.cpu_estimated()) {
-            Ok(()) if self.vm_export_failed => {
-                eprintln!("wattprof: --vm-export written again");
-                self.vm_export_failed = false;
-            }
-            Ok(()) => {}
-            Err(e) if !self.vm_export_failed => {
-                eprintln!("wattprof: warning: {e}; monitoring goes on, retrying each interval");
-                self.vm_export_failed = true;
-            }
-            Err(_) => {}
-        }
-    }
 }
 
 impl Hooks<EbpfTracker> for MonitorLoop<'_> {
@@ -297,41 +270,9 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     }
 
     fn after_interval(&mut self, profile: &mut Profile, now: u64) -> anyhow::Result<()> {
-        self.export_vms(profile);
         if now.saturating_sub(self.learned_saved_ns) >= SAVE_LEARNED_EVERY_NS {
             self.learned_saved_ns = now;
             self.save_learned(profile);
-        }
-        // At most once a second: scrapes are far apart, and the snapshot
-        // walks every container and cgroup.
-        if let Some(shared) = self.exporter
-            && now.saturating_sub(self.last_snapshot_ns) >= 1_000_000_000
-        {
-            self.last_snapshot_ns = now;
-            let snap = Arc::new(profile.snapshot(self.prometheus_top, self.grace_ns));
-            *shared
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = snap;
-        }
-        if self.live {
-            let (containers, cgroups) = match self.by {
-                By::Process => (Vec::new(), Vec::new()),
-                By::Container => (profile.container_reports(None), Vec::new()),
-                By::Cgroup => (Vec::new(), profile.cgroup_reports(None)),
-            };
-            let frame = render_monitor_frame(
-                profile.last_interval(),
-                &containers,
-                &cgroups,
-                now.saturating_sub(self.start_ns),
-                self.top,
-                self.by,
-            );
-            let mut out = std::io::stdout().lock();
-            // Home, clear, draw: one write so the screen never flickers
-            // half-drawn.
-            let _ = out.write_all(format!("\x1b[H\x1b[2J{frame}").as_bytes());
-            let _ = out.flush();
         }
         Ok(())
     }

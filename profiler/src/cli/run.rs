@@ -102,10 +102,13 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         .collect();
     let (mut tracker, mut profile, start_unix_ns) =
         start_profile(&cfg, &args.energy, carbon, Scope::Tree, streams)?;
-    profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
-    if let Some(s) = &stack_outputs {
+    // run's output beyond the streams it shares with monitor: the flame
+    // graph.
+    if let Some(s) = stack_outputs {
         s.start(&mut profile)?;
+        profile.add_sink(Box::new(s.sink()));
     }
+    profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
 
     let socket = WindowSocket::bind(
         &std::env::temp_dir(),
@@ -171,11 +174,6 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Window messages sent just before the command exited.
     window_boundary(&socket, &mut tracker, &mut profile)?;
     profile.tick(&mut tracker, true)?;
-    // Written before the recording; a failure is reported after it, so
-    // nothing already recorded is lost.
-    let stacks_written = stack_outputs.map_or(Ok(()), |s| {
-        s.write(&mut profile, &format!("`{}`", argv.join(" ")))
-    });
 
     let finished = profile.finish(Ending {
         mode: "run",
@@ -189,7 +187,6 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
     deliver(&finished)?;
-    stacks_written?;
     // The command's failure is its own exit status; a command that
     // succeeded exits 125 when an output of wattprof's stopped early.
     let code = child::exit_code(status);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use super::Fatal;
 use crate::profile::Profile;
 use crate::profile::stacks::{DEFAULT_MAX_ENTRIES, StackProfile};
-use crate::sink::flamegraph;
+use crate::sink::flamegraph::FlameGraph;
 use crate::sink::recording::PendingOutput;
 use crate::tracker::stacks::{MAX_HZ, StackSampler};
 
@@ -152,54 +152,11 @@ impl StackOutputs {
         Ok(())
     }
 
-    /// Writes the folded stacks and the flame graph; `what` names the
-    /// profile in the graph's title.
-    pub(super) fn write(self, profile: &mut Profile, what: &str) -> Result<(), Fatal> {
-        let Some(st) = profile.stacks() else {
-            return Ok(());
-        };
-        let ledger = st.ledger();
-        // Each output is tried whatever happened to the other; the first
-        // failure is returned.
-        let folded = self.folded.map(|out| {
-            let (bytes, lines) = flamegraph::folded(ledger);
-            commit(
-                out,
-                "--stacks-out",
-                Ok(bytes),
-                &format!("folded stacks ({lines} lines, µJ)"),
-            )
-        });
-        let svg = self.svg.map(|out| {
-            let domain = self
-                .domain
-                .as_deref()
-                .unwrap_or_else(|| flamegraph::default_domain(ledger));
-            let bytes = flamegraph::svg(ledger, domain, what);
-            commit(
-                out,
-                "--flamegraph",
-                bytes,
-                &format!("{domain} energy flame graph"),
-            )
-        });
-        folded.unwrap_or(Ok(())).and(svg.unwrap_or(Ok(())))
+    /// The sink that writes the folded stacks and the flame graph at the
+    /// end.
+    pub(super) fn sink(self) -> FlameGraph {
+        FlameGraph::new(self.folded, self.svg, self.domain)
     }
-}
-
-/// Puts `bytes` in place as `option`'s file and says so on stderr, or
-/// says why not.
-fn commit(
-    out: PendingOutput,
-    option: &str,
-    bytes: std::io::Result<Vec<u8>>,
-    what: &str,
-) -> Result<(), Fatal> {
-    let dest = out.dest.clone();
-    bytes
-        .and_then(|b| out.commit_raw(&b))
-        .map(|()| eprintln!("  {what} written to {}", dest.display()))
-        .map_err(|e| Fatal::profiler(format!("cannot write {option} {}: {e}", dest.display())))
 }
 
 #[cfg(test)]

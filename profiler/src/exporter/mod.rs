@@ -15,7 +15,7 @@ pub(crate) mod web_config;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -41,7 +41,7 @@ pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The latest snapshot, shared with the server.
-pub(crate) type Shared = Arc<Mutex<Arc<Snapshot>>>;
+pub(crate) type Shared = crate::sink::snapshot::Published;
 
 /// Parses `--prometheus`: `HOST:PORT`, `[v6]:PORT`, or a bare port (on
 /// 127.0.0.1).

@@ -16,7 +16,7 @@ fn get(addr: SocketAddr, request: &[u8]) -> String {
 }
 
 fn energy_snapshot() -> Shared {
-    Arc::new(Mutex::new(Arc::new(Snapshot {
+    Arc::new(std::sync::Mutex::new(Arc::new(Snapshot {
         families: vec![(
             &crate::sink::prometheus::ENERGY,
             vec![(vec![("domain".into(), "package".into())], 2.0)],

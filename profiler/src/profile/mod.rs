@@ -12,7 +12,6 @@ mod interval;
 mod record;
 mod report;
 pub(crate) mod sampling;
-mod snapshot;
 pub(crate) mod stacks;
 pub(crate) mod statics;
 pub mod windows;
@@ -28,7 +27,7 @@ use crate::hash::IntMap;
 use crate::model::record::{HeaderRecord, IntervalRecord};
 use crate::model::{CgroupReport, ContainerReport, HostReport, RUN_SCHEMA_VERSION, WindowReport};
 use crate::process::{ProcFs, ProcessTable, Role};
-use crate::sink::Sink;
+use crate::sink::{Sink, Totals};
 use crate::sums::Sums;
 use crate::tracker::{CpuSampler, TrackerError};
 
@@ -202,9 +201,7 @@ impl Profile {
             argv: argv.map(<[String]>::to_vec),
             profiler_pid: Some(std::process::id()),
         };
-        for s in &mut self.sinks {
-            s.header(&header);
-        }
+        self.each_sink(|s, totals| s.header(&header, totals));
     }
 
     fn problem(&mut self, p: String) {
@@ -218,13 +215,6 @@ impl Profile {
     /// reported process is divided over its stacks.
     pub(crate) fn set_stacks(&mut self, stacks: stacks::StackProfile) {
         self.stacks = Some(stacks);
-    }
-
-    /// The stack sampling, if on, its frames named (the outputs' view).
-    pub(crate) fn stacks(&mut self) -> Option<&stacks::StackProfile> {
-        let st = self.stacks.as_mut()?;
-        st.resolve();
-        Some(st)
     }
 
     /// The longest the sampling loop may sleep: the stack sampler's ring
@@ -285,15 +275,6 @@ impl Profile {
         Ok(sample.at_ns)
     }
 
-    /// Outputs that stopped early (a failed write), one line each.
-    pub(crate) fn output_errors(&self) -> Vec<String> {
-        self.sinks
-            .iter()
-            .filter_map(|s| s.failure())
-            .map(str::to_string)
-            .collect()
-    }
-
     /// Applies window messages (text, sender pid) that arrived by
     /// `at_ns`, a sample taken at that instant first. Returns, per message,
     /// what it did: a closed window's figures are what the recording will
@@ -328,23 +309,6 @@ impl Profile {
         answers
     }
 
-    /// The last interval's record (as streamed).
-    pub(crate) fn last_interval(&self) -> Option<&IntervalRecord> {
-        self.last.as_ref()
-    }
-
-    /// Keeps each VM's energy from now on (`monitor --vm-export`).
-    pub(crate) fn track_vms(&mut self) {
-        self.sums.vms.get_or_insert_with(Default::default);
-    }
-
-    /// Each VM's energy so far, when tracked.
-    pub(crate) fn vm_sums(
-        &self,
-    ) -> Option<&std::collections::BTreeMap<String, crate::sums::vms::VmSum>> {
-        self.sums.vms.as_ref().map(|v| v.sums())
-    }
-
     /// The profile's length so far (monotonic ns).
     fn span_ns(&self) -> u64 {
         self.last_ns.saturating_sub(self.start_ns)
@@ -366,19 +330,51 @@ impl Profile {
             .container_reports(since_ns, self.span_ns(), &self.cfg.carbon)
     }
 
-    /// Whether the CPU's energy is a power model's estimate.
-    pub(crate) fn cpu_estimated(&self) -> bool {
-        self.sums.cpu_estimated()
+    /// Adds an output after the profile was made (the exporter, the
+    /// screen, the VM export, the flame graph: the ones a command adds to
+    /// the common streams). Before [`Profile::write_header`].
+    pub(crate) fn add_sink(&mut self, sink: Box<dyn Sink>) {
+        if sink.needs_vms() {
+            self.sums.vms.get_or_insert_with(Default::default);
+        }
+        self.sinks.push(sink);
     }
 
-    /// Whether DRAM energy is measured (a DRAM domain has been read).
-    pub(crate) fn measures_dram(&self) -> bool {
-        self.sums.measures_dram()
+    /// What the sinks may read: the sums so far.
+    pub(crate) fn totals(&self) -> Totals<'_> {
+        Totals {
+            sums: &self.sums,
+            carbon: &self.cfg.carbon,
+            profiler_ns: self.table.totals().profiler_ns,
+            start_ns: self.start_ns,
+            last_ns: self.last_ns,
+            figures: self.statics.figures(),
+            stacks: self.stacks.as_ref().map(stacks::StackProfile::ledger),
+        }
+    }
+
+    /// Hands every sink what `f` gives it, with the sums so far.
+    fn each_sink(&mut self, mut f: impl FnMut(&mut dyn Sink, &Totals<'_>)) {
+        let mut sinks = std::mem::take(&mut self.sinks);
+        let totals = self.totals();
+        for s in &mut sinks {
+            f(s.as_mut(), &totals);
+        }
+        self.sinks = sinks;
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+/// Outputs that stopped early (a failed write), one line each.
+fn output_errors(sinks: &[Box<dyn Sink>]) -> Vec<String> {
+    sinks
+        .iter()
+        .filter_map(|s| s.failure())
+        .map(str::to_string)
+        .collect()
+}
 
 /// CPUs online now (the power model's vCPUs).
 fn online_cpus() -> usize {

@@ -164,9 +164,7 @@ impl Profile {
 
     /// Hands the record to every sink, and keeps what they had to say.
     pub(super) fn write_record(&mut self, record: IntervalRecord) {
-        for s in &mut self.sinks {
-            s.interval(&record);
-        }
+        self.each_sink(|s, totals| s.interval(&record, totals));
         let problems: Vec<String> = self
             .sinks
             .iter_mut()

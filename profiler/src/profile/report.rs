@@ -3,6 +3,7 @@
 
 use super::Profile;
 use super::Scope;
+use super::output_errors;
 use super::windows;
 use crate::model::CommandReport;
 use crate::model::DomainReport;
@@ -130,6 +131,10 @@ impl Profile {
     /// Ends the profile: closes open windows, builds the report and hands
     /// it to every sink. Call after the final [`Profile::step`].
     pub(crate) fn finish(mut self, ending: Ending) -> Finished {
+        // The stack samples' frames named, for the report and the sinks.
+        if let Some(st) = &mut self.stacks {
+            st.resolve();
+        }
         let end_ns = self.last_ns;
         let span = end_ns.saturating_sub(self.start_ns);
         let (windows, window_errors) = self.windows.finish(end_ns);
@@ -204,14 +209,17 @@ impl Profile {
         // Each sink's end is tried whatever another's did; each sees the
         // streams' failures so far (the stream's summary may fail too).
         let (mut said, mut failed) = (Vec::new(), Vec::new());
-        for i in 0..self.sinks.len() {
-            report.profiler.output_errors = self.output_errors();
-            match self.sinks[i].finish(&report) {
-                Ok(line) => said.extend(line),
-                Err(e) => failed.push(e),
+        let mut sinks = std::mem::take(&mut self.sinks);
+        for i in 0..sinks.len() {
+            report.profiler.output_errors = output_errors(&sinks);
+            for done in sinks[i].finish(&report, &self.totals()) {
+                match done {
+                    Ok(line) => said.push(line),
+                    Err(e) => failed.push(e),
+                }
             }
         }
-        report.profiler.output_errors = self.output_errors();
+        report.profiler.output_errors = output_errors(&sinks);
         Finished {
             report,
             said,

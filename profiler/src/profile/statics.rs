@@ -185,6 +185,11 @@ impl Statics {
         self.share
     }
 
+    /// The figures in use now: the CPU domains', then the GPUs'.
+    pub(crate) fn figures(&self) -> [&[StaticFigure]; 2] {
+        [&self.last, &self.gpu_last]
+    }
+
     /// The figure of a domain in the last interval.
     pub(crate) fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
         self.last

@@ -552,7 +552,13 @@ fn cgroup_and_container_sums_follow_their_processes() {
     rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], true);
     let containers = rig.profile.container_reports(None);
     let cgroups = rig.profile.cgroup_reports(None);
-    let snapshot = rig.profile.snapshot(10, u64::MAX);
+    let snapshot = crate::sink::snapshot::snapshot(
+        &rig.profile.totals(),
+        rig.profile.last.as_ref(),
+        rig.profile.readers.used(),
+        10,
+        u64::MAX,
+    );
     let (report, _) = rig.finish();
 
     let c = containers
@@ -603,7 +609,13 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     );
     rig.exiting.clear();
     let cpu_series = |rig: &Rig| -> Option<f64> {
-        let snap = rig.profile.snapshot(10, u64::MAX);
+        let snap = crate::sink::snapshot::snapshot(
+            &rig.profile.totals(),
+            rig.profile.last.as_ref(),
+            rig.profile.readers.used(),
+            10,
+            u64::MAX,
+        );
         let (_, series) = snap
             .families
             .iter()
@@ -727,7 +739,8 @@ fn monitor_rows_are_the_top_processes_by_energy_in_order() {
     rig.interval(40.0, &tasks, false);
     let rows = rig
         .profile
-        .last_interval()
+        .last
+        .as_ref()
         .expect("an interval")
         .process_rows()
         .to_vec();

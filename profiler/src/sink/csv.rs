@@ -9,7 +9,7 @@ use crate::carbon::J_PER_KWH;
 use std::io::BufRead;
 use std::path::Path;
 
-use crate::model::record::IntervalRecord;
+use crate::model::record::{HeaderRecord, IntervalRecord};
 use crate::model::{DomainReport, EnergyJ, HostReport, RunReport};
 use crate::sources::Domain;
 
@@ -424,13 +424,47 @@ impl EmissionsRow {
 }
 
 impl super::Sink for EmissionsRow {
-    fn finish(&mut self, report: &RunReport) -> Result<Option<String>, String> {
+    fn finish(&mut self, report: &RunReport, _: &super::Totals<'_>) -> Vec<Result<String, String>> {
         let row = emissions_row(report.into(), ram_total_gb(), &uuid4());
-        append(&self.path, &row)?;
-        Ok(Some(format!(
-            "emissions row appended to {}",
-            self.path.display()
-        )))
+        vec![
+            append(&self.path, &row)
+                .map(|()| format!("emissions row appended to {}", self.path.display())),
+        ]
+    }
+}
+
+/// `--csv-intervals`: each interval's rows, timed from the header's
+/// wall-clock start, with the header's carbon intensity.
+pub(crate) struct IntervalCsvSink {
+    csv: IntervalCsv,
+    start_unix_ns: u64,
+    g_per_kwh: f64,
+}
+
+impl IntervalCsvSink {
+    /// Rows into `csv`.
+    pub(crate) fn new(csv: IntervalCsv) -> Self {
+        Self {
+            csv,
+            start_unix_ns: 0,
+            g_per_kwh: 0.0,
+        }
+    }
+}
+
+impl super::Sink for IntervalCsvSink {
+    fn header(&mut self, header: &HeaderRecord, _: &super::Totals<'_>) {
+        self.start_unix_ns = header.start_unix_ns;
+        self.g_per_kwh = header.carbon_intensity_g_per_kwh;
+    }
+
+    fn interval(&mut self, record: &IntervalRecord, _: &super::Totals<'_>) {
+        debug_assert!(self.start_unix_ns > 0, "the header comes first");
+        self.csv.write(record, self.start_unix_ns, self.g_per_kwh);
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.csv.failure()
     }
 }
 

@@ -1,8 +1,11 @@
 //! Energy flame graphs: folded stacks weighted in microjoules, an SVG drawn
 //! by inferno, and the stack section of the recording.
 
+use super::recording::PendingOutput;
+use super::{Sink, Totals};
 use crate::attribution::EnergyBy;
 use crate::attribution::stacks::StackLedger;
+use crate::model::RunReport;
 use crate::sources::Domain;
 
 /// The domains a flame graph can weigh by; each one's name
@@ -139,6 +142,81 @@ pub(crate) fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Re
             .map_err(std::io::Error::other)?;
     }
     Ok(out)
+}
+
+/// `--stacks-out` and `--flamegraph`: the folded stacks and the flame
+/// graph, written at the end.
+pub(crate) struct FlameGraph {
+    folded: Option<PendingOutput>,
+    svg: Option<PendingOutput>,
+    /// The domain the graph weighs by (`None`: the default for the run).
+    domain: Option<String>,
+}
+
+impl FlameGraph {
+    /// Writes the files opened (each may be absent).
+    pub(crate) fn new(
+        folded: Option<PendingOutput>,
+        svg: Option<PendingOutput>,
+        domain: Option<String>,
+    ) -> Self {
+        Self {
+            folded,
+            svg,
+            domain,
+        }
+    }
+}
+
+/// Puts `bytes` in place as `option`'s file: what to say, or why not.
+fn commit(
+    out: PendingOutput,
+    option: &str,
+    bytes: std::io::Result<Vec<u8>>,
+    what: &str,
+) -> Result<String, String> {
+    let dest = out.dest.clone();
+    bytes
+        .and_then(|b| out.commit_raw(&b))
+        .map(|()| format!("{what} written to {}", dest.display()))
+        .map_err(|e| format!("cannot write {option} {}: {e}", dest.display()))
+}
+
+impl Sink for FlameGraph {
+    fn finish(&mut self, report: &RunReport, totals: &Totals<'_>) -> Vec<Result<String, String>> {
+        let Some(ledger) = totals.stacks else {
+            return Vec::new();
+        };
+        // What the graph's title names: the command, or `monitor`.
+        let what = report.command.as_ref().map_or_else(
+            || report.mode.clone(),
+            |c| format!("`{}`", c.argv.join(" ")),
+        );
+        // Each output is tried whatever happened to the other.
+        let mut done = Vec::new();
+        if let Some(out) = self.folded.take() {
+            let (bytes, lines) = folded(ledger);
+            done.push(commit(
+                out,
+                "--stacks-out",
+                Ok(bytes),
+                &format!("folded stacks ({lines} lines, µJ)"),
+            ));
+        }
+        if let Some(out) = self.svg.take() {
+            let domain = self
+                .domain
+                .as_deref()
+                .unwrap_or_else(|| default_domain(ledger));
+            done.push(commit(
+                out,
+                "--flamegraph",
+                svg(ledger, domain, &what),
+                &format!("{domain} energy flame graph"),
+            ));
+        }
+        done
+    }
 }
 
 #[cfg(test)]

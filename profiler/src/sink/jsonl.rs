@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::Totals;
+use crate::model::record::{HeaderRecord, IntervalRecord};
+use crate::model::{RunReport, WindowReport};
+
 /// A JSON-lines stream, one complete line per write.
 #[derive(Debug)]
 pub(crate) struct Jsonl {
@@ -83,6 +87,38 @@ pub(crate) struct Typed<'a, T: Serialize> {
     /// The record's own fields.
     #[serde(flatten)]
     pub(crate) record: &'a T,
+}
+
+/// `--jsonl`: every record, one JSON object a line.
+impl super::Sink for Jsonl {
+    fn header(&mut self, header: &HeaderRecord, _: &Totals<'_>) {
+        self.write(header);
+    }
+
+    fn interval(&mut self, record: &IntervalRecord, _: &Totals<'_>) {
+        self.write(record);
+    }
+
+    fn window(&mut self, window: &WindowReport) {
+        self.write(&Typed {
+            kind: "window",
+            record: window,
+        });
+    }
+
+    fn finish(&mut self, report: &RunReport, _: &Totals<'_>) -> Vec<Result<String, String>> {
+        // The stream's last record: the summary (the intervals it has
+        // already streamed are not part of the document's serialisation).
+        self.write(&Typed {
+            kind: "summary",
+            record: report,
+        });
+        Vec::new()
+    }
+
+    fn failure(&self) -> Option<&str> {
+        Jsonl::failure(self)
+    }
 }
 
 #[cfg(test)]

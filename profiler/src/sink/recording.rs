@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::Sink;
 use super::spill::Intervals;
+use super::{Sink, Totals};
 use crate::model::RunReport;
 use crate::model::record::IntervalRecord;
 
@@ -137,7 +137,7 @@ impl Recording {
 }
 
 impl Sink for Recording {
-    fn interval(&mut self, record: &IntervalRecord) {
+    fn interval(&mut self, record: &IntervalRecord, _: &Totals<'_>) {
         // Kept serialized: a parsed record costs several times its text,
         // and a run can last days.
         let kept = match self.keep {
@@ -149,17 +149,19 @@ impl Sink for Recording {
         }
     }
 
-    fn finish(&mut self, report: &RunReport) -> Result<Option<String>, String> {
+    fn finish(&mut self, report: &RunReport, _: &Totals<'_>) -> Vec<Result<String, String>> {
         let Some(file) = self.file.take() else {
-            return Ok(None);
+            return Vec::new();
         };
         let dest = file.dest.clone();
-        file.commit_json(&Document {
-            report,
-            intervals: &self.intervals,
-        })
-        .map_err(|e| format!("writing {}: {e}", dest.display()))?;
-        Ok(Some(format!("report written to {}", dest.display())))
+        vec![
+            file.commit_json(&Document {
+                report,
+                intervals: &self.intervals,
+            })
+            .map(|()| format!("report written to {}", dest.display()))
+            .map_err(|e| format!("writing {}: {e}", dest.display())),
+        ]
     }
 
     fn take_problem(&mut self) -> Option<String> {
@@ -209,13 +211,14 @@ mod tests {
             // comes back in order.
             let mut r =
                 Recording::with_intervals(&dest, keep, Intervals::with_limit(1)).expect("writable");
-            r.interval(&record(1_000));
-            r.interval(&record(2_000));
+            let f = crate::sink::tests::Fixture::new();
+            r.interval(&record(1_000), &f.totals());
+            r.interval(&record(2_000), &f.totals());
             assert!(!dest.exists(), "written only at the end");
-            let said = r.finish(&report()).expect("written");
+            let said = r.finish(&report(), &f.totals());
             assert_eq!(
-                said.as_deref(),
-                Some(format!("report written to {}", dest.display()).as_str())
+                said,
+                vec![Ok(format!("report written to {}", dest.display()))]
             );
             let text = std::fs::read_to_string(&dest).expect("read");
             let back: RunReport = serde_json::from_str(&text).expect("a run document");

@@ -23,6 +23,8 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::{Sink, Totals};
+use crate::model::record::IntervalRecord;
 use crate::sources::powercap::{HOST_ESTIMATED, HOST_EXPORT_MARKER, wrap_period};
 use crate::sums::vms::VmSum;
 
@@ -221,6 +223,52 @@ impl VmExport {
             }
         }
         Ok(())
+    }
+}
+
+/// `monitor --vm-export`: every VM's counters brought up to date after
+/// each interval. A failed write is said once, and tried again each
+/// interval; monitoring goes on.
+pub(crate) struct VmExportSink {
+    export: VmExport,
+    failed: bool,
+}
+
+impl VmExportSink {
+    /// Writes through `export`.
+    pub(crate) fn new(export: VmExport) -> Self {
+        Self {
+            export,
+            failed: false,
+        }
+    }
+}
+
+impl Sink for VmExportSink {
+    fn needs_vms(&self) -> bool {
+        true
+    }
+
+    fn interval(&mut self, _: &IntervalRecord, totals: &Totals<'_>) {
+        let Some(vms) = &totals.sums.vms else {
+            return;
+        };
+        let sums = totals.sums;
+        match self
+            .export
+            .write(vms.sums(), sums.measures_dram(), sums.cpu_estimated())
+        {
+            Ok(()) if self.failed => {
+                eprintln!("wattprof: --vm-export written again");
+                self.failed = false;
+            }
+            Ok(()) => {}
+            Err(e) if !self.failed => {
+                eprintln!("wattprof: warning: {e}; monitoring goes on, retrying each interval");
+                self.failed = true;
+            }
+            Err(_) => {}
+        }
     }
 }
 
