@@ -633,3 +633,47 @@ pub fn staircase_span(said: &str, after: &str, before: &str) -> (f64, f64) {
     assert!(xs.len() >= 2 && hi > lo, "the staircase's steps: {said}");
     (lo, hi)
 }
+
+/// One `/proc/stat` tick (`USER_HZ`), ns.
+pub fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    1_000_000_000 / hz
+}
+
+/// Per CPU: interrupt, softirq and steal time so far (`/proc/stat`), ns.
+pub fn not_task_ns() -> Vec<u64> {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let Some(cpu) = w
+            .next()
+            .and_then(|n| n.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // user nice system idle iowait irq softirq steal
+        let f: Vec<u64> = w.filter_map(|x| x.parse().ok()).collect();
+        let ticks = f.get(5).copied().unwrap_or(0)
+            + f.get(6).copied().unwrap_or(0)
+            + f.get(7).copied().unwrap_or(0);
+        out.resize(out.len().max(cpu + 1), 0);
+        out[cpu] = ticks * tick_ns();
+    }
+    out
+}
+
+/// `wattprof run`, and each CPU's interrupt, softirq and steal time over it.
+pub fn run_measuring_not_task(extra: &[&str], cmd: &[&str]) -> (Run, Vec<u64>) {
+    let before = not_task_ns();
+    let run = wattprof_run(extra, cmd);
+    let after = not_task_ns();
+    let delta = after
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.saturating_sub(before.get(i).copied().unwrap_or(0)))
+        .collect();
+    (run, delta)
+}

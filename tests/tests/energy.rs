@@ -80,7 +80,7 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     let model = wattprof_tests::host_model_file(&dir, package, dram);
     let t = testload();
     let script = format!("{t} cpu 1.2 & {t} cpu 0.6 & wait");
-    let run = wattprof_run(
+    let (run, not_task) = wattprof_tests::run_measuring_not_task(
         &[
             &rapl.arg(),
             "--host-model",
@@ -214,21 +214,35 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     }
     // The whole measured energy is the fixture's law over the run: its
     // static power over the wall time and its slope over the busy CPU
-    // time (the fixture's from /proc/stat: within 1%).
+    // time. The fixture's busy time is /proc/stat's: the tasks' (the
+    // report's), and interrupts, softirqs and steal, which /proc/stat
+    // counted around the run (a little more than its span, in ticks that
+    // undercount by less than one per field and CPU). Within 1% of that
+    // range (fresh-clone runs: +1.06% over the tasks' time alone, with
+    // the rest on no task).
     let pkg = domain(report, "package", Some(0));
     let wall_s = u(report, "/wall_ns") as f64 / 1e9;
     let busy_s = u(report, "/machine/busy_ns") as f64 / 1e9;
-    let expected = 18.4 * wall_s + 12.7 * busy_s;
+    let cpus_n = not_task.len().max(1) as u64;
+    let not_task_s =
+        (not_task.iter().sum::<u64>() + 3 * cpus_n * wattprof_tests::tick_ns()) as f64 / 1e9;
+    let (law_lo, law_hi) = (
+        18.4 * wall_s + 12.7 * busy_s,
+        18.4 * wall_s + 12.7 * (busy_s + not_task_s),
+    );
+    let measured = f(pkg, "/measured_j");
     eprintln!(
-        "package: measured {:.3} J, the law's {expected:.3} J; static {:.3} J ({} {} W), idle \
-         {:.3} J",
-        f(pkg, "/measured_j"),
+        "package: measured {measured:.3} J, the law's {law_lo:.3} J over the tasks' time, \
+         {law_hi:.3} J with {not_task_s:.3} s on no task; static {:.3} J ({} {} W), idle {:.3} J",
         f(pkg, "/static_j"),
         pkg["static_source"],
         pkg["static_w"],
         f(pkg, "/idle_j")
     );
-    assert!((f(pkg, "/measured_j") / expected - 1.0).abs() < 0.01);
+    assert!(
+        measured > law_lo * 0.99 && measured < law_hi * 1.01,
+        "measured {measured:.3} J outside the law's {law_lo:.3}..{law_hi:.3} J (1%)"
+    );
     // Idle energy is idle time's share of the static energy, whatever
     // figure it was divided with.
     let idle_share = u(report, "/machine/idle_ns") as f64 / u(report, "/machine/window_ns") as f64;
