@@ -19,7 +19,14 @@ use syn::visit::Visit;
 /// entry are one layer; a module may import from its own layer's other
 /// modules only if they are leaves (the first entry).
 const LAYERS: &[&[&str]] = &[
-    &["carbon", "hash", "privilege", "topology", "testutil"],
+    &[
+        "carbon",
+        "hash",
+        "privilege",
+        "topology",
+        "testutil",
+        "units",
+    ],
     &["tracker"],
     &["sources"],
     &["staircase"],

@@ -62,6 +62,7 @@ pub mod sums;
 mod testutil;
 pub mod topology;
 pub mod tracker;
+pub(crate) mod units;
 
 #[cfg(test)]
 mod layering;

@@ -65,7 +65,7 @@ impl EnergyJ {
 
     /// From microjoules over `span_ns`, at `g_per_kwh`.
     pub(crate) fn new(e: &EnergyBy, span_ns: u64, carbon: &CarbonIntensity) -> Self {
-        let j = record::joules;
+        let j = crate::units::joules;
         let total = e.total_uj();
         Self {
             package_j: j(e.package_uj),
@@ -73,7 +73,7 @@ impl EnergyJ {
             dram_j: j(e.dram_uj),
             gpu_j: j(e.gpu_uj),
             total_j: j(total),
-            avg_power_w: record::watts(total, span_ns),
+            avg_power_w: crate::units::watts(total, span_ns),
             co2_g: carbon.grams(total),
             wall_j: j(e.wall_uj),
             static_j: j(e.static_uj()),

@@ -7,21 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::attribution::Basis;
 use crate::sources::Domain;
 use crate::sources::nvml::GpuProcess;
-
-/// Microjoules as joules.
-pub(crate) fn joules(uj: u64) -> f64 {
-    uj as f64 / 1e6
-}
-
-/// Average power of `uj` over `ns` (W); 0 over no time.
-pub(crate) fn watts(uj: u64, ns: u64) -> f64 {
-    joules_per_s(joules(uj), ns)
-}
-
-/// Average power of `j` joules over `ns` (W); 0 over no time.
-pub(crate) fn joules_per_s(j: f64, ns: u64) -> f64 {
-    if ns == 0 { 0.0 } else { j / (ns as f64 / 1e9) }
-}
+use crate::units::{joules, watts};
 
 /// One interval: what was measured and how it was divided.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -6,12 +6,12 @@ use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
 use crate::model::record::{
     DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord, ProcessRow,
-    joules,
 };
 use crate::process::{IntervalUsage, Role};
 use crate::sources::registry::{DomainKey, IntervalEnergy};
 use crate::sums::memory::Row as MemoryRow;
 use crate::tracker::CpuSample;
+use crate::units::joules;
 
 impl Profile {
     /// The rows of the processes reported one by one, with the memory of

@@ -18,10 +18,9 @@ use crate::model::RunReport;
 use crate::model::StaticPowerReport;
 use crate::model::WindowDomainReport;
 use crate::model::WindowReport;
-use crate::model::record::joules;
-use crate::model::record::watts;
 use crate::process::Process;
 use crate::sums::most_energy_first;
+use crate::units::{joules, watts};
 
 /// Host facts for the report header.
 pub(crate) fn host_report(gpus: Vec<crate::sources::nvml::GpuInfo>) -> HostReport {

@@ -270,8 +270,9 @@ pub(super) fn missing(h: &HeaderRecord) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::attribution::{Basis, DomainShare};
-    use crate::model::record::{DomainRow, DomainUj, GroupRows, IntervalPower, joules};
+    use crate::model::record::{DomainRow, DomainUj, GroupRows, IntervalPower};
     use crate::sources::Domain;
+    use crate::units::joules;
 
     /// An interval's share of a domain, with µJ that are no round number
     /// of joules.

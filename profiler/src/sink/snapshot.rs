@@ -8,10 +8,11 @@ use super::prometheus::{self as m, Labels, Snapshot};
 use super::{Sink, Totals};
 use crate::attribution::EnergyBy;
 use crate::model::EnergyJ;
-use crate::model::record::{HeaderRecord, IntervalRecord, ProcessRow, joules};
+use crate::model::record::{HeaderRecord, IntervalRecord, ProcessRow};
 use crate::process::Role;
 use crate::sources::Domain;
 use crate::sources::registry::ReaderUse;
+use crate::units::joules;
 
 /// The snapshot the exporter serves: a pointer swapped under a mutex held
 /// for nanoseconds.

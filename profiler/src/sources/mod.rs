@@ -11,6 +11,7 @@ pub mod msr;
 pub mod nvml;
 pub(crate) mod perf;
 pub(crate) mod powercap;
+pub(crate) mod probe;
 pub(crate) mod registry;
 pub mod static_power;
 pub mod wattmeter;

@@ -1,0 +1,244 @@
+//! The table `wattprof run` prints when the command ends.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::{
+    EnergyView, Measured, TOP_ROWS, pct, render_containers, render_energy, render_functions, secs,
+};
+use crate::model::{EnergyJ, RunReport};
+use crate::sources::Domain;
+
+/// Renders the end-of-run table. Shares are of all CPU time in the run
+/// (every CPU's window: busy + idle + lost).
+pub(crate) fn render_run_table(r: &RunReport) -> String {
+    let mut s = String::new();
+    let m = Measured::of(&r.energy.domains);
+    let tree_procs = run_header(&mut s, r, &m);
+    run_processes(&mut s, r, &m);
+    run_groups(&mut s, r, &m, tree_procs);
+    run_notes(&mut s, r);
+    render_containers(&mut s, &r.containers);
+    render_energy(&mut s, &EnergyView::of(r));
+    if let Some(st) = &r.stacks {
+        render_functions(&mut s, st, 10);
+    }
+    s
+}
+
+/// The run's first line and the process table's header; the number of
+/// processes in the command's tree.
+fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
+    let (argv, outcome, tree_procs) = match &r.command {
+        Some(c) => (
+            c.argv.join(" "),
+            match (c.exit_code, c.signal) {
+                (_, Some(sig)) => format!("was killed by signal {sig}"),
+                (Some(code), _) => format!("exited with code {code}"),
+                _ => "ended".to_string(),
+            },
+            c.processes,
+        ),
+        None => ("the machine".to_string(), "monitored".to_string(), 0),
+    };
+    let _ = writeln!(
+        s,
+        "\nwattprof: `{argv}` {outcome} after {:.3} s; {} CPUs, {} package(s); {} tracker",
+        secs(r.wall_ns),
+        r.machine.cpus,
+        r.machine.package_ids.len(),
+        match r.profiler.tracker {
+            crate::tracker::TrackerKind::Iter => "iterator",
+            crate::tracker::TrackerKind::Switch => "switch",
+        }
+    );
+    let _ = writeln!(
+        s,
+        "\n{:>8} {:>8}  {:<16} {:>10} {:>7}{} {:>9} {:>9}",
+        "PID",
+        "PPID",
+        "COMMAND",
+        "ON-CPU s",
+        "SHARE",
+        m.header(),
+        "START s",
+        "END s"
+    );
+    tree_procs
+}
+
+/// The processes with the most CPU time, then the rest folded by name.
+fn run_processes(s: &mut String, r: &RunReport, m: &Measured) {
+    let total = r.machine.window_ns;
+    let mut procs: Vec<_> = r.processes.iter().collect();
+    procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
+    let opt = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| format!("{:.3}", secs(t)));
+    for p in procs.iter().take(TOP_ROWS) {
+        let _ = writeln!(
+            s,
+            "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%{} {:>9} {:>9}",
+            p.pid,
+            p.ppid.map_or_else(|| "-".to_string(), |v| v.to_string()),
+            p.comm,
+            secs(p.on_cpu_ns),
+            pct(p.on_cpu_ns, total),
+            m.cells(&p.energy),
+            opt(p.start_ns),
+            opt(p.exit_ns),
+        );
+    }
+    if procs.len() > TOP_ROWS {
+        let mut by_name: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+        for p in &procs[TOP_ROWS..] {
+            let e = by_name.entry(p.comm.as_str()).or_default();
+            e.0 += 1;
+            e.1 += p.on_cpu_ns;
+        }
+        let mut rest: Vec<_> = by_name.into_iter().collect();
+        rest.sort_by_key(|r| std::cmp::Reverse(r.1.1));
+        for (name, (n, ns)) in rest.iter().take(5) {
+            let _ = writeln!(
+                s,
+                "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%   ({n} more processes)",
+                "+",
+                "",
+                name,
+                secs(*ns),
+                pct(*ns, total)
+            );
+        }
+        if rest.len() > 5 {
+            let (n, ns) = rest[5..]
+                .iter()
+                .fold((0, 0), |(a, b), (_, (n, ns))| (a + n, b + ns));
+            let _ = writeln!(
+                s,
+                "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%   ({n} more processes)",
+                "+",
+                "",
+                "(other names)",
+                secs(ns),
+                pct(ns, total)
+            );
+        }
+    }
+}
+
+/// The groups every process is in, idle and unattributed energy, and all
+/// CPU time.
+fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
+    let total = r.machine.window_ns;
+    let sum = |d: Domain, f: fn(&crate::model::DomainReport) -> f64| -> f64 {
+        r.energy
+            .domains
+            .iter()
+            .filter(|x| x.domain == d)
+            .map(f)
+            .sum()
+    };
+    let idle = EnergyJ {
+        package_j: sum(Domain::Package, |x| x.idle_j),
+        dram_j: sum(Domain::Dram, |x| x.idle_j),
+        gpu_j: sum(Domain::Gpu, |x| x.idle_j),
+        ..EnergyJ::default()
+    };
+    let lost = EnergyJ {
+        package_j: sum(Domain::Package, |x| x.unattributed_j),
+        dram_j: sum(Domain::Dram, |x| x.unattributed_j),
+        gpu_j: sum(Domain::Gpu, |x| x.unattributed_j),
+        ..EnergyJ::default()
+    };
+    let g = &r.energy.groups;
+    let mut rows = vec![
+        (
+            "wattprof itself".to_string(),
+            r.groups.profiler_ns,
+            g.profiler,
+        ),
+        (
+            "rest of the machine".to_string(),
+            r.groups.other_ns,
+            g.other,
+        ),
+        ("idle".to_string(), r.machine.idle_ns, idle),
+        ("lost / unattributed".to_string(), r.lost_ns, lost),
+    ];
+    if r.command.is_some() {
+        rows.insert(
+            0,
+            (
+                format!("command tree ({tree_procs} processes)"),
+                r.groups.tree_ns,
+                g.tree,
+            ),
+        );
+    }
+    let _ = writeln!(s);
+    for (label, ns, e) in rows {
+        // Idle and unattributed rows have no power or CO2 of their own.
+        let cells = if label == "idle" || label.starts_with("lost") {
+            m.energy_cells(&e)
+        } else {
+            m.cells(&e)
+        };
+        let _ = writeln!(
+            s,
+            "  {label:<34} {:>10.3} s {:>6.1}%{cells}",
+            secs(ns),
+            pct(ns, total)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  {:<34} {:>10.3} s  ({} CPUs x {:.3} s)",
+        "all CPU time",
+        secs(total),
+        r.machine.cpus,
+        secs(r.wall_ns)
+    );
+}
+
+/// What was lost or approximated, and why the switch tracker ran.
+fn run_notes(s: &mut String, r: &RunReport) {
+    if r.lost_ns > 0 || r.profiler.events_lost > 0 || r.profiler.discarded_ns > 0 {
+        let _ = writeln!(
+            s,
+            "  warning: {:.3} s of task time not recorded, {} events lost, {:.3} s discarded \
+             (raise --max-tasks; see README, \"Limits\")",
+            secs(r.lost_ns),
+            r.profiler.events_lost,
+            secs(r.profiler.discarded_ns)
+        );
+    }
+    let p = &r.profiler;
+    if p.filter_overflow > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} threads did not fit the tracker's filter and were read at every \
+             interval (nothing lost; raise --max-tasks to read less)",
+            p.filter_overflow
+        );
+    }
+    if p.settled_from_exit > 0 || p.vanished_threads > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} exited threads settled from their exit's reading (up to a tick \
+             short), {} threads gone unseen (events lost); see README, \"Limits\"",
+            p.settled_from_exit, p.vanished_threads
+        );
+    }
+    if p.ended_unseen > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} processes ended with neither exit nor free record (both lost): named \
+             from their fork, time up to their last reading; see README, \"Guarantees\"",
+            p.ended_unseen
+        );
+    }
+    if let Some(why) = &p.tracker_fallback {
+        let _ = writeln!(
+            s,
+            "  note: the switch tracker ran (it costs every context switch) because {why}"
+        );
+    }
+}
