@@ -43,6 +43,15 @@ pub enum Which {
         /// Processes alive during the loaded measurement.
         #[arg(long, default_value_t = 1000)]
         processes: usize,
+        /// Another wattprof binary (an earlier build): at each interval,
+        /// this build and that one take turns, ROUNDS times each, with the
+        /// processes running, and the median of the paired ratios (this
+        /// build's CPU over that one's) is printed with its range.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Paired rounds with --baseline.
+        #[arg(long, default_value_t = 6)]
+        rounds: usize,
     },
     /// The exporter's CPU per /metrics scrape with PROCESSES processes
     /// running: plain HTTP, HTTPS with basic auth and a new connection per
@@ -156,7 +165,15 @@ pub fn run(which: Which) -> Result<()> {
             seconds,
             baseline,
         } => overhead(rounds, round_trips, seconds, baseline.as_deref()),
-        Which::Monitor { seconds, processes } => monitor(seconds, processes),
+        Which::Monitor {
+            seconds,
+            processes,
+            baseline,
+            rounds,
+        } => match baseline {
+            Some(old) => monitor_against(&old, seconds, processes, rounds),
+            None => monitor(seconds, processes),
+        },
         Which::Scrape {
             rounds,
             processes,
@@ -835,6 +852,90 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
             idle / 1e6,
             idle / 1e7,
             busy / idle.max(1.0)
+        );
+    }
+    Ok(())
+}
+
+/// `bench monitor --baseline OLD`: this build's monitor and OLD's take
+/// turns with `processes` processes waking every 50 ms, `rounds` times at
+/// each interval (the order alternating, so drift and warm-up fall on both
+/// alike); prints each round's CPU, and the median of the paired ratios
+/// with their range.
+fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the monitor benchmark loads eBPF: run it as root");
+    }
+    if !old.is_file() {
+        bail!("--baseline {}: no such binary", old.display());
+    }
+    let rounds = rounds.max(1);
+    let new = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    println!(
+        "machine: {} CPUs, Linux {}; this build {} against {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        new.display(),
+        old.display()
+    );
+    // Each measurement: 2 s settle, `seconds`, 1 s to end.
+    let per_run = seconds + 3;
+    for interval in ["1s", "100ms"] {
+        let mut load = Command::new(&xtask)
+            .args(["bench", "busy-procs", &processes.to_string()])
+            // Long enough for every round and its start-up; they end on
+            // their own, so the next interval starts without them.
+            .arg((per_run * 2 * rounds as u64 + 4 * rounds as u64 + 10).to_string())
+            .spawn()?;
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let mut ratios = Vec::new();
+        let (mut news, mut olds) = (Vec::new(), Vec::new());
+        for r in 0..rounds {
+            let order: [&Path; 2] = if r % 2 == 0 { [&new, old] } else { [old, &new] };
+            let mut got = [0.0; 2];
+            for (i, bin) in order.iter().enumerate() {
+                got[i] = monitor_cpu(bin, interval, seconds)?.0;
+            }
+            let (n, o) = if r % 2 == 0 {
+                (got[0], got[1])
+            } else {
+                (got[1], got[0])
+            };
+            println!(
+                "  --interval {interval} round {}: this build {:.3} ms/s, baseline {:.3} ms/s, ratio {:.3}",
+                r + 1,
+                n / 1e6,
+                o / 1e6,
+                n / o.max(1.0)
+            );
+            news.push(n / 1e6);
+            olds.push(o / 1e6);
+            ratios.push(n / o.max(1.0));
+        }
+        let _ = load.wait();
+        let sorted = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let (r, n, o) = (sorted(&ratios), sorted(&news), sorted(&olds));
+        println!(
+            "monitor --interval {interval} with {processes} processes waking every 50 ms, {rounds} \
+             paired rounds: this build {:.3} ms/s (range {:.3}-{:.3}), baseline {:.3} ms/s \
+             ({:.3}-{:.3}); paired ratio median {:.3} (range {:.3}-{:.3})",
+            quantile(&n, 0.5),
+            n[0],
+            n[n.len() - 1],
+            quantile(&o, 0.5),
+            o[0],
+            o[o.len() - 1],
+            quantile(&r, 0.5),
+            r[0],
+            r[r.len() - 1]
         );
     }
     Ok(())
