@@ -1,33 +1,43 @@
 //! wattprof: an exact, eBPF-based energy profiler for Linux.
 //!
 //! The library behind the `wattprof` binary. Data flows one way, and no
-//! module imports from one further down this list:
+//! module imports from one further down this list (`layering.rs` holds
+//! this on the parsed sources):
 //!
 //! - [`tracker`] measures on-CPU time per thread in the kernel and hands
 //!   out `tracker::CpuSample`s (through `tracker::CpuSampler`, which
 //!   tests script);
 //! - [`sources`] read energy: one file per reader behind
-//!   `sources::Source`, and `sources::registry`, the one list of
-//!   readers and the order they are tried in;
+//!   `sources::Source`, `sources::registry`, the one list of readers and
+//!   the order they are tried in, and `sources::probe`, what `wattprof
+//!   sources` finds;
 //! - [`staircase`] is `calibrate`'s load staircase: the load, its steps
 //!   and the readings of each window;
 //! - [`process`] turns samples into processes, command trees, cgroups and
 //!   containers;
 //! - [`attribution`] divides one interval's energy over consumers (a pure
-//!   function) and keeps the totals;
-//! - [`output`] holds what is written: the typed stream records
-//!   (`output::record`), the JSONL writer, the recording, the run's
-//!   tables, and every Prometheus metric's definition;
+//!   function);
+//! - [`model`] is the schema: the stream's records and the run document,
+//!   which every output writes and `report` reads;
+//! - [`sums`] adds up what a profile measures: per domain and consumer,
+//!   group, cgroup and container, VM, memory, CPU; `report` sums a cut
+//!   stream with it too;
+//! - [`render`] draws tables for people: the run's table, monitor's
+//!   screen, `wattprof sources`;
+//! - [`sink`] is every output of a running profile behind one trait: the
+//!   stream, the interval CSV, the recording, codecarbon's row, the
+//!   exporter's snapshot, the screen, the VM export, the flame graph;
+//! - [`profile`] is the session (begin, tick, finish): each interval the
+//!   counters and the tracker are read together, attributed, summed and
+//!   handed to the sinks; its `profile::sampling` loop drives `run` and
+//!   `monitor`;
 //! - [`report`] reads recordings back, and draws its summaries and
-//!   comparisons with `output`'s table pieces;
-//! - [`profile`] is where they meet: each interval, the counters and the
-//!   tracker are read together, attributed and summed; its
-//!   `profile::sampling` loop drives `run` and `monitor`;
+//!   comparisons with `render`'s pieces;
 //! - [`exporter`] serves the last snapshot over HTTP;
 //! - [`cli`] parses arguments and wires the above together.
 //!
-//! [`topology`], [`carbon`], [`hash`] and [`privilege`] are leaves every
-//! layer may use. `layering.rs` holds this on the parsed sources.
+//! `topology`, `carbon`, `units`, `hash` and `privilege` are leaves every
+//! layer may use.
 
 /// Says that the running unit test is skipped, and why: one line,
 /// `skipping: <test>: <reason>` (libtest names each test's thread after
