@@ -36,8 +36,8 @@ const LAYERS: &[&[&str]] = &[
     &["sums"],
     &["render"],
     &["sink"],
-    &["profile"],
     &["report"],
+    &["profile"],
     &["exporter"],
     &["cli"],
 ];

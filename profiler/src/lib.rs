@@ -27,12 +27,12 @@
 //! - [`sink`] is every output of a running profile behind one trait: the
 //!   stream, the interval CSV, the recording, codecarbon's row, the
 //!   exporter's snapshot, the screen, the VM export, the flame graph;
+//! - [`report`] reads recordings back, and draws its summaries and
+//!   comparisons with `render`'s pieces;
 //! - [`profile`] is the session (begin, tick, finish): each interval the
 //!   counters and the tracker are read together, attributed, summed and
 //!   handed to the sinks; its `profile::sampling` loop drives `run` and
 //!   `monitor`;
-//! - [`report`] reads recordings back, and draws its summaries and
-//!   comparisons with `render`'s pieces;
 //! - [`exporter`] serves the last snapshot over HTTP;
 //! - [`cli`] parses arguments and wires the above together.
 //!

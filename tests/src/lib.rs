@@ -665,6 +665,25 @@ pub fn not_task_ns() -> Vec<u64> {
     out
 }
 
+/// All CPUs' interrupt, softirq and steal time so far (`/proc/stat`'s
+/// `cpu` line, summed in ns before it is cut to ticks: less than a tick
+/// short per field in all, however many CPUs), ns.
+pub fn not_task_total_ns() -> u64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0;
+    };
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    (f.get(5).copied().unwrap_or(0)
+        + f.get(6).copied().unwrap_or(0)
+        + f.get(7).copied().unwrap_or(0))
+        * tick_ns()
+}
+
 /// `wattprof run`, and each CPU's interrupt, softirq and steal time over it.
 pub fn run_measuring_not_task(extra: &[&str], cmd: &[&str]) -> (Run, Vec<u64>) {
     let before = not_task_ns();

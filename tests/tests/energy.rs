@@ -80,7 +80,8 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     let model = wattprof_tests::host_model_file(&dir, package, dram);
     let t = testload();
     let script = format!("{t} cpu 1.2 & {t} cpu 0.6 & wait");
-    let (run, not_task) = wattprof_tests::run_measuring_not_task(
+    let not_task_before = wattprof_tests::not_task_total_ns();
+    let run = wattprof_run(
         &[
             &rapl.arg(),
             "--host-model",
@@ -90,6 +91,7 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
         ],
         &["sh", "-c", &script],
     );
+    let not_task_ns = wattprof_tests::not_task_total_ns().saturating_sub(not_task_before);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(run.output.status.success(), "{}", run.stderr());
     let report = run.report();
@@ -216,16 +218,14 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     // static power over the wall time and its slope over the busy CPU
     // time. The fixture's busy time is /proc/stat's: the tasks' (the
     // report's), and interrupts, softirqs and steal, which /proc/stat
-    // counted around the run (a little more than its span, in ticks that
-    // undercount by less than one per field and CPU). Within 1% of that
-    // range (fresh-clone runs: +1.06% over the tasks' time alone, with
-    // the rest on no task).
+    // counted around the run (a little more than its span; its all-CPU
+    // line, cut to ticks once, is less than a tick short per field).
+    // Within 1% of that range (a run here: +1.06% over the tasks' time
+    // alone, with the rest on no task).
     let pkg = domain(report, "package", Some(0));
     let wall_s = u(report, "/wall_ns") as f64 / 1e9;
     let busy_s = u(report, "/machine/busy_ns") as f64 / 1e9;
-    let cpus_n = not_task.len().max(1) as u64;
-    let not_task_s =
-        (not_task.iter().sum::<u64>() + 3 * cpus_n * wattprof_tests::tick_ns()) as f64 / 1e9;
+    let not_task_s = (not_task_ns + 3 * wattprof_tests::tick_ns()) as f64 / 1e9;
     let (law_lo, law_hi) = (
         18.4 * wall_s + 12.7 * busy_s,
         18.4 * wall_s + 12.7 * (busy_s + not_task_s),
@@ -1004,4 +1004,91 @@ fn a_csv_that_is_not_codecarbon_s_is_refused_before_anything_runs() {
     );
     assert_eq!(std::fs::read_to_string(&csv).expect("r"), "a,b\n1,2\n");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mig_instances_with_different_gpm_activity_get_energy_in_that_ratio() {
+    require_ebpf!();
+    // A GPU in MIG mode with GPM (Hopper): two instances of 28 SMs, the
+    // shell's first child working at 60% of its instance, the second at
+    // 20%. NVML gives no per-process utilization here: only GPM's
+    // per-instance activity can tell them apart.
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub-H100 uuid=GPU-M power_mw=150000 energy=counter mig=1 gpm=1 \
+         memory_total=85899345920 memory_used=2147483648 instances=1:2:28,2:2:28 \
+         procs=child/1:60:1073741824#1,child/2:20:536870912#2\n",
+    );
+    let lib_arg = format!("--nvml-lib={}", lib.display());
+    let (report, pids) = two_burners_on_the_stub(&lib_arg, "250ms", "3", "0.2");
+    let report = &report;
+    // Intervals weighed by GPM with both instances' processes listed: the
+    // first after both started has no earlier GPM sample (compute slices).
+    let (mut a, mut b, mut n) = (0.0, 0.0, 0);
+    let mut per_interval = Vec::new();
+    let mut whole = [0.0f64; 2];
+    for iv in report["intervals"].as_array().expect("intervals") {
+        let g = &iv["gpus"][0];
+        let inst = g["instances"]
+            .as_array()
+            .expect("MIG instances in every interval");
+        assert_eq!(inst.len(), 2, "{g}");
+        for (k, i) in inst.iter().enumerate() {
+            whole[k] += f(i, "/energy_j");
+        }
+        let both = inst.iter().all(|i| {
+            i["pids"]
+                .as_array()
+                .is_some_and(|p| p.len() == 1 && pids.contains(&u(&p[0], "")))
+        });
+        if g["sm_basis"] == "instance_activity" && both {
+            a += f(&inst[0], "/energy_j");
+            b += f(&inst[1], "/energy_j");
+            n += 1;
+            per_interval.push(format!(
+                "{:.3} / {:.3} J ({}% / {}%)",
+                f(&inst[0], "/energy_j"),
+                f(&inst[1], "/energy_j"),
+                inst[0]["sm_util_pct"],
+                inst[1]["sm_util_pct"]
+            ));
+        }
+    }
+    eprintln!("MIG instances: {a:.3} / {b:.3} J over {n} intervals: {per_interval:?}");
+    assert!(n >= 5, "{n} intervals weighed by GPM with both running");
+    // 60% and 20% of equal instances: 3:1, within 2%.
+    assert!(
+        (a / b / 3.0 - 1.0).abs() < 0.02,
+        "instance energy {a:.3} : {b:.3} for GPM activity 3:1: {per_interval:#?}"
+    );
+    // The run's report has each instance's total, as its intervals sum.
+    let totals = report["energy"]["mig_instances"]
+        .as_array()
+        .expect("mig_instances");
+    let got: Vec<(u64, String, f64)> = totals
+        .iter()
+        .map(|t| {
+            (
+                u(t, "/gpu_instance_id"),
+                t["uuid"].as_str().unwrap_or("").to_string(),
+                f(t, "/energy_j"),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (got[0].0, got[0].1.as_str(), got[1].0, got[1].1.as_str()),
+        (1, "MIG-GPU-M-1", 2, "MIG-GPU-M-2")
+    );
+    for (k, (_, _, j)) in got.iter().enumerate() {
+        assert!((j - whole[k]).abs() < 1e-5, "{got:?} vs {whole:?}");
+    }
+    // What the instances were given is what the two processes were given.
+    let procs: f64 = pids
+        .iter()
+        .map(|p| f(process(report, *p), "/energy/gpu_j"))
+        .sum();
+    assert!(
+        (procs - whole.iter().sum::<f64>()).abs() < 1e-5,
+        "processes {procs} vs instances {whole:?}"
+    );
 }

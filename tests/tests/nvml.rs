@@ -547,6 +547,143 @@ fn with_mig_on_nvml_gives_no_utilization_the_holders_share_equally_and_it_is_sai
     );
 }
 
+/// Two reads `ms` apart (GPM's utilization needs two samples), and the
+/// lines either said for GPU 0.
+fn two_reads(gpus: &mut NvmlGpus, ms: u64) -> (GpuReading, GpuReading, Vec<String>) {
+    let first = gpus.read_gpus().remove(0);
+    let mut lines = said(gpus, 0);
+    std::thread::sleep(Duration::from_millis(ms));
+    let second = gpus.read_gpus().remove(0);
+    lines.extend(said(gpus, 0));
+    (first, second, lines)
+}
+
+#[test]
+fn mig_instances_share_by_gpm_busy_sms_and_equally_within_an_instance() {
+    // Three instances (a fourth slot empty): 1 with one process at 60% of
+    // its 28 SMs, 2 with two at 20% each (40% in all), 3 with none.
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=1 \
+         instances=1:2:28,-,2:2:28,3:3:42 \
+         procs=5001:60:1024#1,5002:20:2048#2,5003:20:4096#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (first, r, lines) = two_reads(&mut gpus, 300);
+    // The first read has no earlier GPM sample: compute slices, 2:2:0 of
+    // 7 (instance 3 has no process), equally within an instance.
+    assert_eq!(first.sm_basis, SmBasis::InstanceSlices);
+    assert_eq!(
+        shares(&first),
+        vec![(5001, 28.571), (5002, 14.286), (5003, 14.286)]
+    );
+    // Then GPM: 60% of 28 SMs and 40% of 28, as shares of the GPU's 98.
+    assert_eq!(r.sm_basis, SmBasis::InstanceActivity);
+    type Instance = (u32, String, u32, u32, Option<f64>, Vec<u32>);
+    let inst: Vec<Instance> = r
+        .instances
+        .iter()
+        .map(|i| {
+            (
+                i.gpu_instance_id,
+                i.uuid.clone(),
+                i.slices,
+                i.sms,
+                i.sm_util_pct.map(|u| (u * 1000.0).round() / 1000.0),
+                i.pids.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        inst,
+        vec![
+            (1, "MIG-GPU-h-1".into(), 2, 28, Some(60.0), vec![5001]),
+            (2, "MIG-GPU-h-2".into(), 2, 28, Some(40.0), vec![5002, 5003]),
+            (3, "MIG-GPU-h-3".into(), 3, 42, Some(0.0), vec![]),
+        ]
+    );
+    assert_eq!(
+        shares(&r),
+        vec![(5001, 17.143), (5002, 5.714), (5003, 5.714)]
+    );
+    // The GPU's own figures are the parent's: its energy and memory.
+    assert!(r.energy_uj > 0 && r.util_pct.is_none());
+    assert!(!r.at_rest);
+    assert!(
+        lines.iter().any(|l| l.contains("busy SMs from GPM")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn mig_without_gpm_shares_by_compute_slices_and_says_so() {
+    let lib = stub(
+        "gpu name=NVIDIA-A100 uuid=GPU-a power_mw=200000 energy=counter mig=1 \
+         instances=1:2:28,2:2:28,3:3:42 procs=5001:60:1024#1,5002:20:2048#2,5003:20:4096#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, r, lines) = two_reads(&mut gpus, 300);
+    assert_eq!(r.sm_basis, SmBasis::InstanceSlices);
+    assert!(r.instances.iter().all(|i| i.sm_util_pct.is_none()));
+    assert_eq!(
+        shares(&r),
+        vec![(5001, 28.571), (5002, 14.286), (5003, 14.286)]
+    );
+    assert!(lines.iter().any(|l| l.contains("has no GPM")), "{lines:?}");
+}
+
+#[test]
+fn a_gpm_figure_that_cannot_be_falls_back_to_slices_and_is_said() {
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=over \
+         instances=1:2:28,2:2:28 procs=5001:60:1024#1,5002:20:2048#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, r, lines) = two_reads(&mut gpus, 300);
+    assert_eq!(r.sm_basis, SmBasis::InstanceSlices);
+    assert_eq!(shares(&r), vec![(5001, 50.0), (5002, 50.0)]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("SM utilization read 250%") && l.contains("compute slices")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn a_failed_gpm_sample_falls_back_to_slices_for_that_read_and_is_said_when_it_ends() {
+    // GPM's sample calls 3 and 4 (the second read's, one per instance)
+    // fail; the third read has no earlier sample for them, the fourth
+    // weighs by activity again.
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=1 \
+         fail=gpm@3-4:unknown instances=1:2:28,2:2:28 procs=5001:60:1024#1,5002:20:2048#2\n",
+    );
+    let mut gpus = open(&lib);
+    let mut bases = Vec::new();
+    let mut lines = Vec::new();
+    for _ in 0..4 {
+        bases.push(gpus.read_gpus()[0].sm_basis);
+        lines.extend(said(&gpus, 0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        bases,
+        vec![
+            SmBasis::InstanceSlices,
+            SmBasis::InstanceSlices,
+            SmBasis::InstanceSlices,
+            SmBasis::InstanceActivity
+        ]
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("GPM: instance 1's sample failed")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l == "gpm reads again"), "{lines:?}");
+}
+
 #[test]
 fn a_failed_process_list_keeps_the_sampled_processes_and_is_said() {
     let lib = stub(

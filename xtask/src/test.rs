@@ -400,11 +400,7 @@ fn ensure_podman_and_containerd() {
     // comes later, and a containerd that only dockerd starts answers on
     // dockerd's socket, not /run/containerd's, so the containerd tests
     // were skipped (seen on a fresh machine).
-    ensure_package(
-        "/usr/bin/containerd",
-        "containerd",
-        "the containerd tests",
-    );
+    ensure_package("/usr/bin/containerd", "containerd", "the containerd tests");
     ensure_daemon(
         "/usr/bin/containerd",
         &["ctr", "version"],

@@ -15,7 +15,7 @@ use crate::sources::Domain;
 use crate::tracker::CpuTimes;
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub(crate) const RUN_SCHEMA_VERSION: u32 = 5;
+pub(crate) const RUN_SCHEMA_VERSION: u32 = 6;
 
 /// The oldest layout `wattprof report` still reads (2: before the static
 /// and dynamic split, whose figures read as 0).
@@ -256,6 +256,28 @@ pub(crate) struct EnergyReport {
     /// divided domain's figure; absent before schema 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) static_power: Option<StaticPowerReport>,
+    /// MIG: each instance's GPU energy over the profile (absent off MIG;
+    /// schema 6).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) mig_instances: Vec<MigInstanceReport>,
+}
+
+/// A MIG instance's GPU energy over the profile: what its processes were
+/// given.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct MigInstanceReport {
+    /// The GPU (NVML index).
+    pub(crate) gpu: u32,
+    /// Its GPU instance.
+    pub(crate) gpu_instance_id: u32,
+    /// Its compute instance.
+    pub(crate) compute_instance_id: u32,
+    /// `MIG-...`.
+    pub(crate) uuid: String,
+    /// Compute slices.
+    pub(crate) slices: u32,
+    /// Energy (J).
+    pub(crate) energy_j: f64,
 }
 
 /// How static power was shared and where each figure came from.

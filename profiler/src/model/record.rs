@@ -43,7 +43,7 @@ impl IntervalRecord {
     }
 
     /// The same record with machine-level figures only: no processes, and
-    /// no processes per GPU.
+    /// no processes per GPU or MIG instance.
     pub(crate) fn machine_only(&self) -> Self {
         Self {
             domains: self.domains.clone(),
@@ -52,6 +52,16 @@ impl IntervalRecord {
                 .iter()
                 .map(|g| GpuRow {
                     processes: None,
+                    // Each instance's energy is the machine's; who was in
+                    // it is the processes'.
+                    instances: g
+                        .instances
+                        .iter()
+                        .map(|i| InstanceRow {
+                            pids: Vec::new(),
+                            ..i.clone()
+                        })
+                        .collect(),
                     ..g.clone()
                 })
                 .collect(),
@@ -62,7 +72,7 @@ impl IntervalRecord {
 }
 
 /// One energy domain's figures: over an interval ([`DomainRow`], with
-/// its power) or over the whole profile (`output::DomainReport`, with the
+/// its power) or over the whole profile (`model::DomainReport`, with the
 /// average power).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct DomainOf<P> {
@@ -208,6 +218,33 @@ pub(crate) struct GpuRow {
     /// Processes using it (omitted from a machine-only recording).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) processes: Option<Vec<GpuProcess>>,
+    /// MIG: each instance, its activity and processes, and the energy its
+    /// processes were given (absent off MIG; schema 6).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) instances: Vec<InstanceRow>,
+}
+
+/// A MIG instance over an interval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct InstanceRow {
+    /// Its GPU instance.
+    pub(crate) gpu_instance_id: u32,
+    /// Its compute instance.
+    pub(crate) compute_instance_id: u32,
+    /// `MIG-...`.
+    pub(crate) uuid: String,
+    /// Compute slices.
+    pub(crate) slices: u32,
+    /// Streaming multiprocessors.
+    pub(crate) sms: u32,
+    /// GPM's SM utilization, percent of its SMs (absent without GPM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sm_util_pct: Option<f64>,
+    /// The processes NVML lists in it.
+    pub(crate) pids: Vec<u32>,
+    /// The GPU energy its processes were given (J): dynamic by the
+    /// instance's weight, held power by holder.
+    pub(crate) energy_j: f64,
 }
 
 /// The three groups of an interval.
@@ -337,6 +374,7 @@ mod tests {
                 idle_w: None,
                 held_w: None,
                 processes: Some(Vec::new()),
+                instances: Vec::new(),
             }],
             ..IntervalRecord::default()
         };

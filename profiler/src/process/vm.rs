@@ -1,5 +1,5 @@
 //! Virtual machines on a host, for `monitor --vm-export`: which processes
-//! run a VM (their sums are `attribution::vms`).
+//! run a VM (their sums are `sums::vms`).
 //!
 //! A process runs a VM when
 //! - its cgroup is a libvirt/systemd-machined scope under `machine.slice`

@@ -143,8 +143,23 @@ impl Profile {
             self.windows
                 .add_interval(&shares, &consumers, |id, pid| table.descends_from(id, pid));
         }
+        // MIG: what each instance's processes were given.
+        let mig = self.mig_energy(&read, &shares);
+        for (g, uj) in read.gpus.iter().zip(&mig) {
+            for (i, uj) in g.instances.iter().zip(uj) {
+                self.sums.mig.add(
+                    g.index,
+                    i.gpu_instance_id,
+                    i.compute_instance_id,
+                    &i.uuid,
+                    i.slices,
+                    *uj,
+                );
+            }
+        }
         // Outputs: the interval's record, streamed and kept.
         let record = self.build_record(&Built {
+            mig: &mig,
             sample,
             duration_ns,
             usage: &usage,
@@ -168,6 +183,31 @@ impl Profile {
             eprintln!("wattprof: {p}");
             self.problem(p);
         }
+    }
+
+    /// Per GPU in `read`, per MIG instance: the energy its processes
+    /// were given in `shares` (µJ; none off MIG).
+    fn mig_energy(&self, read: &IntervalEnergy, shares: &[DomainShare]) -> Vec<Vec<u64>> {
+        read.gpus
+            .iter()
+            .map(|g| {
+                let mut uj = vec![0u64; g.instances.len()];
+                let Some(share) = shares.iter().find(|s| {
+                    s.domain == crate::sources::Domain::Gpu && s.package == Some(g.index)
+                }) else {
+                    return uj;
+                };
+                for (id, e) in &share.attributed {
+                    let Some(pid) = self.table.by_id(*id).map(|p| p.pid) else {
+                        continue;
+                    };
+                    if let Some(k) = g.instances.iter().position(|i| i.pids.contains(&pid)) {
+                        uj[k] += e;
+                    }
+                }
+                uj
+            })
+            .collect()
     }
 
     /// Each GPU's energy and the processes on it, for the attribution.

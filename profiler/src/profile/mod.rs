@@ -1,10 +1,11 @@
 //! One profile (a `run` or a `monitor`): each interval, the tracker's
-//! sample and the readers' energy go through the attribution engine, and
-//! the results are summed per process, group, cgroup and window, streamed
-//! as JSON lines and kept for the recording.
+//! sample and the readers' energy go through the attribution engine, the
+//! results are summed per process, group, cgroup and window, and the
+//! interval's record goes to every sink.
 //!
 //! This is the only place the pieces meet: `tracker` measures time,
-//! `sources` measure energy, `attribution` divides, `output` renders.
+//! `sources` measure energy, `attribution` divides, `sums` adds up, and
+//! every output is a `sink`.
 
 mod filter;
 mod held;
@@ -25,7 +26,7 @@ use crate::attribution::{ConsumerId, EnergyBy};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
 use crate::model::record::{HeaderRecord, IntervalRecord};
-use crate::model::{CgroupReport, ContainerReport, HostReport, RUN_SCHEMA_VERSION, WindowReport};
+use crate::model::{HostReport, RUN_SCHEMA_VERSION, WindowReport};
 use crate::process::{ProcFs, ProcessTable, Role};
 use crate::sink::{Sink, Totals};
 use crate::sums::Sums;
@@ -150,11 +151,15 @@ impl Profile {
         host: HostReport,
     ) -> Self {
         let statics = statics::Statics::new(&cfg.statics, &readers, online_cpus());
+        let mut sums = Sums::new(cfg.cgroupfs.as_deref(), &cfg.runtimes);
+        if sinks.iter().any(|s| s.needs_vms()) {
+            sums.vms = Some(Default::default());
+        }
         Self {
             table,
             procfs: ProcFs::real(),
             readers,
-            sums: Sums::new(cfg.cgroupfs.as_deref(), &cfg.runtimes),
+            sums,
             windows: windows::Windows::default(),
             last: None,
             scratch: Scratch::default(),
@@ -307,27 +312,6 @@ impl Profile {
             answers.push(answer);
         }
         answers
-    }
-
-    /// The profile's length so far (monotonic ns).
-    fn span_ns(&self) -> u64 {
-        self.last_ns.saturating_sub(self.start_ns)
-    }
-
-    /// Per cgroup so far, most energy first; with `since_ns`, only cgroups
-    /// whose processes ran since then.
-    pub(crate) fn cgroup_reports(&self, since_ns: Option<u64>) -> Vec<CgroupReport> {
-        self.sums
-            .cgroups
-            .reports(since_ns, self.span_ns(), &self.cfg.carbon)
-    }
-
-    /// Per container and systemd unit so far, most energy first; with
-    /// `since_ns`, only those whose processes ran since.
-    pub(crate) fn container_reports(&self, since_ns: Option<u64>) -> Vec<ContainerReport> {
-        self.sums
-            .cgroups
-            .container_reports(since_ns, self.span_ns(), &self.cfg.carbon)
     }
 
     /// Adds an output after the profile was made (the exporter, the

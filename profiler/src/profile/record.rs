@@ -5,7 +5,8 @@ use super::{Profile, Scope};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
 use crate::model::record::{
-    DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, IntervalPower, IntervalRecord, ProcessRow,
+    DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, InstanceRow, IntervalPower, IntervalRecord,
+    ProcessRow,
 };
 use crate::process::{IntervalUsage, Role};
 use crate::sources::registry::{DomainKey, IntervalEnergy};
@@ -82,6 +83,7 @@ impl Profile {
     /// The interval's record, in the previous record's buffers.
     pub(super) fn build_record(&mut self, b: &Built<'_>) -> IntervalRecord {
         let Built {
+            mig,
             sample,
             duration_ns,
             usage,
@@ -126,17 +128,36 @@ impl Profile {
         }));
         record.gpus.clear();
         let statics = &self.statics;
-        record.gpus.extend(read.gpus.iter().map(|g| GpuRow {
-            index: g.index,
-            energy_j: joules(g.energy_uj),
-            power_w: g.power_w,
-            util_pct: g.util_pct,
-            memory_used_bytes: g.memory_used_bytes,
-            sm_basis: Some(g.sm_basis),
-            idle_w: statics.gpu_figures(g.index).0,
-            held_w: statics.gpu_figures(g.index).1,
-            processes: Some(g.processes.clone()),
-        }));
+        record
+            .gpus
+            .extend(read.gpus.iter().zip(mig).map(|(g, mig)| {
+                GpuRow {
+                    index: g.index,
+                    energy_j: joules(g.energy_uj),
+                    power_w: g.power_w,
+                    util_pct: g.util_pct,
+                    memory_used_bytes: g.memory_used_bytes,
+                    sm_basis: Some(g.sm_basis),
+                    idle_w: statics.gpu_figures(g.index).0,
+                    held_w: statics.gpu_figures(g.index).1,
+                    processes: Some(g.processes.clone()),
+                    instances: g
+                        .instances
+                        .iter()
+                        .zip(mig)
+                        .map(|(i, uj)| InstanceRow {
+                            gpu_instance_id: i.gpu_instance_id,
+                            compute_instance_id: i.compute_instance_id,
+                            uuid: i.uuid.clone(),
+                            slices: i.slices,
+                            sms: i.sms,
+                            sm_util_pct: i.sm_util_pct,
+                            pids: i.pids.clone(),
+                            energy_j: joules(*uj),
+                        })
+                        .collect(),
+                }
+            }));
         let group = |r: Role| GroupRow {
             on_cpu_ns: usage
                 .iter()
@@ -179,6 +200,8 @@ impl Profile {
 
 /// What an interval's record is built from.
 pub(super) struct Built<'a> {
+    /// Per GPU, per MIG instance: the energy its processes were given.
+    pub(crate) mig: &'a [Vec<u64>],
     pub(crate) sample: &'a CpuSample,
     pub(crate) duration_ns: u64,
     pub(crate) usage: &'a [IntervalUsage],

@@ -147,7 +147,7 @@ impl Profile {
         let processes = self.process_reports(end_ns);
         let groups = self.table.totals().clone();
         let group_energy = crate::sums::group_energy(&self.sums.groups, span, carbon);
-        let cgroups = self.cgroup_reports(None);
+        let cgroups = self.totals().cgroup_reports(None);
         // Every container's name asked for (those first seen while the
         // daemon was not there yet too), and the answers waited for (each
         // lookup takes at most 0.5 s).
@@ -155,7 +155,7 @@ impl Profile {
         self.sums
             .cgroups
             .settle(std::time::Duration::from_millis(600));
-        let containers = self.container_reports(None);
+        let containers = self.totals().container_reports(None);
         let profiler = self.profiler_report(ending.profiler, &processes);
         let command = ending.command.map(|c| CommandReport {
             argv: c.argv,
@@ -184,6 +184,7 @@ impl Profile {
                 carbon_intensity_source: carbon.source.clone(),
                 problems: self.problem_lines(),
                 static_power: self.static_power_report(),
+                mig_instances: self.sums.mig.reports(),
             },
             groups,
             cgroups,

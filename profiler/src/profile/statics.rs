@@ -192,10 +192,7 @@ impl Statics {
 
     /// The figure of a domain in the last interval.
     pub(crate) fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
-        self.last
-            .iter()
-            .chain(&self.gpu_last)
-            .find(|f| f.domain == domain && f.package == package)
+        StaticFigure::find(&self.figures(), domain, package)
     }
 
     /// A GPU's static energy over an interval of `duration_ns`, after

@@ -232,6 +232,12 @@ impl Rig {
     }
 
     fn finish(self) -> (RunReport, Vec<Value>) {
+        let (report, stream, _) = self.finish_with_recording();
+        (report, stream)
+    }
+
+    /// As [`Rig::finish`], and whether a recording file was written.
+    fn finish_with_recording(self) -> (RunReport, Vec<Value>, bool) {
         let finished = self.profile.finish(Ending {
             mode: "run",
             command: None,
@@ -258,9 +264,11 @@ impl Rig {
                 output_errors: Vec::new(),
             },
         });
+        assert!(finished.failed.is_empty(), "{:?}", finished.failed);
         let mut report = finished.report;
         // The intervals, as the recording (if one was asked for) holds
         // them.
+        let recorded = self.dir.join("recording.json").exists();
         if let Ok(text) = std::fs::read_to_string(self.dir.join("recording.json")) {
             let back: RunReport = serde_json::from_str(&text).expect("the recording parses");
             report.intervals = back.intervals;
@@ -271,7 +279,7 @@ impl Rig {
             .map(|l| serde_json::from_str(l).expect("every stream line parses"))
             .collect();
         let _ = std::fs::remove_dir_all(&self.dir);
-        (report, stream)
+        (report, stream, recorded)
     }
 }
 
@@ -452,6 +460,7 @@ fn caught_up_energy_of_a_process_forgotten_meanwhile_goes_to_its_container() {
     // 60 J over 12 CPU-s: its 1 s is 5 J, in its container.
     let c = rig
         .profile
+        .totals()
         .container_reports(None)
         .into_iter()
         .find(|c| c.id == DOCKER_ID)
@@ -550,8 +559,8 @@ fn cgroup_and_container_sums_follow_their_processes() {
         false,
     );
     rig.interval(20.0, &[(5005005, docker, 1_000_000_000)], true);
-    let containers = rig.profile.container_reports(None);
-    let cgroups = rig.profile.cgroup_reports(None);
+    let containers = rig.profile.totals().container_reports(None);
+    let cgroups = rig.profile.totals().cgroup_reports(None);
     let snapshot = crate::sink::snapshot::snapshot(
         &rig.profile.totals(),
         rig.profile.last.as_ref(),
@@ -643,6 +652,7 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     );
     let container = |rig: &Rig| {
         rig.profile
+            .totals()
             .container_reports(None)
             .into_iter()
             .find(|c| c.id == DOCKER_ID)
@@ -667,6 +677,7 @@ fn cgroups_idle_for_two_minutes_are_pruned_into_their_path_and_sums_stay() {
     assert_eq!(cpu_series(&rig), Some(1.5), "monotonic");
     let rows: Vec<_> = rig
         .profile
+        .totals()
         .cgroup_reports(None)
         .into_iter()
         .filter(|g| g.path.contains(DOCKER_ID))
@@ -697,7 +708,8 @@ fn the_keep_policy_decides_what_the_recording_holds() {
         let user = rig.cgroup("user.slice");
         rig.interval(10.0, &[(5006006, user, 100_000_000)], false);
         rig.interval(10.0, &[(5006006, user, 100_000_000)], true);
-        let (report, stream) = rig.finish();
+        let (report, stream, recorded) = rig.finish_with_recording();
+        assert_eq!(recorded, keep.is_some(), "{keep:?}");
         // The stream always has everything.
         assert!(stream[0]["processes"].is_array());
         match want {

@@ -104,6 +104,8 @@ pub(crate) struct EnergyView<'a> {
     pub(crate) windows: &'a [crate::model::WindowReport],
     pub(crate) window_errors: &'a [String],
     pub(crate) static_note: Option<&'a str>,
+    /// MIG instances' energy.
+    pub(crate) mig: &'a [crate::model::MigInstanceReport],
 }
 
 impl<'a> EnergyView<'a> {
@@ -117,6 +119,7 @@ impl<'a> EnergyView<'a> {
             windows: &r.windows,
             window_errors: &r.window_errors,
             static_note: r.energy.static_power.as_ref().map(|p| p.note.as_str()),
+            mig: &r.energy.mig_instances,
         }
     }
 }
@@ -165,6 +168,18 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
                     "  node static", d.static_j, "-", d.static_j, "-", "",
                 );
             }
+        }
+        // MIG: what each instance's processes were given of its GPU's.
+        for m in r.mig {
+            let _ = writeln!(
+                s,
+                "  {:<16} {:>12} {:>12.3}   {} ({} slices)",
+                format!("  MIG {}.{}", m.gpu_instance_id, m.compute_instance_id),
+                "-",
+                m.energy_j,
+                m.uuid,
+                m.slices
+            );
         }
         if let Some(note) = r.static_note {
             let _ = writeln!(s, "  note: {note}");

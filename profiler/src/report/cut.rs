@@ -14,13 +14,8 @@ use crate::model::{DomainReport, EnergyJ, GroupEnergy, MemoryReport, ProcessRepo
 use crate::process::GroupTotals;
 use crate::sources::static_power::StaticFigure;
 use crate::sums::ledger::{DomainTotals, EnergyLedger};
-use crate::sums::{Groups, group_energy, most_energy_first};
-
-/// µJ from a record's joules (a damaged file's negative or absurd figure
-/// is 0 or saturates).
-fn uj(j: f64) -> u64 {
-    (j * 1e6).round() as u64
-}
+use crate::sums::{Groups, MigSums, group_energy, most_energy_first};
+use crate::units::microjoules as uj;
 
 /// A row's joules as the sums keep them. Records hold the static part as
 /// one figure: it is kept as the package's, which only its total reads.
@@ -47,6 +42,8 @@ pub(super) struct CutSums {
     pub(super) busy_ns: u64,
     /// Each process's rows summed (all but `own`), most energy first.
     pub(super) processes: Vec<ProcessReport>,
+    /// Each MIG instance's GPU energy.
+    pub(super) mig_instances: Vec<crate::model::MigInstanceReport>,
 }
 
 /// Sums `intervals` over `span_ns`; `own` is wattprof's pid in `run`,
@@ -90,7 +87,26 @@ pub(super) fn sum(
         group_energy,
         busy_ns,
         processes: processes(intervals, own, carbon),
+        mig_instances: mig(intervals).reports(),
     }
+}
+
+/// Each MIG instance's rows summed.
+fn mig(intervals: &[IntervalRecord]) -> MigSums {
+    let mut sums = MigSums::default();
+    for g in intervals.iter().flat_map(|iv| &iv.gpus) {
+        for i in &g.instances {
+            sums.add(
+                g.index,
+                i.gpu_instance_id,
+                i.compute_instance_id,
+                &i.uuid,
+                i.slices,
+                uj(i.energy_j),
+            );
+        }
+    }
+    sums
 }
 
 /// Per domain and package; and the last static figure each was divided
@@ -270,7 +286,7 @@ pub(super) fn missing(h: &HeaderRecord) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::attribution::{Basis, DomainShare};
-    use crate::model::record::{DomainRow, DomainUj, GroupRows, IntervalPower};
+    use crate::model::record::{DomainRow, DomainUj, GroupRow, GroupRows, IntervalPower};
     use crate::sources::Domain;
     use crate::units::joules;
 
@@ -374,5 +390,125 @@ mod tests {
         );
         assert_eq!(p2.on_cpu_ns, 50);
         assert_eq!(cut.busy_ns, 100);
+        // Pid 1's rows, summed as µJ: the most energy, first.
+        let p1 = &cut.processes[0];
+        assert_eq!((p1.pid, p1.on_cpu_ns), (1, 50));
+        let want: u64 = intervals
+            .iter()
+            .map(|iv| uj(iv.process_rows()[0].package_j))
+            .sum();
+        assert_eq!(p1.energy.package_j, joules(want));
+    }
+
+    #[test]
+    fn groups_static_figures_packages_and_total_only_groups_sum_as_the_profile_would() {
+        let carbon = CarbonIntensity {
+            g_per_kwh: 100.0,
+            source: "test".into(),
+        };
+        let row = |package: u32, measured: u64, static_w: Option<f64>| {
+            let mut d = DomainRow::from_uj(
+                DomainUj {
+                    domain: Domain::Package,
+                    package: Some(package),
+                    estimated: false,
+                    basis: Basis::CpuTime,
+                    measured,
+                    attributed: measured / 2,
+                    idle: measured / 2,
+                    unattributed: 0,
+                    static_uj: measured / 4,
+                    attributed_static: measured / 8,
+                    figure: None,
+                },
+                1_000_000_000,
+                |power_w| IntervalPower {
+                    power_w,
+                    covers_ns: None,
+                },
+            );
+            d.static_w = static_w;
+            d.static_source = static_w.map(|_| crate::sources::static_power::StaticSource::Learned);
+            d
+        };
+        let group = |package_uj: u64, static_uj: u64| GroupRow {
+            on_cpu_ns: 7,
+            energy_j: joules(package_uj),
+            package_j: joules(package_uj),
+            core_j: 0.0,
+            dram_j: 0.0,
+            gpu_j: 0.0,
+            static_j: joules(static_uj),
+        };
+        let iv = |k: u64, groups: GroupRows| IntervalRecord {
+            t_ns: (k + 1) * 1_000_000_000,
+            duration_ns: 1_000_000_000,
+            busy_ns: 3,
+            // Package 1 before package 0, as a reader may list them.
+            domains: vec![
+                row(1, 2_000_001 + k, Some(9.5 + k as f64)),
+                row(0, 1_000_003, None),
+            ],
+            gpus: Vec::new(),
+            groups,
+            processes: Some(Vec::new()),
+        };
+        let mut intervals: Vec<IntervalRecord> = (0..3)
+            .map(|k| {
+                iv(
+                    k,
+                    GroupRows {
+                        tree: group(500_001, 100_003),
+                        profiler: group(7, 0),
+                        other: group(1_234_567, 1),
+                    },
+                )
+            })
+            .collect();
+        // An older stream's groups: the total only.
+        let mut old = iv(3, GroupRows::default());
+        old.groups.other.energy_j = 0.25;
+        let span = 4_000_000_000;
+        // With the older interval, `other` has per-domain figures: its
+        // total is theirs, not the older one's alone.
+        intervals.push(old.clone());
+        let cut = sum(&intervals, span, None, &carbon);
+        // Reported in the ledger's order (by domain, then package), the
+        // last static figure of each, as a recording reports them.
+        let keys: Vec<(Option<u32>, Option<f64>)> = cut
+            .domains
+            .iter()
+            .map(|d| (d.package, d.static_w))
+            .collect();
+        assert_eq!(keys, vec![(Some(0), None), (Some(1), Some(12.5))]);
+        assert_eq!(
+            cut.domains[1].measured_j,
+            joules(3 * 2_000_001 + 3 + 2_000_001 + 3)
+        );
+        assert_eq!(cut.domains[1].static_j, joules(4 * 500_000 + 1));
+        // Groups: µJ summed, then made into joules, power and CO2 once.
+        let mut tree = EnergyBy::default();
+        for _ in 0..3 {
+            tree.merge(&energy_of(joules(500_001), 0.0, 0.0, 0.0, joules(100_003)));
+        }
+        assert_eq!(cut.group_energy.tree, EnergyJ::new(&tree, span, &carbon));
+        assert_eq!(cut.group_times.tree_ns, 21);
+        assert!((cut.group_energy.other.total_j - joules(3 * 1_234_567)).abs() < 1e-12);
+        // A stream whose groups all have the total only keeps that total.
+        let cut = sum(&[old], span, None, &carbon);
+        assert_eq!(cut.group_energy.other.total_j, 0.25);
+        assert_eq!(cut.group_energy.other.package_j, 0.0);
+        assert_eq!(
+            cut.group_energy.other.co2_g,
+            EnergyJ::new(
+                &EnergyBy {
+                    package_uj: 250_000,
+                    ..EnergyBy::default()
+                },
+                span,
+                &carbon
+            )
+            .co2_g
+        );
     }
 }

@@ -124,6 +124,8 @@ pub struct Summary {
     pub(crate) static_note: Option<String>,
     /// Reader failures.
     pub(crate) problems: Vec<String>,
+    /// Each MIG instance's GPU energy.
+    pub(crate) mig_instances: Vec<crate::model::MigInstanceReport>,
     /// Energy per function (`--stacks`; not in a cut stream).
     pub(crate) stacks: Option<crate::model::stacks::StackReport>,
 }
@@ -216,6 +218,7 @@ impl Summary {
             carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
             carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
             static_note: r.energy.static_power.as_ref().map(|p| p.note.clone()),
+            mig_instances: r.energy.mig_instances.clone(),
             problems: r.energy.problems.clone(),
             stacks: r.stacks.clone(),
         }
@@ -272,6 +275,7 @@ impl Summary {
             carbon_intensity_g_per_kwh: g,
             carbon_intensity_source: h.carbon_intensity_source.clone(),
             static_note: None,
+            mig_instances: sums.mig_instances,
             problems: Vec::new(),
             stacks: None,
         }

@@ -1,6 +1,6 @@
 //! How `wattprof report` shows what it read: a recording's totals, what a
 //! file holds, and two recordings side by side. Drawn with the run
-//! table's pieces (`output`), so a report reads like the run it is of.
+//! table's pieces (`render`), so a report reads like the run it is of.
 
 use std::fmt::Write as _;
 
@@ -156,6 +156,7 @@ pub fn render_summary(r: &Summary, top: usize) -> String {
             windows: &r.windows,
             window_errors: &[],
             static_note: r.static_note.as_deref(),
+            mig: &r.mig_instances,
         },
     );
     if let Some(st) = &r.stacks {

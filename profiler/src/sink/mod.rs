@@ -40,7 +40,8 @@ pub(crate) struct Totals<'a> {
     /// The static figures each domain is divided with now (CPU domains,
     /// then GPUs).
     pub(crate) figures: [&'a [StaticFigure]; 2],
-    /// The stack samples' energy, frames named (`--stacks`).
+    /// The stack samples' energy (`--stacks`; its frames named at the
+    /// end, before [`Sink::finish`]).
     pub(crate) stacks: Option<&'a StackLedger>,
 }
 
@@ -52,10 +53,7 @@ impl Totals<'_> {
 
     /// The static figure `domain` of `package` is divided with now.
     pub(crate) fn figure(&self, domain: Domain, package: Option<u32>) -> Option<&StaticFigure> {
-        self.figures
-            .iter()
-            .flat_map(|f| f.iter())
-            .find(|f| f.domain == domain && f.package == package)
+        StaticFigure::find(&self.figures, domain, package)
     }
 
     /// Per cgroup so far, most energy first; with `since_ns`, only those

@@ -188,6 +188,12 @@ pub(crate) const PROCESS_POWER: Metric = gauge(
     Some(Unit::Watts),
     "Power of the top processes over the last interval (package + DRAM + GPU), and of all others as pid=\"other\".",
 );
+/// Each MIG instance's GPU energy.
+pub(crate) const GPU_INSTANCE_ENERGY: Metric = counter(
+    "wattprof_gpu_instance_energy",
+    Unit::Joules,
+    "GPU energy given to the processes of each MIG instance (by the instance's busy SMs from GPM, else its compute slices; equally within it).",
+);
 /// GPU power.
 pub(crate) const GPU_POWER: Metric = gauge(
     "wattprof_gpu_power",
@@ -209,7 +215,7 @@ pub(crate) const ENERGY_READER_INFO: Metric = gauge(
 
 /// Every metric wattprof exports, in exposition order.
 #[cfg(test)]
-pub(crate) const ALL: [&Metric; 16] = [
+pub(crate) const ALL: [&Metric; 17] = [
     &ENERGY,
     &IDLE_ENERGY,
     &UNATTRIBUTED_ENERGY,
@@ -224,6 +230,7 @@ pub(crate) const ALL: [&Metric; 16] = [
     &EXPORTER_CPU,
     &PROCESS_POWER,
     &GPU_POWER,
+    &GPU_INSTANCE_ENERGY,
     &CONTAINER_INFO,
     &ENERGY_READER_INFO,
 ];
@@ -406,6 +413,7 @@ mod tests {
             "wattprof_self_energy_joules_total",
             "wattprof_exporter_scrapes_total",
             "wattprof_exporter_cpu_seconds_total",
+            "wattprof_gpu_instance_energy_joules_total",
         ];
         let gauges = [
             "wattprof_process_power_watts",

@@ -138,6 +138,7 @@ pub(crate) fn snapshot(
             (&m::SELF_ENERGY, self_energy),
             (&m::PROCESS_POWER, power),
             (&m::GPU_POWER, gpu_power),
+            (&m::GPU_INSTANCE_ENERGY, mig_series(t)),
             (&m::CONTAINER_INFO, c_info),
             (&m::ENERGY_READER_INFO, reader_series(readers)),
         ],
@@ -281,6 +282,26 @@ fn power_series(last: Option<&IntervalRecord>, top: usize) -> (Series, Series) {
             .collect();
     }
     (power, gpu_power)
+}
+
+/// Each MIG instance's GPU energy so far.
+fn mig_series(t: &Totals<'_>) -> Series {
+    t.sums
+        .mig
+        .reports()
+        .into_iter()
+        .map(|i| {
+            (
+                l(&[
+                    ("gpu", i.gpu.to_string()),
+                    ("gpu_instance", i.gpu_instance_id.to_string()),
+                    ("compute_instance", i.compute_instance_id.to_string()),
+                    ("uuid", i.uuid),
+                ]),
+                i.energy_j,
+            )
+        })
+        .collect()
 }
 
 /// The energy readers in use, as info series.

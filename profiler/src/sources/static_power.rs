@@ -98,6 +98,18 @@ pub(crate) struct StaticFigure {
 }
 
 impl StaticFigure {
+    /// The figure of `domain` on `package` among `lists`, the first found.
+    pub(crate) fn find<'a>(
+        lists: &[&'a [StaticFigure]],
+        domain: Domain,
+        package: Option<u32>,
+    ) -> Option<&'a StaticFigure> {
+        lists
+            .iter()
+            .flat_map(|l| l.iter())
+            .find(|f| f.domain == domain && f.package == package)
+    }
+
     /// One line: `package 0: 21.34 W static (host model, R² 0.9990)`.
     pub(crate) fn describe(&self) -> String {
         let what = match self.source {

@@ -52,6 +52,41 @@ pub(crate) struct Sums {
     pub(crate) vms: Option<vms::VmTracker>,
     /// Each reported process's memory.
     pub(crate) memory: memory::Memory,
+    /// Each MIG instance's GPU energy.
+    pub(crate) mig: MigSums,
+}
+
+/// Each MIG instance's GPU energy, by (GPU, GPU instance, compute
+/// instance): what its processes were given.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct MigSums(std::collections::BTreeMap<(u32, u32, u32), (String, u32, u64)>);
+
+impl MigSums {
+    /// Adds `uj` to instance `gi`.`ci` of GPU `gpu` (`MIG-...` `uuid`, of
+    /// `slices` compute slices).
+    pub(crate) fn add(&mut self, gpu: u32, gi: u32, ci: u32, uuid: &str, slices: u32, uj: u64) {
+        let s = self.0.entry((gpu, gi, ci)).or_default();
+        uuid.clone_into(&mut s.0);
+        s.1 = slices;
+        s.2 = s.2.saturating_add(uj);
+    }
+
+    /// Each instance's energy so far.
+    pub(crate) fn reports(&self) -> Vec<crate::model::MigInstanceReport> {
+        self.0
+            .iter()
+            .map(
+                |(&(gpu, gi, ci), (uuid, slices, uj))| crate::model::MigInstanceReport {
+                    gpu,
+                    gpu_instance_id: gi,
+                    compute_instance_id: ci,
+                    uuid: uuid.clone(),
+                    slices: *slices,
+                    energy_j: crate::units::joules(*uj),
+                },
+            )
+            .collect()
+    }
 }
 
 impl Sums {
@@ -68,6 +103,7 @@ impl Sums {
             cgroups: cgroups::Cgroups::new(cgroupfs, runtimes),
             vms: None,
             memory: memory::Memory::default(),
+            mig: MigSums::default(),
         }
     }
 

@@ -51,7 +51,23 @@
 //! - **Field values**: NVML_FI_DEV_POWER_INSTANT (the draw now) and
 //!   NVML_FI_DEV_POWER_AVERAGE (its mean over the last second), in mW.
 //! - **MIG**, `mig=1`: MIG mode on; utilization, device and per-process,
-//!   answers NOT_SUPPORTED, as NVML does on a MIG-enabled GPU.
+//!   answers NOT_SUPPORTED, as NVML does on a MIG-enabled GPU. With
+//!   `instances=GI:SLICES:SMS,...` the GPU has MIG devices in those slots
+//!   (`-` leaves a slot empty: NOT_FOUND, as a driver answers for slots
+//!   with no instance), each GPU instance GI with SLICES compute slices
+//!   and SMS streaming multiprocessors; `PID:SM:MEM#GI` puts a process in
+//!   instance GI, where its SM is a percentage of the instance's SMs. A
+//!   MIG device handle answers its own process list (the parent lists
+//!   every instance's, with their instance ids), its UUID (`MIG-...`),
+//!   attributes and instance ids, and NOT_SUPPORTED for energy, power and
+//!   utilization, as the driver does. The draw's per-SM term counts the
+//!   GPU's busy SMs: SM × the instance's SMs / all instances' SMs.
+//! - **GPM** (Hopper and later), `gpm=1`: `nvmlGpmQueryDeviceSupport`
+//!   says yes, and `nvmlGpmMigSampleGet` / `nvmlGpmMetricsGet` give an
+//!   instance's SM utilization (`NVML_GPM_METRIC_SM_UTIL`) between two
+//!   samples: its processes' mean SM over that span, at most 100.
+//!   `gpm=over` answers 250% (a driver's garbage); without `gpm` the GPU
+//!   is not GPM-capable (Ampere). `fail=gpm@...` fails the sample calls.
 //! - **Failures**: `lost_after=N` makes every call on the GPU answer
 //!   NVML_ERROR_GPU_IS_LOST after N energy or power calls, and
 //!   `back_after=M` brings it back after M such answers (0: never).
@@ -98,6 +114,7 @@ enum Call {
     Memory,
     Procs,
     Samples,
+    Gpm,
 }
 
 impl Call {
@@ -109,6 +126,7 @@ impl Call {
             "memory" => Self::Memory,
             "procs" => Self::Procs,
             "samples" => Self::Samples,
+            "gpm" => Self::Gpm,
             _ => return None,
         })
     }
@@ -136,6 +154,8 @@ struct Proc {
     duty: Option<(u64, u64, u64)>,
     /// Its samples are published this many ms after their timestamp.
     lag_ms: u64,
+    /// The MIG GPU instance it runs in.
+    instance: Option<u32>,
 }
 
 impl Proc {
@@ -216,7 +236,38 @@ struct Gpu {
     garbage: Garbage,
     race: u32,
     fail: Vec<(Call, u32, u32, c_uint)>,
-    counts: [u32; 6],
+    counts: [u32; 7],
+    /// MIG device slots: a GPU instance, or an empty slot.
+    instances: Vec<Option<Instance>>,
+    /// GPM: None (not capable), Some(false) (faithful), Some(true)
+    /// (garbage: 250%).
+    gpm: Option<bool>,
+}
+
+/// A MIG GPU instance (one compute instance, id 0, spanning it).
+#[derive(Clone, Copy, Debug)]
+struct Instance {
+    gi: u32,
+    slices: u32,
+    sms: u32,
+}
+
+impl Gpu {
+    /// Every instance's SMs together.
+    fn mig_sms(&self) -> u32 {
+        self.instances.iter().flatten().map(|i| i.sms).sum()
+    }
+
+    /// `p`'s share of the whole GPU's SMs when it works at 100% (1 off MIG).
+    fn sm_scale(&self, p: &Proc) -> f64 {
+        match p
+            .instance
+            .and_then(|gi| self.instances.iter().flatten().find(|i| i.gi == gi))
+        {
+            Some(i) if self.mig_sms() > 0 => f64::from(i.sms) / f64::from(self.mig_sms()),
+            _ => 1.0,
+        }
+    }
 }
 
 struct State {
@@ -271,10 +322,19 @@ fn resolve(pid: u32) -> u32 {
 /// The scenario's processes that hold the GPU at `t` s and exist: (pid,
 /// SM %, memory bytes).
 fn running(g: &Gpu, t: f64) -> Vec<(u32, u32, u64)> {
+    running_in(g, t, None)
+        .into_iter()
+        .map(|(pid, sm, mem, _)| (pid, sm, mem))
+        .collect()
+}
+
+/// As [`running`], with each one's MIG GPU instance; only those of GPU
+/// instance `gi` when given.
+fn running_in(g: &Gpu, t: f64, gi: Option<u32>) -> Vec<(u32, u32, u64, Option<u32>)> {
     g.procs
         .iter()
-        .filter(|p| p.active(t))
-        .map(|p| (resolve(p.pid), p.sm, p.mem))
+        .filter(|p| p.active(t) && gi.is_none_or(|gi| p.instance == Some(gi)))
+        .map(|p| (resolve(p.pid), p.sm, p.mem, p.instance.filter(|_| g.mig)))
         .filter(|p| p.0 != 0)
         .collect()
 }
@@ -351,6 +411,25 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                 "memory_total" => g.memory_total = v.parse().unwrap_or(0),
                 "memory_used" => g.memory_used = v.parse().unwrap_or(0),
                 "mig" => g.mig = v == "1",
+                "instances" => {
+                    g.instances = v
+                        .split(',')
+                        .map(|i| {
+                            let f: Vec<u32> = i.split(':').filter_map(|x| x.parse().ok()).collect();
+                            match f[..] {
+                                [gi, slices, sms] => Some(Instance { gi, slices, sms }),
+                                _ => None,
+                            }
+                        })
+                        .collect()
+                }
+                "gpm" => {
+                    g.gpm = match v {
+                        "1" => Some(false),
+                        "over" => Some(true),
+                        _ => None,
+                    }
+                }
                 "lost_after" => g.lost_after = v.parse().unwrap_or(0),
                 "back_after" => g.back_after = v.parse().unwrap_or(0),
                 "sample_ms" => g.sample_ms = v.parse().ok(),
@@ -378,6 +457,11 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                     let (a, b) = w.split_once('-')?;
                                     (p, Some((a.parse().ok()?, b.parse().ok()?)))
                                 }
+                                None => (p, None),
+                            };
+                            // ...#GI: it runs in MIG GPU instance GI.
+                            let (p, instance) = match p.split_once('#') {
+                                Some((p, gi)) => (p, Some(gi.parse().ok()?)),
                                 None => (p, None),
                             };
                             // ...+LAG: its samples are published LAG ms late.
@@ -419,6 +503,7 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 window,
                                 duty,
                                 lag_ms,
+                                instance,
                             })
                         })
                         .collect()
@@ -447,18 +532,26 @@ struct Now {
     driver_version: String,
 }
 
-/// Runs `f` on GPU `dev` (handles are index + 1), answering lost GPUs and
+/// A MIG device's handle: its slot + 1 in the high bits, its GPU's index
+/// + 1 in the low 16.
+fn mig_handle(idx: usize, slot: usize) -> *mut c_void {
+    (((slot + 1) << 16) | (idx + 1)) as *mut c_void
+}
+
+/// Runs `f` on the GPU of `dev` (a GPU's handle is its index + 1), with
+/// the MIG slot when `dev` is a MIG device's, answering lost GPUs and
 /// injected failures for `call`.
-fn with_gpu(
+fn with_dev(
     dev: *mut c_void,
     call: Option<Call>,
-    f: impl FnOnce(&mut Gpu, &Now) -> c_uint,
+    f: impl FnOnce(&mut Gpu, Option<usize>, &Now) -> c_uint,
 ) -> c_uint {
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(state) = guard.as_mut() else {
         return ERROR_UNINITIALIZED;
     };
-    let idx = (dev as usize).wrapping_sub(1);
+    let idx = (dev as usize & 0xffff).wrapping_sub(1);
+    let slot = (dev as usize >> 16).checked_sub(1);
     let now = Now {
         elapsed: state.start.elapsed().as_secs_f64(),
         epoch_us: epoch_us(),
@@ -494,7 +587,25 @@ fn with_gpu(
             return err;
         }
     }
-    f(g, &now)
+    if let Some(slot) = slot
+        && !(g.mig && g.instances.get(slot).is_some_and(Option::is_some))
+    {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    f(g, slot, &now)
+}
+
+/// As [`with_dev`], for calls a MIG device answers NOT_SUPPORTED (energy,
+/// power, utilization, samples: the driver gives them for the whole GPU).
+fn with_gpu(
+    dev: *mut c_void,
+    call: Option<Call>,
+    f: impl FnOnce(&mut Gpu, &Now) -> c_uint,
+) -> c_uint {
+    with_dev(dev, call, |g, slot, now| match slot {
+        Some(_) => ERROR_NOT_SUPPORTED,
+        None => f(g, now),
+    })
 }
 
 fn epoch_us() -> u64 {
@@ -618,7 +729,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     len: c_uint,
 ) -> c_uint {
     // SAFETY: forwarded NVML contract.
-    with_gpu(dev, None, |g, _| unsafe { write_str(&g.name, name, len) })
+    with_dev(dev, None, |g, _, _| unsafe {
+        write_str(&g.name, name, len)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -627,8 +740,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     len: c_uint,
 ) -> c_uint {
-    // SAFETY: forwarded NVML contract.
-    with_gpu(dev, None, |g, _| unsafe { write_str(&g.uuid, uuid, len) })
+    with_dev(dev, None, |g, slot, _| {
+        let id = match slot.and_then(|s| g.instances[s]) {
+            Some(i) => format!("MIG-{}-{}", g.uuid, i.gi),
+            None => g.uuid.clone(),
+        };
+        // SAFETY: forwarded NVML contract.
+        unsafe { write_str(&id, uuid, len) }
+    })
 }
 
 impl Gpu {
@@ -636,8 +755,11 @@ impl Gpu {
     fn draw_mw(&self, t: f64) -> f64 {
         if let Some((idle, held, per_sm)) = self.load {
             let on: Vec<&Proc> = self.procs.iter().filter(|p| p.active(t)).collect();
-            let sm: u32 = on.iter().map(|p| p.sm_at(t)).sum();
-            return idle + if on.is_empty() { 0.0 } else { held } + per_sm * f64::from(sm);
+            let sm: f64 = on
+                .iter()
+                .map(|p| f64::from(p.sm_at(t)) * self.sm_scale(p))
+                .sum();
+            return idle + if on.is_empty() { 0.0 } else { held } + per_sm * sm;
         }
         match self.power_step {
             Some((ms, mw)) if t * 1e3 >= ms as f64 => f64::from(mw),
@@ -799,13 +921,27 @@ pub struct MemoryV2 {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, m: *mut MemoryV2) -> c_uint {
-    with_gpu(dev, Some(Call::Memory), |g, _| {
+    with_dev(dev, Some(Call::Memory), |g, slot, _| {
+        // A MIG device's memory is its slices' share.
+        let (total, used) = match slot.and_then(|s| g.instances[s]) {
+            Some(i) => {
+                let all: u64 = g
+                    .instances
+                    .iter()
+                    .flatten()
+                    .map(|i| u64::from(i.slices))
+                    .sum();
+                let part = |b: u64| b / all.max(1) * u64::from(i.slices);
+                (part(g.memory_total), part(g.memory_used))
+            }
+            None => (g.memory_total, g.memory_used),
+        };
         // SAFETY: valid out-pointer; the caller set `version`.
         unsafe {
-            (*m).total = g.memory_total;
+            (*m).total = total;
             (*m).reserved = 0;
-            (*m).used = g.memory_used;
-            (*m).free = g.memory_total.saturating_sub(g.memory_used);
+            (*m).used = used;
+            (*m).free = total.saturating_sub(used);
         }
         SUCCESS
     })
@@ -1005,8 +1141,10 @@ unsafe fn running_processes(
     infos: *mut ProcessInfo,
     v3: bool,
 ) -> c_uint {
-    with_gpu(dev, Some(Call::Procs), |g, now| {
-        let procs = running(g, now.elapsed);
+    with_dev(dev, Some(Call::Procs), |g, slot, now| {
+        // A MIG device lists its instance's processes; the GPU, all.
+        let gi = slot.and_then(|s| g.instances[s]).map(|i| i.gi);
+        let procs = running_in(g, now.elapsed, gi);
         let n = procs.len();
         // SAFETY: valid pointers per NVML's two-call contract.
         unsafe {
@@ -1024,7 +1162,7 @@ unsafe fn running_processes(
             } else {
                 std::mem::size_of::<ProcessInfo>()
             };
-            for (i, &(pid, _, mem)) in procs.iter().enumerate() {
+            for (i, &(pid, _, mem, gi)) in procs.iter().enumerate() {
                 let at = i * entry;
                 if at >= cap_bytes {
                     // A real driver writes on past the buffer; the stub
@@ -1034,8 +1172,10 @@ unsafe fn running_processes(
                 let mut bytes = [0u8; 32];
                 bytes[0..4].copy_from_slice(&pid.to_ne_bytes());
                 bytes[8..16].copy_from_slice(&mem.to_ne_bytes());
-                bytes[16..20].copy_from_slice(&u32::MAX.to_ne_bytes());
-                bytes[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+                // Off MIG the instance ids are 0xFFFFFFFF.
+                let (gi, ci) = gi.map_or((u32::MAX, u32::MAX), |gi| (gi, 0));
+                bytes[16..20].copy_from_slice(&gi.to_ne_bytes());
+                bytes[20..24].copy_from_slice(&ci.to_ne_bytes());
                 let len = entry.min(cap_bytes - at);
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), infos.cast::<u8>().add(at), len);
             }
@@ -1079,4 +1219,274 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         }
         SUCCESS
     })
+}
+
+/// The most MIG devices a GPU can have (an H100's 7; more if the scenario
+/// lists more slots).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    dev: *mut c_void,
+    count: *mut c_uint,
+) -> c_uint {
+    with_gpu(dev, None, |g, _| {
+        // SAFETY: valid out-pointer.
+        unsafe { *count = g.instances.len().max(7) as c_uint };
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    dev: *mut c_void,
+    index: c_uint,
+    mig: *mut *mut c_void,
+) -> c_uint {
+    let idx = (dev as usize).wrapping_sub(1);
+    with_gpu(dev, None, |g, _| {
+        if !g.mig {
+            return ERROR_NOT_SUPPORTED;
+        }
+        match g.instances.get(index as usize) {
+            Some(Some(_)) => {
+                // SAFETY: valid out-pointer.
+                unsafe { *mig = mig_handle(idx, index as usize) };
+                SUCCESS
+            }
+            // An empty slot, or past the instances: NOT_FOUND, as the
+            // driver answers for a slot with no instance.
+            _ => ERROR_NOT_FOUND,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: *mut c_void, id: *mut c_uint) -> c_uint {
+    with_dev(dev, None, |g, slot, _| {
+        match slot.and_then(|s| g.instances[s]) {
+            Some(i) => {
+                // SAFETY: valid out-pointer.
+                unsafe { *id = i.gi };
+                SUCCESS
+            }
+            None => ERROR_NOT_SUPPORTED,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    dev: *mut c_void,
+    id: *mut c_uint,
+) -> c_uint {
+    with_dev(dev, None, |g, slot, _| {
+        match slot.and_then(|s| g.instances[s]) {
+            Some(_) => {
+                // SAFETY: valid out-pointer.
+                unsafe { *id = 0 };
+                SUCCESS
+            }
+            None => ERROR_NOT_SUPPORTED,
+        }
+    })
+}
+
+#[repr(C)]
+pub struct DeviceAttributes {
+    multiprocessor_count: c_uint,
+    shared_copy_engine_count: c_uint,
+    shared_decoder_count: c_uint,
+    shared_encoder_count: c_uint,
+    shared_jpeg_count: c_uint,
+    shared_ofa_count: c_uint,
+    gpu_instance_slice_count: c_uint,
+    compute_instance_slice_count: c_uint,
+    memory_size_mb: c_ulonglong,
+}
+
+/// A MIG device's attributes: its SMs and slices.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    dev: *mut c_void,
+    a: *mut DeviceAttributes,
+) -> c_uint {
+    with_dev(dev, None, |g, slot, _| {
+        let Some(i) = slot.and_then(|s| g.instances[s]) else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        // SAFETY: valid out-pointer.
+        unsafe {
+            *a = DeviceAttributes {
+                multiprocessor_count: i.sms,
+                shared_copy_engine_count: 1,
+                shared_decoder_count: 0,
+                shared_encoder_count: 0,
+                shared_jpeg_count: 0,
+                shared_ofa_count: 0,
+                gpu_instance_slice_count: i.slices,
+                compute_instance_slice_count: i.slices,
+                memory_size_mb: g.memory_total / (1 << 20) / 7 * u64::from(i.slices),
+            }
+        };
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct GpmSupport {
+    version: c_uint,
+    is_supported_device: c_uint,
+}
+
+const ERROR_ARGUMENT_VERSION_MISMATCH: c_uint = 25;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(dev: *mut c_void, s: *mut GpmSupport) -> c_uint {
+    with_gpu(dev, None, |g, _| {
+        // SAFETY: valid pointer; the caller set `version`.
+        unsafe {
+            if (*s).version != 1 {
+                return ERROR_ARGUMENT_VERSION_MISMATCH;
+            }
+            (*s).is_supported_device = u32::from(g.gpm.is_some());
+        }
+        SUCCESS
+    })
+}
+
+/// A GPM sample: which GPU and instance, and when (s since nvmlInit).
+pub struct GpmSample {
+    gpu: usize,
+    gi: u32,
+    t: f64,
+    taken: bool,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut *mut GpmSample) -> c_uint {
+    if sample.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: valid out-pointer; freed by nvmlGpmSampleFree.
+    unsafe {
+        *sample = Box::into_raw(Box::new(GpmSample {
+            gpu: 0,
+            gi: 0,
+            t: 0.0,
+            taken: false,
+        }))
+    };
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleFree(sample: *mut GpmSample) -> c_uint {
+    if sample.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: allocated by nvmlGpmSampleAlloc, freed once.
+    drop(unsafe { Box::from_raw(sample) });
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    dev: *mut c_void,
+    gi: c_uint,
+    sample: *mut GpmSample,
+) -> c_uint {
+    let idx = (dev as usize).wrapping_sub(1);
+    with_gpu(dev, Some(Call::Gpm), |g, now| {
+        if g.gpm.is_none() || !g.mig {
+            return ERROR_NOT_SUPPORTED;
+        }
+        if sample.is_null() || !g.instances.iter().flatten().any(|i| i.gi == gi) {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: a sample from nvmlGpmSampleAlloc.
+        unsafe {
+            *sample = GpmSample {
+                gpu: idx,
+                gi,
+                t: now.elapsed,
+                taken: true,
+            }
+        };
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct GpmMetric {
+    metric_id: c_uint,
+    nvml_return: c_uint,
+    value: f64,
+    short_name: *mut c_char,
+    long_name: *mut c_char,
+    unit: *mut c_char,
+}
+
+#[repr(C)]
+pub struct GpmMetricsGet {
+    version: c_uint,
+    num_metrics: c_uint,
+    sample1: *mut GpmSample,
+    sample2: *mut GpmSample,
+    metrics: [GpmMetric; 98],
+}
+
+/// NVML_GPM_METRIC_SM_UTIL between two samples of one instance: its
+/// processes' mean SM over the span (each a percentage of the instance's
+/// SMs), at most 100; `gpm=over` answers 250. Other metrics are not
+/// supported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut GpmMetricsGet) -> c_uint {
+    if m.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller's struct, its samples from nvmlGpmSampleAlloc.
+    let (version, n, a, b) = unsafe {
+        let m = &*m;
+        if m.sample1.is_null() || m.sample2.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        (m.version, m.num_metrics as usize, &*m.sample1, &*m.sample2)
+    };
+    if version != 1 {
+        return ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    if !a.taken || !b.taken || a.gpu != b.gpu || a.gi != b.gi || n > 98 {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(state) = guard.as_ref() else {
+        return ERROR_UNINITIALIZED;
+    };
+    let Some(g) = state.gpus.get(a.gpu) else {
+        return ERROR_INVALID_ARGUMENT;
+    };
+    let (from, to) = if a.t <= b.t { (a.t, b.t) } else { (b.t, a.t) };
+    let procs: Vec<&Proc> = g
+        .procs
+        .iter()
+        .filter(|p| p.instance == Some(a.gi))
+        .collect();
+    let util = match g.gpm {
+        Some(true) => 250.0,
+        _ => mean_sm(&procs, from, to).min(100.0),
+    };
+    for i in 0..n {
+        // SAFETY: `n` entries, within the array.
+        let metric = unsafe { &mut (*m).metrics[i] };
+        metric.short_name = std::ptr::null_mut();
+        metric.long_name = std::ptr::null_mut();
+        metric.unit = std::ptr::null_mut();
+        if metric.metric_id == 2 {
+            metric.value = util;
+            metric.nvml_return = SUCCESS;
+        } else {
+            metric.value = 0.0;
+            metric.nvml_return = ERROR_NOT_SUPPORTED;
+        }
+    }
+    SUCCESS
 }

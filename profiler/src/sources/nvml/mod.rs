@@ -27,9 +27,12 @@
 //! - drivers 535.43–535.86, which write `_v3` process entries NVML's header
 //!   does not describe, are asked through `_v2`.
 //!
-//! MIG devices are listed; their instances are not attributed separately
-//! yet, and NVML gives no utilization on them (said). No driver or no GPU
-//! is a status, not an error.
+//! - on a MIG-enabled GPU NVML gives no utilization at all: its instances
+//!   are listed with their processes, and the GPU's energy goes to them by
+//!   each instance's busy SMs from GPM (Hopper and later), else by compute
+//!   slices, and equally among an instance's processes ([`mig`]).
+//!
+//! No driver or no GPU is a status, not an error.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -41,6 +44,7 @@ use serde::Serialize;
 
 mod container;
 mod energy;
+pub(crate) mod mig;
 mod said;
 pub(crate) mod sampler;
 mod samples;
@@ -92,6 +96,12 @@ pub enum SmBasis {
     Carried,
     /// No sample within 2 s (or none to be had): equal among the holders.
     Equal,
+    /// MIG: across instances by each one's busy SMs from GPM, equally
+    /// within an instance.
+    InstanceActivity,
+    /// MIG without GPM (or without a sane GPM figure): across instances by
+    /// their compute slices, equally within an instance.
+    InstanceSlices,
 }
 
 /// One GPU over one interval.
@@ -121,6 +131,28 @@ pub struct GpuReading {
     /// The energy covers this interval only (not a catch-up after failed
     /// reads, nor a counter started afresh): it may teach static power.
     pub whole: bool,
+    /// MIG: each instance, its processes and activity (empty off MIG).
+    pub instances: Vec<MigInstance>,
+}
+
+/// A MIG instance over one interval.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct MigInstance {
+    /// Its GPU instance.
+    pub gpu_instance_id: u32,
+    /// Its compute instance.
+    pub compute_instance_id: u32,
+    /// `MIG-...`.
+    pub uuid: String,
+    /// Compute slices.
+    pub slices: u32,
+    /// Streaming multiprocessors.
+    pub sms: u32,
+    /// GPM's SM utilization over the interval, percent of its SMs (`None`:
+    /// no GPM, or no sane figure this interval).
+    pub sm_util_pct: Option<f64>,
+    /// The processes NVML lists in it.
+    pub pids: Vec<u32>,
 }
 
 /// A GPU found.
@@ -136,7 +168,7 @@ pub struct GpuInfo {
     pub method: GpuEnergyMethod,
     /// Total memory, bytes.
     pub memory_total_bytes: u64,
-    /// MIG mode is enabled (instances are not attributed separately yet).
+    /// MIG mode is enabled (its energy is divided by instance).
     pub mig: bool,
 }
 
@@ -167,6 +199,8 @@ struct Gpu {
     shares: Option<(Instant, HashMap<u32, f64>)>,
     /// Failures going on, by what failed: said when they begin and end.
     failing: BTreeMap<&'static str, String>,
+    /// MIG: whether GPM answers, and each GPU instance's last sample.
+    gpm: Option<HashMap<u32, mig::GpmSample>>,
 }
 
 /// The NVML reader.
@@ -182,6 +216,8 @@ pub struct NvmlGpus {
     driver_version: Option<String>,
     /// Process lists through `_v2` (drivers with the `_v3` quirk).
     processes_v2: bool,
+    /// The MIG and GPM calls (loaded when a GPU has MIG on), or why not.
+    raw: Result<Arc<mig::Raw>, String>,
 }
 
 impl std::fmt::Debug for NvmlGpus {
@@ -323,6 +359,7 @@ impl NvmlGpus {
                 listed_before: Vec::new(),
                 shares: None,
                 failing: BTreeMap::new(),
+                gpm: None,
             });
         }
         if gpus.is_empty() {
@@ -334,6 +371,22 @@ impl NvmlGpus {
                 "check nvidia-smi",
             ));
         }
+        // MIG's calls, through the same library: only when a GPU needs them.
+        let raw = if gpus.iter().any(|g| g.info.mig) {
+            mig::Raw::open(lib).map(Arc::new)
+        } else {
+            Err("no GPU has MIG on".into())
+        };
+        if let Ok(raw) = &raw {
+            for g in gpus.iter_mut().filter(|g| g.info.mig) {
+                if let Ok(d) = nvml.device_by_index(g.info.index)
+                    // SAFETY: the handle of a device NVML just gave.
+                    && raw.gpm_supported(unsafe { d.handle() })
+                {
+                    g.gpm = Some(HashMap::new());
+                }
+            }
+        }
         Ok(Self {
             nvml: Arc::new(nvml),
             sampler: None,
@@ -342,6 +395,7 @@ impl NvmlGpus {
             last: Vec::new(),
             driver_version,
             processes_v2,
+            raw,
         })
     }
 
@@ -391,7 +445,8 @@ impl NvmlGpus {
         self.problems.clear();
         let mut out = Vec::new();
         for g in &mut self.gpus {
-            if let Some(r) = read_gpu(&self.nvml, g, self.processes_v2, &mut self.problems) {
+            let raw = self.raw.as_ref().map_err(String::as_str);
+            if let Some(r) = read_gpu(&self.nvml, g, self.processes_v2, raw, &mut self.problems) {
                 out.push(r);
             }
         }
@@ -404,6 +459,7 @@ fn read_gpu(
     nvml: &Nvml,
     g: &mut Gpu,
     processes_v2: bool,
+    mig_raw: Result<&Arc<mig::Raw>, &str>,
     problems: &mut Vec<(u32, String)>,
 ) -> Option<GpuReading> {
     let index = g.info.index;
@@ -563,12 +619,22 @@ fn read_gpu(
             }),
         );
     }
+    // MIG: each instance with its processes and GPM's activity.
+    let instances = if g.info.mig {
+        mig_instances(nvml, &device, &mut g.gpm, processes_v2, mig_raw, &mut said)
+    } else {
+        None
+    };
     match fetched {
         Ok(()) => said.set("samples", None),
         Err(NvmlError::NotSupported) if g.info.mig => {
             said.set(
                 "samples",
-                Some("MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into()),
+                Some(match (&instances, g.gpm.is_some()) {
+                    (Some(_), true) => "MIG is on: NVML gives no per-process utilization, so the energy goes to each instance by its busy SMs from GPM, and equally among an instance's processes".into(),
+                    (Some(_), false) => "MIG is on and this GPU has no GPM: the energy goes to each instance by its compute slices, and equally among an instance's processes".into(),
+                    (None, _) => "MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into(),
+                }),
             );
         }
         Err(e) => {
@@ -662,10 +728,22 @@ fn read_gpu(
     // NVML samples only processes that used the SM: holders with no
     // sample within 2 s, and a GPU whose utilization is 0 where known,
     // did no work.
-    let at_rest = !processes.is_empty()
+    let mut at_rest = !processes.is_empty()
         && samples_ok
         && processes.iter().all(|p| p.sm_util_pct == 0.0)
         && util_pct.is_none_or(|u| u == 0);
+    // MIG: the instances' weights make the processes' shares.
+    let (sm_basis, instances) = match instances {
+        Some(list) => {
+            let basis = mig_shares(&list, &mut processes);
+            // At rest: every instance's GPM activity says 0.
+            at_rest = !processes.is_empty()
+                && basis == SmBasis::InstanceActivity
+                && list.iter().all(|i| i.sm_util_pct == Some(0.0));
+            (basis, list)
+        }
+        None => (sm_basis, Vec::new()),
+    };
     Some(GpuReading {
         index,
         energy_uj,
@@ -677,7 +755,174 @@ fn read_gpu(
         sm_basis,
         at_rest,
         whole,
+        instances,
     })
+}
+
+/// A MIG GPU's instances over the interval: each with the processes NVML
+/// lists in it and GPM's SM utilization since the last read (a first
+/// sample gives none). `None` where they cannot be listed (said): the
+/// holders then share equally, as before MIG was understood.
+fn mig_instances(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+    gpm: &mut Option<HashMap<u32, mig::GpmSample>>,
+    processes_v2: bool,
+    raw: Result<&Arc<mig::Raw>, &str>,
+    said: &mut Said<'_>,
+) -> Option<Vec<MigInstance>> {
+    let raw = match raw {
+        Ok(r) => r,
+        Err(e) => {
+            said.set(
+                "mig",
+                Some(format!(
+                    "MIG instances cannot be listed ({e}): the holders share equally"
+                )),
+            );
+            return None;
+        }
+    };
+    // SAFETY: the handle of a device NVML gave for this read.
+    let parent = unsafe { device.handle() };
+    let devices = match raw.mig_devices(parent) {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) => {
+            said.set(
+                "mig",
+                Some("MIG is on but no instance is set up: the holders share equally".into()),
+            );
+            return None;
+        }
+        Err(e) => {
+            said.set(
+                "mig",
+                Some(format!(
+                    "MIG instances cannot be listed ({e}): the holders share equally"
+                )),
+            );
+            return None;
+        }
+    };
+    said.set("mig", None);
+    let mut out = Vec::with_capacity(devices.len());
+    let mut gpm_problem = None;
+    for d in devices {
+        // SAFETY: a MIG device handle from the same library, valid while
+        // NVML is loaded.
+        let md = unsafe {
+            nvml_wrapper::Device::new(d.handle as nvml_wrapper_sys::bindings::nvmlDevice_t, nvml)
+        };
+        let list = if processes_v2 {
+            md.running_compute_processes_v2()
+        } else {
+            md.running_compute_processes()
+        };
+        let mut pids: Vec<u32> = match list {
+            Ok(l) => l.into_iter().map(|p| p.pid).collect(),
+            Err(e) => {
+                said.set(
+                    "mig processes",
+                    Some(format!(
+                        "instance {}'s process list failed ({e}): its processes get none of its share",
+                        d.gpu_instance_id
+                    )),
+                );
+                Vec::new()
+            }
+        };
+        pids.sort_unstable();
+        pids.dedup();
+        let sm_util_pct = match gpm {
+            Some(samples) => match gpm_util(raw, parent, d.gpu_instance_id, samples) {
+                Ok(u) => u,
+                Err(e) => {
+                    gpm_problem.get_or_insert(e);
+                    None
+                }
+            },
+            None => None,
+        };
+        out.push(MigInstance {
+            gpu_instance_id: d.gpu_instance_id,
+            compute_instance_id: d.compute_instance_id,
+            uuid: d.uuid,
+            slices: d.slices,
+            sms: d.sms,
+            sm_util_pct,
+            pids,
+        });
+    }
+    said.set(
+        "gpm",
+        gpm_problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
+    );
+    Some(out)
+}
+
+/// Instance `gi`'s SM utilization since its last sample (`Ok(None)`: the
+/// first sample, or the first after a failed one); a figure outside
+/// 0..=100 is an error (the sample, which was taken, is kept).
+fn gpm_util(
+    raw: &Arc<mig::Raw>,
+    parent: nvml_wrapper_sys::bindings::nvmlDevice_t,
+    gi: u32,
+    samples: &mut HashMap<u32, mig::GpmSample>,
+) -> Result<Option<f64>, String> {
+    let now = raw
+        .sample()
+        .map_err(|e| format!("no sample buffer ({e})"))?;
+    if let Err(e) = raw.take(parent, gi, &now) {
+        // The next figure starts afresh: one over two intervals is not
+        // the next interval's.
+        samples.remove(&gi);
+        return Err(format!("instance {gi}'s sample failed ({e})"));
+    }
+    let before = samples.insert(gi, now);
+    let Some(before) = before else {
+        return Ok(None);
+    };
+    let now = &samples[&gi];
+    let v = raw
+        .sm_util(&before, now)
+        .map_err(|e| format!("instance {gi}'s metrics failed ({e})"))?;
+    mig::sane_util(v)
+        .map(|u| Some((u * 1000.0).round() / 1000.0))
+        .ok_or_else(|| format!("instance {gi}'s SM utilization read {v}%, which cannot be"))
+}
+
+/// Gives each process its instance's weight divided equally among the
+/// instance's processes, as a share of the whole GPU's SMs (GPM) or
+/// slices; a holder in no instance's list gets none. Returns the basis.
+fn mig_shares(instances: &[MigInstance], processes: &mut [GpuProcess]) -> SmBasis {
+    let uses: Vec<mig::InstanceUse> = instances
+        .iter()
+        .map(|i| mig::InstanceUse {
+            sms: i.sms,
+            slices: i.slices,
+            pids: i.pids.clone(),
+            sm_util_pct: i.sm_util_pct,
+        })
+        .collect();
+    let (weights, basis) = mig::instance_weights(&uses);
+    let whole: f64 = match basis {
+        mig::InstanceBasis::Activity => instances.iter().map(|i| f64::from(i.sms)).sum(),
+        mig::InstanceBasis::Slices => instances.iter().map(|i| f64::from(i.slices)).sum(),
+    };
+    for p in processes.iter_mut() {
+        p.sm_util_pct = instances
+            .iter()
+            .zip(&weights)
+            .find(|(i, _)| i.pids.contains(&p.pid))
+            .map_or(0.0, |(i, w)| {
+                let pct = 100.0 * w / whole.max(1.0) / i.pids.len() as f64;
+                (pct * 1000.0).round() / 1000.0
+            });
+    }
+    match basis {
+        mig::InstanceBasis::Activity => SmBasis::InstanceActivity,
+        mig::InstanceBasis::Slices => SmBasis::InstanceSlices,
+    }
 }
 
 impl Source for NvmlGpus {
