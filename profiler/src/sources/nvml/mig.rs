@@ -28,6 +28,13 @@ use nvml_wrapper_sys::bindings::{
 };
 use serde::{Deserialize, Serialize};
 
+use std::collections::HashMap;
+
+use nvml_wrapper::Nvml;
+
+use super::said::Said;
+use super::{GpuProcess, MigInstance, SmBasis};
+
 /// The library's MIG and GPM calls.
 pub(crate) struct Raw {
     lib: NvmlLib,
@@ -242,6 +249,172 @@ pub(crate) fn instance_weights(instances: &[InstanceUse]) -> (Vec<f64>, Instance
 /// A GPM figure the driver gave: a percentage within 0..=100, else none.
 pub(crate) fn sane_util(v: f64) -> Option<f64> {
     (v.is_finite() && (0.0..=100.0).contains(&v)).then_some(v)
+}
+
+/// A MIG GPU's instances over the interval: each with the processes NVML
+/// lists in it and GPM's SM utilization since the last read (a first
+/// sample gives none). `None` where they cannot be listed (said): the
+/// holders then share equally, as before MIG was understood.
+pub(super) fn mig_instances(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+    gpm: &mut Option<HashMap<u32, GpmSample>>,
+    processes_v2: bool,
+    raw: Result<&Arc<Raw>, &str>,
+    said: &mut Said<'_>,
+) -> Option<Vec<MigInstance>> {
+    let raw = match raw {
+        Ok(r) => r,
+        Err(e) => {
+            said.set(
+                "mig",
+                Some(format!(
+                    "MIG instances cannot be listed ({e}): the holders share equally"
+                )),
+            );
+            return None;
+        }
+    };
+    // SAFETY: the handle of a device NVML gave for this read.
+    let parent = unsafe { device.handle() };
+    let devices = match raw.mig_devices(parent) {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) => {
+            said.set(
+                "mig",
+                Some("MIG is on but no instance is set up: the holders share equally".into()),
+            );
+            return None;
+        }
+        Err(e) => {
+            said.set(
+                "mig",
+                Some(format!(
+                    "MIG instances cannot be listed ({e}): the holders share equally"
+                )),
+            );
+            return None;
+        }
+    };
+    said.set("mig", None);
+    let mut out = Vec::with_capacity(devices.len());
+    let mut gpm_problem = None;
+    for d in devices {
+        // SAFETY: a MIG device handle from the same library, valid while
+        // NVML is loaded.
+        let md = unsafe {
+            nvml_wrapper::Device::new(d.handle as nvml_wrapper_sys::bindings::nvmlDevice_t, nvml)
+        };
+        let list = if processes_v2 {
+            md.running_compute_processes_v2()
+        } else {
+            md.running_compute_processes()
+        };
+        let mut pids: Vec<u32> = match list {
+            Ok(l) => l.into_iter().map(|p| p.pid).collect(),
+            Err(e) => {
+                said.set(
+                    "mig processes",
+                    Some(format!(
+                        "instance {}'s process list failed ({e}): its processes get none of its share",
+                        d.gpu_instance_id
+                    )),
+                );
+                Vec::new()
+            }
+        };
+        pids.sort_unstable();
+        pids.dedup();
+        let sm_util_pct = match gpm {
+            Some(samples) => match gpm_util(raw, parent, d.gpu_instance_id, samples) {
+                Ok(u) => u,
+                Err(e) => {
+                    gpm_problem.get_or_insert(e);
+                    None
+                }
+            },
+            None => None,
+        };
+        out.push(MigInstance {
+            gpu_instance_id: d.gpu_instance_id,
+            compute_instance_id: d.compute_instance_id,
+            uuid: d.uuid,
+            slices: d.slices,
+            sms: d.sms,
+            sm_util_pct,
+            pids,
+        });
+    }
+    said.set(
+        "gpm",
+        gpm_problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
+    );
+    Some(out)
+}
+
+/// Instance `gi`'s SM utilization since its last sample (`Ok(None)`: the
+/// first sample, or the first after a failed one); a figure outside
+/// 0..=100 is an error (the sample, which was taken, is kept).
+fn gpm_util(
+    raw: &Arc<Raw>,
+    parent: nvml_wrapper_sys::bindings::nvmlDevice_t,
+    gi: u32,
+    samples: &mut HashMap<u32, GpmSample>,
+) -> Result<Option<f64>, String> {
+    let now = raw
+        .sample()
+        .map_err(|e| format!("no sample buffer ({e})"))?;
+    if let Err(e) = raw.take(parent, gi, &now) {
+        // The next figure starts afresh: one over two intervals is not
+        // the next interval's.
+        samples.remove(&gi);
+        return Err(format!("instance {gi}'s sample failed ({e})"));
+    }
+    let before = samples.insert(gi, now);
+    let Some(before) = before else {
+        return Ok(None);
+    };
+    let now = &samples[&gi];
+    let v = raw
+        .sm_util(&before, now)
+        .map_err(|e| format!("instance {gi}'s metrics failed ({e})"))?;
+    sane_util(v)
+        .map(|u| Some((u * 1000.0).round() / 1000.0))
+        .ok_or_else(|| format!("instance {gi}'s SM utilization read {v}%, which cannot be"))
+}
+
+/// Gives each process its instance's weight divided equally among the
+/// instance's processes, as a share of the whole GPU's SMs (GPM) or
+/// slices; a holder in no instance's list gets none. Returns the basis.
+pub(super) fn mig_shares(instances: &[MigInstance], processes: &mut [GpuProcess]) -> SmBasis {
+    let uses: Vec<InstanceUse> = instances
+        .iter()
+        .map(|i| InstanceUse {
+            sms: i.sms,
+            slices: i.slices,
+            pids: i.pids.clone(),
+            sm_util_pct: i.sm_util_pct,
+        })
+        .collect();
+    let (weights, basis) = instance_weights(&uses);
+    let whole: f64 = match basis {
+        InstanceBasis::Activity => instances.iter().map(|i| f64::from(i.sms)).sum(),
+        InstanceBasis::Slices => instances.iter().map(|i| f64::from(i.slices)).sum(),
+    };
+    for p in processes.iter_mut() {
+        p.sm_util_pct = instances
+            .iter()
+            .zip(&weights)
+            .find(|(i, _)| i.pids.contains(&p.pid))
+            .map_or(0.0, |(i, w)| {
+                let pct = 100.0 * w / whole.max(1.0) / i.pids.len() as f64;
+                (pct * 1000.0).round() / 1000.0
+            });
+    }
+    match basis {
+        InstanceBasis::Activity => SmBasis::InstanceActivity,
+        InstanceBasis::Slices => SmBasis::InstanceSlices,
+    }
 }
 
 #[cfg(test)]
