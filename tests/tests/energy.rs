@@ -1077,7 +1077,12 @@ fn mig_instances_with_different_gpm_activity_get_energy_in_that_ratio() {
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(
         (got[0].0, got[0].1.as_str(), got[1].0, got[1].1.as_str()),
-        (1, "MIG-GPU-M-1", 2, "MIG-GPU-M-2")
+        (
+            1,
+            "MIG-00000001-0001-0000-0000-000000000000",
+            2,
+            "MIG-00000001-0002-0000-0000-000000000000"
+        )
     );
     for (k, (_, _, j)) in got.iter().enumerate() {
         assert!((j - whole[k]).abs() < 1e-5, "{got:?} vs {whole:?}");

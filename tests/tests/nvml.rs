@@ -596,9 +596,30 @@ fn mig_instances_share_by_gpm_busy_sms_and_equally_within_an_instance() {
     assert_eq!(
         inst,
         vec![
-            (1, "MIG-GPU-h-1".into(), 2, 28, Some(60.0), vec![5001]),
-            (2, "MIG-GPU-h-2".into(), 2, 28, Some(40.0), vec![5002, 5003]),
-            (3, "MIG-GPU-h-3".into(), 3, 42, Some(0.0), vec![]),
+            (
+                1,
+                "MIG-00000001-0001-0000-0000-000000000000".into(),
+                2,
+                28,
+                Some(60.0),
+                vec![5001]
+            ),
+            (
+                2,
+                "MIG-00000001-0002-0000-0000-000000000000".into(),
+                2,
+                28,
+                Some(40.0),
+                vec![5002, 5003]
+            ),
+            (
+                3,
+                "MIG-00000001-0003-0000-0000-000000000000".into(),
+                3,
+                42,
+                Some(0.0),
+                vec![]
+            ),
         ]
     );
     assert_eq!(
@@ -612,6 +633,113 @@ fn mig_instances_share_by_gpm_busy_sms_and_equally_within_an_instance() {
         lines.iter().any(|l| l.contains("busy SMs from GPM")),
         "{lines:?}"
     );
+    assert_eq!(r.unheld_sm_pct, 0.0);
+}
+
+#[test]
+fn gpm_weighs_a_gpu_instance_once_with_its_compute_instances_together() {
+    // GPU instance 1 has two compute instances of 14 SMs (processes at 60%
+    // and 20% of theirs: 40% of the GPU instance); GPU instance 2 one of
+    // 28 SMs at 50%. The stub refuses GPM samples under 100 ms apart, as
+    // NVML asks: sampling a GPU instance once per compute instance fails.
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=1 \
+         instances=1.0:1:14,1.1:1:14,2.0:2:28 \
+         procs=5001:60:1024#1.0,5002:20:2048#1.1,5003:50:4096#2.0\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, r, lines) = two_reads(&mut gpus, 300);
+    assert_eq!(r.sm_basis, SmBasis::InstanceActivity, "{lines:?}");
+    let ids: Vec<(u32, u32, Option<f64>)> = r
+        .instances
+        .iter()
+        .map(|i| (i.gpu_instance_id, i.compute_instance_id, i.sm_util_pct))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![(1, 0, Some(40.0)), (1, 1, Some(40.0)), (2, 0, Some(50.0))]
+    );
+    // GPU instance 1: 40% of 28 SMs, between its two processes; GPU
+    // instance 2: 50% of 28; as shares of the GPU's 56 SMs.
+    assert_eq!(shares(&r), vec![(5001, 10.0), (5002, 10.0), (5003, 25.0)]);
+    assert!(!lines.iter().any(|l| l.contains("GPM:")), "{lines:?}");
+}
+
+#[test]
+fn a_busy_instance_with_no_listed_process_is_work_of_no_one() {
+    // GPU instance 2's process does not exist to list (the shell's child
+    // that never started): GPM sees its work, no list shows it.
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=1 \
+         instances=1:2:28,2:2:28 procs=5001:60:1024#1,child/7:50:1024#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, r, _) = two_reads(&mut gpus, 300);
+    assert_eq!(r.sm_basis, SmBasis::InstanceActivity);
+    assert_eq!(shares(&r), vec![(5001, 30.0)]);
+    assert_eq!(r.unheld_sm_pct, 25.0);
+}
+
+#[test]
+fn on_mig_the_holders_are_also_those_only_the_instances_list() {
+    // The GPU's own handle lists nothing (a caller without the privilege
+    // for the aggregate list); each instance lists its own.
+    let lib = stub(
+        "gpu name=NVIDIA-A100 uuid=GPU-a power_mw=200000 energy=counter mig=1 parent_procs=none \
+         instances=1:2:28,2:2:28 procs=5001:60:1024#1,5002:20:2048#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, r, _) = two_reads(&mut gpus, 300);
+    let procs: Vec<(u32, f64, u64)> = r
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.sm_util_pct, p.memory_bytes))
+        .collect();
+    assert_eq!(procs, vec![(5001, 50.0, 1024), (5002, 50.0, 2048)]);
+}
+
+#[test]
+fn an_instance_s_failed_process_list_is_said_when_it_begins_and_ends() {
+    // Process-list calls 1 and 2 fail: the GPU's and instance 1's of the
+    // first read.
+    let lib = stub(
+        "gpu name=NVIDIA-A100 uuid=GPU-a power_mw=200000 energy=counter mig=1 \
+         fail=procs@1-2:unknown instances=1:2:28,2:2:28 procs=5001:60:1024#1,5002:20:2048#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (first, second, lines) = two_reads(&mut gpus, 150);
+    // Instance 1's list failed: its slices' share is no one's (unheld),
+    // not instance 2's.
+    assert_eq!(shares(&first), vec![(5002, 50.0)]);
+    assert_eq!(first.unheld_sm_pct, 50.0);
+    assert_eq!(shares(&second), vec![(5001, 50.0), (5002, 50.0)]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("instance 1.0's process list failed")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l == "mig processes reads again"),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn reads_under_100_ms_apart_weigh_by_the_last_gpm_figure() {
+    let lib = stub(
+        "gpu name=NVIDIA-H100 uuid=GPU-h power_mw=300000 energy=counter mig=1 gpm=1 \
+         instances=1:2:28,2:2:28 procs=5001:60:1024#1,5002:20:2048#2\n",
+    );
+    let mut gpus = open(&lib);
+    let (_, second, _) = two_reads(&mut gpus, 150);
+    // 40 ms later: too soon for GPM; the last figure, not compute slices.
+    std::thread::sleep(Duration::from_millis(40));
+    let third = gpus.read_gpus().remove(0);
+    assert_eq!(second.sm_basis, SmBasis::InstanceActivity);
+    assert_eq!(third.sm_basis, SmBasis::InstanceActivity);
+    assert_eq!(shares(&third), shares(&second));
+    assert!(said(&gpus, 0).is_empty(), "{:?}", said(&gpus, 0));
 }
 
 #[test]

@@ -95,6 +95,10 @@ pub(crate) struct GpuInterval {
     /// The processes that held it: their consumer (`None`: not a known
     /// consumer) and SM utilization (thousandths of a percent).
     pub(crate) processes: Vec<(Option<ConsumerId>, u32)>,
+    /// Work no listed process did (MIG: a busy instance with none listed),
+    /// on the processes' scale: its share of the dynamic energy stays
+    /// unattributed.
+    pub(crate) unheld: u32,
     /// Its static energy over the interval (0 where not known yet).
     pub(crate) statics: GpuStaticEnergy,
 }
@@ -429,11 +433,22 @@ fn gpu_share(g: &GpuInterval, rule: StaticShare) -> DomainShare {
         StaticShare::Busy => (static_uj, 0),
         StaticShare::Idle => (0, static_uj),
     };
-    let sm_total: u64 = g.processes.iter().map(|(_, sm)| u64::from(*sm)).sum();
+    let sm_total: u64 = g
+        .processes
+        .iter()
+        .map(|(_, sm)| u64::from(*sm))
+        .sum::<u64>()
+        + u64::from(g.unheld);
     // No process reported SM activity (NVML's per-process samples can be
     // empty over a short interval): they held the GPU together, equally.
     let weight = |sm: u32| if sm_total == 0 { 1 } else { u64::from(sm) };
-    let total: u64 = g.processes.iter().map(|(_, sm)| weight(*sm)).sum();
+    // Work no listed process did weighs too, and its share goes to no one.
+    let total: u64 = g.processes.iter().map(|(_, sm)| weight(*sm)).sum::<u64>()
+        + if sm_total == 0 {
+            0
+        } else {
+            u64::from(g.unheld)
+        };
     let holders = g.processes.len() as u64;
     let mut attributed: Vec<(ConsumerId, u64)> = Vec::new();
     let mut attributed_static: Vec<(ConsumerId, u64)> = Vec::new();

@@ -124,6 +124,7 @@ fn conservation_holds_with_rounding_for_every_domain() {
         energy_uj: 1_000_001,
         estimated: false,
         processes: vec![(Some(1), 33), (Some(2), 33), (None, 34)],
+        unheld: 0,
         statics: GpuStaticEnergy::default(),
     }];
     let shares = attribute(&Interval {
@@ -331,6 +332,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             energy_uj: 300_000_000,
             estimated: false,
             processes: vec![(Some(1), 60), (Some(2), 30)],
+            unheld: 0,
             statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
@@ -338,6 +340,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             energy_uj: 50_000_000,
             estimated: false,
             processes: vec![],
+            unheld: 0,
             statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
@@ -345,6 +348,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             energy_uj: 90_000_000,
             estimated: true,
             processes: vec![(Some(3), 0)],
+            unheld: 0,
             statics: GpuStaticEnergy::default(),
         },
     ];
@@ -379,6 +383,7 @@ fn gpu_with_statics(rule: StaticShare) -> DomainShare {
         energy_uj: 160_000_000,
         estimated: false,
         processes: vec![(Some(1), 60), (Some(2), 0), (None, 20)],
+        unheld: 0,
         statics: GpuStaticEnergy {
             idle_uj: 31_700_000,
             held_uj: 22_300_000,
@@ -435,6 +440,7 @@ fn a_gpu_static_figure_above_what_was_measured_is_cut_and_no_context_is_all_idle
         energy_uj: 40_000_000,
         estimated: false,
         processes: vec![(Some(1), 50)],
+        unheld: 0,
         statics: GpuStaticEnergy {
             idle_uj: 31_700_000,
             held_uj: 22_300_000,
@@ -640,4 +646,44 @@ fn no_static_figure_divides_by_cpu_time_as_before_whatever_the_rule() {
             assert_eq!(s.static_uj, 40_000_000);
         });
     }
+}
+
+#[test]
+fn a_busy_mig_instance_with_no_listed_process_keeps_its_share_unattributed() {
+    // 1 at weight 30 and 2 at weight 10; 60 of busy SMs no one holds.
+    let gpus = vec![GpuInterval {
+        index: 0,
+        energy_uj: 1_000_000,
+        estimated: false,
+        processes: vec![(Some(1), 30), (Some(2), 10)],
+        unheld: 60,
+        statics: GpuStaticEnergy::default(),
+    }];
+    let shares = attribute(&Interval {
+        gpus: &gpus,
+        ..Default::default()
+    });
+    conserved(&shares);
+    let g = get(&shares, Domain::Gpu, Some(0));
+    let of = |id| {
+        g.attributed
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map_or(0, |x| x.1)
+    };
+    assert_eq!((of(1), of(2)), (300_000, 100_000));
+    assert_eq!(g.unattributed_uj, 600_000);
+    // With no weight at all (nothing sampled, nothing unheld), the holders
+    // share equally, as before.
+    let gpus = vec![GpuInterval {
+        processes: vec![(Some(1), 0), (Some(2), 0)],
+        unheld: 0,
+        ..gpus[0].clone()
+    }];
+    let shares = attribute(&Interval {
+        gpus: &gpus,
+        ..Default::default()
+    });
+    let g = get(&shares, Domain::Gpu, Some(0));
+    assert_eq!(g.attributed, vec![(1, 500_000), (2, 500_000)]);
 }

@@ -228,6 +228,7 @@ impl Profile {
                         )
                     })
                     .collect(),
+                unheld: (g.unheld_sm_pct * 1000.0).round() as u32,
                 statics: self.statics.gpu_interval(g, duration_ns),
             });
         }

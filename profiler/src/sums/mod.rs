@@ -57,18 +57,22 @@ pub(crate) struct Sums {
 }
 
 /// Each MIG instance's GPU energy, by (GPU, GPU instance, compute
-/// instance): what its processes were given.
+/// instance, UUID): what its processes were given.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct MigSums(std::collections::BTreeMap<(u32, u32, u32), (String, u32, u64)>);
+pub(crate) struct MigSums(std::collections::BTreeMap<MigKey, (u32, u64)>);
+
+/// A MIG instance: (GPU, GPU instance, compute instance, UUID).
+type MigKey = (u32, u32, u32, String);
 
 impl MigSums {
     /// Adds `uj` to instance `gi`.`ci` of GPU `gpu` (`MIG-...` `uuid`, of
     /// `slices` compute slices).
     pub(crate) fn add(&mut self, gpu: u32, gi: u32, ci: u32, uuid: &str, slices: u32, uj: u64) {
-        let s = self.0.entry((gpu, gi, ci)).or_default();
-        uuid.clone_into(&mut s.0);
-        s.1 = slices;
-        s.2 = s.2.saturating_add(uj);
+        // By UUID too: an instance made anew after MIG is set up again
+        // (same ids, another UUID) starts from 0.
+        let s = self.0.entry((gpu, gi, ci, uuid.to_string())).or_default();
+        s.0 = slices;
+        s.1 = s.1.saturating_add(uj);
     }
 
     /// Each instance's energy so far.
@@ -76,10 +80,10 @@ impl MigSums {
         self.0
             .iter()
             .map(
-                |(&(gpu, gi, ci), (uuid, slices, uj))| crate::model::MigInstanceReport {
-                    gpu,
-                    gpu_instance_id: gi,
-                    compute_instance_id: ci,
+                |((gpu, gi, ci, uuid), (slices, uj))| crate::model::MigInstanceReport {
+                    gpu: *gpu,
+                    gpu_instance_id: *gi,
+                    compute_instance_id: *ci,
                     uuid: uuid.clone(),
                     slices: *slices,
                     energy_j: crate::units::joules(*uj),

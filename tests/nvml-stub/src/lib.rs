@@ -52,20 +52,25 @@
 //!   NVML_FI_DEV_POWER_AVERAGE (its mean over the last second), in mW.
 //! - **MIG**, `mig=1`: MIG mode on; utilization, device and per-process,
 //!   answers NOT_SUPPORTED, as NVML does on a MIG-enabled GPU. With
-//!   `instances=GI:SLICES:SMS,...` the GPU has MIG devices in those slots
+//!   `instances=GI.CI:SLICES:SMS,...` the GPU has MIG devices (compute
+//!   instances CI of GPU instances GI; `GI` alone is CI 0) in those slots
 //!   (`-` leaves a slot empty: NOT_FOUND, as a driver answers for slots
-//!   with no instance), each GPU instance GI with SLICES compute slices
-//!   and SMS streaming multiprocessors; `PID:SM:MEM#GI` puts a process in
-//!   instance GI, where its SM is a percentage of the instance's SMs. A
-//!   MIG device handle answers its own process list (the parent lists
-//!   every instance's, with their instance ids), its UUID (`MIG-...`),
-//!   attributes and instance ids, and NOT_SUPPORTED for energy, power and
-//!   utilization, as the driver does. The draw's per-SM term counts the
-//!   GPU's busy SMs: SM × the instance's SMs / all instances' SMs.
+//!   with no instance), each with SLICES compute slices and SMS streaming
+//!   multiprocessors; `PID:SM:MEM#GI.CI` puts a process in that compute
+//!   instance, where its SM is a percentage of the compute instance's
+//!   SMs. A MIG device handle answers its own process list (the parent
+//!   lists every instance's, with their ids; with `parent_procs=none`,
+//!   none, as for a caller without the privilege), its UUID
+//!   (`MIG-xxxxxxxx-...`), attributes, instance ids and memory, and
+//!   NOT_SUPPORTED for energy, power and utilization, as the driver does.
+//!   The draw's per-SM term counts the GPU's busy SMs: SM × the compute
+//!   instance's SMs / all instances' SMs.
 //! - **GPM** (Hopper and later), `gpm=1`: `nvmlGpmQueryDeviceSupport`
-//!   says yes, and `nvmlGpmMigSampleGet` / `nvmlGpmMetricsGet` give an
-//!   instance's SM utilization (`NVML_GPM_METRIC_SM_UTIL`) between two
-//!   samples: its processes' mean SM over that span, at most 100.
+//!   says yes, and `nvmlGpmMigSampleGet` / `nvmlGpmMetricsGet` give a
+//!   GPU instance's SM utilization (`NVML_GPM_METRIC_SM_UTIL`) between two
+//!   samples at least 100 ms apart (closer ones are refused, as NVML
+//!   asks): its processes' mean busy SMs over that span, as a percentage
+//!   of the GPU instance's SMs, at most 100.
 //!   `gpm=over` answers 250% (a driver's garbage); without `gpm` the GPU
 //!   is not GPM-capable (Ampere). `fail=gpm@...` fails the sample calls.
 //! - **Failures**: `lost_after=N` makes every call on the GPU answer
@@ -154,8 +159,9 @@ struct Proc {
     duty: Option<(u64, u64, u64)>,
     /// Its samples are published this many ms after their timestamp.
     lag_ms: u64,
-    /// The MIG GPU instance it runs in.
-    instance: Option<u32>,
+    /// The MIG compute instance it runs in: (GPU instance, compute
+    /// instance).
+    instance: Option<(u32, u32)>,
 }
 
 impl Proc {
@@ -242,12 +248,16 @@ struct Gpu {
     /// GPM: None (not capable), Some(false) (faithful), Some(true)
     /// (garbage: 250%).
     gpm: Option<bool>,
+    /// On MIG, the GPU's own handle lists no process (a caller without
+    /// the privilege for the aggregate list).
+    parent_procs_none: bool,
 }
 
-/// A MIG GPU instance (one compute instance, id 0, spanning it).
+/// A MIG device: compute instance `ci` of GPU instance `gi`.
 #[derive(Clone, Copy, Debug)]
 struct Instance {
     gi: u32,
+    ci: u32,
     slices: u32,
     sms: u32,
 }
@@ -258,12 +268,29 @@ impl Gpu {
         self.instances.iter().flatten().map(|i| i.sms).sum()
     }
 
+    /// The compute instance `p` runs in.
+    fn instance_of(&self, p: &Proc) -> Option<Instance> {
+        let (gi, ci) = p.instance?;
+        self.instances
+            .iter()
+            .flatten()
+            .find(|i| i.gi == gi && i.ci == ci)
+            .copied()
+    }
+
+    /// GPU instance `gi`'s SMs (its compute instances').
+    fn gi_sms(&self, gi: u32) -> u32 {
+        self.instances
+            .iter()
+            .flatten()
+            .filter(|i| i.gi == gi)
+            .map(|i| i.sms)
+            .sum()
+    }
+
     /// `p`'s share of the whole GPU's SMs when it works at 100% (1 off MIG).
     fn sm_scale(&self, p: &Proc) -> f64 {
-        match p
-            .instance
-            .and_then(|gi| self.instances.iter().flatten().find(|i| i.gi == gi))
-        {
+        match self.instance_of(p) {
             Some(i) if self.mig_sms() > 0 => f64::from(i.sms) / f64::from(self.mig_sms()),
             _ => 1.0,
         }
@@ -328,12 +355,16 @@ fn running(g: &Gpu, t: f64) -> Vec<(u32, u32, u64)> {
         .collect()
 }
 
-/// As [`running`], with each one's MIG GPU instance; only those of GPU
-/// instance `gi` when given.
-fn running_in(g: &Gpu, t: f64, gi: Option<u32>) -> Vec<(u32, u32, u64, Option<u32>)> {
+/// A process holding the GPU: pid, SM %, memory bytes, MIG compute
+/// instance.
+type Running = (u32, u32, u64, Option<(u32, u32)>);
+
+/// As [`running`], with each one's MIG compute instance; only those of
+/// compute instance `of` when given.
+fn running_in(g: &Gpu, t: f64, of: Option<(u32, u32)>) -> Vec<Running> {
     g.procs
         .iter()
-        .filter(|p| p.active(t) && gi.is_none_or(|gi| p.instance == Some(gi)))
+        .filter(|p| p.active(t) && of.is_none_or(|of| p.instance == Some(of)))
         .map(|p| (resolve(p.pid), p.sm, p.mem, p.instance.filter(|_| g.mig)))
         .filter(|p| p.0 != 0)
         .collect()
@@ -364,6 +395,14 @@ fn parse_fail(v: &str) -> Vec<(Call, u32, u32, c_uint)> {
             ))
         })
         .collect()
+}
+
+/// `GI.CI`, or `GI` (compute instance 0).
+fn parse_instance(id: &str) -> Option<(u32, u32)> {
+    match id.split_once('.') {
+        Some((gi, ci)) => Some((gi.parse().ok()?, ci.parse().ok()?)),
+        None => Some((id.parse().ok()?, 0)),
+    }
 }
 
 fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
@@ -415,14 +454,23 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                     g.instances = v
                         .split(',')
                         .map(|i| {
-                            let f: Vec<u32> = i.split(':').filter_map(|x| x.parse().ok()).collect();
+                            let (id, rest) = i.split_once(':')?;
+                            let (gi, ci) = parse_instance(id)?;
+                            let f: Vec<u32> =
+                                rest.split(':').filter_map(|x| x.parse().ok()).collect();
                             match f[..] {
-                                [gi, slices, sms] => Some(Instance { gi, slices, sms }),
+                                [slices, sms] => Some(Instance {
+                                    gi,
+                                    ci,
+                                    slices,
+                                    sms,
+                                }),
                                 _ => None,
                             }
                         })
                         .collect()
                 }
+                "parent_procs" => g.parent_procs_none = v == "none",
                 "gpm" => {
                     g.gpm = match v {
                         "1" => Some(false),
@@ -459,9 +507,9 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                                 }
                                 None => (p, None),
                             };
-                            // ...#GI: it runs in MIG GPU instance GI.
+                            // ...#GI.CI: it runs in that MIG compute instance.
                             let (p, instance) = match p.split_once('#') {
-                                Some((p, gi)) => (p, Some(gi.parse().ok()?)),
+                                Some((p, id)) => (p, Some(parse_instance(id)?)),
                                 None => (p, None),
                             };
                             // ...+LAG: its samples are published LAG ms late.
@@ -742,7 +790,13 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> c_uint {
     with_dev(dev, None, |g, slot, _| {
         let id = match slot.and_then(|s| g.instances[s]) {
-            Some(i) => format!("MIG-{}-{}", g.uuid, i.gi),
+            // A MIG device's UUID is its own (`MIG-` and a UUID).
+            Some(i) => format!(
+                "MIG-{:08x}-{:04x}-{:04x}-0000-000000000000",
+                dev as usize & 0xffff,
+                i.gi,
+                i.ci
+            ),
             None => g.uuid.clone(),
         };
         // SAFETY: forwarded NVML contract.
@@ -1142,9 +1196,14 @@ unsafe fn running_processes(
     v3: bool,
 ) -> c_uint {
     with_dev(dev, Some(Call::Procs), |g, slot, now| {
-        // A MIG device lists its instance's processes; the GPU, all.
-        let gi = slot.and_then(|s| g.instances[s]).map(|i| i.gi);
-        let procs = running_in(g, now.elapsed, gi);
+        // A MIG device lists its instance's processes; the GPU, all (none
+        // for a caller without the privilege, `parent_procs=none`).
+        let of = slot.and_then(|s| g.instances[s]).map(|i| (i.gi, i.ci));
+        let procs = if of.is_none() && g.mig && g.parent_procs_none {
+            Vec::new()
+        } else {
+            running_in(g, now.elapsed, of)
+        };
         let n = procs.len();
         // SAFETY: valid pointers per NVML's two-call contract.
         unsafe {
@@ -1173,7 +1232,7 @@ unsafe fn running_processes(
                 bytes[0..4].copy_from_slice(&pid.to_ne_bytes());
                 bytes[8..16].copy_from_slice(&mem.to_ne_bytes());
                 // Off MIG the instance ids are 0xFFFFFFFF.
-                let (gi, ci) = gi.map_or((u32::MAX, u32::MAX), |gi| (gi, 0));
+                let (gi, ci) = gi.unwrap_or((u32::MAX, u32::MAX));
                 bytes[16..20].copy_from_slice(&gi.to_ne_bytes());
                 bytes[20..24].copy_from_slice(&ci.to_ne_bytes());
                 let len = entry.min(cap_bytes - at);
@@ -1280,9 +1339,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
 ) -> c_uint {
     with_dev(dev, None, |g, slot, _| {
         match slot.and_then(|s| g.instances[s]) {
-            Some(_) => {
+            Some(i) => {
                 // SAFETY: valid out-pointer.
-                unsafe { *id = 0 };
+                unsafe { *id = i.ci };
                 SUCCESS
             }
             None => ERROR_NOT_SUPPORTED,
@@ -1465,14 +1524,25 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut GpmMetricsGet) -> c_uint {
         return ERROR_INVALID_ARGUMENT;
     };
     let (from, to) = if a.t <= b.t { (a.t, b.t) } else { (b.t, a.t) };
-    let procs: Vec<&Proc> = g
+    // NVML asks for samples at least 100 ms apart.
+    if to - from < 0.1 {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // Each process's busy SMs (its SM % of its compute instance's SMs),
+    // as a percentage of the GPU instance's.
+    let gi_sms = f64::from(g.gi_sms(a.gi).max(1));
+    let util: f64 = g
         .procs
         .iter()
-        .filter(|p| p.instance == Some(a.gi))
-        .collect();
+        .filter(|p| p.instance.is_some_and(|(gi, _)| gi == a.gi))
+        .map(|p| {
+            let sms = g.instance_of(p).map_or(0.0, |i| f64::from(i.sms));
+            mean_sm(&[p], from, to) * sms / gi_sms
+        })
+        .sum();
     let util = match g.gpm {
         Some(true) => 250.0,
-        _ => mean_sm(&procs, from, to).min(100.0),
+        _ => util.min(100.0),
     };
     for i in 0..n {
         // SAFETY: `n` entries, within the array.

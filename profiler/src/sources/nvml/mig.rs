@@ -92,9 +92,13 @@ impl Raw {
         Ok(Self { lib })
     }
 
-    /// The MIG devices of the GPU `parent`, in slot order; an empty slot
-    /// is skipped (the driver answers NOT_FOUND for it).
-    pub(crate) fn mig_devices(&self, parent: nvmlDevice_t) -> Result<Vec<MigDevice>, NvmlError> {
+    /// The MIG devices (compute instances) of the GPU `parent`, in slot
+    /// order, and the slots that failed (each skipped, said); an empty
+    /// slot is no device (the driver answers NOT_FOUND for it).
+    pub(crate) fn mig_devices(
+        &self,
+        parent: nvmlDevice_t,
+    ) -> Result<(Vec<MigDevice>, Vec<String>), NvmlError> {
         let max = nvml_sym(self.lib.nvmlDeviceGetMaxMigDeviceCount.as_ref())?;
         let by_index = nvml_sym(self.lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref())?;
         let gi_id = nvml_sym(self.lib.nvmlDeviceGetGpuInstanceId.as_ref())?;
@@ -105,6 +109,7 @@ impl Raw {
         // SAFETY: a device handle from NVML, a valid out-pointer.
         nvml_try(unsafe { max(parent, &mut count) })?;
         let mut out = Vec::new();
+        let mut skipped = Vec::new();
         // At most 64 slots: a garbage count does not loop for long.
         for index in 0..count.min(64) {
             let mut handle: nvmlDevice_t = std::ptr::null_mut();
@@ -113,16 +118,22 @@ impl Raw {
             if rc == nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
                 continue;
             }
-            nvml_try(rc)?;
             let (mut gi, mut ci) = (0, 0);
-            // SAFETY: a MIG device handle, valid out-pointers.
-            nvml_try(unsafe { gi_id(handle, &mut gi) })?;
-            // SAFETY: as above.
-            nvml_try(unsafe { ci_id(handle, &mut ci) })?;
             // SAFETY: zeroed plain data, filled by the call.
             let mut a: nvmlDeviceAttributes_t = unsafe { std::mem::zeroed() };
-            // SAFETY: a MIG device handle, a valid out-pointer.
-            nvml_try(unsafe { attrs(handle, &mut a) })?;
+            // One slot that fails (an instance destroyed while listed) is
+            // skipped, the others kept.
+            let read = nvml_try(rc)
+                // SAFETY: a MIG device handle, valid out-pointers.
+                .and_then(|()| nvml_try(unsafe { gi_id(handle, &mut gi) }))
+                // SAFETY: as above.
+                .and_then(|()| nvml_try(unsafe { ci_id(handle, &mut ci) }))
+                // SAFETY: as above.
+                .and_then(|()| nvml_try(unsafe { attrs(handle, &mut a) }));
+            if let Err(e) = read {
+                skipped.push(format!("slot {index}: {e}"));
+                continue;
+            }
             let mut buf = [0 as std::ffi::c_char; 96];
             // SAFETY: a buffer of the length given.
             let rc = unsafe { uuid(handle, buf.as_mut_ptr(), buf.len() as u32) };
@@ -143,7 +154,7 @@ impl Raw {
                 sms: a.multiprocessorCount,
             });
         }
-        Ok(out)
+        Ok((out, skipped))
     }
 
     /// Whether the GPU `parent` gives GPM metrics (Hopper and later).
@@ -201,8 +212,9 @@ impl Raw {
     }
 }
 
-/// One instance in an interval: its SMs and slices, the processes NVML
-/// lists in it, and its SM utilization from GPM when there is a sane one.
+/// One GPU instance in an interval: its compute instances' SMs and
+/// slices together, the processes NVML lists in them, and its SM
+/// utilization from GPM when there is a sane one.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct InstanceUse {
     /// Its streaming multiprocessors.
@@ -213,25 +225,33 @@ pub(crate) struct InstanceUse {
     pub(crate) pids: Vec<u32>,
     /// GPM's SM utilization over the interval (%).
     pub(crate) sm_util_pct: Option<f64>,
+    /// Every one of its process lists was read.
+    pub(crate) listed: bool,
 }
 
-/// Each instance's weight in the GPU's dynamic energy, and how they were
-/// made: busy SMs (utilization × SMs) when every instance with processes
-/// has a GPM figure, else compute slices among the instances that have
-/// processes. An instance with no process weighs nothing: its share of
-/// the dynamic energy cannot go to anyone, and the GPU's idle power
-/// already went to the idle row.
-pub(crate) fn instance_weights(instances: &[InstanceUse]) -> (Vec<f64>, InstanceBasis) {
+/// Each GPU instance's weight in the GPU's dynamic energy, how they were
+/// made, and the weight of work no listed process did: busy SMs
+/// (utilization × SMs) when every instance with processes has a GPM
+/// figure, else compute slices among the instances that have processes.
+/// A busy instance with no process listed (its list failed, or NVML does
+/// not show its processes) keeps its busy SMs as the unheld weight, whose
+/// share of the dynamic energy goes to no one: not to other instances.
+/// By slices, an instance whose process list failed keeps its slices as
+/// the unheld weight (its work is not known to be none).
+pub(crate) fn instance_weights(instances: &[InstanceUse]) -> (Vec<f64>, InstanceBasis, f64) {
     let with_pids = || instances.iter().filter(|i| !i.pids.is_empty());
     if with_pids().all(|i| i.sm_util_pct.is_some()) {
+        let busy = |i: &InstanceUse| i.sm_util_pct.unwrap_or(0.0) / 100.0 * f64::from(i.sms);
         let w = instances
             .iter()
-            .map(|i| match (&i.pids[..], i.sm_util_pct) {
-                ([], _) | (_, None) => 0.0,
-                (_, Some(u)) => u / 100.0 * f64::from(i.sms),
-            })
+            .map(|i| if i.pids.is_empty() { 0.0 } else { busy(i) })
             .collect();
-        return (w, InstanceBasis::Activity);
+        let unheld = instances
+            .iter()
+            .filter(|i| i.pids.is_empty())
+            .map(busy)
+            .sum();
+        return (w, InstanceBasis::Activity, unheld);
     }
     let w = instances
         .iter()
@@ -243,7 +263,12 @@ pub(crate) fn instance_weights(instances: &[InstanceUse]) -> (Vec<f64>, Instance
             }
         })
         .collect();
-    (w, InstanceBasis::Slices)
+    let unheld = instances
+        .iter()
+        .filter(|i| i.pids.is_empty() && !i.listed)
+        .map(|i| f64::from(i.slices))
+        .sum();
+    (w, InstanceBasis::Slices, unheld)
 }
 
 /// A GPM figure the driver gave: a percentage within 0..=100, else none.
@@ -251,18 +276,32 @@ pub(crate) fn sane_util(v: f64) -> Option<f64> {
     (v.is_finite() && (0.0..=100.0).contains(&v)).then_some(v)
 }
 
-/// A MIG GPU's instances over the interval: each with the processes NVML
-/// lists in it and GPM's SM utilization since the last read (a first
-/// sample gives none). `None` where they cannot be listed (said): the
-/// holders then share equally, as before MIG was understood.
+/// The shortest span GPM gives a figure over: NVML asks for samples at
+/// least 100 ms apart.
+const GPM_MIN_SPAN: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A GPU instance's GPM state: its last sample, when it was taken, and
+/// the figure it ended.
+pub(crate) struct GpmState {
+    sample: GpmSample,
+    at: std::time::Instant,
+    util: Option<f64>,
+}
+
+/// A MIG GPU's instances over the interval, one per compute instance:
+/// the processes NVML lists in each (with their memory, also returned by
+/// pid), and its GPU instance's SM utilization from GPM since the last
+/// read (sampled once per GPU instance; the first read gives none).
+/// `None` where they cannot be listed (said): the holders then share
+/// equally, as before MIG was understood.
 pub(super) fn mig_instances(
     nvml: &Nvml,
     device: &nvml_wrapper::Device<'_>,
-    gpm: &mut Option<HashMap<u32, GpmSample>>,
+    gpm: &mut Option<HashMap<u32, GpmState>>,
     processes_v2: bool,
     raw: Result<&Arc<Raw>, &str>,
     said: &mut Said<'_>,
-) -> Option<Vec<MigInstance>> {
+) -> Option<(Vec<MigInstance>, HashMap<u32, u64>)> {
     let raw = match raw {
         Ok(r) => r,
         Err(e) => {
@@ -278,7 +317,19 @@ pub(super) fn mig_instances(
     // SAFETY: the handle of a device NVML gave for this read.
     let parent = unsafe { device.handle() };
     let devices = match raw.mig_devices(parent) {
-        Ok(d) if !d.is_empty() => d,
+        Ok((d, skipped)) if !d.is_empty() => {
+            said.set(
+                "mig slots",
+                (!skipped.is_empty()).then(|| {
+                    format!(
+                        "MIG slots that could not be read are left out ({}): their processes get \
+                         no share of its own",
+                        skipped.join("; ")
+                    )
+                }),
+            );
+            d
+        }
         Ok(_) => {
             said.set(
                 "mig",
@@ -298,7 +349,8 @@ pub(super) fn mig_instances(
     };
     said.set("mig", None);
     let mut out = Vec::with_capacity(devices.len());
-    let mut gpm_problem = None;
+    let mut memory: HashMap<u32, u64> = HashMap::new();
+    let mut list_problem = None;
     for d in devices {
         // SAFETY: a MIG device handle from the same library, valid while
         // NVML is loaded.
@@ -310,111 +362,161 @@ pub(super) fn mig_instances(
         } else {
             md.running_compute_processes()
         };
+        let listed = list.is_ok();
         let mut pids: Vec<u32> = match list {
-            Ok(l) => l.into_iter().map(|p| p.pid).collect(),
+            Ok(l) => l
+                .into_iter()
+                .map(|p| {
+                    if let nvml_wrapper::enums::device::UsedGpuMemory::Used(b) = p.used_gpu_memory {
+                        memory.insert(p.pid, b);
+                    }
+                    p.pid
+                })
+                .collect(),
             Err(e) => {
-                said.set(
-                    "mig processes",
-                    Some(format!(
-                        "instance {}'s process list failed ({e}): its processes get none of its share",
-                        d.gpu_instance_id
-                    )),
-                );
+                list_problem.get_or_insert(format!(
+                    "instance {}.{}'s process list failed ({e}): its work goes to no one",
+                    d.gpu_instance_id, d.compute_instance_id
+                ));
                 Vec::new()
             }
         };
         pids.sort_unstable();
         pids.dedup();
-        let sm_util_pct = match gpm {
-            Some(samples) => match gpm_util(raw, parent, d.gpu_instance_id, samples) {
-                Ok(u) => u,
-                Err(e) => {
-                    gpm_problem.get_or_insert(e);
-                    None
-                }
-            },
-            None => None,
-        };
         out.push(MigInstance {
             gpu_instance_id: d.gpu_instance_id,
             compute_instance_id: d.compute_instance_id,
             uuid: d.uuid,
             slices: d.slices,
             sms: d.sms,
-            sm_util_pct,
+            sm_util_pct: None,
             pids,
+            listed,
         });
     }
-    said.set(
-        "gpm",
-        gpm_problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
-    );
-    Some(out)
+    said.set("mig processes", list_problem);
+    // GPM is per GPU instance: one sample each per read.
+    if let Some(state) = gpm {
+        let mut gis: Vec<u32> = out.iter().map(|i| i.gpu_instance_id).collect();
+        gis.sort_unstable();
+        gis.dedup();
+        let mut problem = None;
+        for gi in &gis {
+            let util = gpm_util(raw, parent, *gi, state).unwrap_or_else(|e| {
+                problem.get_or_insert(e);
+                None
+            });
+            for i in out.iter_mut().filter(|i| i.gpu_instance_id == *gi) {
+                i.sm_util_pct = util;
+            }
+        }
+        // An instance gone (or remade) starts afresh.
+        state.retain(|gi, _| gis.contains(gi));
+        said.set(
+            "gpm",
+            problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
+        );
+    }
+    Some((out, memory))
 }
 
-/// Instance `gi`'s SM utilization since its last sample (`Ok(None)`: the
-/// first sample, or the first after a failed one); a figure outside
+/// GPU instance `gi`'s SM utilization since its last sample: `Ok(None)`
+/// for the first sample, or the first after a failed one; the last figure
+/// when the last sample is under 100 ms old (NVML's shortest span, so a
+/// short `--interval` weighs by the last figure). A figure outside
 /// 0..=100 is an error (the sample, which was taken, is kept).
 fn gpm_util(
     raw: &Arc<Raw>,
     parent: nvml_wrapper_sys::bindings::nvmlDevice_t,
     gi: u32,
-    samples: &mut HashMap<u32, GpmSample>,
+    state: &mut HashMap<u32, GpmState>,
 ) -> Result<Option<f64>, String> {
-    let now = raw
-        .sample()
-        .map_err(|e| format!("no sample buffer ({e})"))?;
-    if let Err(e) = raw.take(parent, gi, &now) {
-        // The next figure starts afresh: one over two intervals is not
-        // the next interval's.
-        samples.remove(&gi);
+    if let Some(s) = state.get(&gi)
+        && s.at.elapsed() < GPM_MIN_SPAN
+    {
+        return Ok(s.util);
+    }
+    // Whatever fails, the next figure starts afresh: one over two
+    // intervals is not the next interval's.
+    let sample = match raw.sample() {
+        Ok(s) => s,
+        Err(e) => {
+            state.remove(&gi);
+            return Err(format!("no sample buffer ({e})"));
+        }
+    };
+    if let Err(e) = raw.take(parent, gi, &sample) {
+        state.remove(&gi);
         return Err(format!("instance {gi}'s sample failed ({e})"));
     }
-    let before = samples.insert(gi, now);
-    let Some(before) = before else {
+    let now = GpmState {
+        sample,
+        at: std::time::Instant::now(),
+        util: None,
+    };
+    let Some(before) = state.insert(gi, now) else {
         return Ok(None);
     };
-    let now = &samples[&gi];
+    let Some(now) = state.get_mut(&gi) else {
+        return Ok(None);
+    };
     let v = raw
-        .sm_util(&before, now)
+        .sm_util(&before.sample, &now.sample)
         .map_err(|e| format!("instance {gi}'s metrics failed ({e})"))?;
-    sane_util(v)
-        .map(|u| Some((u * 1000.0).round() / 1000.0))
-        .ok_or_else(|| format!("instance {gi}'s SM utilization read {v}%, which cannot be"))
+    let u = sane_util(v)
+        .map(|u| (u * 1000.0).round() / 1000.0)
+        .ok_or_else(|| format!("instance {gi}'s SM utilization read {v}%, which cannot be"))?;
+    now.util = Some(u);
+    Ok(Some(u))
 }
 
-/// Gives each process its instance's weight divided equally among the
-/// instance's processes, as a share of the whole GPU's SMs (GPM) or
-/// slices; a holder in no instance's list gets none. Returns the basis.
-pub(super) fn mig_shares(instances: &[MigInstance], processes: &mut [GpuProcess]) -> SmBasis {
-    let uses: Vec<InstanceUse> = instances
+/// Gives each process its GPU instance's weight divided equally among
+/// the instance's processes (all its compute instances'), as a share of
+/// the whole GPU's SMs (GPM) or slices; a holder in no instance's list
+/// gets none. Returns the basis, and the unheld weight (busy SMs of
+/// instances with no listed process) on the same scale.
+pub(super) fn mig_shares(
+    instances: &[MigInstance],
+    processes: &mut [GpuProcess],
+) -> (SmBasis, f64) {
+    // Per GPU instance: its compute instances together.
+    let mut gis: Vec<u32> = instances.iter().map(|i| i.gpu_instance_id).collect();
+    gis.sort_unstable();
+    gis.dedup();
+    let uses: Vec<InstanceUse> = gis
         .iter()
-        .map(|i| InstanceUse {
-            sms: i.sms,
-            slices: i.slices,
-            pids: i.pids.clone(),
-            sm_util_pct: i.sm_util_pct,
+        .map(|gi| {
+            let cis = instances.iter().filter(|i| i.gpu_instance_id == *gi);
+            let mut pids: Vec<u32> = cis.clone().flat_map(|i| i.pids.iter().copied()).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            InstanceUse {
+                sms: cis.clone().map(|i| i.sms).sum(),
+                slices: cis.clone().map(|i| i.slices).sum(),
+                pids,
+                sm_util_pct: cis.clone().find_map(|i| i.sm_util_pct),
+                listed: cis.clone().all(|i| i.listed),
+            }
         })
         .collect();
-    let (weights, basis) = instance_weights(&uses);
+    let (weights, basis, unheld) = instance_weights(&uses);
     let whole: f64 = match basis {
-        InstanceBasis::Activity => instances.iter().map(|i| f64::from(i.sms)).sum(),
-        InstanceBasis::Slices => instances.iter().map(|i| f64::from(i.slices)).sum(),
+        InstanceBasis::Activity => uses.iter().map(|i| f64::from(i.sms)).sum(),
+        InstanceBasis::Slices => uses.iter().map(|i| f64::from(i.slices)).sum(),
     };
+    let pct = |w: f64| ((100.0 * w / whole.max(1.0)) * 1000.0).round() / 1000.0;
     for p in processes.iter_mut() {
-        p.sm_util_pct = instances
+        p.sm_util_pct = uses
             .iter()
             .zip(&weights)
             .find(|(i, _)| i.pids.contains(&p.pid))
-            .map_or(0.0, |(i, w)| {
-                let pct = 100.0 * w / whole.max(1.0) / i.pids.len() as f64;
-                (pct * 1000.0).round() / 1000.0
-            });
+            .map_or(0.0, |(i, w)| pct(w / i.pids.len() as f64));
     }
-    match basis {
+    let basis = match basis {
         InstanceBasis::Activity => SmBasis::InstanceActivity,
         InstanceBasis::Slices => SmBasis::InstanceSlices,
-    }
+    };
+    (basis, pct(unheld))
 }
 
 #[cfg(test)]
@@ -427,27 +529,40 @@ mod tests {
             slices,
             pids: pids.to_vec(),
             sm_util_pct: util,
+            listed: true,
         }
     }
 
     #[test]
     fn instances_weigh_by_busy_sms_with_gpm_else_by_slices_of_those_with_processes() {
         // 3 slices at 20% against 1 at 90%: busy SMs 12 and 14.4.
-        let (w, b) = instance_weights(&[
+        let (w, b, unheld) = instance_weights(&[
             inst(60, 3, &[1], Some(20.0)),
             inst(16, 1, &[2, 3], Some(90.0)),
             inst(20, 1, &[], Some(0.0)),
         ]);
         assert_eq!(b, InstanceBasis::Activity);
         assert_eq!(w, vec![12.0, 14.4, 0.0]);
+        assert_eq!(unheld, 0.0);
+        // A busy instance with no process listed: its busy SMs are
+        // unheld, not handed to the others.
+        let (w, _, unheld) =
+            instance_weights(&[inst(60, 3, &[1], Some(20.0)), inst(20, 1, &[], Some(50.0))]);
+        assert_eq!((w, unheld), (vec![12.0, 0.0], 10.0));
         // One instance with processes and no GPM figure: slices, for all.
-        let (w, b) = instance_weights(&[
+        let (w, b, unheld) = instance_weights(&[
             inst(60, 3, &[1], Some(20.0)),
             inst(16, 1, &[2], None),
             inst(20, 1, &[], None),
         ]);
         assert_eq!(b, InstanceBasis::Slices);
-        assert_eq!(w, vec![3.0, 1.0, 0.0]);
+        assert_eq!((w, unheld), (vec![3.0, 1.0, 0.0], 0.0));
+        // By slices, an instance whose list failed is not known to be
+        // idle: its slices are unheld.
+        let mut failed = inst(20, 2, &[], None);
+        failed.listed = false;
+        let (w, _, unheld) = instance_weights(&[inst(60, 3, &[1], None), failed]);
+        assert_eq!((w, unheld), (vec![3.0, 0.0], 2.0));
     }
 
     #[test]

@@ -133,6 +133,10 @@ pub struct GpuReading {
     pub whole: bool,
     /// MIG: each instance, its processes and activity (empty off MIG).
     pub instances: Vec<MigInstance>,
+    /// MIG: the busy SMs of GPU instances with no process listed, on the
+    /// processes' scale (`sm_util_pct`): their share of the dynamic
+    /// energy goes to no one.
+    pub unheld_sm_pct: f64,
 }
 
 /// A MIG instance over one interval.
@@ -148,11 +152,14 @@ pub struct MigInstance {
     pub slices: u32,
     /// Streaming multiprocessors.
     pub sms: u32,
-    /// GPM's SM utilization over the interval, percent of its SMs (`None`:
-    /// no GPM, or no sane figure this interval).
+    /// GPM's SM utilization of its GPU instance over the interval,
+    /// percent of that GPU instance's SMs (`None`: no GPM, or no sane
+    /// figure this interval).
     pub sm_util_pct: Option<f64>,
     /// The processes NVML lists in it.
     pub pids: Vec<u32>,
+    /// Its process list was read (`false`: it failed, said).
+    pub listed: bool,
 }
 
 /// A GPU found.
@@ -200,7 +207,7 @@ struct Gpu {
     /// Failures going on, by what failed: said when they begin and end.
     failing: BTreeMap<&'static str, String>,
     /// MIG: whether GPM answers, and each GPU instance's last sample.
-    gpm: Option<HashMap<u32, mig::GpmSample>>,
+    gpm: Option<HashMap<u32, mig::GpmState>>,
 }
 
 /// The NVML reader.
@@ -218,6 +225,16 @@ pub struct NvmlGpus {
     processes_v2: bool,
     /// The MIG and GPM calls (loaded when a GPU has MIG on), or why not.
     raw: Result<Arc<mig::Raw>, String>,
+}
+
+impl Drop for NvmlGpus {
+    fn drop(&mut self) {
+        // GPM's sample buffers are freed while NVML is still loaded (the
+        // fields drop in order, `nvml` first).
+        for g in &mut self.gpus {
+            g.gpm = None;
+        }
+    }
 }
 
 impl std::fmt::Debug for NvmlGpus {

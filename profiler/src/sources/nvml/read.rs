@@ -193,7 +193,7 @@ pub(super) fn read_gpu(
             said.set(
                 "samples",
                 Some(match (&instances, g.gpm.is_some()) {
-                    (Some(_), true) => "MIG is on: NVML gives no per-process utilization, so the energy goes to each instance by its busy SMs from GPM, and equally among an instance's processes".into(),
+                    (Some(_), true) => "MIG is on: NVML gives no per-process utilization, so the energy goes to each GPU instance by its busy SMs from GPM (by its compute slices until GPM has two samples of it), and equally among its processes".into(),
                     (Some(_), false) => "MIG is on and this GPU has no GPM: the energy goes to each instance by its compute slices, and equally among an instance's processes".into(),
                     (None, _) => "MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into(),
                 }),
@@ -294,17 +294,31 @@ pub(super) fn read_gpu(
         && samples_ok
         && processes.iter().all(|p| p.sm_util_pct == 0.0)
         && util_pct.is_none_or(|u| u == 0);
-    // MIG: the instances' weights make the processes' shares.
-    let (sm_basis, instances) = match instances {
-        Some(list) => {
-            let basis = mig::mig_shares(&list, &mut processes);
+    // MIG: the holders are those of the GPU's list and of every
+    // instance's (the GPU's may leave some out, or fail), and the
+    // instances' weights make their shares.
+    let (sm_basis, instances, unheld_sm_pct) = match instances {
+        Some((list, memory)) => {
+            for i in &list {
+                for pid in &i.pids {
+                    if !processes.iter().any(|p| p.pid == *pid) {
+                        processes.push(GpuProcess {
+                            pid: *pid,
+                            sm_util_pct: 0.0,
+                            memory_bytes: memory.get(pid).copied().unwrap_or(0),
+                        });
+                    }
+                }
+            }
+            processes.sort_by_key(|p| p.pid);
+            let (basis, unheld) = mig::mig_shares(&list, &mut processes);
             // At rest: every instance's GPM activity says 0.
             at_rest = !processes.is_empty()
                 && basis == SmBasis::InstanceActivity
                 && list.iter().all(|i| i.sm_util_pct == Some(0.0));
-            (basis, list)
+            (basis, list, unheld)
         }
-        None => (sm_basis, Vec::new()),
+        None => (sm_basis, Vec::new(), 0.0),
     };
     Some(GpuReading {
         index,
@@ -318,5 +332,6 @@ pub(super) fn read_gpu(
         at_rest,
         whole,
         instances,
+        unheld_sm_pct,
     })
 }
