@@ -302,15 +302,13 @@ pub(super) fn mig_instances(
     raw: Result<&Arc<Raw>, &str>,
     said: &mut Said<'_>,
 ) -> Option<(Vec<MigInstance>, HashMap<u32, u64>)> {
+    let cannot = |e: &dyn std::fmt::Display| {
+        format!("MIG instances cannot be listed ({e}): the holders share equally")
+    };
     let raw = match raw {
         Ok(r) => r,
         Err(e) => {
-            said.set(
-                "mig",
-                Some(format!(
-                    "MIG instances cannot be listed ({e}): the holders share equally"
-                )),
-            );
+            said.set("mig", Some(cannot(&e)));
             return None;
         }
     };
@@ -338,12 +336,7 @@ pub(super) fn mig_instances(
             return None;
         }
         Err(e) => {
-            said.set(
-                "mig",
-                Some(format!(
-                    "MIG instances cannot be listed ({e}): the holders share equally"
-                )),
-            );
+            said.set("mig", Some(cannot(&e)));
             return None;
         }
     };
