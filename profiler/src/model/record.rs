@@ -168,6 +168,29 @@ pub(crate) struct DomainUj {
     pub(crate) figure: Option<crate::sources::static_power::StaticFigure>,
 }
 
+impl DomainUj {
+    /// One interval's share of a domain, with the static figure it was
+    /// divided with.
+    pub(crate) fn of_share(
+        s: &crate::attribution::DomainShare,
+        figure: Option<crate::sources::static_power::StaticFigure>,
+    ) -> Self {
+        Self {
+            domain: s.domain,
+            package: s.package,
+            estimated: s.estimated,
+            basis: s.basis,
+            measured: s.measured_uj,
+            attributed: s.attributed_uj(),
+            idle: s.idle_uj,
+            unattributed: s.unattributed_uj,
+            static_uj: s.static_uj,
+            attributed_static: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
+            figure,
+        }
+    }
+}
+
 impl<P> DomainOf<P> {
     /// From µJ over `span_ns`, with the power `power` makes of the
     /// measured energy's average.

@@ -99,30 +99,17 @@ impl Profile {
         self.process_rows(usage, energy, read, sample.at_ns, &mut rows);
         record.domains.clear();
         record.domains.extend(shares.iter().map(|s| {
+            // A caught-up domain's energy covers the intervals it held.
+            let covers = covers_ns
+                .iter()
+                .find(|(k, _)| *k == (s.domain, s.package))
+                .map(|(_, ns)| *ns);
             DomainRow::from_uj(
-                DomainUj {
-                    domain: s.domain,
-                    package: s.package,
-                    estimated: s.estimated,
-                    basis: s.basis,
-                    measured: s.measured_uj,
-                    attributed: s.attributed_uj(),
-                    idle: s.idle_uj,
-                    unattributed: s.unattributed_uj,
-                    static_uj: s.static_uj,
-                    attributed_static: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
-                    figure: self.statics.figure(s.domain, s.package).copied(),
-                },
-                covers_ns
-                    .iter()
-                    .find(|(k, _)| *k == (s.domain, s.package))
-                    .map_or(duration_ns, |(_, ns)| *ns),
+                DomainUj::of_share(s, self.statics.figure(s.domain, s.package).copied()),
+                covers.unwrap_or(duration_ns),
                 |power_w| IntervalPower {
                     power_w,
-                    covers_ns: covers_ns
-                        .iter()
-                        .find(|(k, _)| *k == (s.domain, s.package))
-                        .map(|(_, ns)| *ns),
+                    covers_ns: covers,
                 },
             )
         }));

@@ -324,26 +324,12 @@ mod tests {
             let domains = shares
                 .iter()
                 .map(|s| {
-                    DomainRow::from_uj(
-                        DomainUj {
-                            domain: s.domain,
-                            package: s.package,
-                            estimated: s.estimated,
-                            basis: s.basis,
-                            measured: s.measured_uj,
-                            attributed: s.attributed_uj(),
-                            idle: s.idle_uj,
-                            unattributed: s.unattributed_uj,
-                            static_uj: s.static_uj,
-                            attributed_static: 500_001,
-                            figure: None,
-                        },
-                        1_000_000_000,
-                        |power_w| IntervalPower {
+                    DomainRow::from_uj(DomainUj::of_share(s, None), 1_000_000_000, |power_w| {
+                        IntervalPower {
                             power_w,
                             covers_ns: None,
-                        },
-                    )
+                        }
+                    })
                 })
                 .collect();
             let row = |pid: u32, uj: u64| ProcessRow {
