@@ -86,6 +86,26 @@
 //!   caller's buffer, so later entries come out garbled rather than
 //!   overrunning it); `_v2` writes 24-byte entries.
 //!
+//! - **Time-slicing as the H200 showed it**, `timeslice=SM`: a process's
+//!   sample reads SM (92 on the H200) for every driver period in which it
+//!   had any kernel, whatever its share of the period; the draw's per-SM
+//!   term counts at most 100% (contexts take turns on the SMs).
+//! - **Power that settles**, `settle_ms=N`: the draw follows the load as a
+//!   first-order lag, within 2% of a new level after N ms (an H200 took up
+//!   to a second to fall to its idle power after a load).
+//! - **MPS**, `mps_server=PID:MEM` and clients `PID:SM:MEM%mps`: the
+//!   server is in the compute list, holding a context and doing no work;
+//!   the clients are listed by `nvmlDeviceGetMPSComputeRunningProcesses_v3`
+//!   and sampled as processes are.
+//! - **The CUDA driver API** for a context and nothing else (`cuInit`,
+//!   `cuDeviceGetCount`, `cuDeviceGet`, `cuDeviceGetUuid[_v2]`,
+//!   `cuCtxCreate_v2`, `cuCtxDestroy_v2`, `cuGetErrorName`): a context
+//!   makes the calling process a holder of its GPU (SM 0, 512 MiB) until
+//!   destroyed. A GPU's CUDA UUID is its NVML UUID's 16 bytes (zeros for a
+//!   short scenario UUID). `cuda=absent` answers CUDA_ERROR_NO_DEVICE,
+//!   `cuda=busy` refuses contexts (CUDA_ERROR_DEVICES_UNAVAILABLE, as in
+//!   exclusive-process mode with another holder).
+//!
 //! In `procs`, the pid `child` stands for the loading process's first
 //! child (the command that `wattprof run` started), and `child/N` for that
 //! child's N-th child (by pid), found in /proc when NVML is asked; a
@@ -162,6 +182,9 @@ struct Proc {
     /// The MIG compute instance it runs in: (GPU instance, compute
     /// instance).
     instance: Option<(u32, u32)>,
+    /// An MPS client (`%mps`): listed by the MPS call, not the compute
+    /// list (the MPS server holds the context there).
+    mps_client: bool,
 }
 
 impl Proc {
@@ -251,6 +274,16 @@ struct Gpu {
     /// On MIG, the GPU's own handle lists no process (a caller without
     /// the privilege for the aggregate list).
     parent_procs_none: bool,
+    /// Time-slicing as the H200 showed it (`timeslice=SM`): a process's
+    /// sample reads SM for every driver period in which it had any kernel,
+    /// whatever its share of the period.
+    timeslice: Option<u32>,
+    /// The draw follows the load with a first-order lag that settles
+    /// (to 2%) within this many ms (`settle_ms=N`; 0: at once).
+    settle_ms: u64,
+    /// The lagged draw integrated on a 5 ms grid: (draw mW, energy mJ)
+    /// at each grid point from nvmlInit, extended as calls need it.
+    settled: std::cell::RefCell<Vec<(f64, f64)>>,
 }
 
 /// A MIG device: compute instance `ci` of GPU instance `gi`.
@@ -299,12 +332,30 @@ impl Gpu {
 
 struct State {
     gpus: Vec<Gpu>,
+    /// nvmlInit calls not yet shut down (NVML counts them; the CUDA
+    /// stand-in's contexts live in the same state).
+    inits: u32,
+    /// What `cuInit` answers (`cuda=absent|nodevice|busy` in the
+    /// scenario): 0, CUDA_ERROR_NO_DEVICE (100) for the first two, and
+    /// for `busy` cuCtxCreate answers CUDA_ERROR_DEVICES_UNAVAILABLE (46).
+    cuda: CudaMode,
     start: Instant,
     start_epoch_us: u64,
     driver_version: String,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// How the CUDA stand-in behaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum CudaMode {
+    #[default]
+    Works,
+    /// No libcuda: every call fails as a library without a device would.
+    Absent,
+    /// cuCtxCreate refused (exclusive-process mode held by another).
+    Busy,
+}
 
 /// The pid `child/N` stands for in a scenario.
 const CHILD_OF_CHILD: u32 = u32::MAX - 64;
@@ -362,8 +413,14 @@ type Running = (u32, u32, u64, Option<(u32, u32)>);
 /// As [`running`], with each one's MIG compute instance; only those of
 /// compute instance `of` when given.
 fn running_in(g: &Gpu, t: f64, of: Option<(u32, u32)>) -> Vec<Running> {
+    running_where(g, t, of, false)
+}
+
+/// As [`running_in`], of the MPS clients (`mps`) or the rest.
+fn running_where(g: &Gpu, t: f64, of: Option<(u32, u32)>, mps: bool) -> Vec<Running> {
     g.procs
         .iter()
+        .filter(|p| p.mps_client == mps)
         .filter(|p| p.active(t) && of.is_none_or(|of| p.instance == Some(of)))
         .map(|p| (resolve(p.pid), p.sm, p.mem, p.instance.filter(|_| g.mig)))
         .filter(|p| p.0 != 0)
@@ -418,6 +475,9 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
         }
         if let Some(v) = line.strip_prefix("driver_version=") {
             driver_version = v.to_string();
+            continue;
+        }
+        if line.starts_with("cuda=") {
             continue;
         }
         let mut g = Gpu {
@@ -497,64 +557,93 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
                     }
                 }
                 "procs" => {
-                    g.procs = v
-                        .split(',')
-                        .filter_map(|p| {
-                            let (p, window) = match p.split_once('@') {
-                                Some((p, w)) => {
-                                    let (a, b) = w.split_once('-')?;
-                                    (p, Some((a.parse().ok()?, b.parse().ok()?)))
-                                }
-                                None => (p, None),
-                            };
-                            // ...#GI.CI: it runs in that MIG compute instance.
-                            let (p, instance) = match p.split_once('#') {
-                                Some((p, id)) => (p, Some(parse_instance(id)?)),
-                                None => (p, None),
-                            };
-                            // ...+LAG: its samples are published LAG ms late.
-                            let (p, lag_ms) = match p.split_once('+') {
-                                Some((p, lag)) => (p, lag.parse().ok()?),
-                                None => (p, 0),
-                            };
-                            // PID:SM:MEM~A-B/P: works A to B ms of every P.
-                            let (p, duty) = match p.split_once('~') {
-                                Some((p, d)) => {
-                                    let (ab, period) = d.split_once('/')?;
-                                    let (a, b) = ab.split_once('-')?;
-                                    (
-                                        p,
-                                        Some((
-                                            a.parse().ok()?,
-                                            b.parse().ok()?,
-                                            period.parse().ok()?,
-                                        )),
-                                    )
-                                }
-                                None => (p, None),
-                            };
-                            let mut f = p.split(':');
-                            let pid = f.next()?;
-                            Some(Proc {
-                                // The loading process's first child, or
-                                // that child's N-th child.
-                                pid: match pid.strip_prefix("child") {
-                                    Some("") => 0,
-                                    Some(n) => {
-                                        CHILD_OF_CHILD
-                                            + n.strip_prefix('/')?.parse::<u32>().ok()?.clamp(1, 64)
+                    g.procs.extend(
+                        v.split(',')
+                            .filter_map(|p| {
+                                let (p, window) = match p.split_once('@') {
+                                    Some((p, w)) => {
+                                        let (a, b) = w.split_once('-')?;
+                                        (p, Some((a.parse().ok()?, b.parse().ok()?)))
                                     }
-                                    None => pid.parse().ok()?,
-                                },
-                                sm: f.next()?.parse().ok()?,
-                                mem: f.next()?.parse().ok()?,
-                                window,
-                                duty,
-                                lag_ms,
-                                instance,
+                                    None => (p, None),
+                                };
+                                // ...%mps: an MPS client.
+                                let (p, mps_client) = match p.strip_suffix("%mps") {
+                                    Some(p) => (p, true),
+                                    None => (p, false),
+                                };
+                                // ...#GI.CI: it runs in that MIG compute instance.
+                                let (p, instance) = match p.split_once('#') {
+                                    Some((p, id)) => (p, Some(parse_instance(id)?)),
+                                    None => (p, None),
+                                };
+                                // ...+LAG: its samples are published LAG ms late.
+                                let (p, lag_ms) = match p.split_once('+') {
+                                    Some((p, lag)) => (p, lag.parse().ok()?),
+                                    None => (p, 0),
+                                };
+                                // PID:SM:MEM~A-B/P: works A to B ms of every P.
+                                let (p, duty) = match p.split_once('~') {
+                                    Some((p, d)) => {
+                                        let (ab, period) = d.split_once('/')?;
+                                        let (a, b) = ab.split_once('-')?;
+                                        (
+                                            p,
+                                            Some((
+                                                a.parse().ok()?,
+                                                b.parse().ok()?,
+                                                period.parse().ok()?,
+                                            )),
+                                        )
+                                    }
+                                    None => (p, None),
+                                };
+                                let mut f = p.split(':');
+                                let pid = f.next()?;
+                                Some(Proc {
+                                    // The loading process's first child, or
+                                    // that child's N-th child.
+                                    pid: match pid.strip_prefix("child") {
+                                        Some("") => 0,
+                                        Some(n) => {
+                                            CHILD_OF_CHILD
+                                                + n.strip_prefix('/')?
+                                                    .parse::<u32>()
+                                                    .ok()?
+                                                    .clamp(1, 64)
+                                        }
+                                        None => pid.parse().ok()?,
+                                    },
+                                    sm: f.next()?.parse().ok()?,
+                                    mem: f.next()?.parse().ok()?,
+                                    window,
+                                    duty,
+                                    lag_ms,
+                                    instance,
+                                    mps_client,
+                                })
                             })
-                        })
-                        .collect()
+                            .collect::<Vec<_>>(),
+                    )
+                }
+                "timeslice" => g.timeslice = v.parse().ok(),
+                "settle_ms" => g.settle_ms = v.parse().unwrap_or(0),
+                // The MPS server: a holder with no work of its own.
+                "mps_server" => {
+                    if let Some((pid, mem)) = v.split_once(':')
+                        && let (Ok(pid), Ok(mem)) = (pid.parse(), mem.parse())
+                    {
+                        g.procs.push(Proc {
+                            pid,
+                            sm: 0,
+                            mem,
+                            window: None,
+                            duty: None,
+                            lag_ms: 0,
+                            instance: None,
+                            mps_client: false,
+                        });
+                    }
                 }
                 "load" => {
                     let w: Vec<f64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
@@ -711,24 +800,52 @@ fn scenario_text() -> String {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> c_uint {
-    let text = scenario_text();
-    match parse(&text) {
-        Ok((gpus, driver_version)) => {
-            *STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(State {
-                gpus,
-                start: Instant::now(),
-                start_epoch_us: epoch_us(),
-                driver_version,
-            });
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    // NVML counts its inits: a second one (the same library loaded again
+    // for its raw calls, or by the CUDA stand-in) keeps the state.
+    if let Some(state) = guard.as_mut() {
+        state.inits += 1;
+        return SUCCESS;
+    }
+    match init_state() {
+        Some(state) => {
+            *guard = Some(state);
             SUCCESS
         }
-        Err(()) => ERROR_DRIVER_NOT_LOADED,
+        None => ERROR_DRIVER_NOT_LOADED,
     }
+}
+
+/// The scenario's state from now (`None`: `driver=absent`).
+fn init_state() -> Option<State> {
+    let text = scenario_text();
+    let cuda = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cuda="))
+        .map_or(CudaMode::Works, |v| match v.trim() {
+            "absent" | "nodevice" => CudaMode::Absent,
+            "busy" => CudaMode::Busy,
+            _ => CudaMode::Works,
+        });
+    let (gpus, driver_version) = parse(&text).ok()?;
+    Some(State {
+        gpus,
+        inits: 1,
+        cuda,
+        start: Instant::now(),
+        start_epoch_us: epoch_us(),
+        driver_version,
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> c_uint {
-    *STATE.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        Some(state) if state.inits > 1 => state.inits -= 1,
+        Some(_) => *guard = None,
+        None => return ERROR_UNINITIALIZED,
+    }
     SUCCESS
 }
 
@@ -805,14 +922,20 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 impl Gpu {
-    /// The draw at `t` seconds (mW).
+    /// The draw the load asks for at `t` seconds (mW); with `settle_ms`
+    /// the GPU reaches it over that time ([`Gpu::energy_mj`]).
     fn draw_mw(&self, t: f64) -> f64 {
         if let Some((idle, held, per_sm)) = self.load {
             let on: Vec<&Proc> = self.procs.iter().filter(|p| p.active(t)).collect();
-            let sm: f64 = on
+            let mut sm: f64 = on
                 .iter()
                 .map(|p| f64::from(p.sm_at(t)) * self.sm_scale(p))
                 .sum();
+            // Time-sliced contexts take turns on the SMs: together they
+            // keep them at most fully busy.
+            if self.timeslice.is_some() {
+                sm = sm.min(100.0);
+            }
             return idle + if on.is_empty() { 0.0 } else { held } + per_sm * sm;
         }
         match self.power_step {
@@ -822,8 +945,12 @@ impl Gpu {
     }
 
     /// Energy since nvmlInit (mJ): the draw integrated exactly, piece by
-    /// piece between the times it changes.
+    /// piece between the times it changes; with `settle_ms`, the lagged
+    /// draw integrated on a 5 ms grid.
     fn energy_mj(&self, t: f64) -> f64 {
+        if self.settle_ms > 0 {
+            return self.settled_mj(t);
+        }
         let mut cuts: Vec<f64> = self
             .procs
             .iter()
@@ -840,6 +967,45 @@ impl Gpu {
             from = to;
         }
         mj
+    }
+
+    /// The energy of a draw that follows the load as a first-order lag
+    /// (time constant a quarter of `settle_ms`: within 2% of a new level
+    /// after `settle_ms`), as an H200 took up to a second to fall to its
+    /// idle power after a load. Integrated on a 5 ms grid, kept and
+    /// extended, so each call costs only the time since the last.
+    fn settled_mj(&self, t: f64) -> f64 {
+        const DT: f64 = 0.005;
+        let tau = self.settle_ms as f64 / 1e3 / 4.0;
+        let keep = (-DT / tau).exp();
+        let mut grid = self.settled.borrow_mut();
+        if grid.is_empty() {
+            grid.push((self.draw_mw(0.0), 0.0));
+        }
+        let want = (t.max(0.0) / DT).floor() as usize;
+        while grid.len() <= want + 1 {
+            let k = grid.len() - 1;
+            let (draw, mj) = grid[k];
+            let target = self.draw_mw((k as f64 + 0.5) * DT);
+            let next = target + (draw - target) * keep;
+            grid.push((next, mj + (draw + next) / 2.0 * DT));
+        }
+        let (d0, e0) = grid[want];
+        let (d1, _) = grid[want + 1];
+        let frac = (t.max(0.0) - want as f64 * DT) / DT;
+        // Within a grid step the draw moves linearly.
+        e0 + (d0 + (d0 + (d1 - d0) * frac)) / 2.0 * frac * DT
+    }
+
+    /// The draw now (mW), lagged where `settle_ms` says.
+    fn draw_now_mw(&self, t: f64) -> f64 {
+        if self.settle_ms > 0 {
+            self.settled_mj(t);
+            let grid = self.settled.borrow();
+            let k = ((t.max(0.0) / 0.005).floor() as usize).min(grid.len() - 1);
+            return grid[k].0;
+        }
+        self.draw_mw(t)
     }
 }
 
@@ -876,7 +1042,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: *mut c_void, mw: *mut c_ui
             if span > 0.0 {
                 (g.energy_mj(now.elapsed) - g.energy_mj(from)) / span
             } else {
-                g.draw_mw(now.elapsed)
+                g.draw_now_mw(now.elapsed)
             }
         } else {
             f64::from(g.power_mw)
@@ -917,10 +1083,10 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     Some(if span > 0.0 {
                         (g.energy_mj(now.elapsed) - g.energy_mj(from)) / span
                     } else {
-                        g.draw_mw(now.elapsed)
+                        g.draw_now_mw(now.elapsed)
                     })
                 }
-                186 => Some(g.draw_mw(now.elapsed)),
+                186 => Some(g.draw_now_mw(now.elapsed)),
                 _ => None,
             };
             v.timestamp = now.epoch_us as i64;
@@ -1087,7 +1253,14 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
             if ts + lag_us > now.epoch_us {
                 continue;
             }
-            let sm = mean_sm(ps, t - period_us as f64 / 1e6, t).round() as u32;
+            let mut sm = mean_sm(ps, t - period_us as f64 / 1e6, t).round() as u32;
+            // Time-sliced (as the H200 showed): any kernel in the period
+            // reads as the SM activity of the process while it ran.
+            if let Some(slice) = g.timeslice
+                && sm > 0
+            {
+                sm = slice;
+            }
             if sm > 0 {
                 if !g.history_all {
                     out.retain(|s| s.pid != *pid);
@@ -1195,6 +1368,18 @@ unsafe fn running_processes(
     infos: *mut ProcessInfo,
     v3: bool,
 ) -> c_uint {
+    // SAFETY: forwarded NVML contract.
+    unsafe { listed_processes(dev, count, infos, v3, false) }
+}
+
+/// A process list: the compute list, or the MPS clients' (`mps`).
+unsafe fn listed_processes(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+    v3: bool,
+    mps: bool,
+) -> c_uint {
     with_dev(dev, Some(Call::Procs), |g, slot, now| {
         // A MIG device lists its instance's processes; the GPU, all (none
         // for a caller without the privilege, `parent_procs=none`).
@@ -1202,7 +1387,7 @@ unsafe fn running_processes(
         let procs = if of.is_none() && g.mig && g.parent_procs_none {
             Vec::new()
         } else {
-            running_in(g, now.elapsed, of)
+            running_where(g, now.elapsed, of, mps)
         };
         let n = procs.len();
         // SAFETY: valid pointers per NVML's two-call contract.
@@ -1252,6 +1437,18 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> c_uint {
     // SAFETY: forwarded NVML contract.
     unsafe { running_processes(dev, count, infos, true) }
+}
+
+/// Under MPS the clients are listed here, and the server in the compute
+/// list (`mps_server=PID:MEM`, clients `PID:SM:MEM%mps`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_uint {
+    // SAFETY: forwarded NVML contract.
+    unsafe { listed_processes(dev, count, infos, true, true) }
 }
 
 #[unsafe(no_mangle)]
@@ -1559,4 +1756,194 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut GpmMetricsGet) -> c_uint {
         }
     }
     SUCCESS
+}
+
+// ------------------------------------------------------------ CUDA ---
+//
+// The CUDA driver API calls `wattprof calibrate` makes to hold a context
+// on each GPU, in the same library: a context makes the calling process a
+// holder of the GPU whose UUID matches (SM 0) until it is destroyed, so
+// the draw gains the scenario's held power and NVML lists the process.
+
+const CUDA_SUCCESS: c_uint = 0;
+const CUDA_ERROR_INVALID_VALUE: c_uint = 1;
+const CUDA_ERROR_NOT_INITIALIZED: c_uint = 3;
+const CUDA_ERROR_DEVICES_UNAVAILABLE: c_uint = 46;
+const CUDA_ERROR_NO_DEVICE: c_uint = 100;
+const CUDA_ERROR_INVALID_DEVICE: c_uint = 101;
+const CUDA_ERROR_INVALID_CONTEXT: c_uint = 201;
+
+/// Memory a context takes (bytes): what an H200 showed for an empty one.
+const CONTEXT_BYTES: u64 = 536_870_912;
+
+/// Runs `f` on the state, starting it as nvmlInit would (libcuda loads
+/// the driver's state itself); CUDA_ERROR_NO_DEVICE without a driver.
+fn with_cuda(f: impl FnOnce(&mut State) -> c_uint) -> c_uint {
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        match init_state() {
+            Some(state) => *guard = Some(state),
+            None => return CUDA_ERROR_NO_DEVICE,
+        }
+    }
+    let Some(state) = guard.as_mut() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    if state.cuda == CudaMode::Absent {
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    f(state)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(_flags: c_uint) -> c_uint {
+    // The state lives as long as the process: CUDA is never shut down.
+    with_cuda(|state| {
+        state.inits += 1;
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut i32) -> c_uint {
+    with_cuda(|state| {
+        if count.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: a valid out-pointer (checked not null).
+        unsafe { *count = state.gpus.len() as i32 };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut i32, ordinal: i32) -> c_uint {
+    with_cuda(|state| {
+        if dev.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if ordinal < 0 || ordinal as usize >= state.gpus.len() {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: as above.
+        unsafe { *dev = ordinal };
+        CUDA_SUCCESS
+    })
+}
+
+/// The 16 bytes of an NVML UUID (`GPU-` and 32 hex digits in 8-4-4-4-12
+/// groups); zeros for a scenario's short UUID.
+fn uuid_bytes(uuid: &str) -> [u8; 16] {
+    let hex: String = uuid
+        .trim_start_matches("GPU-")
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    let mut out = [0u8; 16];
+    if hex.len() == 32 {
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+        }
+    }
+    out
+}
+
+unsafe fn device_uuid(uuid: *mut u8, dev: i32) -> c_uint {
+    with_cuda(|state| {
+        let Some(g) = usize::try_from(dev).ok().and_then(|d| state.gpus.get(d)) else {
+            return CUDA_ERROR_INVALID_DEVICE;
+        };
+        if uuid.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the caller's 16-byte CUuuid.
+        unsafe { std::ptr::copy_nonoverlapping(uuid_bytes(&g.uuid).as_ptr(), uuid, 16) };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut u8, dev: i32) -> c_uint {
+    // SAFETY: forwarded CUDA contract.
+    unsafe { device_uuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut u8, dev: i32) -> c_uint {
+    // SAFETY: forwarded CUDA contract.
+    unsafe { device_uuid(uuid, dev) }
+}
+
+/// A context's handle: its GPU's index + 1 in the high 32 bits, its entry
+/// in that GPU's processes in the low.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut *mut c_void, _flags: c_uint, dev: i32) -> c_uint {
+    with_cuda(|state| {
+        if ctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if state.cuda == CudaMode::Busy {
+            return CUDA_ERROR_DEVICES_UNAVAILABLE;
+        }
+        let now_ms = (state.start.elapsed().as_secs_f64() * 1e3).ceil() as u64;
+        let Some(g) = usize::try_from(dev)
+            .ok()
+            .and_then(|d| state.gpus.get_mut(d))
+        else {
+            return CUDA_ERROR_INVALID_DEVICE;
+        };
+        g.procs.push(Proc {
+            pid: std::process::id(),
+            sm: 0,
+            mem: CONTEXT_BYTES,
+            window: Some((now_ms, u64::MAX)),
+            duty: None,
+            lag_ms: 0,
+            instance: None,
+            mps_client: false,
+        });
+        let handle = ((dev as usize + 1) << 32) | (g.procs.len() - 1);
+        // SAFETY: as above.
+        unsafe { *ctx = handle as *mut c_void };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> c_uint {
+    with_cuda(|state| {
+        let h = ctx as usize;
+        let now_ms = (state.start.elapsed().as_secs_f64() * 1e3).ceil() as u64;
+        let Some(p) = (h >> 32)
+            .checked_sub(1)
+            .and_then(|d| state.gpus.get_mut(d))
+            .and_then(|g| g.procs.get_mut(h & 0xffff_ffff))
+        else {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        };
+        match p.window {
+            Some((from, u64::MAX)) if p.pid == std::process::id() => {
+                p.window = Some((from, now_ms.max(from)));
+                CUDA_SUCCESS
+            }
+            _ => CUDA_ERROR_INVALID_CONTEXT,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(err: c_uint, name: *mut *const c_char) -> c_uint {
+    let s: &'static [u8] = match err {
+        CUDA_SUCCESS => b"CUDA_SUCCESS\0",
+        CUDA_ERROR_NO_DEVICE => b"CUDA_ERROR_NO_DEVICE\0",
+        CUDA_ERROR_DEVICES_UNAVAILABLE => b"CUDA_ERROR_DEVICES_UNAVAILABLE\0",
+        CUDA_ERROR_INVALID_DEVICE => b"CUDA_ERROR_INVALID_DEVICE\0",
+        _ => return CUDA_ERROR_INVALID_VALUE,
+    };
+    if name.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a valid out-pointer; the string is static.
+    unsafe { *name = s.as_ptr().cast() };
+    CUDA_SUCCESS
 }
