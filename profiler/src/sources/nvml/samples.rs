@@ -86,8 +86,7 @@ pub(crate) fn sanitise(
 ) -> Sanitised {
     let mut out = Sanitised::default();
     let mut seen: HashSet<(u32, u64, u32)> = HashSet::new();
-    let mut sums: HashMap<u32, (u64, u64)> = HashMap::new();
-    let mut stamps: Vec<u64> = Vec::new();
+    let mut kept: Vec<RawSample> = Vec::new();
     for s in samples {
         if s.pid == 0 {
             out.pid0 += 1;
@@ -100,34 +99,67 @@ pub(crate) fn sanitise(
         } else if !seen.insert((s.pid, s.timestamp, s.sm_util)) {
             out.duplicates += 1;
         } else {
-            stamps.push(s.timestamp);
-            let e = sums.entry(s.pid).or_default();
-            e.0 += u64::from(s.sm_util);
-            e.1 += 1;
+            kept.push(*s);
             out.newest = Some(out.newest.map_or(s.timestamp, |n| n.max(s.timestamp)));
         }
     }
-    // The driver periods sampled: timestamps grouped (and never fewer
-    // than one process's own samples).
-    stamps.sort_unstable();
-    let mut periods = 0u64;
-    let mut start = None;
-    for t in stamps {
-        if start.is_none_or(|s| t - s >= SAME_PERIOD_US) {
-            periods += 1;
-            start = Some(t);
-        }
-    }
-    let periods = sums
-        .values()
-        .map(|(_, n)| *n)
-        .fold(periods, u64::max)
-        .max(1);
+    let (sums, periods) = period_sums(&mut kept);
     out.shares = sums
         .into_iter()
-        .map(|(pid, (sum, _))| (pid, round3(sum as f64 / periods as f64)))
+        .map(|(pid, sum)| (pid, round3(sum / periods as f64)))
         .collect();
     out
+}
+
+/// Each process's SM summed over the driver periods of `samples`
+/// (timestamps less than [`SAME_PERIOD_US`] after a period's first are of
+/// that period, unless its process already has one there), and the number of periods (never fewer than one
+/// process's own samples, nor 0).
+///
+/// Contexts of different processes time-slice: in one period their SM
+/// cannot add up to more than 100%. Samples that do are each the SM
+/// activity of a process *while it ran* (an H200 read about 92% for
+/// either of two processes taking turns, whatever their share of the
+/// period), so that period is split between them in proportion to their
+/// samples, and together they weigh what the busiest of them read.
+/// Without this, a process that ran a sliver of many periods weighed as
+/// one that ran all of them.
+fn period_sums(samples: &mut [RawSample]) -> (HashMap<u32, f64>, u64) {
+    samples.sort_unstable_by_key(|s| s.timestamp);
+    let mut sums: HashMap<u32, f64> = HashMap::new();
+    let mut own: HashMap<u32, u64> = HashMap::new();
+    let mut periods = 0u64;
+    let mut rest = &samples[..];
+    while let Some(first) = rest.first() {
+        // A period ends 50 ms after its first sample, or at a second
+        // sample of a process it already has (the driver gives one per
+        // process per period).
+        let mut pids: Vec<u32> = Vec::new();
+        let n = rest
+            .iter()
+            .position(|s| {
+                let next = s.timestamp - first.timestamp >= SAME_PERIOD_US || pids.contains(&s.pid);
+                pids.push(s.pid);
+                next
+            })
+            .unwrap_or(rest.len());
+        let (period, tail) = rest.split_at(n);
+        rest = tail;
+        periods += 1;
+        let total: u64 = period.iter().map(|s| u64::from(s.sm_util)).sum();
+        let busiest = period.iter().map(|s| s.sm_util).max().unwrap_or(0);
+        let scale = if total > 100 {
+            f64::from(busiest) / total as f64
+        } else {
+            1.0
+        };
+        for s in period {
+            *sums.entry(s.pid).or_default() += f64::from(s.sm_util) * scale;
+            *own.entry(s.pid).or_default() += 1;
+        }
+    }
+    let periods = own.values().copied().fold(periods, u64::max).max(1);
+    (sums, periods)
 }
 
 /// To 0.001 of a percent, the attribution's weight unit.
@@ -213,7 +245,8 @@ mod tests {
     #[test]
     fn a_share_counts_every_period_any_process_was_sampled_in() {
         // A sampled in three driver periods (200 ms apart), B in the
-        // middle one only, its timestamp 20 µs off A's: one period.
+        // middle one only, its timestamp 20 µs off A's: one period, in
+        // which they time-sliced (90 + 90 > 100): 45 each.
         let raw = [
             s(10, 1_000_000, 90),
             s(10, 1_200_000, 90),
@@ -221,8 +254,15 @@ mod tests {
             s(10, 1_400_000, 90),
         ];
         let c = sanitise(&raw, Some(&[10, 20]), 0, 2_000_000);
-        assert_eq!(c.shares.get(&10), Some(&90.0));
-        assert_eq!(c.shares.get(&20), Some(&30.0));
+        assert_eq!(c.shares.get(&10), Some(&75.0));
+        assert_eq!(c.shares.get(&20), Some(&15.0));
+        // Under 100 together they ran side by side: as they read.
+        let raw = [s(10, 1_000_000, 60), s(20, 1_000_010, 30)];
+        let c = sanitise(&raw, None, 0, 2_000_000);
+        assert_eq!(
+            (c.shares.get(&10), c.shares.get(&20)),
+            (Some(&60.0), Some(&30.0))
+        );
         // Periods in which only B was sampled count for A as 0.
         let raw = [
             s(10, 1_000_000, 60),
@@ -237,6 +277,41 @@ mod tests {
         raw.push(s(10, 1_000, 1));
         let c = sanitise(&raw, None, 0, u64::MAX);
         assert_eq!(c.shares.get(&10), Some(&0.003));
+    }
+
+    /// Two processes taking turns `a_ms`/`b_ms` sampled every `period_ms`
+    /// as the H200 showed under time-slicing: 92% for each process that
+    /// had any kernel in the period.
+    fn turns(a_ms: u64, b_ms: u64, period_ms: u64, secs: u64) -> Vec<RawSample> {
+        let cycle = a_ms + b_ms;
+        let mut out = Vec::new();
+        // A 1 ms grid: which process ran in each millisecond.
+        for k in 1..=(secs * 1000 / period_ms) {
+            let (from, to) = ((k - 1) * period_ms, k * period_ms);
+            let ran = |pid_a: bool| (from..to).any(|t| ((t % cycle) < a_ms) == pid_a);
+            let ts = 1_000_000 + to * 1000;
+            if ran(true) {
+                out.push(s(10, ts, 92));
+            }
+            if ran(false) {
+                out.push(s(20, ts + 3, 92));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn time_sliced_turns_split_by_time_not_by_the_periods_touched() {
+        // 600/300 ms turns, a sample every 200 ms: A touches 8 periods of
+        // 9 and B 5, so counting periods gives 1.6:1; splitting the
+        // shared periods gives the true 2:1.
+        let c = sanitise(&turns(600, 300, 200, 90), None, 0, u64::MAX);
+        let ratio = c.shares[&10] / c.shares[&20];
+        assert!((ratio / 2.0 - 1.0).abs() < 0.01, "{ratio}");
+        // 2 s / 1 s turns at the 1/6 s period.
+        let c = sanitise(&turns(2000, 1000, 167, 300), None, 0, u64::MAX);
+        let ratio = c.shares[&10] / c.shares[&20];
+        assert!((ratio / 2.0 - 1.0).abs() < 0.02, "{ratio}");
     }
 
     #[test]
