@@ -19,6 +19,9 @@ use crate::process::Role;
 use crate::sources::registry::IntervalEnergy;
 use crate::tracker::CpuSample;
 
+/// GPU holders no process matched, remembered so each is said once.
+const MAX_UNMAPPED: usize = 4096;
+
 impl Profile {
     /// Says when the wall clock jumped (`date -s`, a VM resumed, NTP
     /// stepping it): intervals are timed on the monotonic clock, which does
@@ -211,9 +214,32 @@ impl Profile {
     }
 
     /// Each GPU's energy and the processes on it, for the attribution.
+    ///
+    /// NVML reports host pids, and the tracker knows every process by
+    /// its host pid (the kernel's own), so a holder is matched by that
+    /// alone: never by what `/proc` in wattprof's own PID namespace shows
+    /// (in a container, pid 42 there can be another process than the
+    /// host's 42). A holder the tracker does not know (another namespace's
+    /// view, or it ended) keeps its share unattributed, said once.
     fn gpu_intervals(&mut self, read: &IntervalEnergy, duration_ns: u64) -> Vec<GpuInterval> {
         let mut gpus: Vec<GpuInterval> = Vec::with_capacity(read.gpus.len());
         for g in &read.gpus {
+            for p in &g.processes {
+                if self.table.id_of(p.pid).is_none() && self.unmapped_gpu_pids.insert(p.pid) {
+                    if self.unmapped_gpu_pids.len() > MAX_UNMAPPED {
+                        // A daemon's set stays bounded: an old pid may be
+                        // said again, never grow it without end.
+                        self.unmapped_gpu_pids.clear();
+                        self.unmapped_gpu_pids.insert(p.pid);
+                    }
+                    self.problem(format!(
+                        "GPU {}: pid {} holds a context but is no process the tracker knows \
+                         (NVML gives host pids: another PID namespace's process, or one that \
+                         ended): its GPU energy is unattributed",
+                        g.index, p.pid
+                    ));
+                }
+            }
             gpus.push(GpuInterval {
                 index: g.index,
                 energy_uj: g.energy_uj,

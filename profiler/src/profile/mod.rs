@@ -96,6 +96,9 @@ pub(crate) struct Profile {
     /// listed right after the final read (their exit and free records
     /// had not come).
     unlisted_at_end: crate::hash::IntSet<u32>,
+    /// GPU holders (NVML's host pids) that are no process the tracker
+    /// knows, each said once (bounded: see `interval::MAX_UNMAPPED`).
+    unmapped_gpu_pids: crate::hash::IntSet<u32>,
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// Stack sampling (`--stacks`), when asked for.
@@ -166,6 +169,7 @@ impl Profile {
             held: held::HeldReads::default(),
             statics,
             unlisted_at_end: Default::default(),
+            unmapped_gpu_pids: Default::default(),
             held_origin: IntMap::default(),
             stacks: None,
             start_ns: 0,

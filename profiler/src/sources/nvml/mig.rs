@@ -35,9 +35,9 @@ use nvml_wrapper::Nvml;
 use super::said::Said;
 use super::{GpuProcess, MigInstance, SmBasis};
 
-/// The library's MIG and GPM calls.
+/// The library's calls nvml-wrapper does not wrap: MIG, GPM and MPS.
 pub(crate) struct Raw {
-    lib: NvmlLib,
+    pub(super) lib: NvmlLib,
 }
 
 /// One MIG device (a compute instance of a GPU instance).

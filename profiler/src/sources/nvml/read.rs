@@ -139,7 +139,7 @@ pub(super) fn read_gpu(
     } else {
         device.running_compute_processes()
     };
-    let listed: Option<HashMap<u32, u64>> = match list {
+    let mut listed: Option<HashMap<u32, u64>> = match list {
         Ok(l) => {
             said.set("process list", None);
             Some(
@@ -164,22 +164,26 @@ pub(super) fn read_gpu(
             None
         }
     };
-    // NVML lists host pids: ones this PID namespace cannot see (wattprof in
-    // a container without the host's PIDs) are no process wattprof knows.
-    if let Some(l) = &listed {
-        let unseen = l
-            .keys()
-            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-            .count();
-        said.set(
-            "pid namespace",
-            (unseen > 0).then(|| {
-                format!(
-                    "{unseen} process(es) holding it are not in this PID namespace (another container, \
-                     or wattprof without --pid=host / hostPID: true): their GPU energy is unattributed"
-                )
-            }),
-        );
+    // MPS: the clients are holders too (the server is in the list above).
+    if let (Some(l), Ok(raw)) = (listed.as_mut(), mig_raw)
+        && !g.info.mig
+    {
+        // SAFETY: the handle of a device NVML gave for this read.
+        match raw.mps_clients(unsafe { device.handle() }) {
+            Ok(clients) => {
+                said.set("mps", None);
+                for (pid, bytes) in clients {
+                    l.entry(pid).or_insert(bytes);
+                }
+            }
+            Err(e) => said.set(
+                "mps",
+                Some(format!(
+                    "MPS clients cannot be listed ({e}): under MPS their energy goes to the \
+                     server's holders"
+                )),
+            ),
+        }
     }
     // MIG: each instance with its processes and GPM's activity.
     let instances = if g.info.mig {
