@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::attribution::{DomainShare, PackageTime, StaticEnergy, StaticShare};
 use crate::sources::nvml::GpuReading;
-use crate::sources::nvml::statics::{GpuState, GpuStaticEnergy, GpuStatics};
+use crate::sources::nvml::statics::{GpuFigureSource, GpuState, GpuStaticEnergy, GpuStatics};
 use crate::sources::registry::Readers;
 use crate::sources::static_power::{
     DEFAULT_HOST_MODEL, HostModel, Machine, StaticFigure, StaticPowers, StaticSource,
@@ -119,11 +119,22 @@ pub(crate) struct Statics {
     /// Per GPU, static energy an interval could not hold (its counter had
     /// not stepped yet), owed by the next.
     gpu_debt: std::collections::BTreeMap<u32, GpuStaticEnergy>,
+    /// Each GPU's UUID and name, by NVML index: its figures in the host
+    /// model are found by UUID.
+    gpu_ids: std::collections::BTreeMap<u32, (String, String)>,
 }
 
 impl Statics {
     /// The figures for a profile reading `readers` on `cpus` CPUs.
     pub(crate) fn new(cfg: &StaticsConfig, readers: &Readers, cpus: usize) -> Self {
+        let gpu_ids: std::collections::BTreeMap<u32, (String, String)> = readers
+            .gpus()
+            .into_iter()
+            .map(|g| (g.index, (g.uuid, g.name)))
+            .collect();
+        let mut pending: Vec<String> = cfg.ignored.iter().cloned().collect();
+        let (gpus, refused) = gpu_priors(cfg.host.as_ref(), &gpu_ids);
+        pending.extend(refused);
         Self {
             share: cfg.share,
             powers: StaticPowers::new(
@@ -133,14 +144,15 @@ impl Statics {
             ),
             last: Vec::new(),
             said_cut: Vec::new(),
-            pending: cfg.ignored.iter().cloned().collect(),
+            pending,
             host: cfg.host.clone(),
             save_path: cfg.save_path.clone(),
             packages: cfg.packages,
             reader: readers.cpu_reader(),
-            gpus: std::collections::BTreeMap::new(),
+            gpus,
             gpu_last: Vec::new(),
             gpu_debt: std::collections::BTreeMap::new(),
+            gpu_ids,
         }
     }
 
@@ -148,12 +160,20 @@ impl Statics {
     /// (`monitor`, so a daemon learns its host over hours): the path
     /// written, or `None` when there was nothing to write.
     pub(crate) fn save_learned(&mut self) -> Result<Option<PathBuf>, String> {
-        let (Some(path), Some(reader)) = (&self.save_path, self.reader) else {
+        let Some(path) = &self.save_path else {
             return Ok(None);
         };
-        let now_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let learned_gpus: Vec<_> = self
+            .gpus
+            .iter()
+            .filter_map(|(i, g)| {
+                let (uuid, name) = self.gpu_ids.get(i)?;
+                g.learned_fit(uuid, name)
+            })
+            .collect();
+        if self.reader.is_none() && learned_gpus.is_empty() {
+            return Ok(None);
+        }
         // The file as it is now (calibrate may have run since this
         // profile began: its fits are kept); a file that is no longer a
         // model of this machine is left alone.
@@ -164,15 +184,14 @@ impl Statics {
         };
         let mut model = on_disk
             .or_else(|| self.host.clone())
-            .unwrap_or_else(|| HostModel {
-                kind: "wattprof_power_model".into(),
-                version: 1,
-                host: crate::topology::hostname(),
-                machine,
-                created_unix_ns: now_ns,
-                fits: Vec::new(),
-            });
-        if !self.powers.merge_into(&mut model, reader) {
+            .unwrap_or_else(|| HostModel::empty(machine));
+        let mut changed = self
+            .reader
+            .is_some_and(|reader| self.powers.merge_into(&mut model, reader));
+        for g in learned_gpus {
+            changed |= model.merge_gpu(g);
+        }
+        if !changed {
             return Ok(None);
         }
         model.save(path)?;
@@ -232,18 +251,49 @@ impl Statics {
                 0.0
             };
         let known = learner.idle_w().is_some() || (held && learner.held_w().is_some());
+        // The host model's only where every figure in use is the model's.
+        let (idle_from, held_from) = learner.sources();
+        let from_model = idle_from.is_none_or(|s| s == GpuFigureSource::HostModel)
+            && (!held || held_from.is_none_or(|s| s == GpuFigureSource::HostModel))
+            && (idle_from.is_some() || held_from.is_some());
         self.gpu_last.retain(|f| f.package != Some(g.index));
         if known {
             self.gpu_last.push(StaticFigure {
                 domain: Domain::Gpu,
                 package: Some(g.index),
                 static_w: watts,
-                source: StaticSource::LowestSeen,
+                source: if from_model {
+                    StaticSource::HostModel
+                } else {
+                    StaticSource::LowestSeen
+                },
                 per_cpu_w: None,
                 r_squared: None,
             });
         }
         energy
+    }
+
+    /// One line per GPU with a figure: each part and where it came from.
+    fn gpu_note(&self) -> Vec<String> {
+        self.gpus
+            .iter()
+            .filter_map(|(i, g)| {
+                let (idle_from, held_from) = g.sources();
+                let part = |w: Option<f64>, from: Option<GpuFigureSource>, what: &str| {
+                    w.zip(from)
+                        .map(|(w, f)| format!("{w:.2} W {what} ({})", f.words()))
+                };
+                let parts: Vec<String> = [
+                    part(g.idle_w(), idle_from, "idle"),
+                    part(g.held_w(), held_from, "held with a context"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                (!parts.is_empty()).then(|| format!("gpu {i}: {}", parts.join(" + ")))
+            })
+            .collect()
     }
 
     /// A GPU's idle and held power (W), where learned.
@@ -380,12 +430,8 @@ impl Statics {
             StaticShare::Busy => "static power charged by CPU time to whoever ran",
             StaticShare::Idle => "static power left idle, none to processes",
         };
-        let figures: Vec<String> = self
-            .last
-            .iter()
-            .chain(&self.gpu_last)
-            .map(StaticFigure::describe)
-            .collect();
+        let mut figures: Vec<String> = self.last.iter().map(StaticFigure::describe).collect();
+        figures.extend(self.gpu_note());
         let hint = if self
             .last
             .iter()
@@ -401,4 +447,35 @@ impl Statics {
             figures.join(", ")
         ))
     }
+}
+
+/// Each GPU's figures from the host model, by NVML index, and one line
+/// per GPU of the model that is not on this machine (its figures are
+/// refused: another GPU's idle power is no figure for this one).
+fn gpu_priors(
+    host: Option<&HostModel>,
+    gpu_ids: &std::collections::BTreeMap<u32, (String, String)>,
+) -> (std::collections::BTreeMap<u32, GpuStatics>, Vec<String>) {
+    let Some(host) = host else {
+        return Default::default();
+    };
+    let mut priors = std::collections::BTreeMap::new();
+    for (index, (uuid, _)) in gpu_ids {
+        if let Some(fit) = host.gpus.iter().find(|f| &f.uuid == uuid) {
+            priors.insert(*index, GpuStatics::with_model(fit));
+        }
+    }
+    let refused = host
+        .gpus
+        .iter()
+        .filter(|f| !gpu_ids.values().any(|(uuid, _)| *uuid == f.uuid))
+        .map(|f| {
+            format!(
+                "the host power model's figures for GPU {} ({}) are not used: no such GPU here \
+                 (run `wattprof calibrate` on this machine's GPUs)",
+                f.uuid, f.name
+            )
+        })
+        .collect();
+    (priors, refused)
 }

@@ -148,7 +148,7 @@ pub(crate) enum FitOrigin {
 }
 
 impl FitOrigin {
-    fn is_calibrate(&self) -> bool {
+    pub(crate) fn is_calibrate(&self) -> bool {
         *self == Self::Calibrate
     }
 }
@@ -252,8 +252,12 @@ pub(crate) struct HostModel {
     pub(crate) machine: Machine,
     /// When (Unix ns).
     pub(crate) created_unix_ns: u64,
-    /// One fit per domain and package.
+    /// One fit per domain and package (none: a model of the GPUs only).
+    #[serde(default)]
     pub(crate) fits: Vec<DomainFit>,
+    /// Each GPU's idle and held power, by UUID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) gpus: Vec<crate::sources::nvml::statics::GpuFit>,
 }
 
 impl HostModel {
@@ -316,7 +320,45 @@ impl HostModel {
                 f.static_w
             ));
         }
+        if let Some(g) = m.gpus.iter().find(|g| !g.sane()) {
+            return Err(format!(
+                "{}: GPU {}'s static power ({:?} W idle, {:?} W held) is no power: make it \
+                 again with `wattprof calibrate`",
+                path.display(),
+                g.uuid,
+                g.idle_w,
+                g.held_w
+            ));
+        }
         Ok(Some(m))
+    }
+
+    /// An empty model of this machine, made now.
+    pub(crate) fn empty(machine: Machine) -> Self {
+        Self {
+            kind: "wattprof_power_model".into(),
+            version: 1,
+            host: crate::topology::hostname(),
+            machine,
+            created_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            fits: Vec::new(),
+            gpus: Vec::new(),
+        }
+    }
+
+    /// Puts a GPU's figures learned by a profile into the model: a GPU
+    /// new to it is added, and a learned entry takes what is better (never
+    /// one of `calibrate`'s). Whether anything changed.
+    pub(crate) fn merge_gpu(&mut self, learned: crate::sources::nvml::statics::GpuFit) -> bool {
+        match self.gpus.iter_mut().find(|g| g.uuid == learned.uuid) {
+            Some(g) => g.merge(&learned),
+            None => {
+                self.gpus.push(learned);
+                true
+            }
+        }
     }
 
     /// Writes it to `path` atomically (a temporary file renamed),

@@ -64,6 +64,7 @@ fn the_host_model_comes_first_for_its_reader_only() {
             origin: FitOrigin::Calibrate,
             learned: None,
         }],
+        gpus: Vec::new(),
     };
     let mut s = StaticPowers::new(Some(&model), Some("powercap"), None);
     s.observe(Domain::Package, Some(0), 30_000_000, 1_000_000_000, 1.0);
@@ -103,6 +104,7 @@ fn a_model_from_another_machine_or_a_bad_file_is_one_line() {
         },
         created_unix_ns: 0,
         fits: Vec::new(),
+        gpus: Vec::new(),
     };
     model.save(&path).expect("save");
     let err = HostModel::load(&path, false, &here).expect_err("another machine");
@@ -136,6 +138,7 @@ fn what_a_monitor_learns_is_kept_and_learning_goes_on_from_it() {
         machine,
         created_unix_ns: 0,
         fits: Vec::new(),
+        gpus: Vec::new(),
     };
     // 19.4 W + 7.7 W per busy CPU on the package and on the DRAM.
     let power = |cpus: f64| 19.4 + 7.7 * cpus;

@@ -1,18 +1,19 @@
-//! `wattprof calibrate` with no wattmeter: the load staircase (idle, then
-//! 1 to N CPUs busy) against the CPU energy counters, each domain and
-//! package fitted as power = static + k × busy CPUs, written as the host
-//! power model that `run` and `monitor` read.
+//! `wattprof calibrate` with no wattmeter: each GPU's idle and held power
+//! ([`super::gpu`]), then the load staircase (idle, then 1 to N CPUs busy)
+//! against the CPU energy counters, each domain and package fitted as
+//! power = static + k × busy CPUs, written as the host power model that
+//! `run` and `monitor` read.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::{CalibrateArgs, measured_only, unix_now_ns};
+use super::{CalibrateArgs, measured_only};
 use crate::cli::Fatal;
 use crate::sources::Domain;
 use crate::sources::calibration::Point;
 use crate::sources::registry::Readers;
-use crate::sources::static_power::{DEFAULT_HOST_MODEL, HostModel, Machine};
+use crate::sources::static_power::{DEFAULT_HOST_MODEL, DomainFit, HostModel, Machine};
 use crate::staircase::{Step, StepLoad, climb, idle_s, timed_read};
 
 /// A fit whose line explains less of the staircase's power than this is
@@ -28,19 +29,115 @@ const FLAT_RESIDUAL: f64 = 0.02;
 /// Each CPU energy domain's points, per package.
 type PointsByDomain = BTreeMap<(Domain, Option<u32>), Vec<Point>>;
 
-/// Runs the staircase and writes the host power model.
+/// Where the host power model goes: `-o`, else `$WATTPROF_HOST_MODEL`
+/// (which `run`, `monitor` and `sources` read), else the default place.
+fn output_path(args: &CalibrateArgs) -> PathBuf {
+    args.output
+        .clone()
+        .or_else(|| {
+            std::env::var_os("WATTPROF_HOST_MODEL")
+                .filter(|v| !v.is_empty() && v != "none")
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_HOST_MODEL))
+}
+
+/// Measures the GPUs and runs the staircase, and writes the host power
+/// model: the GPUs' figures and the CPU fits (with `--gpu-only`, those the
+/// model had), and the model's figures of GPUs not measured now.
 pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
     if args.gpu_load.is_some() {
-        return Err(Fatal::profiler(
+        return Err(Fatal::usage(
             "--gpu-load needs a wattmeter (--wattmeter-log or --wattmeter-cmd): with none, \
-             calibrate fits the CPU energy counters only",
+             calibrate measures the CPU energy counters and the GPUs' own",
         )
         .into());
     }
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_HOST_MODEL));
+    let output = output_path(args);
+    let topology = crate::topology::Topology::read(&crate::topology::SysRoot::real())
+        .map_err(|e| Fatal::profiler(format!("cannot read the CPU topology: {e}")))?;
+    let machine = Machine::this(topology.packages());
+    // The model there now: its CPU fits stay with --gpu-only, and its
+    // other GPUs' figures always.
+    let before = match HostModel::load(&output, false, &machine) {
+        Ok(m) => m,
+        Err(e) if args.gpu_only => {
+            return Err(Fatal::profiler(format!("{e} (--gpu-only keeps its CPU fits)")).into());
+        }
+        Err(e) => {
+            eprintln!("wattprof: replacing it: {e}");
+            None
+        }
+    };
+    let (gpus, notes) = if args.no_gpu {
+        (Vec::new(), Vec::new())
+    } else {
+        match super::gpu::measure(
+            args.nvml_lib.as_deref(),
+            args.cuda_lib.as_deref(),
+            args.step,
+        ) {
+            Ok(x) => x,
+            Err(e) if args.gpu_only => {
+                return Err(Fatal::profiler(format!("no GPU to measure: {e}")).into());
+            }
+            Err(e) => (Vec::new(), vec![format!("GPUs not measured: {e}")]),
+        }
+    };
+    for n in &notes {
+        eprintln!("wattprof: {n}");
+    }
+    let fits = if args.gpu_only {
+        before.as_ref().map(|m| m.fits.clone()).unwrap_or_default()
+    } else {
+        match cpu_fits(args)? {
+            Ok(fits) => fits,
+            Err(why) if !gpus.is_empty() => {
+                eprintln!("wattprof: {why}: the model holds the GPUs' figures only");
+                Vec::new()
+            }
+            Err(why) => return Err(Fatal::profiler(why).into()),
+        }
+    };
+    if gpus.is_empty() && fits.is_empty() {
+        return Err(Fatal::profiler(format!(
+            "nothing was measured{}",
+            notes.first().map(|n| format!(": {n}")).unwrap_or_default()
+        ))
+        .into());
+    }
+    let mut model = HostModel {
+        fits,
+        gpus,
+        ..HostModel::empty(machine)
+    };
+    if let Some(before) = before {
+        let kept = before
+            .gpus
+            .into_iter()
+            .filter(|g| !model.gpus.iter().any(|n| n.uuid == g.uuid));
+        model.gpus.extend(kept.collect::<Vec<_>>());
+    }
+    model.save(&output).map_err(|e| {
+        Fatal::profiler(format!(
+            "{e} (give -o FILE somewhere writable, and --host-model FILE to run and monitor)"
+        ))
+    })?;
+    println!(
+        "host power model written to {}{}",
+        output.display(),
+        if output.as_os_str() == DEFAULT_HOST_MODEL {
+            " (run and monitor read it from there)"
+        } else {
+            " (give it to run and monitor with --host-model, or set WATTPROF_HOST_MODEL)"
+        }
+    );
+    Ok(0)
+}
+
+/// The CPU staircase's fits; the inner error: no CPU energy counter to
+/// fit (one line why).
+fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, String>> {
     let cfg = measured_only(args, true);
     let mut readers = Readers::open(&cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let Some(reader) = readers.cpu_reader() else {
@@ -50,15 +147,11 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
             .find(|u| u.kind == "cpu")
             .map(|u| format!(": {}", u.detail))
             .unwrap_or_default();
-        return Err(Fatal::profiler(format!(
+        return Ok(Err(format!(
             "no CPU energy counter to fit{why} (with no wattmeter, calibrate fits the CPU's \
              RAPL counters; give --wattmeter-log or --wattmeter-cmd to fit the wall instead)"
-        ))
-        .into());
+        )));
     };
-    let topology = crate::topology::Topology::read(&crate::topology::SysRoot::real())
-        .map_err(|e| Fatal::profiler(format!("cannot read the CPU topology: {e}")))?;
-    let machine = Machine::this(topology.packages());
     // Threads to start: the CPUs this process may use (affinity, cpuset).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Busy CPUs are counted over every online CPU, as /proc/stat's idle
@@ -191,27 +284,5 @@ pub(super) fn execute(args: &CalibrateArgs) -> anyhow::Result<i32> {
         ))
         .into());
     }
-    let model = HostModel {
-        kind: "wattprof_power_model".into(),
-        version: 1,
-        host: crate::topology::hostname(),
-        machine,
-        created_unix_ns: unix_now_ns(),
-        fits,
-    };
-    model.save(&output).map_err(|e| {
-        Fatal::profiler(format!(
-            "{e} (give -o FILE somewhere writable, and --host-model FILE to run and monitor)"
-        ))
-    })?;
-    println!(
-        "host power model written to {}{}",
-        output.display(),
-        if args.output.is_some() {
-            " (give it to run and monitor with --host-model)"
-        } else {
-            " (run and monitor read it from there)"
-        }
-    );
-    Ok(0)
+    Ok(Ok(fits))
 }

@@ -4,6 +4,7 @@
 //! model (`host_model`). The staircase itself (the load, its steps and
 //! windows) is [`crate::staircase`]; this parses, checks and fits.
 
+mod gpu;
 mod host_model;
 
 use std::cell::RefCell;
@@ -26,10 +27,13 @@ use crate::staircase::{Step, StepLoad, climb, measure};
     sudo wattprof calibrate --wattmeter-cmd \"wattmetre-read --tty=/dev/ttyUSB0 --nb=6\"\n  \
     sudo wattprof calibrate --wattmeter-log /var/log/wattmeter.log --step 20s -o node.json\n  \
     sudo wattprof calibrate\n\n\
-    With no wattmeter, it fits each CPU energy domain's power as static + k x busy CPUs and \
-    writes the host power model (default /var/lib/wattprof/power-model.json), where `run` \
-    and `monitor` find it: each program then gets the dynamic energy it caused plus its \
-    share of the static power, whatever runs beside it.\n\n\
+    With no wattmeter, it fits each CPU energy domain's power as static + k x busy CPUs, \
+    measures each NVIDIA GPU's idle power (no context open) and held power (one context of \
+    its own open, through the CUDA driver; no PyTorch needed), and writes the host power \
+    model (-o, else $WATTPROF_HOST_MODEL, else /var/lib/wattprof/power-model.json), where \
+    `run` and `monitor` find it: each program then gets the dynamic energy it caused plus \
+    its share of the static power, whatever runs beside it and however soon it opens its \
+    GPU context. `--gpu-only` measures the GPUs and keeps the model's CPU fits.\n\n\
     Keep the machine otherwise quiet while it runs: every watt is fitted. With a wattmeter, \
     `wattprof run --calibration node.json -- CMD` reports wall energy per process.")]
 pub(crate) struct CalibrateArgs {
@@ -64,8 +68,23 @@ pub(crate) struct CalibrateArgs {
     pub(crate) output: Option<PathBuf>,
 
     /// Do not read NVIDIA GPUs.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "gpu_only")]
     pub(crate) no_gpu: bool,
+
+    /// With no wattmeter: measure the GPUs' idle and held power only, and
+    /// keep the CPU fits the host power model already has.
+    #[arg(long)]
+    pub(crate) gpu_only: bool,
+
+    /// Load NVML from this path instead of the driver's
+    /// libnvidia-ml.so.1.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) nvml_lib: Option<std::ffi::OsString>,
+
+    /// Load the CUDA driver API from this path instead of libcuda.so.1
+    /// (the held power's context).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) cuda_lib: Option<std::ffi::OsString>,
 
     /// Read CPU energy counters from this copy of /sys (testing).
     #[arg(long, value_name = "DIR", hide = true)]
@@ -91,7 +110,7 @@ fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
         },
         powercap_root: None,
         no_gpu,
-        nvml_lib: None,
+        nvml_lib: args.nvml_lib.clone(),
         wattmeter_log: None,
         wattmeter_cmd: None,
         wattmeter_outlet: args.wattmeter_outlet,
@@ -103,6 +122,13 @@ fn measured_only(args: &CalibrateArgs, no_gpu: bool) -> ReaderConfig {
 pub(crate) fn execute(args: CalibrateArgs) -> anyhow::Result<i32> {
     if args.wattmeter_log.is_none() && args.wattmeter_cmd.is_none() {
         return host_model::execute(&args);
+    }
+    if args.gpu_only {
+        return Err(Fatal::usage(
+            "--gpu-only measures the GPUs for the host power model, with no wattmeter: leave out \
+             --wattmeter-log/--wattmeter-cmd, or --gpu-only",
+        )
+        .into());
     }
     let output = args
         .output

@@ -27,6 +27,8 @@
 //! - drivers 535.43–535.86, which write `_v3` process entries NVML's header
 //!   does not describe, are asked through `_v2`.
 //!
+//! - under MPS the clients are listed apart from the compute list (which
+//!   holds the server): both lists are the holders ([`mps`]);
 //! - on a MIG-enabled GPU NVML gives no utilization at all: its instances
 //!   are listed with their processes, and the GPU's energy goes to them by
 //!   each instance's busy SMs from GPM (Hopper and later), else by compute
@@ -43,8 +45,10 @@ use nvml_wrapper::{Nvml, error::NvmlError, structs::device::MigMode};
 use serde::Serialize;
 
 mod container;
+pub(crate) mod cuda;
 mod energy;
 pub(crate) mod mig;
+mod mps;
 mod read;
 mod said;
 pub(crate) mod sampler;
@@ -223,7 +227,7 @@ pub struct NvmlGpus {
     driver_version: Option<String>,
     /// Process lists through `_v2` (drivers with the `_v3` quirk).
     processes_v2: bool,
-    /// The MIG and GPM calls (loaded when a GPU has MIG on), or why not.
+    /// The MIG, GPM and MPS calls, or why they cannot be made.
     raw: Result<Arc<mig::Raw>, String>,
 }
 
@@ -388,12 +392,9 @@ impl NvmlGpus {
                 "check nvidia-smi",
             ));
         }
-        // MIG's calls, through the same library: only when a GPU needs them.
-        let raw = if gpus.iter().any(|g| g.info.mig) {
-            mig::Raw::open(lib).map(Arc::new)
-        } else {
-            Err("no GPU has MIG on".into())
-        };
+        // The calls nvml-wrapper does not wrap (MIG, GPM, MPS), through the
+        // same library.
+        let raw = mig::Raw::open(lib).map(Arc::new);
         if let Ok(raw) = &raw {
             for g in gpus.iter_mut().filter(|g| g.info.mig) {
                 if let Ok(d) = nvml.device_by_index(g.info.index)

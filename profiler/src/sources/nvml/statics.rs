@@ -31,6 +31,19 @@
 //! 77.5 W), while a stretch still settling from a load (higher) loses to a
 //! later one. Both figures are upper bounds (the GPU may never have been
 //! at rest), said so as `lowest_seen`.
+//!
+//! **The host power model** keeps each GPU's figures by UUID ([`GpuFit`]):
+//! `wattprof calibrate` measures them (idle with no context, held with a
+//! context of its own open), and `monitor` merges what it learns. A
+//! profile starts from them ([`GpuStatics::with_model`]), so a job that
+//! opens its context before a stretch could teach anything is charged
+//! its held and dynamic energy, not the idle power too. They compete with
+//! what the profile learns by the same rule (the lowest upper bound), and
+//! the source of each figure in use is said ([`GpuStatics::sources`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::sources::static_power::FitOrigin;
 
 /// A stretch must be at least this long to teach a figure.
 pub(crate) const MIN_STRETCH_NS: u64 = 2_000_000_000;
@@ -100,6 +113,7 @@ impl Stretch {
             Figure {
                 w,
                 err: COUNTER_STEP_NS as f64 / self.ns as f64,
+                from_model: false,
             }
         })
     }
@@ -111,6 +125,24 @@ struct Figure {
     w: f64,
     /// The most the counter's steps can put it off, as a fraction.
     err: f64,
+    /// It came from the host power model, not this profile.
+    from_model: bool,
+}
+
+impl Figure {
+    /// A figure of the host model: `w` measured over `secs`.
+    fn of_model(w: f64, secs: f64) -> Option<Self> {
+        (w.is_finite() && w >= 0.0).then(|| Self {
+            w,
+            err: COUNTER_STEP_NS as f64 / (secs.max(0.1) * 1e9),
+            from_model: true,
+        })
+    }
+
+    /// How long a stretch it stands for (s), from its error.
+    fn secs(&self) -> f64 {
+        COUNTER_STEP_NS as f64 / 1e9 / self.err.max(1e-9)
+    }
 }
 
 /// The better of two figures: the one whose true mean can be the higher
@@ -141,6 +173,93 @@ pub(crate) struct GpuStatics {
     idle: Option<Figure>,
     /// Idle + held: the lowest power with contexts open and no work.
     held_total: Option<Figure>,
+    /// The host power model's idle figure, and idle + held.
+    model_idle: Option<Figure>,
+    model_held_total: Option<Figure>,
+}
+
+/// A GPU's static figures in the host power model, by UUID: what
+/// `wattprof calibrate` measured, or what a `monitor` learned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GpuFit {
+    /// The GPU's UUID (`GPU-...`): the figures are refused for another.
+    pub(crate) uuid: String,
+    /// Its model name, for people.
+    pub(crate) name: String,
+    /// Power with no context open (W).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) idle_w: Option<f64>,
+    /// Over how long it was measured (s): its error is one counter step
+    /// over that.
+    #[serde(default)]
+    pub(crate) idle_s: f64,
+    /// The extra power of one context open with no work (W).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held_w: Option<f64>,
+    /// Over how long it was measured (s).
+    #[serde(default)]
+    pub(crate) held_s: f64,
+    /// Who made it (absent: `calibrate`).
+    #[serde(default, skip_serializing_if = "FitOrigin::is_calibrate")]
+    pub(crate) origin: FitOrigin,
+}
+
+impl GpuFit {
+    /// Whether its figures are powers at all.
+    pub(crate) fn sane(&self) -> bool {
+        let ok = |w: Option<f64>| w.is_none_or(|w| w.is_finite() && (0.0..=10_000.0).contains(&w));
+        ok(self.idle_w) && ok(self.held_w)
+    }
+
+    /// `learned` merged into this entry of the model: a fit of
+    /// `calibrate` is kept as it is; a learned one takes each figure that
+    /// is better (the lowest upper bound). Whether it changed.
+    pub(crate) fn merge(&mut self, learned: &Self) -> bool {
+        if self.origin == FitOrigin::Calibrate {
+            return false;
+        }
+        let pick = |have: (Option<f64>, f64), new: (Option<f64>, f64)| -> (Option<f64>, f64) {
+            let fig = |(w, s): (Option<f64>, f64)| w.and_then(|w| Figure::of_model(w, s));
+            match better(fig(have), fig(new)) {
+                Some(f) => (Some(f.w), f.secs()),
+                None => have,
+            }
+        };
+        let idle = pick((self.idle_w, self.idle_s), (learned.idle_w, learned.idle_s));
+        let held = pick((self.held_w, self.held_s), (learned.held_w, learned.held_s));
+        let changed = idle != (self.idle_w, self.idle_s) || held != (self.held_w, self.held_s);
+        (self.idle_w, self.idle_s) = idle;
+        (self.held_w, self.held_s) = held;
+        changed
+    }
+}
+
+/// Where a GPU's static figure in use came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GpuFigureSource {
+    /// The host power model.
+    HostModel,
+    /// Learned in this profile (lower than the model's, or no model).
+    Learned,
+}
+
+impl GpuFigureSource {
+    fn of(f: &Figure) -> Self {
+        if f.from_model {
+            Self::HostModel
+        } else {
+            Self::Learned
+        }
+    }
+
+    /// Its words in the table's note.
+    pub(crate) fn words(self) -> &'static str {
+        match self {
+            Self::HostModel => "host model",
+            Self::Learned => "learned in this run, the lowest seen",
+        }
+    }
 }
 
 /// A GPU's static energy over one interval (µJ).
@@ -175,6 +294,72 @@ impl GpuStaticEnergy {
 }
 
 impl GpuStatics {
+    /// Figures that start from the host power model's for this GPU.
+    pub(crate) fn with_model(fit: &GpuFit) -> Self {
+        let idle = fit.idle_w.and_then(|w| Figure::of_model(w, fit.idle_s));
+        let held_total = fit.held_w.and_then(|h| {
+            // Idle + held: the resting power with a context, as learned.
+            let total = h + fit.idle_w.unwrap_or(0.0);
+            Figure::of_model(total, fit.held_s)
+        });
+        Self {
+            model_idle: idle,
+            model_held_total: held_total.filter(|_| idle.is_some()),
+            ..Self::default()
+        }
+    }
+
+    /// What this profile learned, as an entry of the host power model
+    /// (the model's own figures left out); `None` when it learned nothing.
+    pub(crate) fn learned_fit(&self, uuid: &str, name: &str) -> Option<GpuFit> {
+        let ended = |state, f| {
+            let now = (self.last == Some(state))
+                .then(|| self.now.figure())
+                .flatten();
+            better(f, now)
+        };
+        let idle = ended(GpuState::Idle, self.idle);
+        let held_total = ended(GpuState::Held, self.held_total);
+        // Held is learned against an idle figure: this profile's, else the
+        // model's (without either, the resting power is not split).
+        let base = better(idle, self.model_idle);
+        let held = held_total
+            .zip(base)
+            .map(|(h, i)| ((h.w - i.w).max(0.0), h.secs()));
+        if idle.is_none() && held.is_none() {
+            return None;
+        }
+        Some(GpuFit {
+            uuid: uuid.to_string(),
+            name: name.to_string(),
+            idle_w: idle.map(|f| f.w),
+            idle_s: idle.map_or(0.0, |f| f.secs()),
+            held_w: held.map(|h| h.0),
+            held_s: held.map_or(0.0, |h| h.1),
+            origin: FitOrigin::Learned,
+        })
+    }
+
+    /// Where the idle and held figures in use come from (`None`: not
+    /// known).
+    pub(crate) fn sources(&self) -> (Option<GpuFigureSource>, Option<GpuFigureSource>) {
+        (
+            self.idle_figure().as_ref().map(GpuFigureSource::of),
+            self.held_total_figure().as_ref().map(GpuFigureSource::of),
+        )
+    }
+
+    fn idle_figure(&self) -> Option<Figure> {
+        self.best_figure(GpuState::Idle, better(self.idle, self.model_idle))
+    }
+
+    fn held_total_figure(&self) -> Option<Figure> {
+        self.best_figure(
+            GpuState::Held,
+            better(self.held_total, self.model_held_total),
+        )
+    }
+
     /// Learns from an interval of `uj` over `ns` in `state`.
     pub(crate) fn observe(&mut self, state: GpuState, uj: u64, ns: u64) {
         if self.last != Some(state) {
@@ -207,26 +392,27 @@ impl GpuStatics {
         }
     }
 
-    /// The best figure of a state: the stretches ended and the one under
-    /// way.
-    fn best(&self, state: GpuState, ended: Option<Figure>) -> Option<f64> {
+    /// The best figure of a state: the stretches ended (and the model's)
+    /// and the one under way.
+    fn best_figure(&self, state: GpuState, ended: Option<Figure>) -> Option<Figure> {
         let now = (self.last == Some(state))
             .then(|| self.now.figure())
             .flatten();
-        better(ended, now).map(|f| f.w)
+        better(ended, now)
     }
 
-    /// The power with no context open (W), once seen.
+    /// The power with no context open (W), once seen or from the model.
     pub(crate) fn idle_w(&self) -> Option<f64> {
-        self.best(GpuState::Idle, self.idle)
+        self.idle_figure().map(|f| f.w)
     }
 
-    /// The extra power of holding contexts with no work (W), once seen.
-    /// Until an idle stretch is seen too, it is all the power with
-    /// contexts open and no work (the idle power charged as held).
+    /// The extra power of holding contexts with no work (W), once seen or
+    /// from the model. Until an idle figure is known too, it is all the
+    /// power with contexts open and no work (the idle power charged as
+    /// held).
     pub(crate) fn held_w(&self) -> Option<f64> {
-        self.best(GpuState::Held, self.held_total)
-            .map(|h| (h - self.idle_w().unwrap_or(0.0)).max(0.0))
+        self.held_total_figure()
+            .map(|h| (h.w - self.idle_w().unwrap_or(0.0)).max(0.0))
     }
 
     /// The static energy of an interval of `ns`, `held` when a process
