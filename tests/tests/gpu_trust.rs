@@ -272,7 +272,8 @@ fn a_job_in_a_pid_namespace_is_attributed_and_a_colliding_pid_is_not_it() {
     };
     // Side by side (not time-sliced): samples that read their share.
     let lib = nvml_stub(
-        &h200("child/1:80:1073741824@500-6500,1:20:1024@500-6500").replace(" timeslice=92", ""),
+        &h200("child/1:80:1073741824@500-6500,1:20:1024@500-6500,4000001:0:1024@500-6500")
+            .replace(" timeslice=92", ""),
     );
     let t = testload_bin().to_string_lossy().into_owned();
     let report = run_on(
@@ -299,6 +300,16 @@ fn a_job_in_a_pid_namespace_is_attributed_and_a_colliding_pid_is_not_it() {
         tree > 0.5 * measured,
         "the job in its namespace got {tree} of {measured} J"
     );
+    // A holder no process has (pid 4000001: another namespace's view) is
+    // said once, and its share is unattributed.
+    let problems: Vec<String> = report["energy"]["problems"]
+        .as_array()
+        .expect("problems")
+        .iter()
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .filter(|p| p.contains("pid 4000001 holds a context"))
+        .collect();
+    assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
         tree < 0.95 * measured,
         "the colliding pid 1's energy went to the job: {tree} of {measured} J"
