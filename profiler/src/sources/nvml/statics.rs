@@ -602,6 +602,71 @@ mod tests {
     }
 
     #[test]
+    fn the_host_model_s_figures_are_used_until_a_better_one_is_learned() {
+        use super::{GpuFigureSource as Src, GpuFit};
+        use crate::sources::static_power::FitOrigin;
+        let fit = GpuFit {
+            uuid: "GPU-1".into(),
+            name: "H200".into(),
+            idle_w: Some(81.0),
+            idle_s: 10.0,
+            held_w: Some(45.0),
+            held_s: 10.0,
+            origin: FitOrigin::Calibrate,
+        };
+        // From the first interval: idle and held known, from the model.
+        let mut g = GpuStatics::with_model(&fit);
+        assert_eq!(g.idle_w(), Some(81.0));
+        assert!((g.held_w().expect("held") - 45.0).abs() < 1e-9);
+        assert_eq!(g.sources(), (Some(Src::HostModel), Some(Src::HostModel)));
+        let e = g.energy(S, true);
+        assert_eq!((e.idle_uj, e.held_uj), (81_000_000, 45_000_000));
+        // A run that sees 10 s idle at 80 W: a lower upper bound, learned.
+        g.observe(GpuState::Idle, 1, S);
+        for _ in 0..12 {
+            g.observe(GpuState::Idle, 80_000_000, S);
+        }
+        assert!((g.idle_w().expect("idle") - 80.0).abs() < 1e-9);
+        assert_eq!(g.sources().0, Some(Src::Learned));
+        // Held stays the model's: 81 + 45 less the learned 80.
+        assert!((g.held_w().expect("held") - 46.0).abs() < 1e-9);
+        // What it learned, for monitor to merge: idle only.
+        let learned = g.learned_fit("GPU-1", "H200").expect("learned");
+        assert_eq!((learned.idle_w, learned.held_w), (Some(80.0), None));
+        assert_eq!(learned.origin, FitOrigin::Learned);
+        // calibrate's entry is never replaced; a learned one takes what is
+        // better, and keeps what is not.
+        let mut cal = fit.clone();
+        assert!(!cal.merge(&learned));
+        assert_eq!(cal, fit);
+        let mut had = GpuFit {
+            origin: FitOrigin::Learned,
+            ..fit.clone()
+        };
+        assert!(had.merge(&learned));
+        assert_eq!((had.idle_w, had.held_w), (Some(80.0), Some(45.0)));
+        let worse = GpuFit {
+            idle_w: Some(90.0),
+            ..learned
+        };
+        assert!(!had.merge(&worse));
+        // A short stretch that reads higher does not replace the model's.
+        let mut g = GpuStatics::with_model(&fit);
+        for _ in 0..5 {
+            g.observe(GpuState::Idle, 82_000_000, S);
+        }
+        assert_eq!(g.idle_w(), Some(81.0));
+        // Garbage in a model file is no power.
+        assert!(
+            !GpuFit {
+                idle_w: Some(f64::NAN),
+                ..fit
+            }
+            .sane()
+        );
+    }
+
+    #[test]
     fn held_before_any_idle_stretch_is_all_of_the_resting_power() {
         let mut g = GpuStatics::default();
         g.observe(GpuState::Held, 1, S);
