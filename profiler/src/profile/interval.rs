@@ -19,6 +19,8 @@ use crate::process::Role;
 use crate::sources::registry::IntervalEnergy;
 use crate::tracker::CpuSample;
 
+use crate::sources::nvml::statics::SETTLE_NS;
+
 /// GPU holders no process matched, remembered so each is said once.
 const MAX_UNMAPPED: usize = 4096;
 
@@ -90,7 +92,7 @@ impl Profile {
         }
         // Attribution: this interval's energy divided, and reads that
         // failed before held and caught up.
-        let gpus = self.gpu_intervals(&read, duration_ns);
+        let gpus = self.gpu_intervals(&read, duration_ns, sample.at_ns);
         let cpu_usage: Vec<attribution::Usage> = usage
             .iter()
             .map(|u| attribution::Usage {
@@ -221,7 +223,17 @@ impl Profile {
     /// (in a container, pid 42 there can be another process than the
     /// host's 42). A holder the tracker does not know (another namespace's
     /// view, or it ended) keeps its share unattributed, said once.
-    fn gpu_intervals(&mut self, read: &IntervalEnergy, duration_ns: u64) -> Vec<GpuInterval> {
+    ///
+    /// When the last holders have gone, the power takes up to a second to
+    /// settle to idle (an H200's did): for [`SETTLE_NS`] after they were
+    /// last seen, the energy above the known idle figure is theirs, by
+    /// their last weights, not the idle row's.
+    fn gpu_intervals(
+        &mut self,
+        read: &IntervalEnergy,
+        duration_ns: u64,
+        at_ns: u64,
+    ) -> Vec<GpuInterval> {
         let mut gpus: Vec<GpuInterval> = Vec::with_capacity(read.gpus.len());
         for g in &read.gpus {
             for p in &g.processes {
@@ -240,25 +252,58 @@ impl Profile {
                     ));
                 }
             }
+            let mut processes: Vec<(Option<ConsumerId>, u32)> = g
+                .processes
+                .iter()
+                .map(|p| {
+                    (
+                        self.table.id_of(p.pid),
+                        (p.sm_util_pct * 1000.0).round() as u32,
+                    )
+                })
+                .collect();
+            let statics = self.statics.gpu_interval(g, duration_ns);
+            // Only above a known idle figure: without one, the idle power
+            // would be charged to them.
+            if processes.is_empty() {
+                if statics.idle_uj > 0 {
+                    processes = self.settling_holders(g.index, at_ns);
+                }
+            } else {
+                let known: Vec<(ConsumerId, u32)> = processes
+                    .iter()
+                    .filter_map(|(id, sm)| id.map(|id| (id, *sm)))
+                    .collect();
+                self.gpu_tail.insert(g.index, (known, at_ns));
+            }
             gpus.push(GpuInterval {
                 index: g.index,
                 energy_uj: g.energy_uj,
                 estimated: g.method == crate::sources::nvml::GpuEnergyMethod::PowerIntegration,
-                processes: g
-                    .processes
-                    .iter()
-                    .map(|p| {
-                        (
-                            self.table.id_of(p.pid),
-                            (p.sm_util_pct * 1000.0).round() as u32,
-                        )
-                    })
-                    .collect(),
+                processes,
                 unheld: (g.unheld_sm_pct * 1000.0).round() as u32,
-                statics: self.statics.gpu_interval(g, duration_ns),
+                statics,
             });
         }
         gpus
+    }
+
+    /// The holders a GPU had when it was last held, while its power may
+    /// still be settling from their work (within [`SETTLE_NS`]), and
+    /// still known to the table; none after.
+    fn settling_holders(&mut self, index: u32, at_ns: u64) -> Vec<(Option<ConsumerId>, u32)> {
+        let Some((holders, since)) = self.gpu_tail.get(&index) else {
+            return Vec::new();
+        };
+        if at_ns.saturating_sub(*since) > SETTLE_NS {
+            self.gpu_tail.remove(&index);
+            return Vec::new();
+        }
+        holders
+            .iter()
+            .filter(|(id, _)| self.table.by_id(*id).is_some())
+            .map(|(id, sm)| (Some(*id), *sm))
+            .collect()
     }
 
     /// This interval's energy per consumer, and where each is in `usage`

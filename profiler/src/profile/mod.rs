@@ -99,6 +99,10 @@ pub(crate) struct Profile {
     /// GPU holders (NVML's host pids) that are no process the tracker
     /// knows, each said once (bounded: see `interval::MAX_UNMAPPED`).
     unmapped_gpu_pids: crate::hash::IntSet<u32>,
+    /// Each GPU's last holders (known to the table, with their SM
+    /// weights) and when they were last seen: the power settling after
+    /// they leave is theirs.
+    gpu_tail: std::collections::BTreeMap<u32, (Vec<(ConsumerId, u32)>, u64)>,
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// Stack sampling (`--stacks`), when asked for.
@@ -170,6 +174,7 @@ impl Profile {
             statics,
             unlisted_at_end: Default::default(),
             unmapped_gpu_pids: Default::default(),
+            gpu_tail: Default::default(),
             held_origin: IntMap::default(),
             stacks: None,
             start_ns: 0,

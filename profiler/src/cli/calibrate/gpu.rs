@@ -18,12 +18,24 @@ use crate::sources::nvml::statics::{GpuFit, SETTLE_NS};
 use crate::sources::nvml::{GpuInfo, NvmlGpus};
 use crate::sources::static_power::FitOrigin;
 
-/// How often the GPUs are read while a figure is taken.
-const READ_EVERY: Duration = Duration::from_millis(250);
+/// How often the GPUs are read while a figure is taken: often enough to
+/// see when the energy counter steps (every 20-100 ms; 100 ms on an
+/// H200), so a figure runs from one step to another and is exact to a
+/// read's spacing, not to a step (at 80 W a step is 8 J: ±2 W over 4 s).
+const READ_EVERY: Duration = Duration::from_millis(20);
 
 /// Held power: creating a context shows as a short SM sample, and NVML
 /// carries a sample 2 s: the held figure waits this long after opening.
 const HELD_SETTLE: Duration = Duration::from_millis(2_500);
+
+/// A counter's steps over a phase: the first and last seen (when the read
+/// that saw each came), and the energy of the steps after the first.
+#[derive(Default)]
+struct Steps {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    uj: u64,
+}
 
 /// One GPU's figure over a phase: (W, seconds), or why there is none.
 type PhaseResult = BTreeMap<u32, Result<(f64, f64), String>>;
@@ -168,23 +180,22 @@ fn phase(
     measure: Duration,
     want: impl Fn(&[u32]) -> bool,
 ) -> PhaseResult {
-    let mut state: BTreeMap<u32, Result<(u64, Duration), String>> = BTreeMap::new();
+    // Per GPU: the energy since the first counter step counted, and the
+    // time from that step to the last one seen (or why there is none).
+    let mut state: BTreeMap<u32, Result<Steps, String>> = BTreeMap::new();
     let start = Instant::now();
     // The first read starts every counter from here.
     let _ = gpus.read_gpus();
-    let mut last = Instant::now();
     loop {
         std::thread::sleep(READ_EVERY);
         let readings = gpus.read_gpus();
         let now = Instant::now();
-        let dt = now.duration_since(last);
-        last = now;
         let counting = now.duration_since(start) > settle;
         for r in readings {
             let mut pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
             pids.sort_unstable();
-            let entry = state.entry(r.index).or_insert(Ok((0, Duration::ZERO)));
-            let Ok((uj, secs)) = entry else { continue };
+            let entry = state.entry(r.index).or_insert(Ok(Steps::default()));
+            let Ok(steps) = entry else { continue };
             if !want(&pids) {
                 *entry = Err(format!(
                     "other processes held it meanwhile (pids {pids:?}): run calibrate when the \
@@ -192,9 +203,13 @@ fn phase(
                 ));
             } else if !r.whole {
                 *entry = Err("a read failed meanwhile (see the problems above)".into());
-            } else if counting {
-                *uj += r.energy_uj;
-                *secs += dt;
+            } else if counting && r.energy_uj > 0 {
+                // The counter stepped between the last read and this one.
+                match steps.first {
+                    None => steps.first = Some(now),
+                    Some(_) => steps.uj += r.energy_uj,
+                }
+                steps.last = Some(now);
             }
         }
         if now.duration_since(start) >= settle + measure {
@@ -209,12 +224,15 @@ fn phase(
         .map(|(i, r)| {
             (
                 i,
-                r.and_then(|(uj, d)| {
-                    let s = d.as_secs_f64();
+                r.and_then(|steps| {
+                    let s = match (steps.first, steps.last) {
+                        (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+                        _ => 0.0,
+                    };
                     if s <= 0.0 {
-                        Err("no reading".into())
+                        Err("its energy counter did not step twice".into())
                     } else {
-                        Ok((uj as f64 / 1e6 / s, s))
+                        Ok((steps.uj as f64 / 1e6 / s, s))
                     }
                 }),
             )
