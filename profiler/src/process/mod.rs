@@ -203,6 +203,9 @@ pub(crate) struct ProcessTable<M: ProcMeta> {
     interval_cgroups: IntMap<u64, Vec<(u64, u64)>>,
     samples: u64,
     exited_at: IntMap<u64, u64>,
+    /// Exited processes forgotten since the last [`ProcessTable::take_forgotten`]:
+    /// a `monitor` keeps the ones that used the most energy.
+    forgotten: Vec<Process>,
 }
 
 /// Samples an exited process outside the tree is kept for after its exit.
@@ -248,7 +251,14 @@ impl<M: ProcMeta> ProcessTable<M> {
             interval_cgroups: IntMap::default(),
             samples: 0,
             exited_at: IntMap::default(),
+            forgotten: Vec::new(),
         }
+    }
+
+    /// The exited processes forgotten since the last call (their energy is
+    /// still in the ledger until the profile forgets them too).
+    pub(crate) fn take_forgotten(&mut self) -> Vec<Process> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// Follows `pid` and every process it forks from now on.
@@ -367,6 +377,7 @@ impl<M: ProcMeta> ProcessTable<M> {
         let profiler_pid = self.profiler_pid;
         let index = &mut self.index;
         let exited_at = &mut self.exited_at;
+        let forgotten = &mut self.forgotten;
         self.records.retain(|id, p| {
             if p.role != Role::Other || p.exit_ns.is_none() || p.pid == profiler_pid {
                 return true;
@@ -378,6 +389,7 @@ impl<M: ProcMeta> ProcessTable<M> {
                 if index.get(&p.pid) == Some(id) {
                     index.remove(&p.pid);
                 }
+                forgotten.push(p.clone());
             }
             keep
         });

@@ -404,6 +404,16 @@ impl Profile {
     /// forgotten (their energy is in the group and cgroup sums), and
     /// prunes cgroups.
     fn forget_gone(&mut self, now_ns: u64) {
+        // `monitor`: who used the energy is kept, exited or not (the top
+        // consumers over the whole session, bounded), before the ledger
+        // forgets them.
+        let gone = self.table.take_forgotten();
+        if let Scope::Machine { top, .. } = self.cfg.scope {
+            let keep = top.max(100);
+            for p in gone {
+                self.keep_departed(&p, now_ns, keep);
+            }
+        }
         let table = &self.table;
         self.sums.forget(|id| table.by_id(id).is_some());
         let live = table.processes().map(|p| p.cgroup_id);

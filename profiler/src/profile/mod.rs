@@ -103,6 +103,9 @@ pub(crate) struct Profile {
     /// weights) and when they were last seen: the power settling after
     /// they leave is theirs.
     gpu_tail: std::collections::BTreeMap<u32, (Vec<(ConsumerId, u32)>, u64)>,
+    /// `monitor`: the rows of exited processes that used the most energy,
+    /// most first (bounded by `--top`, at least 100).
+    departed: Vec<crate::model::ProcessReport>,
     /// The cgroup and role of each process that ran while reads are held.
     held_origin: IntMap<ConsumerId, (u64, Role)>,
     /// Stack sampling (`--stacks`), when asked for.
@@ -175,6 +178,7 @@ impl Profile {
             unlisted_at_end: Default::default(),
             unmapped_gpu_pids: Default::default(),
             gpu_tail: Default::default(),
+            departed: Vec::new(),
             held_origin: IntMap::default(),
             stacks: None,
             start_ns: 0,

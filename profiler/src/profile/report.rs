@@ -227,9 +227,33 @@ impl Profile {
         }
     }
 
+    /// Keeps an exited process's row (`monitor`) if it is among the `keep`
+    /// that used the most energy of those that exited: a long monitor
+    /// stays bounded, and a burner that ended before the report is in it.
+    pub(super) fn keep_departed(&mut self, p: &Process, end_ns: u64, keep: usize) {
+        if !self.wanted(p.id, p.cgroup_id) {
+            return;
+        }
+        let row = self.process_report(p, end_ns);
+        let least = self.departed.last().map(|r| (&r.energy, r.on_cpu_ns));
+        if self.departed.len() >= keep
+            && least.is_none_or(|l| {
+                most_energy_first((&row.energy, row.on_cpu_ns), l) != std::cmp::Ordering::Less
+            })
+        {
+            return;
+        }
+        let at = self.departed.partition_point(|r| {
+            most_energy_first((&r.energy, r.on_cpu_ns), (&row.energy, row.on_cpu_ns))
+                != std::cmp::Ordering::Greater
+        });
+        self.departed.insert(at, row);
+        self.departed.truncate(keep);
+    }
+
     /// The processes reported one by one: the command's tree in start
-    /// order (`run`), or the live processes with the most energy
-    /// (`monitor`, at least 100).
+    /// order (`run`), or the processes with the most energy, live or
+    /// exited (`monitor`, at least 100).
     fn process_reports(&self, end_ns: u64) -> Vec<ProcessReport> {
         let mut processes: Vec<ProcessReport> = match &self.cfg.scope {
             Scope::Tree => self
@@ -243,8 +267,9 @@ impl Profile {
                 let mut v: Vec<ProcessReport> = self
                     .table
                     .processes()
-                    .filter(|p| p.exit_ns.is_none() && self.wanted(p.id, p.cgroup_id))
+                    .filter(|p| self.wanted(p.id, p.cgroup_id))
                     .map(|p| self.process_report(p, end_ns))
+                    .chain(self.departed.iter().cloned())
                     .collect();
                 v.sort_by(|a, b| {
                     most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))

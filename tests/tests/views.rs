@@ -1,0 +1,101 @@
+//! Every view tells the same truth: who used the energy is kept by
+//! `monitor` (exited processes too) in the final table, the recording,
+//! `report` and the HTML page. Needs root.
+
+use std::process::{Command, Stdio};
+
+use wattprof_tests::{
+    read_json, require_ebpf, tempfile_dir, testload_bin, u, wait_for_stream_header, wattprof_bin,
+};
+
+#[test]
+fn monitor_keeps_a_burner_that_exited_before_the_end_in_every_view() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    let (rec, stream, html) = (
+        dir.join("mon.json"),
+        dir.join("mon.jsonl"),
+        dir.join("mon.html"),
+    );
+    let monitor = Command::new(wattprof_bin())
+        .args([
+            "monitor",
+            "--interval",
+            "250ms",
+            "--host-model",
+            "none",
+            "--no-gpu",
+        ])
+        .arg("--output")
+        .arg(&rec)
+        .arg("--jsonl")
+        .arg(&stream)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr")).expect("stderr file"))
+        .spawn()
+        .expect("monitor");
+    wait_for_stream_header(&stream);
+    // A burner of 1.5 s that is gone 2 s before the monitor stops (its
+    // record is forgotten by the table a few intervals after its exit).
+    let out = Command::new(testload_bin())
+        .args(["cpu", "1.5"])
+        .output()
+        .expect("burner");
+    let pid = serde_json::from_slice::<serde_json::Value>(&out.stdout).map_or(0, |v| u(&v, "/pid"));
+    assert!(pid > 0, "{}", String::from_utf8_lossy(&out.stdout));
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    // SAFETY: kill(2) on the monitor this test started.
+    unsafe { libc::kill(monitor.id() as libc::pid_t, libc::SIGINT) };
+    let out = monitor.wait_with_output().expect("monitor");
+    // The final table is on stderr (stdout is for machine output).
+    let table = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    assert!(out.status.success(), "{table}");
+    // The recording: its row, its energy, its exit.
+    let report = read_json(&rec);
+    let row = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("the burner {pid} is not in the recording"));
+    assert_eq!(row["comm"], "wp-cpu", "{row}");
+    assert!(row["exit_ns"].is_u64(), "{row}");
+    let j = row["energy"]["total_j"].as_f64().unwrap_or(0.0);
+    let cpu_s = u(row, "/on_cpu_ns") as f64 / 1e9;
+    assert!(j > 0.0 && cpu_s > 1.3, "{row}");
+    // The final table names it.
+    assert!(
+        table.contains(&pid.to_string()) && table.contains("wp-cpu"),
+        "the final table does not name {pid} ({} bytes):\n{table}",
+        table.len()
+    );
+    // So do `report` of the recording, of the stream, and the HTML page.
+    for input in [&rec, &stream] {
+        let r = Command::new(wattprof_bin())
+            .arg("report")
+            .arg(input)
+            .output()
+            .expect("report");
+        let text = String::from_utf8_lossy(&r.stdout);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        assert!(
+            text.contains(&pid.to_string()),
+            "{} does not name the burner {pid}:\n{text}",
+            input.display()
+        );
+    }
+    let r = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .expect("report --html");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let page = std::fs::read_to_string(&html).expect("html");
+    assert!(
+        page.contains(&pid.to_string()),
+        "the HTML page does not name {pid}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
