@@ -121,7 +121,7 @@ pub(super) fn read_gpu(
     // The per-process samples since the last read: those the sampler
     // fetched meanwhile, and the newest now (a count race retried); before
     // the process list, so a process that starts in between is listed.
-    let (fetched, raw, trimmed, last_seen) = {
+    let (fetched, raw, trimmed, last_seen, between) = {
         let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let fetched = sampler::fetch(&device, &mut p);
         (
@@ -129,6 +129,7 @@ pub(super) fn read_gpu(
             std::mem::take(&mut p.raw),
             std::mem::take(&mut p.trimmed),
             p.last_seen,
+            std::mem::take(&mut p.listed_between),
         )
     };
     let now_us = now_epoch_us();
@@ -212,11 +213,29 @@ pub(super) fn read_gpu(
             );
         }
     }
-    // Who may have samples: the holders now, and those at the last read
-    // (a process that ended since used the GPU in this interval).
+    // Who may have samples: the holders now, those at the last read (a
+    // process that ended since used the GPU in this interval), and those
+    // the sampler saw listed in between (a job shorter than an interval).
+    let gone: Vec<u32> = match &listed {
+        Some(l) => {
+            let mut v: Vec<u32> = g
+                .listed_before
+                .iter()
+                .copied()
+                .filter(|b| !l.contains_key(b))
+                .collect();
+            for b in &between {
+                if !l.contains_key(b) && !v.contains(b) {
+                    v.push(*b);
+                }
+            }
+            v
+        }
+        None => Vec::new(),
+    };
     let pids: Option<Vec<u32>> = listed.as_ref().map(|l| {
         let mut p: Vec<u32> = l.keys().copied().collect();
-        p.extend(g.listed_before.iter().filter(|b| !l.contains_key(b)));
+        p.extend(&gone);
         p
     });
     // Each call asked a second back (late samples), so the floor is too.
@@ -259,9 +278,8 @@ pub(super) fn read_gpu(
                 memory_bytes,
             })
             .chain(
-                g.listed_before
-                    .iter()
-                    .filter(|pid| !l.contains_key(pid) && sm_basis == SmBasis::Sampled)
+                gone.iter()
+                    .filter(|_| sm_basis == SmBasis::Sampled)
                     .filter_map(|pid| {
                         shares.get(pid).map(|&sm| GpuProcess {
                             pid: *pid,
@@ -283,6 +301,11 @@ pub(super) fn read_gpu(
     processes.sort_by_key(|p| p.pid);
     if let Some(l) = &listed {
         g.listed_before = l.keys().copied().collect();
+        g.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .known
+            .clone_from(&g.listed_before);
     }
     // Carried shares of processes that have all left are no shares.
     let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)

@@ -55,6 +55,36 @@ pub(crate) struct Pending {
     seen: Vec<RawSample>,
     /// Samples left out since the last read, past [`KEEP`].
     pub(crate) trimmed: usize,
+    /// The holders the last read found (set by the read).
+    pub(crate) known: Vec<u32>,
+    /// Processes the driver listed between reads that the last read did
+    /// not: a job that opens and closes its context between two reads
+    /// (a 0.3 s burst under a 1 s interval) keeps its samples.
+    pub(crate) listed_between: Vec<u32>,
+}
+
+/// At most this many processes listed between two reads are kept.
+const LISTED_BETWEEN: usize = 4096;
+
+/// Looks up the driver's process list when a sample names a process
+/// neither the last read nor an earlier look found: whether it holds a
+/// context now (so its samples are a holder's, not garbage).
+pub(crate) fn note_new_holders(device: &Device<'_>, p: &mut Pending) {
+    let new = |pid: &u32| *pid != 0 && !p.known.contains(pid) && !p.listed_between.contains(pid);
+    if !p.raw.iter().any(|s| new(&s.pid)) {
+        return;
+    }
+    let Ok(list) = device.running_compute_processes() else {
+        return;
+    };
+    for pid in list.iter().map(|x| x.pid) {
+        if !p.known.contains(&pid)
+            && !p.listed_between.contains(&pid)
+            && p.listed_between.len() < LISTED_BETWEEN
+        {
+            p.listed_between.push(pid);
+        }
+    }
 }
 
 /// Asks for the samples newer than [`LOOK_BACK_US`] before the last seen
@@ -142,7 +172,9 @@ impl Sampler {
                             continue;
                         };
                         let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
-                        let _ = fetch(&device, &mut p);
+                        if fetch(&device, &mut p).is_ok() {
+                            note_new_holders(&device, &mut p);
+                        }
                     }
                 }
             })?;
