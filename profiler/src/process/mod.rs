@@ -22,6 +22,11 @@ use crate::tracker::{CpuSample, TaskEvent, TaskTime};
 pub(crate) trait ProcMeta {
     /// The parent process id of `pid`, if it is still alive.
     fn parent_of(&self, pid: u32) -> Option<u32>;
+
+    /// The name of `pid` (`/proc/PID/comm`), if it is still alive.
+    fn comm_of(&self, _pid: u32) -> Option<String> {
+        None
+    }
 }
 
 /// [`ProcMeta`] over a procfs mount.
@@ -114,6 +119,18 @@ impl ProcFs {
     }
 }
 
+impl Process {
+    /// Its name for people: `comm`, or `[PID]` where none could be had (a
+    /// process gone before it was named), never empty.
+    pub(crate) fn name(&self) -> String {
+        if self.comm.is_empty() {
+            format!("[{}]", self.pid)
+        } else {
+            self.comm.clone()
+        }
+    }
+}
+
 impl ProcMeta for ProcFs {
     fn parent_of(&self, pid: u32) -> Option<u32> {
         let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
@@ -121,6 +138,12 @@ impl ProcMeta for ProcFs {
         // last ')'. Then: state, ppid.
         let rest = &stat[stat.rfind(')')? + 1..];
         rest.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    fn comm_of(&self, pid: u32) -> Option<String> {
+        let c = std::fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;
+        let c = c.trim_end_matches('\n');
+        (!c.is_empty()).then(|| c.to_string())
     }
 }
 
@@ -519,9 +542,17 @@ impl<M: ProcMeta> ProcessTable<M> {
         {
             self.ensure(f.parent_tgid, f.parent_tgid);
         }
+        // A process seen before it ran under wattprof, or first through a
+        // thread other than its leader (containerd's and dockerd's leaders
+        // sleep while their other threads work): named from /proc now, as
+        // its leader's own slices would name it only if it ran.
         let (ppid, start_ns, comm) = match fork {
             Some(f) => (Some(f.parent_tgid), Some(f.ts_ns), f.comm),
-            None => (self.meta.parent_of(tgid), None, String::new()),
+            None => (
+                self.meta.parent_of(tgid),
+                None,
+                self.meta.comm_of(tgid).unwrap_or_default(),
+            ),
         };
         let parent_in_tree = ppid
             .and_then(|pp| self.index.get(&pp))

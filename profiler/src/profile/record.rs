@@ -66,7 +66,7 @@ impl Profile {
                 comm: self
                     .table
                     .by_id(u.id)
-                    .map_or_else(String::new, |p| p.comm.clone()),
+                    .map_or_else(|| format!("[{}]", u.pid), crate::process::Process::name),
                 on_cpu_ns: u.on_cpu_ns.iter().sum(),
                 package_j: joules(e.package_uj),
                 core_j: joules(e.core_uj),

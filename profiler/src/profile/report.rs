@@ -112,7 +112,7 @@ impl Profile {
         ProcessReport {
             pid: p.pid,
             ppid: p.ppid,
-            comm: p.comm.clone(),
+            comm: p.name(),
             on_cpu_ns: p.total_ns(),
             on_cpu_ns_per_package: p.on_cpu_ns.clone(),
             start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),
