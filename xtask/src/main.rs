@@ -41,17 +41,19 @@ enum Command {
         #[arg(long, default_value = concat!("wattprof:", env!("CARGO_PKG_VERSION")))]
         tag: String,
     },
-    /// The GPU check (scripts/gpu-check.py) with the release binary: NVML's
-    /// raw behaviour, the energy counter against instant power, two
-    /// processes 2:1, idle and held power, overhead. Needs root, an NVIDIA
-    /// GPU and PyTorch; `--stub` runs it against the NVML stub instead (as
-    /// CI does). On a machine with no Rust, copy target/release/wattprof
-    /// and scripts/gpu-check.py and run the script.
+    /// The GPU check (scripts/gpu-check.py) with the release binary, one
+    /// call under 8 minutes: calibrate, a training job, time-slicing, a
+    /// context at 1 s, what a sample means, holder physics, short jobs, a
+    /// PID namespace, MPS, then NVML's raw behaviour, the counter against
+    /// instant power, 2:1 turns, idle and held power, overhead. Needs
+    /// root, an NVIDIA GPU and PyTorch; `--stub` runs it against the NVML
+    /// stub instead (as CI does). On a machine with no Rust, copy
+    /// target/release/wattprof and scripts/gpu-check.py and run the script.
     GpuCheck {
         /// Against tests/nvml-stub, with stand-in loads: no GPU needed.
         #[arg(long)]
         stub: bool,
-        /// Short steps instead of the full durations (60 s of load...).
+        /// Short steps instead of the full durations (30 s of load...).
         #[arg(long)]
         quick: bool,
         /// Where the summary (gpu-check.json, gpu-check.txt) goes.
