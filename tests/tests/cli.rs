@@ -422,14 +422,16 @@ fn bad_energy_options_fail_before_anything_starts() {
     let dir = tempfile_dir();
     let marker = dir.join("ran");
     let m = marker.to_str().expect("utf-8");
-    for (args, needle) in [
+    for (args, needle, code) in [
         (
             &["run", "--country", "XYZ", "--", "touch", m][..],
             "--country XYZ",
+            2,
         ),
         (
             &["run", "--carbon-intensity", "-5", "--", "touch", m],
             "--carbon-intensity -5",
+            2,
         ),
         (
             &[
@@ -443,6 +445,7 @@ fn bad_energy_options_fail_before_anything_starts() {
                 m,
             ],
             "--power-model none asks for none",
+            2,
         ),
         (
             &[
@@ -456,6 +459,7 @@ fn bad_energy_options_fail_before_anything_starts() {
                 m,
             ],
             "not --power-model tdp",
+            2,
         ),
         (
             &[
@@ -467,10 +471,12 @@ fn bad_energy_options_fail_before_anything_starts() {
                 m,
             ],
             "cannot write --jsonl /nonexistent-dir/x.jsonl",
+            125,
         ),
         (
             &["monitor", "--jsonl", "/nonexistent-dir/x.jsonl"],
             "cannot write --jsonl",
+            125,
         ),
         (
             &[
@@ -482,10 +488,11 @@ fn bad_energy_options_fail_before_anything_starts() {
                 m,
             ],
             "/nonexistent-dir/wm.log",
+            125,
         ),
     ] {
         let out = wattprof(args);
-        assert_one_line_error(&out, 125, needle);
+        assert_one_line_error(&out, code, needle);
         assert!(!marker.exists(), "{args:?}: the command must not have run");
     }
     let out = wattprof(&["monitor", "--duration", "5x"]);

@@ -99,3 +99,71 @@ fn monitor_keeps_a_burner_that_exited_before_the_end_in_every_view() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bad_input_is_one_wattprof_line_and_exit_2_in_every_subcommand() {
+    for args in [
+        &["frobnicate"][..],
+        &["run", "--bogus", "--", "true"],
+        &["run", "--country", "XYZ", "--", "true"],
+        &["run", "--carbon-intensity", "-5", "--", "true"],
+        &["run", "--carbon-intensity", "abc", "--", "true"],
+        &["run", "--cgroup", "system.slice", "--", "true"],
+        &["monitor", "--country", "XYZ"],
+        &["monitor", "--carbon-intensity", "-5"],
+        &["monitor", "--pid", "999999999"],
+        &["monitor", "--interval", "5x"],
+        &["report"],
+        &["report", "--bogus", "x.json"],
+        &["sources", "--bogus"],
+        &["calibrate", "--step", "abc"],
+        &[
+            "calibrate",
+            "--gpu-only",
+            "--wattmeter-log",
+            "/nonexistent.log",
+        ],
+        &["calibrate", "--gpu-only", "--no-gpu"],
+    ] {
+        let out = Command::new(wattprof_bin())
+            .args(args)
+            .output()
+            .expect("wattprof");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.lines()
+                .next()
+                .is_some_and(|l| l.starts_with("wattprof: ")),
+            "{args:?}: the first line is not `wattprof: ...`: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn calibrate_writes_the_host_model_where_wattprof_host_model_says() {
+    let lib = wattprof_tests::nvml_stub(
+        "gpu name=Stub uuid=GPU-6a3c0f0e-1b2d-4c5e-8f90-0123456789ab energy=counter \
+         energy_step_ms=100 load=60000:30000:1000 memory_total=1000 memory_used=0\n",
+    );
+    let model = tempfile_dir().join("from-env.json");
+    let out = Command::new(wattprof_bin())
+        .args(["calibrate", "--gpu-only", "--step", "1s", "--nvml-lib"])
+        .arg(&lib)
+        .arg("--cuda-lib")
+        .arg(&lib)
+        .env("WATTPROF_HOST_MODEL", &model)
+        .output()
+        .expect("calibrate");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = read_json(&model);
+    let idle = m["gpus"][0]["idle_w"].as_f64().unwrap_or(0.0);
+    assert!((idle / 60.0 - 1.0).abs() < 0.05, "{m}");
+    assert!(said.contains(&model.display().to_string()), "{said}");
+}

@@ -173,19 +173,19 @@ impl EnergyArgs {
         if let Some(c) = &self.cgroup
             && !c.starts_with('/')
         {
-            return Err(Fatal::profiler(format!(
+            return Err(Fatal::usage(format!(
                 "--cgroup {c}: give the cgroup's path from its root, as /proc/PID/cgroup shows \
                  it (e.g. /system.slice/docker-ID.scope)"
             )));
         }
         let carbon = CarbonIntensity::choose(self.carbon_intensity, self.country.as_deref())
-            .map_err(|e| Fatal::profiler(e.to_string()))?;
+            .map_err(|e| Fatal::usage(e.to_string()))?;
         if let Some(c) = &self.calibration {
             Calibration::load(c).map_err(Fatal::profiler)?;
         }
-        self.model.check().map_err(Fatal::profiler)?;
+        self.model.check().map_err(Fatal::usage)?;
         if self.powercap_root.is_some() && self.model.any() {
-            return Err(Fatal::profiler(
+            return Err(Fatal::usage(
                 "--powercap-root reads a counter: no power model (--power-model, --cpu-tdp, \
                  --vcpu-watts) is used with it",
             ));
@@ -193,7 +193,7 @@ impl EnergyArgs {
         if let Some(root) = &self.powercap_root
             && !root.is_dir()
         {
-            return Err(Fatal::profiler(format!(
+            return Err(Fatal::usage(format!(
                 "--powercap-root {}: not a directory (give the directory holding intel-rapl:N \
                  zones, e.g. the share of a host's --vm-export)",
                 root.display()

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 
 /// Exit code for bad arguments or files named on the command line (as
 /// clap's own usage errors).
-pub(crate) const EXIT_USAGE: i32 = 2;
+pub const EXIT_USAGE: i32 = 2;
 /// Exit code when wattprof itself fails (as `env`, `timeout` and `nice` do).
 pub const EXIT_PROFILER_FAILED: i32 = 125;
 /// Exit code when the command exists but cannot be executed.

@@ -104,6 +104,18 @@ pub(crate) struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
+    // A --pid that names no process would report nothing, silently.
+    if let Some(pid) = args
+        .pid
+        .iter()
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        return Err(Fatal::usage(format!(
+            "--pid {pid}: no such process (give the pid of a running process; `wattprof run -- \
+             CMD` follows a command from its start)"
+        ))
+        .into());
+    }
     let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
     let vm_export = args
