@@ -167,3 +167,57 @@ fn calibrate_writes_the_host_model_where_wattprof_host_model_says() {
     assert!((idle / 60.0 - 1.0).abs() < 0.05, "{m}");
     assert!(said.contains(&model.display().to_string()), "{said}");
 }
+
+#[test]
+fn report_of_an_estimate_against_a_counter_warns_and_lines_up_the_domains() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    let (est, rapl) = (dir.join("est.json"), dir.join("rapl.json"));
+    let t = testload_bin();
+    let t = t.to_str().expect("utf-8");
+    // A: the vCPU model's estimate (no counter); B: a RAPL counter.
+    let run = |extra: &str, out: &std::path::Path| {
+        let o = Command::new(wattprof_bin())
+            .args(["run", extra, "--no-gpu", "--host-model", "none", "--output"])
+            .arg(out)
+            .args(["--", t, "cpu", "0.3"])
+            .output()
+            .expect("run");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("--energy-sysfs=/nonexistent", &est);
+    let fixture = wattprof_tests::FakeRapl::start(40.0, 4.0);
+    run(&fixture.arg(), &rapl);
+    drop(fixture);
+    let out = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&est)
+        .arg(&rapl)
+        .output()
+        .expect("report");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(
+            "warning: package energy is a model's estimate in A and measured by a counter in B"
+        ),
+        "{text}"
+    );
+    // One `package` row with both sides, not `package (machine)` against
+    // `package 0`.
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("package "))
+        .unwrap_or_else(|| panic!("no package row: {text}"));
+    assert!(
+        !text.contains("package (machine)") && !text.contains("package 0"),
+        "{text}"
+    );
+    assert!(!row.contains(" - "), "one side missing: {row}");
+    assert!(text.contains("estimated in part"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -102,14 +102,15 @@ fn static_status(
         ignored: cfg.ignored,
         otherwise: "learned during `run` and `monitor` once the load has varied by half a CPU \
                     over 10 intervals, else the lowest power seen (an upper bound); \
-                    `wattprof calibrate` fits this host's"
+                    `wattprof calibrate` fits this host's static power and writes it to the \
+                    host power model, which run and monitor then use"
             .into(),
     })
 }
 
 /// Runs `wattprof sources`.
 pub(crate) fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
-    args.model.check().map_err(super::Fatal::profiler)?;
+    args.model.check().map_err(super::Fatal::usage)?;
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let mut report = probe(
         &SysRoot::real(),

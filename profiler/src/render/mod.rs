@@ -144,7 +144,7 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
         let _ = writeln!(
             s,
             "\n  {:<16} {:>12} {:>12} {:>12} {:>12} {:>9}",
-            "DOMAIN", "MEASURED J", "PROCESSES J", "IDLE J", "UNATTRIB. J", "AVG W"
+            "DOMAIN", "ENERGY J", "PROCESSES J", "IDLE J", "UNATTRIB. J", "AVG W"
         );
         for d in r.domains {
             let name = d.domain.label(d.package);

@@ -84,6 +84,10 @@ pub(crate) struct Comparison {
     pub(crate) processes: Vec<Row>,
     /// Per window name, in A's order then B's.
     pub(crate) windows: Vec<Row>,
+    /// Why the two may not be comparable (one line each): a domain
+    /// estimated by a model on one side and measured on the other, or two
+    /// machines.
+    pub(crate) warnings: Vec<String>,
 }
 
 fn power(e: Option<f64>, t: Option<f64>) -> Option<f64> {
@@ -118,16 +122,66 @@ fn rows_of(a: &[(String, (f64, f64, f64))], b: &[(String, (f64, f64, f64))]) -> 
     out
 }
 
+/// Each domain's energy, named by its package only where the domain has
+/// several on this side: a machine-wide model's `package` lines up with
+/// one package's counter.
 fn domains(s: &Summary) -> Vec<(String, (f64, f64, f64))> {
     s.domains
         .iter()
         .map(|d| {
-            (
-                d.domain.label(d.package),
-                (d.measured_j, s.wall_ns as f64 / 1e9, 1.0),
-            )
+            let several = s.domains.iter().filter(|x| x.domain == d.domain).count() > 1;
+            let name = if several {
+                d.domain.label(d.package)
+            } else {
+                d.domain.name().to_string()
+            };
+            (name, (d.measured_j, s.wall_ns as f64 / 1e9, 1.0))
         })
         .collect()
+}
+
+/// Why A and B may not be comparable, one line each.
+fn warnings(a: &Summary, b: &Summary) -> Vec<String> {
+    let mut out = Vec::new();
+    let kind = |s: &Summary, d: crate::sources::Domain| {
+        let of: Vec<bool> = s
+            .domains
+            .iter()
+            .filter(|x| x.domain == d)
+            .map(|x| x.estimated)
+            .collect();
+        (!of.is_empty()).then(|| of.iter().any(|e| *e))
+    };
+    for d in [
+        crate::sources::Domain::Package,
+        crate::sources::Domain::Dram,
+        crate::sources::Domain::Gpu,
+    ] {
+        if let (Some(ea), Some(eb)) = (kind(a, d), kind(b, d))
+            && ea != eb
+        {
+            let how = |e: bool| {
+                if e {
+                    "a model's estimate"
+                } else {
+                    "measured by a counter"
+                }
+            };
+            out.push(format!(
+                "{} energy is {} in A and {} in B: their difference is not the programs' alone",
+                d.name(),
+                how(ea),
+                how(eb)
+            ));
+        }
+    }
+    if a.host.hostname != b.host.hostname || a.host.cpu_model != b.host.cpu_model {
+        out.push(format!(
+            "A ran on {} ({}) and B on {} ({}): another machine's power differs",
+            a.host.hostname, a.host.cpu_model, b.host.hostname, b.host.cpu_model
+        ));
+    }
+    out
 }
 
 fn groups(s: &Summary) -> Vec<(String, (f64, f64, f64))> {
@@ -218,7 +272,11 @@ pub(crate) fn compare(a: &Summary, b: &Summary) -> Comparison {
         a: side(a),
         b: side(b),
         total: row(
-            "measured (CPU+DRAM+GPU)".into(),
+            if [a, b].iter().any(|s| s.domains.iter().any(|d| d.estimated)) {
+                "energy (CPU+DRAM+GPU, estimated in part)".into()
+            } else {
+                "measured (CPU+DRAM+GPU)".into()
+            },
             Some(total(a)),
             Some(total(b)),
         ),
@@ -226,6 +284,7 @@ pub(crate) fn compare(a: &Summary, b: &Summary) -> Comparison {
         groups: rows_of(&groups(a), &groups(b)),
         processes,
         windows: rows_of(&windows(a), &windows(b)),
+        warnings: warnings(a, b),
     }
 }
 

@@ -126,7 +126,14 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         .iter()
         .flat_map(|iv| series.iter().map(move |&(d, p)| power(iv, d, p)))
         .fold(1.0f64, f64::max);
-    let mut chart = chart(area, "Measured power per domain", x_range(l), top)?;
+    // Said as it is: a model's estimate is never headed "measured".
+    let estimated = l.summary.domains.iter().filter(|d| d.estimated).count();
+    let title = match estimated {
+        0 => "Measured power per domain",
+        n if n == l.summary.domains.len() => "Estimated power per domain",
+        _ => "Power per domain (some estimated: see the table)",
+    };
+    let mut chart = chart(area, title, x_range(l), top)?;
     chart
         .configure_mesh()
         .x_desc("time since start (s)")

@@ -206,6 +206,9 @@ pub(crate) fn render_comparison(c: &Comparison) -> String {
         name(&c.a),
         name(&c.b)
     );
+    for w in &c.warnings {
+        let _ = writeln!(s, "  warning: {w}");
+    }
     let num = |v: Option<f64>, w: usize, p: usize| match v {
         Some(v) => format!("{v:>w$.p$}"),
         None => format!("{:>w$}", "-"),

@@ -244,7 +244,8 @@ impl Readers {
                 Ok(None) => used.push(missing(
                     "cpu",
                     format!(
-                        "CPU energy not measured (--power-model none): {}",
+                        "CPU energy not measured (no counter, and no power model: calibrate \
+                         and --power-model none fit counters only): {}",
                         reasons.join("; ")
                     ),
                     Some(
