@@ -137,23 +137,15 @@ fn the_same_job_is_charged_the_same_however_soon_it_opens_its_context() {
     );
 }
 
-/// Each pid's GPU joules over the intervals its share was sampled in,
-/// leaving out the first `edge` and last `edge` of those (where the work
-/// began and ended within the interval).
-fn sampled_j(report: &Value, pids: &[u64], edge: usize) -> Vec<f64> {
+/// Each pid's GPU joules over the intervals its share was sampled in.
+fn sampled_j(report: &Value, pids: &[u64]) -> Vec<f64> {
     let mut out = vec![0.0; pids.len()];
-    let sampled: Vec<&Value> = report["intervals"]
+    let sampled = report["intervals"]
         .as_array()
         .expect("intervals")
         .iter()
-        .filter(|i| i["gpus"][0]["sm_basis"] != "equal")
-        .collect();
-    let n = sampled.len();
-    for i in sampled
-        .into_iter()
-        .skip(edge)
-        .take(n.saturating_sub(2 * edge))
-    {
+        .filter(|i| i["gpus"][0]["sm_basis"] != "equal");
+    for i in sampled {
         for (k, pid) in pids.iter().enumerate() {
             out[k] += i["processes"]
                 .as_array()
@@ -204,11 +196,10 @@ fn time_sliced_turns_are_split_by_time_at_1_s_and_100_ms() {
         ));
         let (report, pids) = two_children(&lib, interval, "19.5");
         // At 1 s the turns' 1.8 s pattern of periods aliases with the
-        // intervals (0.7 or 0.6 of one to the first): 18 s of turns average
-        // out, and the intervals where they began and ended (the power
-        // settling, a tail) are left out, as on the H200.
-        let edge = usize::from(interval == "1s");
-        let j = sampled_j(&report, &pids, edge);
+        // intervals (0.7 or 0.6 of one to the first): 18 s of turns
+        // average out. The whole run counts, the intervals where the turns
+        // began and ended (the power settling after them) included.
+        let j = sampled_j(&report, &pids);
         eprintln!(
             "{interval}: {:.1} J : {:.1} J ({:.4}:1)",
             j[0],
@@ -247,7 +238,7 @@ fn mps_clients_are_holders_weighed_by_their_samples() {
     for pid in pids.iter().chain([&u64::from(me)]) {
         assert!(holders.contains(pid), "{pid} never a holder: {holders:?}");
     }
-    let j = sampled_j(&report, &pids, 0);
+    let j = sampled_j(&report, &pids);
     eprintln!(
         "MPS clients: {:.1} J : {:.1} J ({:.4}:1)",
         j[0],
