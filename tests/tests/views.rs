@@ -221,3 +221,47 @@ fn report_of_an_estimate_against_a_counter_warns_and_lines_up_the_domains() {
     assert!(text.contains("estimated in part"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sources_takes_the_options_run_takes_and_advises_what_fits_a_vm() {
+    let json = |args: &[&str]| {
+        let out = Command::new(wattprof_bin())
+            .arg("sources")
+            .args(args)
+            .arg("--json")
+            .output()
+            .expect("sources");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")
+    };
+    let r = json(&["--no-gpu"]);
+    assert_eq!(r["gpu"]["status"], "disabled", "{r}");
+    // A host's exported share, as a VM reads it.
+    let fixture = wattprof_tests::FakeRapl::start(40.0, 4.0);
+    let root = fixture.sys.join("class/powercap");
+    let r = json(&["--no-gpu", "--powercap-root", root.to_str().expect("utf-8")]);
+    assert_eq!(r["cpu_energy_reader"], "powercap", "{r}");
+    assert!(r["advice"].is_null(), "measured: no advice needed: {r}");
+    drop(fixture);
+    // In a VM with no counter, the way to measured figures is said.
+    let guest = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" hypervisor"));
+    let r = json(&["--no-gpu"]);
+    if guest && r["cpu_energy_reader"] == "estimate" {
+        let advice = r["advice"].to_string();
+        assert!(
+            advice.contains("--vm-export") && advice.contains("--powercap-root"),
+            "{r}"
+        );
+    }
+    // Text: no sentence cut short.
+    let out = Command::new(wattprof_bin())
+        .args(["sources", "--no-gpu"])
+        .output()
+        .expect("sources");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("fits this host's\n"), "{text}");
+}

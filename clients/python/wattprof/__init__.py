@@ -64,8 +64,10 @@ class Measurement:
     package_j, dram_j, gpu_j, core_j   that energy per domain (J)
     co2_g        its CO2 equivalent (g)
     cpu_time_s   the tree's CPU time in the window (s)
-    machine      the whole machine's measured energy per domain:
-                 a list of dicts (domain, package, measured_j, avg_power_w)
+    machine      the whole machine's energy per domain: a list of dicts
+                 (domain, package, measured_j, avg_power_w, estimated)
+    estimated    True when any of the machine's figures is a power model's
+                 estimate (no energy counter), not a measurement
     raw          the JSON object wattprof sent
     """
 
@@ -83,6 +85,7 @@ class Measurement:
         self.duration_s = (raw.get("end_ns", 0) - raw.get("begin_ns", 0)) / 1e9
         self.cpu_time_s = raw.get("on_cpu_ns", 0) / 1e9
         self.machine = raw.get("machine", [])
+        self.estimated = any(d.get("estimated", False) for d in self.machine)
 
     # Zeus's Measurement names.
     @property
@@ -94,10 +97,11 @@ class Measurement:
         return self.duration_s
 
     def __repr__(self):
-        return "Measurement(name=%r, energy_j=%r, duration_s=%r)" % (
+        return "Measurement(name=%r, energy_j=%r, duration_s=%r%s)" % (
             self.name,
             self.energy_j,
             self.duration_s,
+            ", estimated" if self.estimated else "",
         )
 
 

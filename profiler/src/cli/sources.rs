@@ -32,6 +32,16 @@ pub(crate) struct SourcesArgs {
     #[arg(long, value_name = "PATH")]
     pub(crate) nvml_lib: Option<std::path::PathBuf>,
 
+    /// Do not look for NVIDIA GPUs (as `run --no-gpu`).
+    #[arg(long)]
+    pub(crate) no_gpu: bool,
+
+    /// Read CPU energy from this powercap tree (a directory holding
+    /// intel-rapl:N zones, such as the share a host's `wattprof monitor
+    /// --vm-export` writes for a VM), as `run --powercap-root` would.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) powercap_root: Option<std::path::PathBuf>,
+
     /// Read every available reader twice, this long apart (e.g. 2s), and
     /// report readers that disagree by more than 5% on the same domain.
     #[arg(long, value_name = "DURATION", value_parser = super::setup::parse_interval)]
@@ -118,7 +128,35 @@ pub(crate) fn execute(args: SourcesArgs) -> anyhow::Result<i32> {
         &cpuinfo,
         args.model.request(),
     );
-    report.gpu = probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()));
+    if let Some(root) = &args.powercap_root {
+        crate::sources::probe::given_powercap(&mut report, root, &cpuinfo)
+            .map_err(super::Fatal::usage)?;
+    }
+    // In a VM no counter of the host's CPU is readable (the hypervisor
+    // hides RAPL): the real figures come from the host, shared.
+    let guest = cpuinfo.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            matches!(k.trim(), "flags" | "Features")
+                && v.split_whitespace().any(|f| f == "hypervisor")
+        })
+    });
+    if guest && report.cpu_energy_reader.is_none_or(|r| r == "estimate") {
+        report.advice.push(
+            "this is a VM: its CPU energy here is an estimate. For measured figures, run \
+             `wattprof monitor --vm-export DIR` on the host and give this VM's share with \
+             `--powercap-root DIR` (run, monitor and sources take it)"
+                .into(),
+        );
+    }
+    report.gpu = if args.no_gpu {
+        crate::sources::probe::GpuStatus {
+            status: "disabled",
+            reason: Some("--no-gpu".into()),
+            ..Default::default()
+        }
+    } else {
+        probe_gpus(args.nvml_lib.as_deref().map(|p| p.as_os_str()))
+    };
     report.static_power = static_status(
         &report,
         args.host_model.as_deref(),

@@ -36,7 +36,12 @@ pub(crate) fn render_monitor_frame(
             Some(p) => format!("{} {p}", d.domain.name()),
             None => d.domain.name().to_string(),
         };
-        let _ = write!(power, "  {name}: {:.1} W", d.power.power_w);
+        let _ = write!(
+            power,
+            "  {name}: {:.1} W{}",
+            d.power.power_w,
+            if d.estimated { " (estimated)" } else { "" }
+        );
     }
     if power.is_empty() {
         power = "  (no energy reader: see `wattprof sources`)".into();

@@ -230,7 +230,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
     if p.ended_unseen > 0 {
         let _ = writeln!(
             s,
-            "  note: {} processes ended with neither exit nor free record (both lost): named \
+            "  note: {} process(es) ended with neither exit nor free record (both lost): named \
              from their fork, time up to their last reading; see README, \"Guarantees\"",
             p.ended_unseen
         );

@@ -55,6 +55,9 @@ pub(crate) fn render(report: &SourcesReport) -> String {
             (None, None) => out.push('\n'),
         }
     }
+    for a in &report.advice {
+        out.push_str(&format!("  advice: {a}\n"));
+    }
     out.push_str("GPU energy readers:\n");
     match (&report.gpu.reason, report.gpu.gpus.is_empty()) {
         (Some(reason), _) => {

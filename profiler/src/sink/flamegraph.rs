@@ -211,7 +211,20 @@ impl Sink for FlameGraph {
             done.push(commit(
                 out,
                 "--flamegraph",
-                svg(ledger, domain, &what),
+                svg(
+                    ledger,
+                    domain,
+                    &if report
+                        .energy
+                        .domains
+                        .iter()
+                        .any(|d| d.domain.name() == domain && d.estimated)
+                    {
+                        format!("estimated, {what}")
+                    } else {
+                        what.clone()
+                    },
+                ),
                 &format!("{domain} energy flame graph"),
             ));
         }

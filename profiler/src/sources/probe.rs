@@ -50,6 +50,10 @@ pub(crate) struct SourcesReport {
     pub(crate) disagreements: Option<Vec<crate::sources::Disagreement>>,
     /// With `--check`: the readers compared.
     pub(crate) checked: Vec<&'static str>,
+    /// What fits this machine, where no counter is read (a VM guest: the
+    /// host's counters, shared).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) advice: Vec<String>,
     /// NVIDIA GPUs through NVML.
     pub(crate) gpu: GpuStatus,
     /// Each CPU energy domain's static power, where it is known before a
@@ -217,9 +221,42 @@ pub(crate) fn probe(
         wattmeter: None,
         disagreements: None,
         checked: Vec::new(),
+        advice: Vec::new(),
         gpu: GpuStatus::default(),
         static_power: StaticPowerStatus::default(),
     }
+}
+
+/// `--powercap-root DIR`: that tree is the CPU energy reader, as `run`
+/// would use it (first, in use); one line why when it cannot be.
+pub(crate) fn given_powercap(
+    report: &mut SourcesReport,
+    root: &std::path::Path,
+    cpuinfo: &str,
+) -> Result<(), String> {
+    let p = super::powercap::Powercap::open_dir(root.to_path_buf(), cpuinfo).map_err(|e| {
+        let (reason, _) = e.reason_and_fix();
+        format!(
+            "--powercap-root {}: {reason} (give a directory holding intel-rapl:N zones, such as \
+             one a host's `wattprof monitor --vm-export` writes)",
+            root.display()
+        )
+    })?;
+    for r in report.readers.iter_mut().filter(|r| r.status == "in_use") {
+        r.status = "available";
+    }
+    report.readers.insert(
+        0,
+        ReaderStatus {
+            name: "powercap",
+            status: "in_use",
+            info: Some(p.info()),
+            reason: Some(format!("--powercap-root {}", root.display())),
+            fix: None,
+        },
+    );
+    report.cpu_energy_reader = Some("powercap");
+    Ok(())
 }
 
 /// Reads every reader that opens, twice, `over` apart, and compares them.
