@@ -265,3 +265,40 @@ fn sources_takes_the_options_run_takes_and_advises_what_fits_a_vm() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("fits this host's\n"), "{text}");
 }
+
+#[test]
+fn forty_shim_children_are_one_folded_row_and_all_shows_them() {
+    require_ebpf!();
+    let t = testload_bin();
+    let script = format!(
+        "for i in $(seq 40); do /bin/true; done; {} cpu 0.5",
+        t.display()
+    );
+    let table = |extra: &[&str]| {
+        let out = Command::new(wattprof_bin())
+            .args(["run", "--no-gpu", "--host-model", "none"])
+            .args(extra)
+            .args(["--", "sh", "-c", &script])
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let folded = table(&[]);
+    let rows = |t: &str| {
+        t.lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some("true"))
+            .count()
+    };
+    assert_eq!(rows(&folded), 0, "a row per shim: {folded}");
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains(" true ") && l.contains("(40 processes,")),
+        "no folded row: {folded}"
+    );
+    assert!(folded.contains("wp-cpu"), "{folded}");
+    let all = table(&["--all"]);
+    assert_eq!(rows(&all), 40, "{all}");
+}

@@ -14,6 +14,13 @@ use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 /// Energy and output options of `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct EnergyArgs {
+    /// Show every process in the final table. By default processes under
+    /// 1% of the CPU time shown (and under 50 ms) are folded by command
+    /// name with a count (shell shims, `readlink`...), and at most 20 rows
+    /// are shown; the recording always has every row.
+    #[arg(long)]
+    pub(crate) all: bool,
+
     /// Also stream one JSON record per interval to FILE, written as each
     /// interval ends (a killed wattprof leaves every finished line).
     #[arg(long, value_name = "FILE")]

@@ -218,7 +218,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&finished)?;
+    deliver(&finished, args.energy.all)?;
     // After the recording: a slow state directory delays nothing kept.
     hooks.say_saved(learned.save_learned());
     outputs_complete(&finished.report)?;

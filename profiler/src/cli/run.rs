@@ -186,7 +186,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&finished)?;
+    deliver(&finished, args.energy.all)?;
     // The command's failure is its own exit status; a command that
     // succeeded exits 125 when an output of wattprof's stopped early.
     let code = child::exit_code(status);

@@ -200,9 +200,9 @@ pub(super) fn outputs_complete(report: &crate::model::RunReport) -> anyhow::Resu
 /// Prints the run's table to stderr, then what each output wrote; fails
 /// (exit status 125) if an output could not be written. The outputs were
 /// written first: a closed or broken stderr must not cost them.
-pub(super) fn deliver(finished: &Finished) -> anyhow::Result<()> {
+pub(super) fn deliver(finished: &Finished, all: bool) -> anyhow::Result<()> {
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(crate::render::render_run_table(&finished.report).as_bytes());
+    let _ = stderr.write_all(crate::render::render_run_table(&finished.report, all).as_bytes());
     for line in &finished.said {
         let _ = writeln!(stderr, "  {line}");
     }

@@ -10,12 +10,13 @@ use crate::model::{EnergyJ, RunReport};
 use crate::sources::Domain;
 
 /// Renders the end-of-run table. Shares are of all CPU time in the run
-/// (every CPU's window: busy + idle + lost).
-pub(crate) fn render_run_table(r: &RunReport) -> String {
+/// (every CPU's window: busy + idle + lost). `all`: every process on its
+/// own row.
+pub(crate) fn render_run_table(r: &RunReport, all: bool) -> String {
     let mut s = String::new();
     let m = Measured::of(&r.energy.domains);
     let tree_procs = run_header(&mut s, r, &m);
-    run_processes(&mut s, r, &m);
+    run_processes(&mut s, r, &m, all);
     run_groups(&mut s, r, &m, tree_procs);
     run_notes(&mut s, r);
     render_containers(&mut s, &r.containers);
@@ -67,13 +68,32 @@ fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
     tree_procs
 }
 
-/// The processes with the most CPU time, then the rest folded by name.
-fn run_processes(s: &mut String, r: &RunReport, m: &Measured) {
+/// A process under this share of the CPU time shown, and under
+/// [`FOLD_NS`], is folded into its command name's row: a few ms of a shell
+/// shim say nothing on a row of their own (its power over its life least
+/// of all).
+const FOLD_SHARE: f64 = 0.01;
+const FOLD_NS: u64 = 50_000_000;
+
+/// The processes with the most CPU time, then the rest folded by name
+/// (`all`: every process, on its own row).
+fn run_processes(s: &mut String, r: &RunReport, m: &Measured, all: bool) {
     let total = r.machine.window_ns;
     let mut procs: Vec<_> = r.processes.iter().collect();
     procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
+    let shown_ns: u64 = procs.iter().map(|p| p.on_cpu_ns).sum();
+    let small = |ns: u64| ns < FOLD_NS && (ns as f64) < FOLD_SHARE * shown_ns as f64;
+    let rows = if all {
+        procs.len()
+    } else {
+        procs
+            .iter()
+            .take(TOP_ROWS)
+            .take_while(|p| !small(p.on_cpu_ns))
+            .count()
+    };
     let opt = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| format!("{:.3}", secs(t)));
-    for p in procs.iter().take(TOP_ROWS) {
+    for p in procs.iter().take(rows) {
         let _ = writeln!(
             s,
             "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%{} {:>9} {:>9}",
@@ -87,40 +107,41 @@ fn run_processes(s: &mut String, r: &RunReport, m: &Measured) {
             opt(p.exit_ns),
         );
     }
-    if procs.len() > TOP_ROWS {
-        let mut by_name: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-        for p in &procs[TOP_ROWS..] {
+    if procs.len() > rows {
+        // Folded by name: how many, their CPU time and energy together.
+        let mut by_name: BTreeMap<&str, (usize, u64, f64)> = BTreeMap::new();
+        for p in &procs[rows..] {
             let e = by_name.entry(p.comm.as_str()).or_default();
             e.0 += 1;
             e.1 += p.on_cpu_ns;
+            e.2 += p.energy.total_j;
         }
         let mut rest: Vec<_> = by_name.into_iter().collect();
         rest.sort_by_key(|r| std::cmp::Reverse(r.1.1));
-        for (name, (n, ns)) in rest.iter().take(5) {
+        let line = |s: &mut String, name: &str, n: usize, ns: u64, j: f64| {
             let _ = writeln!(
                 s,
-                "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%   ({n} more processes)",
+                "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%   ({n} {}, {j:.3} J together)",
                 "+",
                 "",
                 name,
-                secs(*ns),
-                pct(*ns, total)
+                secs(ns),
+                pct(ns, total),
+                if n == 1 { "process" } else { "processes" }
             );
+        };
+        for (name, (n, ns, j)) in rest.iter().take(5) {
+            line(s, name, *n, *ns, *j);
         }
         if rest.len() > 5 {
-            let (n, ns) = rest[5..]
+            let (n, ns, j) = rest[5..]
                 .iter()
-                .fold((0, 0), |(a, b), (_, (n, ns))| (a + n, b + ns));
-            let _ = writeln!(
-                s,
-                "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%   ({n} more processes)",
-                "+",
-                "",
-                "(other names)",
-                secs(ns),
-                pct(ns, total)
-            );
+                .fold((0, 0, 0.0), |(a, b, c), (_, (n, ns, j))| {
+                    (a + n, b + ns, c + j)
+                });
+            line(s, "(other names)", n, ns, j);
         }
+        let _ = writeln!(s, "{:>8}   (--all shows every process)", "");
     }
 }
 
