@@ -137,23 +137,12 @@ fn the_same_job_is_charged_the_same_however_soon_it_opens_its_context() {
     );
 }
 
-/// Each pid's GPU joules over the intervals its share was sampled in.
+/// Each pid's GPU joules over the whole run (the intervals the power
+/// settled after them included).
 fn sampled_j(report: &Value, pids: &[u64]) -> Vec<f64> {
-    let mut out = vec![0.0; pids.len()];
-    let sampled = report["intervals"]
-        .as_array()
-        .expect("intervals")
-        .iter()
-        .filter(|i| i["gpus"][0]["sm_basis"] != "equal");
-    for i in sampled {
-        for (k, pid) in pids.iter().enumerate() {
-            out[k] += i["processes"]
-                .as_array()
-                .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == Some(*pid)))
-                .map_or(0.0, |p| f(p, "/gpu_j"));
-        }
-    }
-    out
+    pids.iter()
+        .map(|pid| f(process(report, *pid), "/energy/gpu_j"))
+        .collect()
 }
 
 /// `run` of a shell whose two children sleep `secs`: the recording and
@@ -187,16 +176,16 @@ fn two_children(lib: &std::path::Path, interval: &str, secs: &str) -> (Value, Ve
 #[test]
 fn time_sliced_turns_are_split_by_time_at_1_s_and_100_ms() {
     require_ebpf!();
-    // 600/300 ms turns from 1 s to 19 s: each sample reads 92% for whoever
+    // 600/300 ms turns from 1 s to 37 s: each sample reads 92% for whoever
     // ran in its 200 ms, so the first touches 8 periods of 9 and the
     // second 5. Counting periods gave 1.6:1; the split is 2:1 in time.
     for interval in ["1s", "100ms"] {
         let lib = nvml_stub(&h200(
-            "child/1:92:1024~0-600/900@1000-19000,child/2:92:1024~600-900/900@1000-19000",
+            "child/1:92:1024~0-600/900@1000-37000,child/2:92:1024~600-900/900@1000-37000",
         ));
-        let (report, pids) = two_children(&lib, interval, "19.5");
+        let (report, pids) = two_children(&lib, interval, "37.5");
         // At 1 s the turns' 1.8 s pattern of periods aliases with the
-        // intervals (0.7 or 0.6 of one to the first): 18 s of turns
+        // intervals (0.7 or 0.6 of one to the first): 36 s of turns
         // average out. The whole run counts, the intervals where the turns
         // began and ended (the power settling after them) included.
         let j = sampled_j(&report, &pids);

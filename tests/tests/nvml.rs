@@ -1034,3 +1034,31 @@ fn a_sample_returned_again_by_the_look_back_is_no_new_sample() {
     // machine reads later, so up to four), not eight.
     assert!((1..=4).contains(&sampled), "{bases:?}");
 }
+
+#[test]
+fn a_job_that_opens_and_closes_its_context_between_two_reads_keeps_its_samples() {
+    // A 0.3 s burst from 1.2 s to 1.5 s on the stub's clock, its samples
+    // published 600 ms late (after it left the process list), and reads at
+    // 1 s and 2.4 s: neither read lists it, the sampling thread did.
+    for lag in ["", "+600"] {
+        let lib = stub(&format!(
+            "gpu name=A uuid=GPU-0 energy=counter load=60000:20000:2000 sample_ms=100 \
+             procs=5001:60:1024{lag}@1200-1500\n"
+        ));
+        let mut gpus = open(&lib);
+        gpus.sample_between_reads(Duration::from_millis(100))
+            .expect("sampler");
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(1000));
+        let first = gpus.read_gpus().remove(0);
+        assert!(first.processes.is_empty(), "{lag}: {first:?}");
+        std::thread::sleep(Duration::from_millis(2400).saturating_sub(start.elapsed()));
+        let r = gpus.read_gpus().remove(0);
+        let burst = r.processes.iter().find(|p| p.pid == 5001);
+        assert!(
+            burst.is_some_and(|p| p.sm_util_pct > 0.0),
+            "{lag}: the burst has no share of the interval it ran in: {:?}",
+            r.processes
+        );
+    }
+}

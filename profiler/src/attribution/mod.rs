@@ -101,6 +101,10 @@ pub(crate) struct GpuInterval {
     pub(crate) unheld: u32,
     /// Its static energy over the interval (0 where not known yet).
     pub(crate) statics: GpuStaticEnergy,
+    /// No process holds it, and `processes` are the last holders while
+    /// its power settles from their work: they get the energy above the
+    /// idle figure only, under every `--static-power` rule.
+    pub(crate) settling: bool,
 }
 
 /// How a domain's static energy is shared (`--static-power`).
@@ -429,6 +433,7 @@ fn gpu_share(g: &GpuInterval, rule: StaticShare) -> DomainShare {
     let static_cut_uj = (g.statics.idle_uj + g.statics.held_uj).saturating_sub(e);
     let dynamic_uj = e - static_uj;
     let (to_holders, to_idle) = match rule {
+        _ if g.settling => (held_part, idle_part),
         StaticShare::Capacity => (held_part, idle_part),
         StaticShare::Busy => (static_uj, 0),
         StaticShare::Idle => (0, static_uj),

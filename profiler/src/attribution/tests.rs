@@ -125,6 +125,7 @@ fn conservation_holds_with_rounding_for_every_domain() {
         estimated: false,
         processes: vec![(Some(1), 33), (Some(2), 33), (None, 34)],
         unheld: 0,
+        settling: false,
         statics: GpuStaticEnergy::default(),
     }];
     let shares = attribute(&Interval {
@@ -333,6 +334,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             estimated: false,
             processes: vec![(Some(1), 60), (Some(2), 30)],
             unheld: 0,
+            settling: false,
             statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
@@ -341,6 +343,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             estimated: false,
             processes: vec![],
             unheld: 0,
+            settling: false,
             statics: GpuStaticEnergy::default(),
         },
         GpuInterval {
@@ -349,6 +352,7 @@ fn gpu_energy_is_split_by_sm_share_and_idle_when_nobody_holds_it() {
             estimated: true,
             processes: vec![(Some(3), 0)],
             unheld: 0,
+            settling: false,
             statics: GpuStaticEnergy::default(),
         },
     ];
@@ -384,6 +388,7 @@ fn gpu_with_statics(rule: StaticShare) -> DomainShare {
         estimated: false,
         processes: vec![(Some(1), 60), (Some(2), 0), (None, 20)],
         unheld: 0,
+        settling: false,
         statics: GpuStaticEnergy {
             idle_uj: 31_700_000,
             held_uj: 22_300_000,
@@ -441,6 +446,7 @@ fn a_gpu_static_figure_above_what_was_measured_is_cut_and_no_context_is_all_idle
         estimated: false,
         processes: vec![(Some(1), 50)],
         unheld: 0,
+        settling: false,
         statics: GpuStaticEnergy {
             idle_uj: 31_700_000,
             held_uj: 22_300_000,
@@ -657,6 +663,7 @@ fn a_busy_mig_instance_with_no_listed_process_keeps_its_share_unattributed() {
         estimated: false,
         processes: vec![(Some(1), 30), (Some(2), 10)],
         unheld: 60,
+        settling: false,
         statics: GpuStaticEnergy::default(),
     }];
     let shares = attribute(&Interval {

@@ -265,16 +265,14 @@ impl Profile {
             let statics = self.statics.gpu_interval(g, duration_ns);
             // Only above a known idle figure: without one, the idle power
             // would be charged to them.
+            let mut settling = false;
             if processes.is_empty() {
                 if statics.idle_uj > 0 {
-                    processes = self.settling_holders(g.index, at_ns);
+                    processes = self.settling_holders(g.index, at_ns.saturating_sub(duration_ns));
+                    settling = !processes.is_empty();
                 }
             } else {
-                let known: Vec<(ConsumerId, u32)> = processes
-                    .iter()
-                    .filter_map(|(id, sm)| id.map(|id| (id, *sm)))
-                    .collect();
-                self.gpu_tail.insert(g.index, (known, at_ns));
+                self.gpu_tail.insert(g.index, (processes.clone(), at_ns));
             }
             gpus.push(GpuInterval {
                 index: g.index,
@@ -283,26 +281,28 @@ impl Profile {
                 processes,
                 unheld: (g.unheld_sm_pct * 1000.0).round() as u32,
                 statics,
+                settling,
             });
         }
         gpus
     }
 
-    /// The holders a GPU had when it was last held, while its power may
-    /// still be settling from their work (within [`SETTLE_NS`]), and
-    /// still known to the table; none after.
-    fn settling_holders(&mut self, index: u32, at_ns: u64) -> Vec<(Option<ConsumerId>, u32)> {
+    /// The holders a GPU had when it was last held, for an interval that
+    /// starts at `from_ns`, while its power may still be settling from
+    /// their work (within [`SETTLE_NS`] of when they were last seen); none
+    /// after. A holder the table no longer knows (or never knew) keeps its
+    /// weight, unattributed.
+    fn settling_holders(&mut self, index: u32, from_ns: u64) -> Vec<(Option<ConsumerId>, u32)> {
         let Some((holders, since)) = self.gpu_tail.get(&index) else {
             return Vec::new();
         };
-        if at_ns.saturating_sub(*since) > SETTLE_NS {
+        if from_ns.saturating_sub(*since) >= SETTLE_NS {
             self.gpu_tail.remove(&index);
             return Vec::new();
         }
         holders
             .iter()
-            .filter(|(id, _)| self.table.by_id(*id).is_some())
-            .map(|(id, sm)| (Some(*id), *sm))
+            .map(|(id, sm)| (id.filter(|id| self.table.by_id(*id).is_some()), *sm))
             .collect()
     }
 

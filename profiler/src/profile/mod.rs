@@ -77,6 +77,10 @@ struct Scratch {
     index: IntMap<ConsumerId, usize>,
 }
 
+/// A GPU holder as the attribution takes it: its consumer (`None`: no
+/// process the tracker knows) and its SM weight.
+type GpuHolder = (Option<ConsumerId>, u32);
+
 /// One profile in progress.
 pub(crate) struct Profile {
     /// Processes seen.
@@ -102,7 +106,7 @@ pub(crate) struct Profile {
     /// Each GPU's last holders (known to the table, with their SM
     /// weights) and when they were last seen: the power settling after
     /// they leave is theirs.
-    gpu_tail: std::collections::BTreeMap<u32, (Vec<(ConsumerId, u32)>, u64)>,
+    gpu_tail: std::collections::BTreeMap<u32, (Vec<GpuHolder>, u64)>,
     /// `monitor`: the rows of exited processes that used the most energy,
     /// most first (bounded by `--top`, at least 100).
     departed: Vec<crate::model::ProcessReport>,

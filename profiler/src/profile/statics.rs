@@ -127,9 +127,12 @@ pub(crate) struct Statics {
 impl Statics {
     /// The figures for a profile reading `readers` on `cpus` CPUs.
     pub(crate) fn new(cfg: &StaticsConfig, readers: &Readers, cpus: usize) -> Self {
+        // A GPU whose UUID could not be read is matched to no figure and
+        // teaches the model nothing (its figures would be no GPU's).
         let gpu_ids: std::collections::BTreeMap<u32, (String, String)> = readers
             .gpus()
             .into_iter()
+            .filter(|g| !g.uuid.is_empty())
             .map(|g| (g.index, (g.uuid, g.name)))
             .collect();
         let mut pending: Vec<String> = cfg.ignored.iter().cloned().collect();

@@ -286,9 +286,9 @@ impl HostModel {
                 path.display()
             )
         })?;
-        if m.kind != "wattprof_power_model" || m.version != 1 {
+        if m.kind != "wattprof_power_model" || !(1..=2).contains(&m.version) {
             return Err(format!(
-                "{}: not a version 1 wattprof power model; make it again with `wattprof \
+                "{}: not a version 1 or 2 wattprof power model; make it again with `wattprof \
                  calibrate`",
                 path.display()
             ));
@@ -321,13 +321,16 @@ impl HostModel {
             ));
         }
         if let Some(g) = m.gpus.iter().find(|g| !g.sane()) {
+            let w = |x: Option<f64>| x.map_or_else(|| "none".to_string(), |w| format!("{w:.2} W"));
             return Err(format!(
-                "{}: GPU {}'s static power ({:?} W idle, {:?} W held) is no power: make it \
-                 again with `wattprof calibrate`",
+                "{}: GPU {:?}'s figures (idle {}, held {}, over {:.1} s and {:.1} s) are no \
+                 power: make it again with `wattprof calibrate`",
                 path.display(),
                 g.uuid,
-                g.idle_w,
-                g.held_w
+                w(g.idle_w),
+                w(g.held_w),
+                g.idle_s,
+                g.held_s
             ));
         }
         Ok(Some(m))
@@ -362,8 +365,20 @@ impl HostModel {
     }
 
     /// Writes it to `path` atomically (a temporary file renamed),
-    /// creating the directory.
+    /// creating the directory. A model with GPU figures is version 2 (an
+    /// older wattprof refuses it in one line rather than misread it); one
+    /// without stays version 1.
     pub(crate) fn save(&self, path: &std::path::Path) -> Result<(), String> {
+        let versioned;
+        let this = if self.gpus.is_empty() == (self.version == 1) {
+            self
+        } else {
+            versioned = Self {
+                version: if self.gpus.is_empty() { 1 } else { 2 },
+                ..self.clone()
+            };
+            &versioned
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -372,7 +387,7 @@ impl HostModel {
         let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
         std::fs::write(
             &tmp,
-            serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+            serde_json::to_string_pretty(this).unwrap_or_default() + "\n",
         )
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))

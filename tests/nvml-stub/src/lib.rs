@@ -1439,6 +1439,17 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     unsafe { running_processes(dev, count, infos, true) }
 }
 
+/// As `_v3`, with the 24-byte entries of `_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_uint {
+    // SAFETY: forwarded NVML contract.
+    unsafe { listed_processes(dev, count, infos, false, true) }
+}
+
 /// Under MPS the clients are listed here, and the server in the compute
 /// list (`mps_server=PID:MEM`, clients `PID:SM:MEM%mps`).
 #[unsafe(no_mangle)]

@@ -50,7 +50,6 @@ pub(super) fn measure(
 ) -> Result<(Vec<GpuFit>, Vec<String>), String> {
     let mut gpus = NvmlGpus::open(nvml_lib).map_err(|e| e.to_string())?;
     let infos = gpus.gpus();
-    let me = std::process::id();
     eprintln!(
         "wattprof calibrate: {} GPU(s): idle power ({:.1} s with no context), then held power \
          ({:.1} s with one context of its own open, no work)",
@@ -58,9 +57,14 @@ pub(super) fn measure(
         step.as_secs_f64(),
         step.as_secs_f64()
     );
-    let idle = phase(&mut gpus, Duration::from_nanos(SETTLE_NS), step, |pids| {
-        pids.is_empty()
-    });
+    let indices: Vec<u32> = infos.iter().map(|i| i.index).collect();
+    let idle = phase(
+        &mut gpus,
+        &indices,
+        Duration::from_nanos(SETTLE_NS),
+        step,
+        <[u32]>::is_empty,
+    );
     let mut notes = Vec::new();
     let held = match Cuda::open(cuda_lib) {
         Err(e) => {
@@ -69,7 +73,7 @@ pub(super) fn measure(
             ));
             BTreeMap::new()
         }
-        Ok(cuda) => held_phase(&mut gpus, &cuda, &infos, &idle, step, me, &mut notes),
+        Ok(cuda) => held_phase(&mut gpus, &cuda, &infos, &idle, step, &mut notes),
     };
     let mut fits = Vec::new();
     for info in &infos {
@@ -128,7 +132,6 @@ fn held_phase(
     infos: &[GpuInfo],
     idle: &PhaseResult,
     step: Duration,
-    me: u32,
     notes: &mut Vec<String>,
 ) -> PhaseResult {
     let devices = match cuda.devices() {
@@ -164,9 +167,14 @@ fn held_phase(
     if contexts.is_empty() {
         return out;
     }
-    let mut held = phase(gpus, HELD_SETTLE, step, |pids| pids == [me]);
+    // Only calibrate's own context holds it: the GPU had no holder in the
+    // idle phase, so one holder now is this process (NVML gives its host
+    // pid, which in a container is not `std::process::id()`).
+    let with_context: Vec<u32> = contexts.iter().map(|(i, _)| *i).collect();
+    let held = phase(gpus, &with_context, HELD_SETTLE, step, |pids| {
+        pids.len() == 1
+    });
     drop(contexts);
-    held.retain(|i, _| !out.contains_key(i));
     out.extend(held);
     out
 }
@@ -176,13 +184,19 @@ fn held_phase(
 /// read found its holders to be what `want` accepts.
 fn phase(
     gpus: &mut NvmlGpus,
+    indices: &[u32],
     settle: Duration,
     measure: Duration,
     want: impl Fn(&[u32]) -> bool,
 ) -> PhaseResult {
     // Per GPU: the energy since the first counter step counted, and the
-    // time from that step to the last one seen (or why there is none).
-    let mut state: BTreeMap<u32, Result<Steps, String>> = BTreeMap::new();
+    // time from that step to the last one seen (or why there is none);
+    // every GPU asked for has an entry, so one that never answers is said.
+    let mut state: BTreeMap<u32, Result<Steps, String>> = indices
+        .iter()
+        .map(|i| (*i, Err("it gave no reading".to_string())))
+        .collect();
+    let mut answered: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     let start = Instant::now();
     // The first read starts every counter from here.
     let _ = gpus.read_gpus();
@@ -194,7 +208,12 @@ fn phase(
         for r in readings {
             let mut pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
             pids.sort_unstable();
-            let entry = state.entry(r.index).or_insert(Ok(Steps::default()));
+            let Some(entry) = state.get_mut(&r.index) else {
+                continue;
+            };
+            if answered.insert(r.index) {
+                *entry = Ok(Steps::default());
+            }
             let Ok(steps) = entry else { continue };
             if !want(&pids) {
                 *entry = Err(format!(

@@ -14,10 +14,12 @@ type CuResult = c_uint;
 type CuDevice = c_int;
 type CuContext = *mut c_void;
 
-/// The driver's library, initialised.
+/// The driver's library, initialised. It is never unloaded: the driver
+/// starts threads of its own at `cuInit`, and `dlclose` under them is
+/// undefined (cudarc keeps its library for the process's life too).
 #[derive(Debug)]
 pub(crate) struct Cuda {
-    lib: Library,
+    lib: std::mem::ManuallyDrop<Library>,
 }
 
 /// A context on one GPU, destroyed when dropped.
@@ -54,7 +56,9 @@ impl Cuda {
                 path.to_string_lossy()
             )
         })?;
-        let cuda = Self { lib };
+        let cuda = Self {
+            lib: std::mem::ManuallyDrop::new(lib),
+        };
         // SAFETY: cuInit(unsigned int) -> CUresult.
         let init: Symbol<unsafe extern "C" fn(c_uint) -> CuResult> =
             unsafe { cuda.sym(b"cuInit\0") }?;

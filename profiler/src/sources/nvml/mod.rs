@@ -433,12 +433,14 @@ impl NvmlGpus {
         if gpus.is_empty() {
             return Ok(());
         }
-        let s = Sampler::start(Arc::clone(&self.nvml), gpus, every).map_err(|e| {
-            format!(
-                "the thread that fetches NVML's samples between reads could not start ({e}): \
+        let s = Sampler::start(Arc::clone(&self.nvml), gpus, every, self.processes_v2).map_err(
+            |e| {
+                format!(
+                    "the thread that fetches NVML's samples between reads could not start ({e}): \
                  each read weighs its interval by one sample per process"
-            )
-        })?;
+                )
+            },
+        )?;
         self.sampler = Some(s);
         Ok(())
     }

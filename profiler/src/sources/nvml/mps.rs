@@ -19,8 +19,20 @@ const MAX_CLIENTS: u32 = 1024;
 impl Raw {
     /// The MPS clients of the GPU `device`: (pid, GPU memory in bytes).
     /// Where the driver has no such call, or MPS is not running, empty.
-    pub(crate) fn mps_clients(&self, device: nvmlDevice_t) -> Result<Vec<(u32, u64)>, NvmlError> {
-        let call = match nvml_sym(self.lib.nvmlDeviceGetMPSComputeRunningProcesses_v3.as_ref()) {
+    /// `v2`: the driver writes `_v3` entries of another size than the
+    /// header's (535.43–535.86), so the `_v2` call is made, whose entries
+    /// are the 24 bytes this buffer holds.
+    pub(crate) fn mps_clients(
+        &self,
+        device: nvmlDevice_t,
+        v2: bool,
+    ) -> Result<Vec<(u32, u64)>, NvmlError> {
+        let sym = if v2 {
+            self.lib.nvmlDeviceGetMPSComputeRunningProcesses_v2.as_ref()
+        } else {
+            self.lib.nvmlDeviceGetMPSComputeRunningProcesses_v3.as_ref()
+        };
+        let call = match nvml_sym(sym) {
             Ok(c) => c,
             // An older driver without the call: no MPS clients to list.
             Err(NvmlError::FailedToLoadSymbol(_)) => return Ok(Vec::new()),

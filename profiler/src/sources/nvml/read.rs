@@ -121,7 +121,7 @@ pub(super) fn read_gpu(
     // The per-process samples since the last read: those the sampler
     // fetched meanwhile, and the newest now (a count race retried); before
     // the process list, so a process that starts in between is listed.
-    let (fetched, raw, trimmed, last_seen, between) = {
+    let (fetched, raw, trimmed, last_seen, between, between_dropped) = {
         let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let fetched = sampler::fetch(&device, &mut p);
         (
@@ -130,8 +130,20 @@ pub(super) fn read_gpu(
             std::mem::take(&mut p.trimmed),
             p.last_seen,
             std::mem::take(&mut p.listed_between),
+            std::mem::take(&mut p.between_dropped),
         )
     };
+    if between_dropped > 0 {
+        // Each time: a count of what one interval lost, not a state.
+        said.out.push((
+            index,
+            format!(
+                "{between_dropped} processes listed between two reads past the {} kept: their \
+                 samples in the interval are left out",
+                4096
+            ),
+        ));
+    }
     let now_us = now_epoch_us();
     let samples_ok = fetched.is_ok();
     // The driver's process list: who holds a context, and their memory.
@@ -170,7 +182,7 @@ pub(super) fn read_gpu(
         && !g.info.mig
     {
         // SAFETY: the handle of a device NVML gave for this read.
-        match raw.mps_clients(unsafe { device.handle() }) {
+        match raw.mps_clients(unsafe { device.handle() }, processes_v2) {
             Ok(clients) => {
                 said.set("mps", None);
                 for (pid, bytes) in clients {
@@ -304,8 +316,7 @@ pub(super) fn read_gpu(
         g.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .known
-            .clone_from(&g.listed_before);
+            .known = g.listed_before.iter().copied().collect();
     }
     // Carried shares of processes that have all left are no shares.
     let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)

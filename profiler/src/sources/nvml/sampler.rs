@@ -56,33 +56,40 @@ pub(crate) struct Pending {
     /// Samples left out since the last read, past [`KEEP`].
     pub(crate) trimmed: usize,
     /// The holders the last read found (set by the read).
-    pub(crate) known: Vec<u32>,
+    pub(crate) known: std::collections::HashSet<u32>,
     /// Processes the driver listed between reads that the last read did
     /// not: a job that opens and closes its context between two reads
-    /// (a 0.3 s burst under a 1 s interval) keeps its samples.
-    pub(crate) listed_between: Vec<u32>,
+    /// (a 0.3 s burst under a 1 s interval) keeps its samples, however
+    /// late they are published.
+    pub(crate) listed_between: std::collections::HashSet<u32>,
+    /// Processes listed between reads past [`LISTED_BETWEEN`]: not kept
+    /// (their samples are dropped as a non-holder's), counted to be said.
+    pub(crate) between_dropped: u64,
 }
 
 /// At most this many processes listed between two reads are kept.
 const LISTED_BETWEEN: usize = 4096;
 
-/// Looks up the driver's process list when a sample names a process
-/// neither the last read nor an earlier look found: whether it holds a
-/// context now (so its samples are a holder's, not garbage).
-pub(crate) fn note_new_holders(device: &Device<'_>, p: &mut Pending) {
-    let new = |pid: &u32| *pid != 0 && !p.known.contains(pid) && !p.listed_between.contains(pid);
-    if !p.raw.iter().any(|s| new(&s.pid)) {
-        return;
-    }
-    let Ok(list) = device.running_compute_processes() else {
+/// Notes the holders the driver lists now that the last read did not
+/// find (one process-list call per poll; `v2`: the `_v2` call, on drivers
+/// whose `_v3` entries are not the header's size).
+pub(crate) fn note_holders(device: &Device<'_>, p: &mut Pending, v2: bool) {
+    let list = if v2 {
+        device.running_compute_processes_v2()
+    } else {
+        device.running_compute_processes()
+    };
+    let Ok(list) = list else {
         return;
     };
     for pid in list.iter().map(|x| x.pid) {
-        if !p.known.contains(&pid)
-            && !p.listed_between.contains(&pid)
-            && p.listed_between.len() < LISTED_BETWEEN
-        {
-            p.listed_between.push(pid);
+        if p.known.contains(&pid) || p.listed_between.contains(&pid) {
+            continue;
+        }
+        if p.listed_between.len() < LISTED_BETWEEN {
+            p.listed_between.insert(pid);
+        } else {
+            p.between_dropped += 1;
         }
     }
 }
@@ -157,6 +164,7 @@ impl Sampler {
         nvml: Arc<Nvml>,
         gpus: Vec<(u32, Arc<Mutex<Pending>>)>,
         every: Duration,
+        processes_v2: bool,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -172,9 +180,8 @@ impl Sampler {
                             continue;
                         };
                         let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
-                        if fetch(&device, &mut p).is_ok() {
-                            note_new_holders(&device, &mut p);
-                        }
+                        let _ = fetch(&device, &mut p);
+                        note_holders(&device, &mut p, processes_v2);
                     }
                 }
             })?;

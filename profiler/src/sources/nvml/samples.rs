@@ -85,12 +85,14 @@ pub(crate) fn sanitise(
     now_us: u64,
 ) -> Sanitised {
     let mut out = Sanitised::default();
+    // A set: a read can hold a day of samples against thousands of pids.
+    let listed: Option<HashSet<u32>> = listed.map(|l| l.iter().copied().collect());
     let mut seen: HashSet<(u32, u64, u32)> = HashSet::new();
     let mut kept: Vec<RawSample> = Vec::new();
     for s in samples {
         if s.pid == 0 {
             out.pid0 += 1;
-        } else if listed.is_some_and(|l| !l.contains(&s.pid)) {
+        } else if listed.as_ref().is_some_and(|l| !l.contains(&s.pid)) {
             out.not_listed += 1;
         } else if s.sm_util > 100 {
             out.sm_over_100 += 1;

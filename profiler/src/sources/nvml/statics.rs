@@ -130,12 +130,14 @@ struct Figure {
 }
 
 impl Figure {
-    /// A figure of the host model: `w` measured over `secs`.
-    fn of_model(w: f64, secs: f64) -> Option<Self> {
+    /// A figure of the host model: `w` measured over `secs`; `measured`:
+    /// by `calibrate` (a learned entry is an upper bound like any learned
+    /// figure, and is said as one).
+    fn of_model(w: f64, secs: f64, measured: bool) -> Option<Self> {
         (w.is_finite() && w >= 0.0).then(|| Self {
             w,
             err: COUNTER_STEP_NS as f64 / (secs.max(0.1) * 1e9),
-            from_model: true,
+            from_model: measured,
         })
     }
 
@@ -206,10 +208,23 @@ pub(crate) struct GpuFit {
 }
 
 impl GpuFit {
-    /// Whether its figures are powers at all.
+    /// Whether its figures can be a GPU's: a UUID, an idle power of at
+    /// least 1 W (no GPU idles at less; 0 would make all its idle power a
+    /// holder's for good), a held power of 0 or more, each under 10 kW and
+    /// measured over 0.1 s to a day (a huge length would make the figure
+    /// seem exact and never replaced).
     pub(crate) fn sane(&self) -> bool {
-        let ok = |w: Option<f64>| w.is_none_or(|w| w.is_finite() && (0.0..=10_000.0).contains(&w));
-        ok(self.idle_w) && ok(self.held_w)
+        let w_ok = |w: Option<f64>, min: f64| {
+            w.is_none_or(|w| w.is_finite() && (min..=10_000.0).contains(&w))
+        };
+        let s_ok = |w: Option<f64>, s: f64| {
+            w.is_none() || (s.is_finite() && (0.1..=86_400.0).contains(&s))
+        };
+        !self.uuid.trim().is_empty()
+            && w_ok(self.idle_w, 1.0)
+            && w_ok(self.held_w, 0.0)
+            && s_ok(self.idle_w, self.idle_s)
+            && s_ok(self.held_w, self.held_s)
     }
 
     /// `learned` merged into this entry of the model: a fit of
@@ -219,11 +234,14 @@ impl GpuFit {
         if self.origin == FitOrigin::Calibrate {
             return false;
         }
+        // The new figure only where it is strictly better: the one kept
+        // is carried as it was written (no round trip through its error).
         let pick = |have: (Option<f64>, f64), new: (Option<f64>, f64)| -> (Option<f64>, f64) {
-            let fig = |(w, s): (Option<f64>, f64)| w.and_then(|w| Figure::of_model(w, s));
-            match better(fig(have), fig(new)) {
-                Some(f) => (Some(f.w), f.secs()),
-                None => have,
+            let fig = |(w, s): (Option<f64>, f64)| w.and_then(|w| Figure::of_model(w, s, true));
+            match (fig(have), fig(new)) {
+                (Some(h), Some(n)) if n.upper() < h.upper() => new,
+                (None, Some(_)) => new,
+                _ => have,
             }
         };
         let idle = pick((self.idle_w, self.idle_s), (learned.idle_w, learned.idle_s));
@@ -240,7 +258,8 @@ impl GpuFit {
 pub(crate) enum GpuFigureSource {
     /// The host power model.
     HostModel,
-    /// Learned in this profile (lower than the model's, or no model).
+    /// Learned: in this profile (lower than the model's, or no model),
+    /// or by a monitor (the model's learned entries): an upper bound.
     Learned,
 }
 
@@ -256,8 +275,8 @@ impl GpuFigureSource {
     /// Its words in the table's note.
     pub(crate) fn words(self) -> &'static str {
         match self {
-            Self::HostModel => "host model",
-            Self::Learned => "learned in this run, the lowest seen",
+            Self::HostModel => "host model, measured by calibrate",
+            Self::Learned => "learned, the lowest seen: an upper bound",
         }
     }
 }
@@ -296,11 +315,14 @@ impl GpuStaticEnergy {
 impl GpuStatics {
     /// Figures that start from the host power model's for this GPU.
     pub(crate) fn with_model(fit: &GpuFit) -> Self {
-        let idle = fit.idle_w.and_then(|w| Figure::of_model(w, fit.idle_s));
+        let measured = fit.origin == FitOrigin::Calibrate;
+        let idle = fit
+            .idle_w
+            .and_then(|w| Figure::of_model(w, fit.idle_s, measured));
         let held_total = fit.held_w.and_then(|h| {
             // Idle + held: the resting power with a context, as learned.
             let total = h + fit.idle_w.unwrap_or(0.0);
-            Figure::of_model(total, fit.held_s)
+            Figure::of_model(total, fit.held_s, measured)
         });
         Self {
             model_idle: idle,
@@ -323,9 +345,17 @@ impl GpuStatics {
         // Held is learned against an idle figure: this profile's, else the
         // model's (without either, the resting power is not split).
         let base = better(idle, self.model_idle);
-        let held = held_total
-            .zip(base)
-            .map(|(h, i)| ((h.w - i.w).max(0.0), h.secs()));
+        // The held figure is a difference: its error is the total's, over
+        // the smaller figure (45 W of 125 W: 2.8 times the total's share).
+        let held = held_total.zip(base).map(|(h, i)| {
+            let held_w = (h.w - i.w).max(0.0);
+            let secs = if h.w > 0.0 {
+                h.secs() * held_w / h.w
+            } else {
+                0.0
+            };
+            (held_w, secs.max(0.1))
+        });
         if idle.is_none() && held.is_none() {
             return None;
         }
