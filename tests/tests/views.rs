@@ -302,3 +302,58 @@ fn forty_shim_children_are_one_folded_row_and_all_shows_them() {
     let all = table(&["--all"]);
     assert_eq!(rows(&all), 40, "{all}");
 }
+
+#[test]
+fn the_html_page_says_what_the_text_says_and_draws_no_empty_plot() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    let (rec, html) = (dir.join("run.json"), dir.join("run.html"));
+    let t = testload_bin();
+    let out = Command::new(wattprof_bin())
+        .args([
+            "run",
+            "--no-gpu",
+            "--host-model",
+            "none",
+            "--energy-sysfs=/nonexistent",
+            "--output",
+        ])
+        .arg(&rec)
+        .arg("--")
+        .arg(&t)
+        .args(["cpu", "0.5"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .expect("report --html");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let page = std::fs::read_to_string(&html).expect("html");
+    for needle in [
+        "command tree",
+        "rest of the machine",
+        "unattributed",
+        "gCO2eq/kWh",
+        "Energy readers",
+        "(estimated)",
+        "Estimated power per domain",
+    ] {
+        assert!(page.contains(needle), "the page lacks {needle:?}");
+    }
+    // No windows: no window plot, and nothing headed measured.
+    assert!(!page.contains("Energy per window"), "an empty window plot");
+    assert!(
+        !page.contains("Measured power"),
+        "an estimate headed measured"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -81,13 +81,19 @@ type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64
 /// A panel's chart: `x` by 0 to a little above `y_max`, which must be
 /// finite (values near f64's limit in a damaged file would make plotters
 /// loop for ever).
+/// A chart whose y axis reaches above `y_max` by room for a legend of
+/// `legend_rows` rows in its upper left corner, so it never sits on the
+/// data.
 fn chart<'a, 'b: 'a>(
     area: &'a DrawingArea<SVGBackend<'b>, Shift>,
     caption: &str,
     x: std::ops::Range<f64>,
     y_max: f64,
+    legend_rows: usize,
 ) -> Result<Chart<'a, 'b>, PlotError> {
-    let y_top = y_max * 1.15;
+    // A legend row is about 20 px of a 300 px panel's 210 px of plot.
+    let legend = (legend_rows as f64 * 20.0 + 10.0) / 210.0;
+    let y_top = y_max * 1.05 / (1.0 - legend.min(0.6));
     if !y_top.is_finite() || !x.end.is_finite() {
         return Err(PlotError::Draw(format!(
             "{caption}: a value too large to plot ({y_max:e}); is the file damaged?"
@@ -133,7 +139,7 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         n if n == l.summary.domains.len() => "Estimated power per domain",
         _ => "Power per domain (some estimated: see the table)",
     };
-    let mut chart = chart(area, title, x_range(l), top)?;
+    let mut chart = chart(area, title, x_range(l), top, series.len())?;
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
@@ -157,6 +163,7 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
     if !series.is_empty() {
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
@@ -263,7 +270,7 @@ fn stack_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
     let top = cumulative
         .last()
         .map_or(1.0, |c| c.iter().copied().fold(1.0f64, f64::max));
-    let mut chart = chart(area, &title, x_range(l), top)?;
+    let mut chart = chart(area, &title, x_range(l), top, cumulative.len())?;
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
@@ -303,6 +310,7 @@ fn stack_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -319,7 +327,7 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
     } else {
         "Energy per window".to_string()
     };
-    let mut chart = chart(area, &caption, -0.5..(ws.len().max(1) as f64 - 0.5), top)?;
+    let mut chart = chart(area, &caption, -0.5..(ws.len().max(1) as f64 - 0.5), top, 0)?;
     let names: Vec<String> = ws.iter().map(|w| clean(&w.name)).collect();
     chart
         .configure_mesh()
@@ -356,19 +364,23 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
     Ok(())
 }
 
-/// The three panels as one SVG document.
+/// The panels as one SVG document: power per domain, the stacked power,
+/// and the energy per window where there are windows (no empty plot).
 pub(crate) fn svg(l: &Loaded) -> Result<String, PlotError> {
     if l.intervals.is_empty() {
         return Err(PlotError::NoIntervals(l.summary.file.clone()));
     }
+    let n = if l.summary.windows.is_empty() { 2 } else { 3 };
     let mut out = String::new();
     {
-        let root = SVGBackend::with_string(&mut out, (WIDTH, PANEL_HEIGHT * 3)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut out, (WIDTH, PANEL_HEIGHT * n)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
-        let panels = root.split_evenly((3, 1));
+        let panels = root.split_evenly((n as usize, 1));
         power_panel(&panels[0], l)?;
         stack_panel(&panels[1], l)?;
-        window_panel(&panels[2], &l.summary)?;
+        if n == 3 {
+            window_panel(&panels[2], &l.summary)?;
+        }
         root.present().map_err(draw_err)?;
     }
     Ok(out)
@@ -390,6 +402,68 @@ fn esc(s: &str) -> String {
     o
 }
 
+/// Who used the energy, as the text table says it: the command tree,
+/// wattprof, the rest of the machine, idle and unattributed, and the CO2
+/// at the carbon intensity used.
+fn html_groups(h: &mut String, s: &Summary) {
+    let (t, e) = (&s.group_times, &s.group_energy);
+    let sum = |f: fn(&crate::model::DomainReport) -> f64| s.domains.iter().map(f).sum::<f64>();
+    let mut rows: Vec<(&str, Option<f64>, f64)> = Vec::new();
+    if s.mode == "run" {
+        rows.push(("command tree", Some(t.tree_ns as f64 / 1e9), e.tree.total_j));
+    }
+    rows.push((
+        "wattprof",
+        Some(t.profiler_ns as f64 / 1e9),
+        e.profiler.total_j,
+    ));
+    rows.push((
+        "rest of the machine",
+        Some(t.other_ns as f64 / 1e9),
+        e.other.total_j,
+    ));
+    rows.push(("idle", None, sum(|d| d.idle_j)));
+    rows.push(("unattributed", None, sum(|d| d.unattributed_j)));
+    h.push_str(
+        "<h2>Who used the energy</h2>\n<table><tr><th>group</th><th>on-CPU s</th>\
+         <th>energy J</th></tr>\n",
+    );
+    for (name, cpu, j) in rows {
+        let _ = writeln!(
+            h,
+            "<tr><td>{name}</td><td>{}</td><td>{j:.3}</td></tr>",
+            cpu.map_or_else(|| "-".to_string(), |c| format!("{c:.3}"))
+        );
+    }
+    let _ = writeln!(
+        h,
+        "</table>\n<p>CO2 at a carbon intensity of {:.0} gCO2eq/kWh ({}).</p>",
+        s.carbon_intensity_g_per_kwh,
+        esc(&s.carbon_intensity_source)
+    );
+}
+
+/// The energy readers, each said estimated where it is a model.
+fn html_readers(h: &mut String, s: &Summary) {
+    if s.readers.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h2>Energy readers</h2>\n<table><tr><th>kind</th><th>reader</th><th>what</th></tr>\n",
+    );
+    for u in &s.readers {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"text\">{}{}</td><td class=\"text\">{}</td></tr>",
+            esc(&u.kind),
+            esc(&u.name),
+            if u.estimated { " (estimated)" } else { "" },
+            esc(&u.detail)
+        );
+    }
+    h.push_str("</table>\n");
+}
+
 /// A self-contained page: the figures as tables, then the plots.
 pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
     let svg = svg(l)?;
@@ -406,7 +480,7 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
          body{{font-family:sans-serif;margin:2em;color:#222}}\
          table{{border-collapse:collapse;margin:0.5em 0 1.5em}}\
          td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}\
-         td:first-child,th:first-child{{text-align:left}}\
+         td:first-child,th:first-child,td.text{{text-align:left}}\
          .note{{color:#a40}}</style></head><body>\n\
          <h1>wattprof report</h1>\n<p>{what}: {wall:.3} s, {n} intervals, from <code>{file}</code> \
          ({format}, wattprof {ver})</p>\n",
@@ -425,8 +499,9 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
             esc(&s.missing.join("; "))
         );
     }
+    html_groups(&mut h, s);
     h.push_str(
-        "<h2>Energy per domain</h2>\n<table><tr><th>domain</th><th>measured J</th>\
+        "<h2>Energy per domain</h2>\n<table><tr><th>domain</th><th>energy J</th>\
          <th>processes J</th><th>idle J</th><th>unattributed J</th><th>average W</th></tr>\n",
     );
     for d in &s.domains {
@@ -462,6 +537,7 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
         );
     }
     h.push_str("</table>\n");
+    html_readers(&mut h, s);
     if !s.windows.is_empty() {
         h.push_str(
             "<h2>Windows</h2>\n<table><tr><th>window</th><th>begin s</th><th>length s</th>\
