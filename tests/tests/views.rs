@@ -218,7 +218,11 @@ fn report_of_an_estimate_against_a_counter_warns_and_lines_up_the_domains() {
         "{text}"
     );
     assert!(!row.contains(" - "), "one side missing: {row}");
-    assert!(text.contains("estimated in part"), "{text}");
+    assert!(text.contains("total, estimated in part"), "{text}");
+    assert!(
+        text.contains("A J/CPU-s"),
+        "per CPU-second is said so: {text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

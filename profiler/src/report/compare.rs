@@ -273,7 +273,7 @@ pub(crate) fn compare(a: &Summary, b: &Summary) -> Comparison {
         b: side(b),
         total: row(
             if [a, b].iter().any(|s| s.domains.iter().any(|d| d.estimated)) {
-                "energy (CPU+DRAM+GPU, estimated in part)".into()
+                "total, estimated in part".into()
             } else {
                 "measured (CPU+DRAM+GPU)".into()
             },

@@ -232,8 +232,18 @@ pub(crate) fn render_comparison(c: &Comparison) -> String {
             format!("A {time}"),
             format!("B {time}"),
             "DELTA",
-            "A W",
-            "B W",
+            // Energy over the time beside it: power over wall time, but J
+            // per CPU-second over on-CPU time (one word, one meaning).
+            if time.contains("cpu") {
+                "A J/CPU-s"
+            } else {
+                "A W"
+            },
+            if time.contains("cpu") {
+                "B J/CPU-s"
+            } else {
+                "B W"
+            },
             "DELTA"
         );
         for r in rows.iter().take(limit) {
