@@ -259,6 +259,53 @@ pub fn rel_err(a: u64, b: u64) -> f64 {
     (a as f64 - b as f64).abs() / (b as f64).max(1.0)
 }
 
+/// `wattprof run` on the NVML stub (`lib_arg`) of a shell whose two
+/// children burn `seconds` at `duty` (the stub's `child/1` and `child/2`),
+/// with the host model left out (`--host-model=none`: no static power
+/// learned elsewhere): the recording, schema-checked, and the two pids in
+/// order.
+pub fn two_burners_on_the_stub(
+    lib_arg: &str,
+    interval: &str,
+    seconds: &str,
+    duty: &str,
+) -> (Value, Vec<u64>) {
+    let t = testload_bin().to_string_lossy().into_owned();
+    let script = format!("{t} burn {seconds} {duty} & {t} burn {seconds} {duty} & wait");
+    let run = wattprof_run(
+        &[
+            lib_arg,
+            "--energy-sysfs=/nonexistent",
+            "--host-model=none",
+            "--interval",
+            interval,
+        ],
+        &["sh", "-c", &script],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report().clone();
+    schema::assert_valid("recording", &report);
+    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
+    pids.sort_unstable();
+    assert_eq!(
+        pids.len(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&run.output.stdout)
+    );
+    (report, pids)
+}
+
+/// The recording's row of process `pid` (the test expects it there).
+pub fn process(report: &Value, pid: u64) -> &Value {
+    report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in the report"))
+}
+
 /// A private copy of the NVML stub library (`cargo build -p nvml-stub`)
 /// named like the real one, with `scenario` beside it: each caller gets its
 /// own library instance and state.

@@ -4,7 +4,8 @@
 
 use serde_json::Value;
 use wattprof_tests::{
-    FakeRapl, PowerLaw, domain, f, require_ebpf, testload_bin, u, wattprof_bin, wattprof_run,
+    FakeRapl, PowerLaw, domain, f, process, require_ebpf, testload_bin, two_burners_on_the_stub, u,
+    wattprof_bin, wattprof_run,
 };
 
 const PACKAGE_W: f64 = 40.0;
@@ -12,15 +13,6 @@ const DRAM_W: f64 = 4.0;
 
 fn testload() -> String {
     testload_bin().to_string_lossy().into_owned()
-}
-
-fn process(report: &Value, pid: u64) -> &Value {
-    report["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("pid {pid} not in the report"))
 }
 
 /// attributed + idle + unattributed = measured, for every domain, in the
@@ -662,40 +654,6 @@ fn gpu_energy_goes_to_the_command_by_its_sm_share() {
         Some(1_073_741_824)
     );
     assert!(cmd["memory"]["peak_pss_bytes"].as_u64().unwrap_or(0) > 0);
-}
-
-/// `wattprof run` on the NVML stub (`lib_arg`) of a shell whose two
-/// children burn `seconds` at `duty` (the stub's `child/1` and `child/2`):
-/// the recording, schema-checked, and the two pids in order.
-fn two_burners_on_the_stub(
-    lib_arg: &str,
-    interval: &str,
-    seconds: &str,
-    duty: &str,
-) -> (Value, Vec<u64>) {
-    let t = testload();
-    let script = format!("{t} burn {seconds} {duty} & {t} burn {seconds} {duty} & wait");
-    let run = wattprof_run(
-        &[
-            lib_arg,
-            "--energy-sysfs=/nonexistent",
-            "--interval",
-            interval,
-        ],
-        &["sh", "-c", &script],
-    );
-    assert!(run.output.status.success(), "{}", run.stderr());
-    let report = run.report().clone();
-    wattprof_tests::schema::assert_valid("recording", &report);
-    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
-    pids.sort_unstable();
-    assert_eq!(
-        pids.len(),
-        2,
-        "{}",
-        String::from_utf8_lossy(&run.output.stdout)
-    );
-    (report, pids)
 }
 
 #[test]

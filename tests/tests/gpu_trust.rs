@@ -8,7 +8,8 @@
 
 use serde_json::Value;
 use wattprof_tests::{
-    domain, f, nvml_stub, require_ebpf, tempfile_dir, testload_bin, u, wattprof_bin, wattprof_run,
+    domain, f, nvml_stub, process, require_ebpf, tempfile_dir, testload_bin,
+    two_burners_on_the_stub, u, wattprof_bin, wattprof_run,
 };
 
 const UUID: &str = "GPU-6a3c0f0e-1b2d-4c5e-8f90-0123456789ab";
@@ -25,15 +26,6 @@ fn h200(procs: &str) -> String {
             format!(" procs={procs}")
         }
     )
-}
-
-fn process(report: &Value, pid: u64) -> &Value {
-    report["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("pid {pid} not in the report"))
 }
 
 /// `run` of `cmd` on the stub `lib`: the recording.
@@ -145,32 +137,12 @@ fn sampled_j(report: &Value, pids: &[u64]) -> Vec<f64> {
         .collect()
 }
 
-/// `run` of a shell whose two children sleep `secs`: the recording and
-/// the two pids in order (the stub's `child/1` and `child/2`).
+/// `run` of a shell whose two children burn lightly for `secs`: the
+/// recording and the two pids in order (the stub's `child/1` and
+/// `child/2`).
 fn two_children(lib: &std::path::Path, interval: &str, secs: &str) -> (Value, Vec<u64>) {
-    let t = testload_bin().to_string_lossy().into_owned();
-    let script = format!("{t} burn {secs} 0.05 & {t} burn {secs} 0.05 & wait");
     let lib_arg = format!("--nvml-lib={}", lib.display());
-    let run = wattprof_run(
-        &[
-            &lib_arg,
-            "--energy-sysfs=/nonexistent",
-            "--host-model=none",
-            "--interval",
-            interval,
-        ],
-        &["sh", "-c", &script],
-    );
-    assert!(run.output.status.success(), "{}", run.stderr());
-    let mut pids: Vec<u64> = run.stdout_json().iter().map(|v| u(v, "/pid")).collect();
-    pids.sort_unstable();
-    assert_eq!(
-        pids.len(),
-        2,
-        "{}",
-        String::from_utf8_lossy(&run.output.stdout)
-    );
-    (run.report().clone(), pids)
+    two_burners_on_the_stub(&lib_arg, interval, secs, "0.05")
 }
 
 #[test]

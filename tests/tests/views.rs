@@ -8,6 +8,19 @@ use wattprof_tests::{
     read_json, require_ebpf, tempfile_dir, testload_bin, u, wait_for_stream_header, wattprof_bin,
 };
 
+/// `wattprof report REC --html HTML`: the page.
+fn html_page(rec: &std::path::Path, html: &std::path::Path) -> String {
+    let r = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(rec)
+        .arg("--html")
+        .arg(html)
+        .output()
+        .expect("report --html");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    std::fs::read_to_string(html).expect("html")
+}
+
 #[test]
 fn monitor_keeps_a_burner_that_exited_before_the_end_in_every_view() {
     require_ebpf!();
@@ -84,15 +97,7 @@ fn monitor_keeps_a_burner_that_exited_before_the_end_in_every_view() {
             input.display()
         );
     }
-    let r = Command::new(wattprof_bin())
-        .arg("report")
-        .arg(&rec)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .expect("report --html");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let page = std::fs::read_to_string(&html).expect("html");
+    let page = html_page(&rec, &html);
     assert!(
         page.contains(&pid.to_string()),
         "the HTML page does not name {pid}"
@@ -333,15 +338,7 @@ fn the_html_page_says_what_the_text_says_and_draws_no_empty_plot() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r = Command::new(wattprof_bin())
-        .arg("report")
-        .arg(&rec)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .expect("report --html");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let page = std::fs::read_to_string(&html).expect("html");
+    let page = html_page(&rec, &html);
     for needle in [
         "command tree",
         "rest of the machine",
