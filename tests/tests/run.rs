@@ -517,7 +517,7 @@ fn threads_whose_free_is_missed_are_settled_from_their_exit_once() {
     assert!(measured < schedstat + 2_000_000, "counted twice?");
     assert!(measured + 4_000_000 >= schedstat, "more than a tick short");
     assert!(
-        run.stderr().contains("settled from their exit"),
+        run.stderr().contains("their time is counted to their exit"),
         "{}",
         run.stderr()
     );

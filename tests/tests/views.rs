@@ -76,6 +76,12 @@ fn monitor_keeps_a_burner_that_exited_before_the_end_in_every_view() {
     let j = row["energy"]["total_j"].as_f64().unwrap_or(0.0);
     let cpu_s = u(row, "/on_cpu_ns") as f64 / 1e9;
     assert!(j > 0.0 && cpu_s > 1.3, "{row}");
+    // No row anywhere has an empty name: the kernel's threads by theirs,
+    // processes first seen through a thread other than their leader by
+    // /proc, else [PID].
+    for p in report["processes"].as_array().expect("processes") {
+        assert!(p["comm"].as_str().is_some_and(|c| !c.is_empty()), "{p}");
+    }
     // The final table names it.
     assert!(
         table.contains(&pid.to_string()) && table.contains("wp-cpu"),

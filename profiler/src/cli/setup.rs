@@ -99,8 +99,22 @@ pub(super) fn start_profile(
     scope: Scope,
     streams: super::energy::Streams,
 ) -> anyhow::Result<(EbpfTracker, Profile, u64)> {
-    let readers = Readers::open(&energy.readers()?)
-        .map_err(|e| Fatal::profiler(format!("energy reader: {e}")))?;
+    let readers = Readers::open(&energy.readers()?).map_err(|e| {
+        // A model the user named that cannot apply to this CPU (`tdp` on
+        // one not in the table) is a bad value, as clap's are.
+        // (The registry says so as Fatal: nothing else it opens by name is
+        // in play without --powercap-root or a wattmeter.)
+        let asked = energy.model.power_model == crate::sources::estimate::ModelChoice::Tdp
+            && energy.powercap_root.is_none()
+            && energy.wattmeter_log.is_none()
+            && energy.wattmeter_cmd.is_none();
+        match e {
+            crate::sources::SourceError::Fatal(_) if asked => {
+                Fatal::usage(format!("--power-model tdp: {e}"))
+            }
+            e => Fatal::profiler(format!("energy reader: {e}")),
+        }
+    })?;
     let mut tracker =
         EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
     let table = ProcessTable::new(

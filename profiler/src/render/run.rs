@@ -243,8 +243,9 @@ fn run_notes(s: &mut String, r: &RunReport) {
     if p.settled_from_exit > 0 || p.vanished_threads > 0 {
         let _ = writeln!(
             s,
-            "  note: {} exited threads settled from their exit's reading (up to a tick \
-             short), {} threads gone unseen (events lost); see README, \"Limits\"",
+            "  note: {} threads ended during a read: their time is counted to their exit (at \
+             most one scheduler tick short); {} threads were gone before they were seen (events \
+             lost); see README, \"Limits\"",
             p.settled_from_exit, p.vanished_threads
         );
     }
