@@ -701,7 +701,7 @@ def above_idle(rec):
 
 
 def tree_gpu_j(rec):
-    return rec["energy"]["groups"]["tree"]["gpu_j"]
+    return rec["energy"]["groups"]["tree"].get("gpu_j", 0.0)
 
 
 def conservation_off(rec):
@@ -740,7 +740,7 @@ def dynamic_split(rec, pids, held_w, within=None):
         w = g.get("held_w", held_w) or 0.0
         rows = {r["pid"]: r for r in iv.get("processes") or []}
         for pid in pids:
-            j = rows[pid]["gpu_j"] if pid in rows else 0.0
+            j = rows[pid].get("gpu_j", 0.0) if pid in rows else 0.0
             whole[pid] += j
             dyn[pid] += j - (w * iv["duration_ns"] / 1e9 / len(holders) if pid in holders else 0.0)
     return dyn, whole, used
@@ -1246,7 +1246,7 @@ class Check:
         roles = {x["role"]: x for x in lines if "role" in x}
         procs = {q["pid"]: q for q in rec["processes"]}
         s = procs.get(roles["burst"]["pid"])
-        sj = s["energy"]["gpu_j"] if s else 0.0
+        sj = s["energy"].get("gpu_j", 0.0) if s else 0.0
         self.record(step, "a 0.3 s burst between two reads: its GPU J", sj, "> 0", sj > 0, "J",
                     note="" if s else "not among the recording's processes")
         m = procs.get(roles["mid"]["pid"])
@@ -1259,7 +1259,7 @@ class Check:
                         note=f"exit at {exit_ns / 1e9:.2f} s")
             return
         row = next((r for r in iv.get("processes") or [] if r["pid"] == roles["mid"]["pid"]), None)
-        mj = row["gpu_j"] if row else 0.0
+        mj = row.get("gpu_j", 0.0) if row else 0.0
         into = 1 - (iv["t_ns"] - exit_ns) / iv["duration_ns"]
         self.record(step, f"a job ending mid-interval ({into:.0%} into it): its GPU J in that interval", mj, "> 0",
                     mj > 0, "J", note=f"of {iv['gpus'][0]['energy_j'] if iv.get('gpus') else 0:.1f} J measured")
@@ -1619,7 +1619,7 @@ class Check:
             if len(procs) == 2 and procs.get(holder["pid"]) == 0 and max(procs.values()) > 0:
                 row = next((q for q in i.get("processes", []) if q["pid"] == holder["pid"]), None)
                 if row:
-                    per_s.append(row["gpu_j"] / (i["duration_ns"] / 1e9))
+                    per_s.append(row.get("gpu_j", 0.0) / (i["duration_ns"] / 1e9))
         w = statistics.median(per_s) if per_s else float("nan")
         # Against half the held power: the stub's own, or on a GPU the
         # steady one measured in the step before (not wattprof's figure).

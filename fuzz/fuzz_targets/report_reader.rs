@@ -9,7 +9,7 @@ use wattprof::report::{load_bytes, metrics};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(loaded) = load_bytes(Path::new("fuzz.json"), data) {
-        let _ = wattprof::report::render::render_summary(&loaded.summary, 10);
+        let _ = wattprof::report::render::render_summary(&loaded.summary, 10, true);
         let list = metrics::list(&loaded);
         let _ = wattprof::report::render::render_metrics("fuzz.json", &list);
         let _ = serde_json::to_string(&loaded.summary);

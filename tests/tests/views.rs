@@ -364,3 +364,247 @@ fn the_html_page_says_what_the_text_says_and_draws_no_empty_plot() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every object in `v` that holds a process's, group's or window's
+/// energy (it has `package_j`): none names a domain with no reader.
+fn no_unread_field(v: &serde_json::Value, what: &str) -> usize {
+    let mut seen = 0;
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.contains_key("package_j") {
+                seen += 1;
+                for k in ["dram_j", "gpu_j", "core_j"] {
+                    assert!(
+                        !m.contains_key(k),
+                        "{what}: {k} written with no reader: {v}"
+                    );
+                }
+            }
+            seen += m.values().map(|x| no_unread_field(x, what)).sum::<usize>();
+        }
+        serde_json::Value::Array(a) => {
+            seen += a.iter().map(|x| no_unread_field(x, what)).sum::<usize>();
+        }
+        _ => {}
+    }
+    seen
+}
+
+#[test]
+fn workers_are_told_apart_by_command_line_and_no_reader_is_one_way_everywhere() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    let (rec, stream, html) = (
+        dir.join("run.json"),
+        dir.join("run.jsonl"),
+        dir.join("run.html"),
+    );
+    let t = testload_bin();
+    // Two workers of one program, one name (`wp-cpu`), told apart by their
+    // arguments. They live over an interval, so their exec is read while
+    // they run.
+    let script = format!("{t} cpu 1.3 & {t} cpu 1.45; wait", t = t.display());
+    let out = Command::new(wattprof_bin())
+        .args(["run", "--no-gpu", "--host-model", "none", "--cmdline"])
+        .args(["--energy-sysfs=/nonexistent", "--interval", "250ms"])
+        .arg("--output")
+        .arg(&rec)
+        .arg("--jsonl")
+        .arg(&stream)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("run");
+    let table = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{table}");
+    // The table: a COMMAND LINE column, each worker on its row with its
+    // arguments.
+    assert!(table.contains("COMMAND LINE"), "{table}");
+    for arg in ["cpu 1.3", "cpu 1.45"] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.contains(" wp-cpu ") && l.ends_with(arg)),
+            "no wp-cpu row ends with `{arg}`:\n{table}"
+        );
+    }
+    // One vocabulary: the same group words as `report`'s.
+    assert!(
+        table.contains("  unattributed ") && table.contains("  busy CPU time "),
+        "{table}"
+    );
+    assert!(
+        !table.contains("lost / unattributed") && !table.contains("all CPU time"),
+        "{table}"
+    );
+    // The recording keeps each command line, and is its owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    for f in [&rec, &stream] {
+        let mode = std::fs::metadata(f).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", f.display());
+    }
+    let report = read_json(&rec);
+    let lines: Vec<&str> = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["comm"] == "wp-cpu")
+        .filter_map(|p| p["cmdline"].as_str())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().any(|l| l.ends_with("cpu 1.3")), "{lines:?}");
+    // No reader (DRAM and GPU here): no field in the recording, in the
+    // stream, or in `report --json`; `-` in the HTML's process table.
+    assert!(no_unread_field(&report, "the recording") > 10);
+    let text = std::fs::read_to_string(&stream).expect("stream");
+    let mut rows = 0;
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        rows += no_unread_field(&v, "the stream");
+    }
+    assert!(rows > 10, "{rows} energy objects in the stream");
+    let r = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--json")
+        .output()
+        .expect("report --json");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&r.stdout).expect("report --json");
+    assert!(no_unread_field(&json, "report --json") > 2);
+    let page = html_page(&rec, &html);
+    let row = page
+        .lines()
+        .find(|l| l.starts_with("<tr><td>wp-cpu</td>"))
+        .unwrap_or_else(|| panic!("no wp-cpu row in the HTML"));
+    assert_eq!(row.matches("<td>-</td>").count(), 2, "DRAM and GPU: {row}");
+    // `report` says the same words, and shows the command lines.
+    let r = Command::new(wattprof_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--cmdline")
+        .output()
+        .expect("report");
+    let said = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    for words in [
+        "  unattributed ",
+        "  busy CPU time ",
+        "COMMAND LINE",
+        "cpu 1.45",
+    ] {
+        assert!(said.contains(words), "report lacks `{words}`:\n{said}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_view_calls_an_estimate_measured_the_live_screen_flame_graph_and_prometheus_included() {
+    require_ebpf!();
+    let dir = tempfile_dir();
+    // The live screen needs a terminal: `script` gives it one.
+    let port = wattprof_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let monitor = format!(
+        "{} monitor --duration 3s --interval 500ms --host-model none --no-gpu \
+         --energy-sysfs=/nonexistent --prometheus {addr}",
+        wattprof_bin().display()
+    );
+    let screen_file = dir.join("screen");
+    let mut screen = Command::new("script")
+        .args(["-qfec", &monitor, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&screen_file).expect("screen file"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1)");
+    // Scraped while it runs, however slow a loaded machine makes its start.
+    let mut metrics = None;
+    let status = loop {
+        if let Some(status) = screen.try_wait().expect("wait") {
+            break status;
+        }
+        if metrics.is_none()
+            && let Some((200, body)) = wattprof_tests::http_get(&addr, "/metrics")
+            && body.contains("wattprof_energy_joules_total{")
+        {
+            metrics = Some(body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let seen = std::fs::read_to_string(&screen_file).unwrap_or_default();
+    assert!(status.success(), "{seen}");
+    let metrics = metrics.unwrap_or_else(|| panic!("no /metrics with energy; screen:\n{seen}"));
+    // Prometheus: the reader says estimated; no series for a domain with
+    // no reader.
+    assert!(
+        metrics.contains("wattprof_energy_reader_info{") && metrics.contains("estimated=\"true\""),
+        "{metrics}"
+    );
+    for l in metrics.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            !l.contains("domain=\"dram\"") && !l.contains("domain=\"gpu\""),
+            "a series for a domain with no reader: {l}"
+        );
+    }
+    // The live screen: its header says estimated; no reader is `-`.
+    let frame = seen
+        .split("\x1b[2J")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no live screen:\n{seen}"));
+    let header = frame.lines().next().unwrap_or_default();
+    assert!(header.contains("(estimated)"), "{header}");
+    // Every process row (a pid first, a CPU% third).
+    let rows: Vec<&str> = frame
+        .lines()
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() >= 6 && w[0].parse::<u32>().is_ok() && w[2].ends_with('%')
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no process row on the screen:\n{frame}");
+    for row in rows {
+        let w: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!((w[4], w[5]), ("-", "-"), "DRAM W and GPU W: {row}");
+    }
+    // The flame graph's title.
+    let (svg, rec) = (dir.join("flame.svg"), dir.join("stacks.json"));
+    let out = Command::new(wattprof_bin())
+        .args(["run", "--no-gpu", "--host-model", "none", "--stacks"])
+        .arg("--energy-sysfs=/nonexistent")
+        .arg("--flamegraph")
+        .arg(&svg)
+        .arg("--output")
+        .arg(&rec)
+        .args(["--"])
+        .arg(testload_bin())
+        .args(["cpu", "0.5"])
+        .output()
+        .expect("run --stacks");
+    let table = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{table}");
+    let graph = std::fs::read_to_string(&svg).expect("flame graph");
+    assert!(graph.contains("estimated, "), "the flame graph's title");
+    // The HTML page has the text's top functions.
+    let page = html_page(&rec, &dir.join("stacks.html"));
+    let functions = page
+        .split("<h2>Top functions by energy</h2>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no top functions on the HTML page"));
+    let first = functions
+        .lines()
+        .find(|l| l.starts_with("<tr><td class=\"text\">"))
+        .unwrap_or_else(|| panic!("no function row: {functions}"));
+    assert!(first.matches("<td>").count() >= 3, "{first}");
+    // Everything a person reads: no "measured" said of an estimate.
+    for (view, text) in [
+        ("screen", &seen),
+        ("table", &table),
+        ("flame graph", &graph),
+    ] {
+        assert!(
+            !text.to_lowercase().contains("measured"),
+            "the {view} says measured on the vCPU model"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

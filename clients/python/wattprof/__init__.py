@@ -61,7 +61,8 @@ class Measurement:
 
     energy_j     energy attributed to the program's process tree (J)
     duration_s   the window's length (s)
-    package_j, dram_j, gpu_j, core_j   that energy per domain (J)
+    package_j, dram_j, gpu_j, core_j   that energy per domain (J); None for
+                 a domain with no reader here (never 0)
     co2_g        its CO2 equivalent (g)
     cpu_time_s   the tree's CPU time in the window (s)
     machine      the whole machine's energy per domain: a list of dicts

@@ -11,6 +11,16 @@ use crate::sink::jsonl::Jsonl;
 use crate::sources::calibration::Calibration;
 use crate::sources::estimate::{ModelChoice, ModelRequest, TdpModel, VcpuModel};
 
+impl EnergyArgs {
+    /// The final table's rows as `--all` and `--cmdline` ask.
+    pub(crate) fn rows(&self) -> crate::render::Rows {
+        crate::render::Rows {
+            all: self.all,
+            cmdline: self.cmdline,
+        }
+    }
+}
+
 /// Energy and output options of `run` and `monitor`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct EnergyArgs {
@@ -20,6 +30,15 @@ pub(crate) struct EnergyArgs {
     /// are shown; the recording always has every row.
     #[arg(long)]
     pub(crate) all: bool,
+
+    /// Read and record each process's command line (cut to 200 bytes), and
+    /// show it at the end of its row in the final table, to tell workers
+    /// of one program apart (`python3 train.py --rank 3`): `run` reads its
+    /// tree's, `monitor` every process's (one file read per exec). Off by
+    /// default, since a command line may carry a secret; with it,
+    /// --output and --jsonl are made readable by their owner only.
+    #[arg(long)]
+    pub(crate) cmdline: bool,
 
     /// Also stream one JSON record per interval to FILE, written as each
     /// interval ends (a killed wattprof leaves every finished line).

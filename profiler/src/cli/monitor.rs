@@ -84,7 +84,7 @@ pub(crate) struct MonitorArgs {
     pub(crate) prometheus_grace: Duration,
 
     /// Write each VM's attributed energy as a powercap tree under
-    /// DIR/<vm>/ (RAPL's layout, energy_uj updated every interval), to be
+    /// DIR/VM/ (RAPL's layout, energy_uj updated every interval), to be
     /// shared into the guest (virtiofs, 9p) and read there with `wattprof
     /// run --powercap-root` or any RAPL reader. VMs: libvirt/machined
     /// scopes under machine.slice, and qemu-system-*, firecracker and
@@ -218,7 +218,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&finished, args.energy.all)?;
+    deliver(&finished, args.energy.rows())?;
     // After the recording: a slow state directory delays nothing kept.
     hooks.say_saved(learned.save_learned());
     outputs_complete(&finished.report)?;

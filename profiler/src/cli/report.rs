@@ -38,6 +38,12 @@ pub(crate) struct ReportArgs {
     #[arg(long)]
     pub(crate) metrics: bool,
 
+    /// Show each process's command line at the end of its row, where the
+    /// profile was made with --cmdline (a stream cut before its summary
+    /// line has names only).
+    #[arg(long)]
+    pub(crate) cmdline: bool,
+
     /// Processes shown in the table (most energy first; --json has all).
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub(crate) top: usize,
@@ -138,8 +144,12 @@ pub(crate) fn execute(args: ReportArgs) -> anyhow::Result<i32> {
         (true, false) => {
             report::render::render_metrics(&loaded.summary.file, &report::metrics::list(&loaded))
         }
-        (false, true) => serde_json::to_string_pretty(&loaded.summary)? + "\n",
-        (false, false) => report::render::render_summary(&loaded.summary, args.top),
+        (false, true) => {
+            crate::model::unread::writing(loaded.summary.read(), || {
+                serde_json::to_string_pretty(&loaded.summary)
+            })? + "\n"
+        }
+        (false, false) => report::render::render_summary(&loaded.summary, args.top, args.cmdline),
     };
     print_out(&text)?;
     write_files(&args, &loaded)?;

@@ -25,7 +25,7 @@ use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
         sudo wattprof run --country FRA --jsonl live.jsonl -- ./train.sh\n\n\
         Profiling windows: the command finds a Unix datagram socket in $WATTPROF_SOCKET; \
         sending `begin NAME` and `end NAME` to it measures that region of the program \
-        (see README).\n\n\
+        (see docs/windows.md).\n\n\
         Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
         failed, 126 if the command cannot be executed, 127 if it is not found.")]
 pub(crate) struct RunArgs {
@@ -186,7 +186,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         start_unix_ns,
         profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
     });
-    deliver(&finished, args.energy.all)?;
+    deliver(&finished, args.energy.rows())?;
     // The command's failure is its own exit status; a command that
     // succeeded exits 125 when an output of wattprof's stopped early.
     let code = child::exit_code(status);
@@ -255,7 +255,10 @@ fn window_boundary(
                 continue;
             };
             let payload = match answer {
-                WindowAnswer::Ended(report) => serde_json::to_vec(&report),
+                WindowAnswer::Ended(report) => {
+                    let read = crate::model::unread::Read::of_window(profile.read(), &report);
+                    crate::model::unread::writing(read, || serde_json::to_vec(&report))
+                }
                 WindowAnswer::Refused(error) => serde_json::to_vec(&serde_json::json!({
                     "error": error
                 })),

@@ -84,6 +84,19 @@ pub(super) fn open_outputs(
         .transpose()
         .map_err(Fatal::profiler)?;
     let (carbon, mut streams) = energy.validate()?;
+    if energy.cmdline {
+        // Command lines may carry secrets: the files that hold them are
+        // their owner's alone.
+        let private = |what: &str, r: std::io::Result<()>| {
+            r.map_err(|e| Fatal::profiler(format!("cannot make {what} private (mode 0600): {e}")))
+        };
+        if let Some(r) = &recording {
+            private("--output", r.make_private())?;
+        }
+        if let Some(j) = &streams.jsonl {
+            private("--jsonl", j.make_private())?;
+        }
+    }
     streams.recording = recording;
     Ok((carbon, streams))
 }
@@ -117,11 +130,18 @@ pub(super) fn start_profile(
     })?;
     let mut tracker =
         EbpfTracker::start(tracker_cfg).map_err(|e| Fatal::profiler(e.to_string()))?;
-    let table = ProcessTable::new(
+    let mut table = ProcessTable::new(
         ProcFs::real(),
         tracker.topology().packages(),
         std::process::id(),
     );
+    if energy.cmdline {
+        // `run` reports its tree only: nobody else's line is read.
+        table.read_args(match scope {
+            Scope::Machine { .. } => crate::process::ArgsOf::All,
+            _ => crate::process::ArgsOf::Tree,
+        });
+    }
     let host = profile::host_report(readers.gpus());
     // `monitor` writes what it learns there: a given file may not exist yet.
     let may_create = matches!(scope, Scope::Machine { .. });
@@ -214,9 +234,9 @@ pub(super) fn outputs_complete(report: &crate::model::RunReport) -> anyhow::Resu
 /// Prints the run's table to stderr, then what each output wrote; fails
 /// (exit status 125) if an output could not be written. The outputs were
 /// written first: a closed or broken stderr must not cost them.
-pub(super) fn deliver(finished: &Finished, all: bool) -> anyhow::Result<()> {
+pub(super) fn deliver(finished: &Finished, rows: crate::render::Rows) -> anyhow::Result<()> {
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(crate::render::render_run_table(&finished.report, all).as_bytes());
+    let _ = stderr.write_all(crate::render::render_run_table(&finished.report, rows).as_bytes());
     for line in &finished.said {
         let _ = writeln!(stderr, "  {line}");
     }

@@ -5,6 +5,7 @@
 
 pub(crate) mod record;
 pub(crate) mod stacks;
+pub(crate) mod unread;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +16,8 @@ use crate::sources::Domain;
 use crate::tracker::CpuTimes;
 
 /// Version of the run document's layout; bumped on incompatible changes.
-pub(crate) const RUN_SCHEMA_VERSION: u32 = 6;
+/// 7: a domain with no reader has no field in energy objects (was 0).
+pub(crate) const RUN_SCHEMA_VERSION: u32 = 7;
 
 /// The oldest layout `wattprof report` still reads (2: before the static
 /// and dynamic split, whose figures read as 0).
@@ -25,12 +27,16 @@ pub(crate) const RUN_SCHEMA_OLDEST: u32 = 2;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct EnergyJ {
     /// CPU package energy (J); includes `core_j`.
+    #[serde(default, skip_serializing_if = "unread::package")]
     pub(crate) package_j: f64,
     /// Core (PP0) energy (J), where the CPU reports it.
+    #[serde(default, skip_serializing_if = "unread::core")]
     pub(crate) core_j: f64,
     /// DRAM energy (J).
+    #[serde(default, skip_serializing_if = "unread::dram")]
     pub(crate) dram_j: f64,
     /// GPU energy (J).
+    #[serde(default, skip_serializing_if = "unread::gpu")]
     pub(crate) gpu_j: f64,
     /// package + DRAM + GPU (J).
     pub(crate) total_j: f64,
@@ -53,14 +59,21 @@ pub(crate) struct EnergyJ {
 }
 
 impl EnergyJ {
-    /// The domains a sum reports apart (core is inside package), with
-    /// their joules, named as everywhere ([`Domain::name`]).
-    pub(crate) fn by_domain(&self) -> [(&'static str, f64); 3] {
+    /// The domains a sum reports apart (core is inside package) that
+    /// have a reader in `read`, with their joules, named as everywhere
+    /// ([`Domain::name`]). A domain with no reader has no figure, not 0.
+    pub(crate) fn by_domain(
+        &self,
+        read: unread::Read,
+    ) -> impl Iterator<Item = (&'static str, f64)> {
         [
-            (Domain::Package.name(), self.package_j),
-            (Domain::Dram.name(), self.dram_j),
-            (Domain::Gpu.name(), self.gpu_j),
+            (Domain::Package, self.package_j),
+            (Domain::Dram, self.dram_j),
+            (Domain::Gpu, self.gpu_j),
         ]
+        .into_iter()
+        .filter(move |(d, _)| read.has(*d))
+        .map(|(d, j)| (d.name(), j))
     }
 
     /// From microjoules over `span_ns`, at `g_per_kwh`.
@@ -102,6 +115,11 @@ pub(crate) struct ProcessReport {
     pub(crate) ppid: Option<u32>,
     /// Name after its last exec (at most 15 bytes, as the kernel keeps it).
     pub(crate) comm: String,
+    /// Its command line after its last exec, cut to 200 bytes: read for
+    /// `run`'s tree, and in `monitor --cmdline`; absent when it was not
+    /// read or the process was gone first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cmdline: Option<String>,
     /// On-CPU ns, all threads.
     pub(crate) on_cpu_ns: u64,
     /// On-CPU ns per package (dense index, see `machine.package_ids`).
@@ -454,6 +472,11 @@ pub(crate) struct RunReport {
 }
 
 impl RunReport {
+    /// The domains this profile has a reader for.
+    pub(crate) fn read(&self) -> unread::Read {
+        unread::Read::of(self.energy.domains.iter().map(|d| d.domain))
+    }
+
     /// A recording of schema 2 (before the static and dynamic split) read
     /// as schema 3: its energy totals, which have no static part, are all
     /// dynamic (their `static_j` and `dynamic_j` read as 0 otherwise).

@@ -32,6 +32,11 @@ pub(crate) struct IntervalRecord {
 }
 
 impl IntervalRecord {
+    /// The domains this interval has a reader for.
+    pub(crate) fn read(&self) -> super::unread::Read {
+        super::unread::Read::of(self.domains.iter().map(|d| d.domain))
+    }
+
     /// The reported processes (none in a machine-only record).
     pub(crate) fn process_rows(&self) -> &[ProcessRow] {
         self.processes.as_deref().unwrap_or_default()
@@ -290,16 +295,16 @@ pub(crate) struct GroupRow {
     pub(crate) energy_j: f64,
     /// Package energy (J); absent from streams of wattprof 0.1 before
     /// these were added (read as 0).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "super::unread::package")]
     pub(crate) package_j: f64,
     /// Core energy (J, part of package).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "super::unread::core")]
     pub(crate) core_j: f64,
     /// DRAM energy (J).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "super::unread::dram")]
     pub(crate) dram_j: f64,
     /// GPU energy (J).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "super::unread::gpu")]
     pub(crate) gpu_j: f64,
     /// The static part of `energy_j` (J); 0 in streams before schema 3.
     #[serde(default)]
@@ -349,12 +354,16 @@ pub(crate) struct ProcessRow {
     /// On-CPU time (ns).
     pub(crate) on_cpu_ns: u64,
     /// Package energy (J).
+    #[serde(default, skip_serializing_if = "super::unread::package")]
     pub(crate) package_j: f64,
     /// Core energy (J, part of package).
+    #[serde(default, skip_serializing_if = "super::unread::core")]
     pub(crate) core_j: f64,
     /// DRAM energy (J).
+    #[serde(default, skip_serializing_if = "super::unread::dram")]
     pub(crate) dram_j: f64,
     /// GPU energy (J).
+    #[serde(default, skip_serializing_if = "super::unread::gpu")]
     pub(crate) gpu_j: f64,
     /// The static part of its energy (J); 0 in streams before schema 3.
     #[serde(default)]

@@ -27,6 +27,41 @@ pub(crate) trait ProcMeta {
     fn comm_of(&self, _pid: u32) -> Option<String> {
         None
     }
+
+    /// The command line of `pid` for people ([`short_args`]), if it is
+    /// still alive and has one.
+    fn args_of(&self, _pid: u32) -> Option<String> {
+        None
+    }
+}
+
+/// The longest command line kept for a process (bytes): enough to tell
+/// workers apart (`python3 train.py --rank 3`), bounded for a long
+/// `monitor`.
+pub(crate) const ARGS_MAX: usize = 200;
+
+/// `argv` joined by spaces, control characters (an argument's newlines)
+/// made spaces so it stays on one row, and cut to [`ARGS_MAX`] bytes (on a
+/// character boundary, with `...`); `None` when it is empty (a kernel
+/// thread).
+pub(crate) fn short_args(argv: &[String]) -> Option<String> {
+    let mut s: String = argv
+        .join(" ")
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if s.is_empty() {
+        return None;
+    }
+    if s.len() > ARGS_MAX {
+        let mut cut = ARGS_MAX - 3;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    Some(s)
 }
 
 /// [`ProcMeta`] over a procfs mount.
@@ -145,6 +180,10 @@ impl ProcMeta for ProcFs {
         let c = c.trim_end_matches('\n');
         (!c.is_empty()).then(|| c.to_string())
     }
+
+    fn args_of(&self, pid: u32) -> Option<String> {
+        short_args(&self.cmdline(pid))
+    }
 }
 
 /// Which group a process belongs to in a run.
@@ -171,6 +210,9 @@ pub(crate) struct Process {
     pub(crate) ppid: Option<u32>,
     /// Name (after its last exec).
     pub(crate) comm: String,
+    /// Its command line after its last exec ([`short_args`]), as
+    /// [`ProcessTable::read_args`] asks; `None` when it was gone first.
+    pub(crate) args: Option<String>,
     /// Monotonic ns of its fork, if it was forked while tracked.
     pub(crate) start_ns: Option<u64>,
     /// Monotonic ns of its exit.
@@ -229,6 +271,20 @@ pub(crate) struct ProcessTable<M: ProcMeta> {
     /// Exited processes forgotten since the last [`ProcessTable::take_forgotten`]:
     /// a `monitor` keeps the ones that used the most energy.
     forgotten: Vec<Process>,
+    /// Whose command lines are read.
+    args: ArgsOf,
+}
+
+/// Whose command lines a [`ProcessTable`] reads (`--cmdline`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ArgsOf {
+    /// Nobody's: a command line may hold a secret, and is recorded only
+    /// when asked for.
+    Nobody,
+    /// The command's tree (`run --cmdline`).
+    Tree,
+    /// Every process (`monitor --cmdline`).
+    All,
 }
 
 /// Samples an exited process outside the tree is kept for after its exit.
@@ -275,6 +331,23 @@ impl<M: ProcMeta> ProcessTable<M> {
             samples: 0,
             exited_at: IntMap::default(),
             forgotten: Vec::new(),
+            args: ArgsOf::Nobody,
+        }
+    }
+
+    /// Reads the command lines of `whose` processes: from `/proc` at each
+    /// exec, and at first sight of one that was there before wattprof; a
+    /// forked child starts with its parent's. One file read per exec.
+    pub(crate) fn read_args(&mut self, whose: ArgsOf) {
+        self.args = whose;
+    }
+
+    /// Whether a process of `role` has its command line read.
+    fn wants_args(&self, role: Role) -> bool {
+        match self.args {
+            ArgsOf::Nobody => false,
+            ArgsOf::Tree => role == Role::Tree,
+            ArgsOf::All => true,
         }
     }
 
@@ -476,8 +549,17 @@ impl<M: ProcMeta> ProcessTable<M> {
                 tid, tgid, comm, ..
             } => {
                 let id = self.ensure(*tgid, *tid);
+                let wants = self
+                    .records
+                    .get(&id)
+                    .is_some_and(|rec| self.wants_args(rec.role));
+                // Gone already: the line before the exec is not it.
+                let args = wants.then(|| self.meta.args_of(*tgid)).flatten();
                 if let Some(rec) = self.records.get_mut(&id) {
                     rec.comm = comm.clone();
+                    if wants {
+                        rec.args = args;
+                    }
                 }
             }
         }
@@ -565,6 +647,17 @@ impl<M: ProcMeta> ProcessTable<M> {
         } else {
             Role::Other
         };
+        // A forked child runs its parent's program until it execs (read
+        // then); one that predates wattprof is read now.
+        let args = if !self.wants_args(role) {
+            None
+        } else if start_ns.is_some() {
+            ppid.and_then(|pp| self.index.get(&pp))
+                .and_then(|id| self.records.get(id))
+                .and_then(|p| p.args.clone())
+        } else {
+            self.meta.args_of(tgid)
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.records.insert(
@@ -574,6 +667,7 @@ impl<M: ProcMeta> ProcessTable<M> {
                 pid: tgid,
                 ppid,
                 comm,
+                args,
                 start_ns,
                 exit_ns: None,
                 on_cpu_ns: vec![0; self.packages],
@@ -589,6 +683,86 @@ impl<M: ProcMeta> ProcessTable<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_line_is_one_row_and_bounded() {
+        let argv = |a: &[&str]| a.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        assert_eq!(short_args(&[]), None);
+        assert_eq!(
+            short_args(&argv(&["python3", "-c", "a\nb\tc", "--rank", "3"])).as_deref(),
+            Some("python3 -c a b c --rank 3")
+        );
+        // Cut on a character boundary: 'é' is two bytes.
+        let long = short_args(&argv(&[&"é".repeat(150)])).expect("some");
+        assert!(long.len() <= ARGS_MAX && long.ends_with("..."), "{long}");
+        assert!(long.starts_with("éé"));
+    }
+
+    /// `/proc` as a map: parents and command lines.
+    struct Args;
+    impl ProcMeta for Args {
+        fn parent_of(&self, _: u32) -> Option<u32> {
+            None
+        }
+        fn args_of(&self, pid: u32) -> Option<String> {
+            Some(format!("worker --rank {pid}"))
+        }
+    }
+
+    #[test]
+    fn the_trees_command_lines_are_read_and_others_only_when_asked() {
+        let task = |tgid: u32| TaskTime {
+            tid: tgid,
+            tgid,
+            comm: "w".into(),
+            on_cpu_ns: vec![1_000],
+            exit_ns: None,
+            cgroup_id: 0,
+        };
+        let sample = |tasks: Vec<TaskTime>| CpuSample {
+            tasks,
+            ..CpuSample::default()
+        };
+        let args = |t: &ProcessTable<Args>, pid: u32| t.get(pid).and_then(|p| p.args.clone());
+        // Not asked: nobody's (a command line may hold a secret).
+        let mut none = ProcessTable::new(Args, 1, 99);
+        none.set_root(10);
+        none.apply(&sample(vec![task(10)]));
+        assert_eq!(args(&none, 10), None);
+        let mut t = ProcessTable::new(Args, 1, 99);
+        t.read_args(ArgsOf::Tree);
+        t.set_root(10);
+        t.apply(&sample(vec![task(10), task(11)]));
+        assert_eq!(args(&t, 10).as_deref(), Some("worker --rank 10"));
+        assert_eq!(args(&t, 11), None, "not the tree's");
+        // A forked child has its parent's line until it execs; at the exec
+        // it is read.
+        t.apply(&CpuSample {
+            events: vec![TaskEvent::Fork {
+                ts_ns: 5,
+                child: 12,
+                parent_tid: 10,
+                parent_tgid: 10,
+                comm: "w".into(),
+            }],
+            ..sample(vec![task(12)])
+        });
+        assert_eq!(args(&t, 12).as_deref(), Some("worker --rank 10"));
+        t.apply(&CpuSample {
+            events: vec![TaskEvent::Exec {
+                ts_ns: 6,
+                tid: 12,
+                tgid: 12,
+                comm: "x".into(),
+            }],
+            ..sample(vec![task(12)])
+        });
+        assert_eq!(args(&t, 12).as_deref(), Some("worker --rank 12"));
+        let mut all = ProcessTable::new(Args, 1, 99);
+        all.read_args(ArgsOf::All);
+        all.apply(&sample(vec![task(11)]));
+        assert_eq!(args(&all, 11).as_deref(), Some("worker --rank 11"));
+    }
 
     #[test]
     fn smaps_rollup_gives_pss_and_uss() {

@@ -341,6 +341,11 @@ impl Profile {
         self.sinks.push(sink);
     }
 
+    /// The domains read so far (a window's answer leaves the others out).
+    pub(crate) fn read(&self) -> crate::model::unread::Read {
+        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.domain))
+    }
+
     /// What the sinks may read: the sums so far.
     pub(crate) fn totals(&self) -> Totals<'_> {
         Totals {

@@ -113,6 +113,7 @@ impl Profile {
             pid: p.pid,
             ppid: p.ppid,
             comm: p.name(),
+            cmdline: p.args.clone(),
             on_cpu_ns: p.total_ns(),
             on_cpu_ns_per_package: p.on_cpu_ns.clone(),
             start_ns: p.start_ns.map(|t| t.saturating_sub(self.start_ns)),

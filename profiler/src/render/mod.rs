@@ -7,7 +7,7 @@ mod run;
 mod sources;
 
 pub(crate) use monitor::{By, render_monitor_frame};
-pub(crate) use run::render_run_table;
+pub(crate) use run::{Rows, args_cell, render_run_table};
 pub(crate) use sources::render as render_sources;
 
 use std::fmt::Write;
@@ -359,4 +359,25 @@ pub(crate) fn container_label(c: &crate::model::ContainerReport) -> String {
         label.push_str(&format!(" pod {}", pod.chars().take(8).collect::<String>()));
     }
     label
+}
+
+/// The closing line of `run`'s and `report`'s group rows: the busy CPU
+/// time out of all the CPUs' time over the profile's wall time.
+pub(crate) fn cpu_time_line(busy_ns: u64, window_ns: u64, cpus: usize, wall_ns: u64) -> String {
+    format!(
+        "  {:<34} {:>10.3} s  of {:.3} s ({cpus} CPUs x {:.3} s)",
+        "busy CPU time",
+        secs(busy_ns),
+        secs(window_ns),
+        secs(wall_ns)
+    )
+}
+
+/// "1 process", "2 processes".
+pub(crate) fn processes(n: usize) -> String {
+    if n == 1 {
+        "1 process".to_string()
+    } else {
+        format!("{n} processes")
+    }
 }

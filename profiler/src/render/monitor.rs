@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::{container_label, render_sums, secs};
+use crate::sources::Domain;
 
 /// What `monitor`'s rows are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -54,16 +55,25 @@ pub(crate) fn render_monitor_frame(
                 "\n{:>8}  {:<16} {:>7} {:>9} {:>9} {:>9} {:>10}",
                 "PID", "COMMAND", "CPU%", "CPU W", "DRAM W", "GPU W", "PSS MiB"
             );
+            // A domain with no reader is `-`, as in every table.
+            let read = iv.read();
+            let watts = |d: Domain, j: f64| {
+                if read.has(d) {
+                    format!("{:.2}", j / dur_s)
+                } else {
+                    "-".to_string()
+                }
+            };
             for p in iv.process_rows().iter().take(top) {
                 let _ = writeln!(
                     s,
-                    "{:>8}  {:<16} {:>6.1}% {:>9.2} {:>9.2} {:>9.2} {:>10}",
+                    "{:>8}  {:<16} {:>6.1}% {:>9} {:>9} {:>9} {:>10}",
                     p.pid,
                     p.comm,
                     100.0 * p.on_cpu_ns as f64 / 1e9 / dur_s,
-                    p.package_j / dur_s,
-                    p.dram_j / dur_s,
-                    p.gpu_j / dur_s,
+                    watts(Domain::Package, p.package_j),
+                    watts(Domain::Dram, p.dram_j),
+                    watts(Domain::Gpu, p.gpu_j),
                     p.pss_bytes.map_or_else(
                         || "-".to_string(),
                         |b| format!("{:.1}", b as f64 / 1048576.0)

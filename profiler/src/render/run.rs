@@ -9,14 +9,22 @@ use super::{
 use crate::model::{EnergyJ, RunReport};
 use crate::sources::Domain;
 
+/// Which process rows the final table shows, and how.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Rows {
+    /// Every process on its own row (`--all`).
+    pub(crate) all: bool,
+    /// Each row ends with its command line (`--cmdline`).
+    pub(crate) cmdline: bool,
+}
+
 /// Renders the end-of-run table. Shares are of all CPU time in the run
-/// (every CPU's window: busy + idle + lost). `all`: every process on its
-/// own row.
-pub(crate) fn render_run_table(r: &RunReport, all: bool) -> String {
+/// (every CPU's window: busy + idle + lost).
+pub(crate) fn render_run_table(r: &RunReport, rows: Rows) -> String {
     let mut s = String::new();
     let m = Measured::of(&r.energy.domains);
-    let tree_procs = run_header(&mut s, r, &m);
-    run_processes(&mut s, r, &m, all);
+    let tree_procs = run_header(&mut s, r, &m, rows.cmdline);
+    run_processes(&mut s, r, &m, rows);
     run_groups(&mut s, r, &m, tree_procs);
     run_notes(&mut s, r);
     render_containers(&mut s, &r.containers);
@@ -29,7 +37,7 @@ pub(crate) fn render_run_table(r: &RunReport, all: bool) -> String {
 
 /// The run's first line and the process table's header; the number of
 /// processes in the command's tree.
-fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
+fn run_header(s: &mut String, r: &RunReport, m: &Measured, cmdline: bool) -> usize {
     let (argv, outcome, tree_procs) = match &r.command {
         Some(c) => (
             c.argv.join(" "),
@@ -55,7 +63,7 @@ fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
     );
     let _ = writeln!(
         s,
-        "\n{:>8} {:>8}  {:<16} {:>10} {:>7}{} {:>9} {:>9}",
+        "\n{:>8} {:>8}  {:<16} {:>10} {:>7}{} {:>9} {:>9}{}",
         "PID",
         "PPID",
         "COMMAND",
@@ -63,7 +71,8 @@ fn run_header(s: &mut String, r: &RunReport, m: &Measured) -> usize {
         "SHARE",
         m.header(),
         "START s",
-        "END s"
+        "END s",
+        if cmdline { "  COMMAND LINE" } else { "" }
     );
     tree_procs
 }
@@ -77,13 +86,13 @@ const FOLD_NS: u64 = 50_000_000;
 
 /// The processes with the most CPU time, then the rest folded by name
 /// (`all`: every process, on its own row).
-fn run_processes(s: &mut String, r: &RunReport, m: &Measured, all: bool) {
+fn run_processes(s: &mut String, r: &RunReport, m: &Measured, show: Rows) {
     let total = r.machine.window_ns;
     let mut procs: Vec<_> = r.processes.iter().collect();
     procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
     let shown_ns: u64 = procs.iter().map(|p| p.on_cpu_ns).sum();
     let small = |ns: u64| ns < FOLD_NS && (ns as f64) < FOLD_SHARE * shown_ns as f64;
-    let rows = if all {
+    let rows = if show.all {
         procs.len()
     } else {
         procs
@@ -96,7 +105,7 @@ fn run_processes(s: &mut String, r: &RunReport, m: &Measured, all: bool) {
     for p in procs.iter().take(rows) {
         let _ = writeln!(
             s,
-            "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%{} {:>9} {:>9}",
+            "{:>8} {:>8}  {:<16} {:>10.3} {:>6.1}%{} {:>9} {:>9}{}",
             p.pid,
             p.ppid.map_or_else(|| "-".to_string(), |v| v.to_string()),
             p.comm,
@@ -105,6 +114,7 @@ fn run_processes(s: &mut String, r: &RunReport, m: &Measured, all: bool) {
             m.cells(&p.energy),
             opt(p.start_ns),
             opt(p.exit_ns),
+            args_cell(show.cmdline, p.cmdline.as_deref()),
         );
     }
     if procs.len() > rows {
@@ -145,6 +155,16 @@ fn run_processes(s: &mut String, r: &RunReport, m: &Measured, all: bool) {
     }
 }
 
+/// The command line at a row's end (`--cmdline`): `-` where it was not
+/// read (gone before it, or outside `run`'s tree without `--cmdline`).
+pub(crate) fn args_cell(shown: bool, args: Option<&str>) -> String {
+    if shown {
+        format!("  {}", args.unwrap_or("-"))
+    } else {
+        String::new()
+    }
+}
+
 /// The groups every process is in, idle and unattributed energy, and all
 /// CPU time.
 fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
@@ -182,13 +202,14 @@ fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
             g.other,
         ),
         ("idle".to_string(), r.machine.idle_ns, idle),
-        ("lost / unattributed".to_string(), r.lost_ns, lost),
+        // Its time is the CPU time the tracker lost (not known whose).
+        ("unattributed".to_string(), r.lost_ns, lost),
     ];
     if r.command.is_some() {
         rows.insert(
             0,
             (
-                format!("command tree ({tree_procs} processes)"),
+                format!("command tree ({})", super::processes(tree_procs)),
                 r.groups.tree_ns,
                 g.tree,
             ),
@@ -197,7 +218,7 @@ fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
     let _ = writeln!(s);
     for (label, ns, e) in rows {
         // Idle and unattributed rows have no power or CO2 of their own.
-        let cells = if label == "idle" || label.starts_with("lost") {
+        let cells = if label == "idle" || label == "unattributed" {
             m.energy_cells(&e)
         } else {
             m.cells(&e)
@@ -209,13 +230,12 @@ fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
             pct(ns, total)
         );
     }
+    // The rows above share all the CPUs' time; the busy part is the
+    // same line as `report`'s.
     let _ = writeln!(
         s,
-        "  {:<34} {:>10.3} s  ({} CPUs x {:.3} s)",
-        "all CPU time",
-        secs(total),
-        r.machine.cpus,
-        secs(r.wall_ns)
+        "{}",
+        super::cpu_time_line(r.machine.busy_ns, total, r.machine.cpus, r.wall_ns)
     );
 }
 
@@ -225,7 +245,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
         let _ = writeln!(
             s,
             "  warning: {:.3} s of task time not recorded, {} events lost, {:.3} s discarded \
-             (raise --max-tasks; see README, \"Limits\")",
+             (raise --max-tasks; see docs/limits.md)",
             secs(r.lost_ns),
             r.profiler.events_lost,
             secs(r.profiler.discarded_ns)
@@ -245,7 +265,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
             s,
             "  note: {} threads ended during a read: their time is counted to their exit (at \
              most one scheduler tick short); {} threads were gone before they were seen (events \
-             lost); see README, \"Limits\"",
+             lost); see docs/limits.md",
             p.settled_from_exit, p.vanished_threads
         );
     }
@@ -253,7 +273,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
         let _ = writeln!(
             s,
             "  note: {} process(es) ended with neither exit nor free record (both lost): named \
-             from their fork, time up to their last reading; see README, \"Guarantees\"",
+             from their fork, time up to their last reading; see docs/limits.md",
             p.ended_unseen
         );
     }

@@ -241,6 +241,8 @@ fn processes(
             pid,
             ppid: None,
             comm: s.comm,
+            // A stream's rows carry names only.
+            cmdline: None,
             on_cpu_ns: s.on_cpu_ns,
             on_cpu_ns_per_package: Vec::new(),
             start_ns: None,

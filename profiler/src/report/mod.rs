@@ -130,6 +130,13 @@ pub struct Summary {
     pub(crate) stacks: Option<crate::model::stacks::StackReport>,
 }
 
+impl Summary {
+    /// The domains this profile has a reader for.
+    pub(crate) fn read(&self) -> crate::model::unread::Read {
+        crate::model::unread::Read::of(self.domains.iter().map(|d| d.domain))
+    }
+}
+
 /// A file read back: its summary and its intervals.
 #[derive(Debug)]
 pub struct Loaded {

@@ -346,10 +346,7 @@ fn window_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, s: &Summary) -> Resul
         .draw()
         .map_err(draw_err)?;
     if ws.is_empty() {
-        note(
-            area,
-            "no windows in this profile (see README, \"Profiling windows\")",
-        )?;
+        note(area, "no windows in this profile (see docs/windows.md)")?;
         return Ok(());
     }
     chart
@@ -464,6 +461,46 @@ fn html_readers(h: &mut String, s: &Summary) {
     h.push_str("</table>\n");
 }
 
+/// The top functions by energy (`--stacks`), as the text table has them.
+fn html_functions(h: &mut String, s: &Summary) {
+    let Some(st) = &s.stacks else {
+        return;
+    };
+    let _ = writeln!(
+        h,
+        "<h2>Top functions by energy</h2>\n<p>{} samples of the profiled processes ({} \
+         taken) at {} Hz on {} CPUs, {} distinct stacks. Self: as the innermost frame; \
+         total: with what it called.</p>",
+        st.profiled_samples, st.samples, st.hz, st.cpus, st.stacks
+    );
+    if st.functions.is_empty() {
+        return;
+    }
+    // Wall energy where that is the only figure (a wattmeter alone).
+    let wall = st
+        .functions
+        .iter()
+        .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0);
+    let j = |e: &crate::model::EnergyJ| if wall { e.wall_j } else { e.total_j };
+    let unit = if wall { "wall J" } else { "J" };
+    let _ = writeln!(
+        h,
+        "<table><tr><th>function</th><th>self {unit}</th><th>total {unit}</th>\
+         <th>samples</th></tr>"
+    );
+    for f in st.functions.iter().take(20) {
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"text\">{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td></tr>",
+            esc(&f.function),
+            j(&f.self_energy),
+            j(&f.energy),
+            f.samples
+        );
+    }
+    h.push_str("</table>\n");
+}
+
 /// A self-contained page: the figures as tables, then the plots.
 pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
     let svg = svg(l)?;
@@ -522,22 +559,32 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
         "</table>\n<h2>Top processes</h2>\n<table><tr><th>process</th><th>pid</th>\
          <th>on-CPU s</th><th>CPU J</th><th>DRAM J</th><th>GPU J</th><th>CO2 g</th></tr>\n",
     );
+    // A domain with no reader is `-`, as in the text tables, never 0.
+    let read = s.read();
+    let cell = |d: Domain, j: f64| {
+        if read.has(d) {
+            format!("{j:.3}")
+        } else {
+            "-".to_string()
+        }
+    };
     for p in s.processes.iter().take(15) {
         let _ = writeln!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td>{:.4}</td></tr>",
             esc(&p.comm),
             p.pid,
             p.on_cpu_ns as f64 / 1e9,
-            p.energy.package_j,
-            p.energy.dram_j,
-            p.energy.gpu_j,
+            cell(Domain::Package, p.energy.package_j),
+            cell(Domain::Dram, p.energy.dram_j),
+            cell(Domain::Gpu, p.energy.gpu_j),
             p.energy.co2_g
         );
     }
     h.push_str("</table>\n");
     html_readers(&mut h, s);
+    html_functions(&mut h, s);
     if !s.windows.is_empty() {
         h.push_str(
             "<h2>Windows</h2>\n<table><tr><th>window</th><th>begin s</th><th>length s</th>\

@@ -15,7 +15,7 @@ use crate::sources::Domain;
 
 /// `wattprof report FILE`: the totals of a recording or stream, in the
 /// style of `run`'s table; the `top` processes with the most energy.
-pub fn render_summary(r: &Summary, top: usize) -> String {
+pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
     let mut s = String::new();
     let m = Measured::of(&r.domains);
     let what = match &r.command {
@@ -74,21 +74,23 @@ pub fn render_summary(r: &Summary, top: usize) -> String {
     if !r.processes.is_empty() {
         let _ = writeln!(
             s,
-            "\n{:>8}  {:<16} {:>10}{}",
+            "\n{:>8}  {:<16} {:>10}{}{}",
             "PID",
             "COMMAND",
             "ON-CPU s",
-            m.header()
+            m.header(),
+            if cmdline { "  COMMAND LINE" } else { "" }
         );
     }
     for p in r.processes.iter().take(top) {
         let _ = writeln!(
             s,
-            "{:>8}  {:<16} {:>10.3}{}",
+            "{:>8}  {:<16} {:>10.3}{}{}",
             p.pid,
             p.comm,
             secs(p.on_cpu_ns),
-            m.cells(&p.energy)
+            m.cells(&p.energy),
+            crate::render::args_cell(cmdline, p.cmdline.as_deref())
         );
     }
     if r.processes.len() > top {
@@ -121,7 +123,7 @@ pub fn render_summary(r: &Summary, top: usize) -> String {
     ];
     if let Some(c) = &r.command {
         let label = match c.processes {
-            Some(n) => format!("command tree ({n} processes)"),
+            Some(n) => format!("command tree ({})", crate::render::processes(n)),
             None => "command tree".to_string(),
         };
         rows.insert(0, (label, Some(t.tree_ns), g.tree));
@@ -138,10 +140,8 @@ pub fn render_summary(r: &Summary, top: usize) -> String {
     if let (Some(cpus), Some(window)) = (r.machine.cpus, r.machine.window_ns) {
         let _ = writeln!(
             s,
-            "  {:<34} {:>10.3} s  of {:.3} s on {cpus} CPUs",
-            "busy CPU time",
-            secs(r.machine.busy_ns),
-            secs(window)
+            "{}",
+            crate::render::cpu_time_line(r.machine.busy_ns, window, cpus, r.wall_ns)
         );
     }
     render_containers(&mut s, &r.containers);

@@ -21,9 +21,20 @@ pub(crate) struct Jsonl {
     len: u64,
     /// Why the stream stopped, once it did.
     failed: Option<String>,
+    /// The domains read up to the last interval (a window's energy leaves
+    /// the others out, as the intervals do).
+    read: crate::model::unread::Read,
 }
 
 impl Jsonl {
+    /// Makes the stream readable by its owner only (mode 0600): its
+    /// summary line holds command lines (`--cmdline`).
+    pub(crate) fn make_private(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+    }
+
     /// Creates (truncates) `path`.
     pub(crate) fn create(path: &Path) -> std::io::Result<Self> {
         Ok(Self {
@@ -32,6 +43,7 @@ impl Jsonl {
             line: Vec::new(),
             len: 0,
             failed: None,
+            read: crate::model::unread::Read::NONE,
         })
     }
 
@@ -95,23 +107,32 @@ impl super::Sink for Jsonl {
         self.write(header);
     }
 
-    fn interval(&mut self, record: &IntervalRecord, _: &Totals<'_>) {
-        self.write(record);
+    fn interval(&mut self, record: &IntervalRecord, totals: &Totals<'_>) {
+        self.read = totals.read();
+        let read = self.read;
+        crate::model::unread::writing(read, || self.write(record));
     }
 
     fn window(&mut self, window: &WindowReport) {
-        self.write(&Typed {
-            kind: "window",
-            record: window,
+        // A window ends between intervals: the domains read so far, and
+        // those measured in it.
+        let read = crate::model::unread::Read::of_window(self.read, window);
+        crate::model::unread::writing(read, || {
+            self.write(&Typed {
+                kind: "window",
+                record: window,
+            });
         });
     }
 
     fn finish(&mut self, report: &RunReport, _: &Totals<'_>) -> Vec<Result<String, String>> {
         // The stream's last record: the summary (the intervals it has
         // already streamed are not part of the document's serialisation).
-        self.write(&Typed {
-            kind: "summary",
-            record: report,
+        crate::model::unread::writing(report.read(), || {
+            self.write(&Typed {
+                kind: "summary",
+                record: report,
+            });
         });
         Vec::new()
     }

@@ -46,6 +46,12 @@ pub(crate) struct Totals<'a> {
 }
 
 impl Totals<'_> {
+    /// The domains read so far: a domain with none has no field in JSON
+    /// and no Prometheus series (no reader is not 0).
+    pub(crate) fn read(&self) -> crate::model::unread::Read {
+        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.domain))
+    }
+
     /// The profile's length so far (ns).
     pub(crate) fn span_ns(&self) -> u64 {
         self.last_ns.saturating_sub(self.start_ns)

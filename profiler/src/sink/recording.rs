@@ -120,6 +120,19 @@ impl Recording {
         Self::with_intervals(dest, keep, Intervals::default())
     }
 
+    /// Makes the file readable by its owner only (mode 0600): it will hold
+    /// command lines (`--cmdline`), which may carry secrets, and in
+    /// `monitor` other users' (whom `hidepid` may hide them from).
+    pub(crate) fn make_private(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        match &self.file {
+            Some(f) => f
+                .file
+                .set_permissions(std::fs::Permissions::from_mode(0o600)),
+            None => Ok(()),
+        }
+    }
+
     /// As [`Recording::create`], keeping records in `intervals`.
     pub(crate) fn with_intervals(
         dest: &Path,
@@ -137,13 +150,13 @@ impl Recording {
 }
 
 impl Sink for Recording {
-    fn interval(&mut self, record: &IntervalRecord, _: &Totals<'_>) {
+    fn interval(&mut self, record: &IntervalRecord, totals: &Totals<'_>) {
         // Kept serialized: a parsed record costs several times its text,
         // and a run can last days.
-        let kept = match self.keep {
+        let kept = crate::model::unread::writing(totals.read(), || match self.keep {
             Keep::All => serde_json::value::to_raw_value(record),
             Keep::MachineOnly => serde_json::value::to_raw_value(&record.machine_only()),
-        };
+        });
         if let Ok(kept) = kept {
             self.intervals.push(kept);
         }
@@ -155,9 +168,11 @@ impl Sink for Recording {
         };
         let dest = file.dest.clone();
         vec![
-            file.commit_json(&Document {
-                report,
-                intervals: &self.intervals,
+            crate::model::unread::writing(report.read(), || {
+                file.commit_json(&Document {
+                    report,
+                    intervals: &self.intervals,
+                })
             })
             .map(|()| format!("report written to {}", dest.display()))
             .map_err(|e| format!("writing {}: {e}", dest.display())),

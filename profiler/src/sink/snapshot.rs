@@ -115,8 +115,7 @@ pub(crate) fn snapshot(
         .collect();
     let me = EnergyJ::new(&t.sums.groups[Role::Profiler as usize], 0, t.carbon);
     let self_energy = me
-        .by_domain()
-        .into_iter()
+        .by_domain(t.read())
         .map(|(d, v)| (l(&[("domain", d.into())]), v))
         .collect();
     let (power, gpu_power) = power_series(last, top);
@@ -195,7 +194,7 @@ fn container_series(t: &Totals<'_>, since: u64) -> [Series; 4] {
         }
         c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
         c_static.push((base.clone(), c.energy.static_j));
-        for (domain, v) in c.energy.by_domain() {
+        for (domain, v) in c.energy.by_domain(t.read()) {
             let mut labels = base.clone();
             labels.push(("domain".into(), domain.into()));
             c_energy.push((labels, v));
@@ -230,7 +229,7 @@ fn cgroup_series(t: &Totals<'_>, since: u64) -> [Series; 3] {
         g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
         let e = EnergyJ::new(&energy, 0, t.carbon);
         g_static.push((l(&[("cgroup", path.to_string())]), e.static_j));
-        for (domain, v) in e.by_domain() {
+        for (domain, v) in e.by_domain(t.read()) {
             g_energy.push((
                 l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
                 v,
