@@ -66,7 +66,7 @@ pub(crate) fn ebpf_message(missing: &[&str]) -> String {
     format!(
         "missing {}: loading wattprof's eBPF programs needs CAP_BPF and CAP_PERFMON \
          (CAP_SYS_ADMIN before Linux 5.8); run it as root (sudo), or grant CAP_BPF, \
-         CAP_PERFMON and CAP_DAC_READ_SEARCH (README: Least privilege)",
+         CAP_PERFMON and CAP_DAC_READ_SEARCH (docs/deployment.md: Least privilege)",
         missing.join(" and ")
     )
 }

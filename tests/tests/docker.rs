@@ -272,7 +272,7 @@ fn the_wattprof_image_monitors_the_host_from_a_container_without_privileges() {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     if err.contains("unknown capability") {
         // Docker before 23 does not know CAP_BPF and CAP_PERFMON by name:
-        // CAP_SYS_ADMIN stands in for both (README: Least privilege).
+        // CAP_SYS_ADMIN stands in for both (docs/deployment.md: Least privilege).
         eprintln!("this Docker has no CAP_BPF/CAP_PERFMON: SYS_ADMIN instead");
         out = run(&["SYS_ADMIN", "DAC_READ_SEARCH"]);
     }

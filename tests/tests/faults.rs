@@ -1,5 +1,5 @@
 //! Faults injected into a running wattprof, each against a guarantee in
-//! the README's "Guarantees": a full disk, an energy counter that vanishes
+//! docs/limits.md's "Guarantees": a full disk, an energy counter that vanishes
 //! and returns, a GPU lost, wattprof stopped while thousands of processes
 //! come and go, the wall clock jumping, SIGKILL then a restart, and two
 //! instances at once. Needs root; run with `--test-threads=1` (one test
@@ -321,7 +321,7 @@ fn stopped_for_ten_seconds_while_5000_processes_come_and_go_nothing_is_lost_sile
         u(&report, "/command/processes")
     );
     // A `true` whose exec record the kernel did not run the program for
-    // (see README, "Guarantees") keeps its fork's name, `sh`: counted all
+    // (see docs/limits.md, "Guarantees") keeps its fork's name, `sh`: counted all
     // the same. The script's own shell is the other `sh`.
     let shells = report["processes"]
         .as_array()

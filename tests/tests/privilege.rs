@@ -1,4 +1,4 @@
-//! wattprof as an ordinary user with only the capabilities README's
+//! wattprof as an ordinary user with only the capabilities docs/deployment.md's
 //! "Least privilege" lists (CAP_BPF, CAP_PERFMON, CAP_DAC_READ_SEARCH),
 //! started through `setpriv` as systemd's AmbientCapabilities would, and
 //! the one-line error for each one missing. Needs root (to hand out the

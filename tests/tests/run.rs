@@ -137,7 +137,7 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
     };
     // Processes of the tree whose end no record reported: with exit
     // records lost on purpose, those whose free the kernel did not run
-    // the program for either (see README, "Guarantees"). Each is named
+    // the program for either (see docs/limits.md, "Guarantees"). Each is named
     // from its fork and counted in `ended_unseen`; with exit records on,
     // there are none.
     let unseen: Vec<&serde_json::Value> = processes

@@ -29,14 +29,14 @@ pub fn committed_dir() -> PathBuf {
     workspace_root().join("profiler/ebpf")
 }
 
-fn output_of(cmd: &mut Command) -> Option<String> {
+pub fn output_of(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn cargo_home() -> PathBuf {
+pub fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))

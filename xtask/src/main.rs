@@ -1,6 +1,7 @@
 //! Developer chores for wattprof: `cargo xtask build-ebpf | test | bench`.
 
 mod bench;
+mod docs;
 mod ebpf;
 mod isolation;
 mod soak;

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{ebpf, run_cmd, workspace_root};
+use crate::{docs, ebpf, run_cmd, workspace_root};
 
 /// Each test counted once: cargo test's `test result:` lines give passed
 /// and failed; a test that said `skipping: <test>: <reason>` (the tests'
@@ -582,6 +582,21 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         ]),
         &mut counts,
     )?;
+    // The book builds (its chapters' links and the CLI reference's
+    // freshness are tests of the wattprof-tests crate).
+    match docs::build() {
+        Ok(()) => counts.passed += 1,
+        Err(e) => {
+            eprintln!("docs: {e:#}");
+            counts.failures.push(Failure {
+                binary: String::new(),
+                name: "docs: mdbook build docs".into(),
+                message: vec![format!("{e:#}")],
+            });
+            counts.failed += 1;
+            ok = false;
+        }
+    }
     if check_ebpf {
         match ebpf::clippy() {
             Ok(()) => counts.passed += 1,

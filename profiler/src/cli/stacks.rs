@@ -16,7 +16,7 @@ pub(crate) struct StackArgs {
     /// event: works in VMs) and divide each process's energy over its
     /// stacks by their samples, interval by interval. Implied by
     /// --stacks-out and --flamegraph. User stacks need frame pointers
-    /// (see README).
+    /// (see docs/flamegraphs.md).
     #[arg(long, help_heading = "Energy flame graphs")]
     pub(crate) stacks: bool,
 

@@ -11,7 +11,7 @@ use crate::process::symbols::Symbols;
 use crate::tracker::stacks::{Drained, StackSampler, UserFrame};
 
 /// Default bound on (process, stack) entries: about 30 MB at the bound
-/// with typical stacks (see README).
+/// with typical stacks (see docs/flamegraphs.md).
 pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 /// The raw stacks seen (tgid where a frame is an address, which only means
