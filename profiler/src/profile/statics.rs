@@ -426,12 +426,9 @@ impl Statics {
             return None;
         }
         let rule = match self.share {
-            StaticShare::Capacity => {
-                "each process: the dynamic energy its CPU time caused + static power × its \
-                 share of the CPUs' time"
-            }
-            StaticShare::Busy => "static power charged by CPU time to whoever ran",
-            StaticShare::Idle => "static power left idle, none to processes",
+            StaticShare::Capacity => "each process pays its share of the CPUs' time",
+            StaticShare::Busy => "charged by CPU time to whoever ran",
+            StaticShare::Idle => "left idle, none to processes",
         };
         let mut figures: Vec<String> = self.last.iter().map(StaticFigure::describe).collect();
         figures.extend(self.gpu_note());
@@ -445,9 +442,9 @@ impl Statics {
             ""
         };
         Some(format!(
-            "static power --static-power {} ({rule}): {}{hint}",
-            self.share.name(),
-            figures.join(", ")
+            "static power: {} ({rule}; --static-power {}){hint}",
+            figures.join(", "),
+            self.share.name()
         ))
     }
 }

@@ -127,18 +127,27 @@ impl<'a> EnergyView<'a> {
 /// Renders the energy part: domains, readers, CO2, windows.
 pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
     let _ = writeln!(s, "\n  energy readers:");
+    let mut cut = false;
     for u in r.readers {
+        let (detail, shortened) = short_detail(&u.detail);
+        cut |= shortened;
         let _ = writeln!(
             s,
-            "    {:<5} {:<10} {}{}",
+            "    {:<5} {:<10} {detail}{}",
             u.kind,
             u.name,
-            u.detail,
             if u.estimated { " [ESTIMATED]" } else { "" }
         );
         if let Some(fix) = &u.fix {
             let _ = writeln!(s, "                     fix: {fix}");
         }
+    }
+    if cut {
+        let _ = writeln!(
+            s,
+            "    (why each reader, and the model's source: `wattprof sources`, or \
+             `energy.readers` in the recording)"
+        );
     }
     if !r.domains.is_empty() {
         let _ = writeln!(
@@ -379,5 +388,54 @@ pub(crate) fn processes(n: usize) -> String {
         "1 process".to_string()
     } else {
         format!("{n} processes")
+    }
+}
+
+/// A reader's detail as a table shows it: whole up to 100 characters,
+/// else up to its first `: ` (what it reads; why, and the model's source,
+/// are in `wattprof sources` and the recording), else cut at a word.
+/// Whether it was shortened.
+pub(crate) fn short_detail(detail: &str) -> (String, bool) {
+    const MAX: usize = 100;
+    if detail.chars().count() <= MAX {
+        return (detail.to_string(), false);
+    }
+    let head = detail.split_once(": ").map_or(detail, |(h, _)| h);
+    if head.chars().count() <= MAX {
+        return (head.to_string(), head.len() < detail.len());
+    }
+    let mut out: String = head.chars().take(MAX).collect();
+    if let Some(space) = out.rfind(' ') {
+        out.truncate(space);
+    }
+    out.push_str("...");
+    (out, true)
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::short_detail;
+
+    #[test]
+    fn a_long_reader_detail_is_cut_to_what_it_reads() {
+        let short = "no GPU energy: no NVIDIA driver found";
+        assert_eq!(short_detail(short), (short.to_string(), false));
+        let vcpu = format!(
+            "vcpu model, vCPUs x (0.45 W + utilization x 1.57 W): a VM guest {}",
+            "(hypervisor flag), ".repeat(20)
+        );
+        assert_eq!(
+            short_detail(&vcpu),
+            (
+                "vcpu model, vCPUs x (0.45 W + utilization x 1.57 W)".to_string(),
+                true
+            )
+        );
+        let words = "word ".repeat(60);
+        let (cut, shortened) = short_detail(&words);
+        assert!(
+            shortened && cut.ends_with("...") && cut.len() <= 103,
+            "{cut}"
+        );
     }
 }

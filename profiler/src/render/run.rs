@@ -260,13 +260,15 @@ fn run_notes(s: &mut String, r: &RunReport) {
             p.filter_overflow
         );
     }
-    if p.settled_from_exit > 0 || p.vanished_threads > 0 {
+    // Threads that ended during a read are normal (counted to their exit,
+    // at most a scheduler tick short): the recording has their count
+    // (`profiler.settled_from_exit`). Only a loss is said here.
+    if p.vanished_threads > 0 {
         let _ = writeln!(
             s,
-            "  note: {} threads ended during a read: their time is counted to their exit (at \
-             most one scheduler tick short); {} threads were gone before they were seen (events \
-             lost); see docs/limits.md",
-            p.settled_from_exit, p.vanished_threads
+            "  note: {} threads were gone before they were seen (their records were lost; \
+             {} more ended during a read and are counted to their exit); see docs/limits.md",
+            p.vanished_threads, p.settled_from_exit
         );
     }
     if p.ended_unseen > 0 {
