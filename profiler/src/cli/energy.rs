@@ -45,9 +45,12 @@ pub(crate) struct EnergyArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) jsonl: Option<PathBuf>,
 
-    /// Append one row to FILE in codecarbon's emissions.csv layout (its
-    /// columns and units: kWh, kg CO2eq, W): the command tree's energy in
-    /// `run`, the machine's in `monitor`. A new file gets the header.
+    /// Append one row to FILE in codecarbon's emissions.csv layout
+    /// (codecarbon 3's columns, in its order and units: kWh, kg CO2eq, W,
+    /// s): the command tree's energy in `run`, the machine's in `monitor`.
+    /// A new file gets the header; a file with other columns is refused
+    /// before anything runs. Columns wattprof cannot know (location,
+    /// cloud, Python, water) are empty; `pue` is 1.0.
     #[arg(long, value_name = "FILE")]
     pub(crate) csv: Option<PathBuf>,
 

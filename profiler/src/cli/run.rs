@@ -29,13 +29,16 @@ use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
         Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
         failed, 126 if the command cannot be executed, 127 if it is not found.")]
 pub(crate) struct RunArgs {
-    /// How often the tracker is read (e.g. 1s, 250ms). Totals are exact at
-    /// any interval; shorter intervals give finer series and cost more.
+    /// How often the tracker is read: 250ms, 2.5s, 1m, 1m30s (humantime's
+    /// forms; 10 ms to 1 h). Totals are exact at any interval; shorter
+    /// intervals give finer series and cost more.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub(crate) interval: Duration,
 
-    /// Write the recording as JSON to FILE (written when the command ends;
-    /// layout in docs/recording.md).
+    /// Write the recording as JSON to FILE (layout in docs/recording.md):
+    /// written to a temporary file beside FILE when the command ends and
+    /// renamed when complete; an unwritable place fails before the command
+    /// starts.
     #[arg(long, short, value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
 
@@ -45,8 +48,10 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) stacks: super::stacks::StackArgs,
 
-    /// Run the command as root even when wattprof was started with sudo
-    /// (by default it runs as the user who invoked sudo).
+    /// Run the command as root even when wattprof was started with sudo.
+    /// By default it runs as the user who invoked sudo (SUDO_UID,
+    /// SUDO_GID, that user's supplementary groups, HOME, USER, LOGNAME);
+    /// wattprof itself keeps root.
     #[arg(long)]
     pub(crate) as_root: bool,
 
