@@ -126,9 +126,26 @@ impl<'a> EnergyView<'a> {
 
 /// Renders the energy part: domains, readers, CO2, windows.
 pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
+    render_readers(s, r.readers);
+    render_domains(s, r);
+    for p in r.problems.iter().take(3) {
+        let _ = writeln!(s, "  warning: {p}");
+    }
+    render_windows(s, r);
+    if let Some(first) = r.window_errors.first() {
+        let _ = writeln!(
+            s,
+            "  warning: window messages: {first} (all problems are in the recording's \
+             window_errors)"
+        );
+    }
+}
+
+/// The energy readers, each detail short (`wattprof sources` has why).
+fn render_readers(s: &mut String, readers: &[crate::sources::registry::ReaderUse]) {
     let _ = writeln!(s, "\n  energy readers:");
     let mut cut = false;
-    for u in r.readers {
+    for u in readers {
         let (detail, shortened) = short_detail(&u.detail);
         cut |= shortened;
         let _ = writeln!(
@@ -149,6 +166,11 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
              `energy.readers` in the recording)"
         );
     }
+}
+
+/// Each domain's energy and how it was divided, MIG instances, the static
+/// power note and the carbon intensity.
+fn render_domains(s: &mut String, r: &EnergyView<'_>) {
     if !r.domains.is_empty() {
         let _ = writeln!(
             s,
@@ -199,9 +221,10 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
             r.g_per_kwh, r.carbon_source
         );
     }
-    for p in r.problems.iter().take(3) {
-        let _ = writeln!(s, "  warning: {p}");
-    }
+}
+
+/// The windows (the first 40: the recording has them all).
+fn render_windows(s: &mut String, r: &EnergyView<'_>) {
     if !r.windows.is_empty() {
         let m = Measured::of(r.domains);
         let _ = writeln!(
@@ -239,13 +262,6 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
             s,
             "  ... {} more windows (all are in the --output recording)",
             r.windows.len() - 40
-        );
-    }
-    if let Some(first) = r.window_errors.first() {
-        let _ = writeln!(
-            s,
-            "  warning: window messages: {first} (all problems are in the recording's \
-             window_errors)"
         );
     }
 }

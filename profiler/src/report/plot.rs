@@ -501,6 +501,85 @@ fn html_functions(h: &mut String, s: &Summary) {
     h.push_str("</table>\n");
 }
 
+/// Each domain: its energy, how it was divided, its average power; an
+/// estimate marked.
+fn html_domains(h: &mut String, s: &Summary) {
+    h.push_str(
+        "<h2>Energy per domain</h2>\n<table><tr><th>domain</th><th>energy J</th>\
+         <th>processes J</th><th>idle J</th><th>unattributed J</th><th>average W</th></tr>\n",
+    );
+    for d in &s.domains {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
+             <td>{:.2}</td></tr>",
+            esc(&d.domain.label(d.package)),
+            if d.estimated { " (estimated)" } else { "" },
+            d.measured_j,
+            d.attributed_j,
+            d.idle_j,
+            d.unattributed_j,
+            d.power.avg_power_w
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The top processes' energy per domain (`-` for a domain with no reader).
+fn html_processes(h: &mut String, s: &Summary) {
+    h.push_str(
+        "<h2>Top processes</h2>\n<table><tr><th>process</th><th>pid</th>\
+         <th>on-CPU s</th><th>CPU J</th><th>DRAM J</th><th>GPU J</th><th>CO2 g</th></tr>\n",
+    );
+    // A domain with no reader is `-`, as in the text tables, never 0.
+    let read = s.read();
+    let cell = |d: Domain, j: f64| {
+        if read.has(d) {
+            format!("{j:.3}")
+        } else {
+            "-".to_string()
+        }
+    };
+    for p in s.processes.iter().take(15) {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{:.4}</td></tr>",
+            esc(&p.comm),
+            p.pid,
+            p.on_cpu_ns as f64 / 1e9,
+            cell(Domain::Package, p.energy.package_j),
+            cell(Domain::Dram, p.energy.dram_j),
+            cell(Domain::Gpu, p.energy.gpu_j),
+            p.energy.co2_g
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The windows, nested by depth (only where there are windows).
+fn html_windows(h: &mut String, s: &Summary) {
+    if !s.windows.is_empty() {
+        h.push_str(
+            "<h2>Windows</h2>\n<table><tr><th>window</th><th>begin s</th><th>length s</th>\
+             <th>energy J</th><th>average W</th></tr>\n",
+        );
+        for w in s.windows.iter().take(BARS) {
+            let _ = writeln!(
+                h,
+                "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td></tr>",
+                "&nbsp;&nbsp;".repeat(w.depth.min(8)),
+                esc(&w.name),
+                secs(w.begin_ns),
+                secs(w.end_ns.saturating_sub(w.begin_ns)),
+                w.energy.total_j,
+                w.energy.avg_power_w
+            );
+        }
+        h.push_str("</table>\n");
+    }
+}
+
 /// A self-contained page: the figures as tables, then the plots.
 pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
     let svg = svg(l)?;
@@ -537,73 +616,11 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
         );
     }
     html_groups(&mut h, s);
-    h.push_str(
-        "<h2>Energy per domain</h2>\n<table><tr><th>domain</th><th>energy J</th>\
-         <th>processes J</th><th>idle J</th><th>unattributed J</th><th>average W</th></tr>\n",
-    );
-    for d in &s.domains {
-        let _ = writeln!(
-            h,
-            "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
-             <td>{:.2}</td></tr>",
-            esc(&d.domain.label(d.package)),
-            if d.estimated { " (estimated)" } else { "" },
-            d.measured_j,
-            d.attributed_j,
-            d.idle_j,
-            d.unattributed_j,
-            d.power.avg_power_w
-        );
-    }
-    h.push_str(
-        "</table>\n<h2>Top processes</h2>\n<table><tr><th>process</th><th>pid</th>\
-         <th>on-CPU s</th><th>CPU J</th><th>DRAM J</th><th>GPU J</th><th>CO2 g</th></tr>\n",
-    );
-    // A domain with no reader is `-`, as in the text tables, never 0.
-    let read = s.read();
-    let cell = |d: Domain, j: f64| {
-        if read.has(d) {
-            format!("{j:.3}")
-        } else {
-            "-".to_string()
-        }
-    };
-    for p in s.processes.iter().take(15) {
-        let _ = writeln!(
-            h,
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{:.4}</td></tr>",
-            esc(&p.comm),
-            p.pid,
-            p.on_cpu_ns as f64 / 1e9,
-            cell(Domain::Package, p.energy.package_j),
-            cell(Domain::Dram, p.energy.dram_j),
-            cell(Domain::Gpu, p.energy.gpu_j),
-            p.energy.co2_g
-        );
-    }
-    h.push_str("</table>\n");
+    html_domains(&mut h, s);
+    html_processes(&mut h, s);
     html_readers(&mut h, s);
     html_functions(&mut h, s);
-    if !s.windows.is_empty() {
-        h.push_str(
-            "<h2>Windows</h2>\n<table><tr><th>window</th><th>begin s</th><th>length s</th>\
-             <th>energy J</th><th>average W</th></tr>\n",
-        );
-        for w in s.windows.iter().take(BARS) {
-            let _ = writeln!(
-                h,
-                "<tr><td>{}{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td></tr>",
-                "&nbsp;&nbsp;".repeat(w.depth.min(8)),
-                esc(&w.name),
-                secs(w.begin_ns),
-                secs(w.end_ns.saturating_sub(w.begin_ns)),
-                w.energy.total_j,
-                w.energy.avg_power_w
-            );
-        }
-        h.push_str("</table>\n");
-    }
+    html_windows(&mut h, s);
     let _ = write!(h, "<h2>Power over time</h2>\n{svg}\n</body></html>\n");
     Ok(h)
 }

@@ -4,19 +4,25 @@
 //! begins and ends.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use nvml_wrapper::{Nvml, error::NvmlError};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::{Device, Nvml, error::NvmlError};
+
+use super::samples::RawSample;
 
 use super::energy::{Energy, Miss, read_energy};
 use super::said::Said;
 use super::{
-    CARRY_SHARES, Gpu, GpuProcess, GpuReading, LOST_CATCH_UP, SmBasis, mig, now_epoch_us, nvml_err,
-    sampler, sanitise,
+    CARRY_SHARES, Gpu, GpuProcess, GpuReading, LOST_CATCH_UP, MigInstance, SmBasis, mig,
+    now_epoch_us, nvml_err, sampler, sanitise,
 };
 
-/// Reads one GPU; `None` when it gave no reading this time (said).
+/// Reads one GPU; `None` when it gave no reading this time (said): its
+/// energy counter, its device figures, the per-process samples since the
+/// last read, who holds a context (the list, MPS clients, MIG instances),
+/// and from those each holder's share.
 pub(super) fn read_gpu(
     nvml: &Nvml,
     g: &mut Gpu,
@@ -25,25 +31,146 @@ pub(super) fn read_gpu(
     problems: &mut Vec<(u32, String)>,
 ) -> Option<GpuReading> {
     let index = g.info.index;
-    // Power integration's first reading has nothing to integrate from.
-    let from_nothing = matches!(g.energy, Energy::Integrate { last: None, .. });
-    let read = nvml
-        .device_by_index(index)
-        .map_err(Miss::from)
-        .and_then(|d| {
-            let power = d.power_usage();
-            let uj = read_energy(&d, &mut g.energy, &power)?;
-            Ok((d, power, uj))
-        });
     let mut said = Said {
         index,
         failing: &mut g.failing,
         out: problems,
     };
-    // Lost, transient, or answering (again).
-    let (device, power, energy_uj) = match read {
+    let counted = read_counter(nvml, index, &mut g.energy, &mut g.lost, &mut said)?;
+    let device = counted.device;
+    let power_w = answer(
+        &mut said,
+        "power",
+        counted.power.map(|mw| f64::from(mw) / 1e3),
+        "power read failed",
+    );
+    let util_pct = match device.utilization_rates() {
+        // MIG gives none: no failure.
+        Err(NvmlError::NotSupported) if g.info.mig => None,
+        r => answer(
+            &mut said,
+            "utilization",
+            r.map(|u| u.gpu),
+            "utilization read failed",
+        ),
+    };
+    let memory_used_bytes = answer(
+        &mut said,
+        "memory",
+        device.memory_info().map(|m| m.used),
+        "memory read failed",
+    );
+    // The samples first, then the process list: a process that starts in
+    // between is listed.
+    let taken = take_samples(&device, &g.pending, &mut said);
+    let now_us = now_epoch_us();
+    let mut listed = list_holders(&device, processes_v2, &mut said);
+    if !g.info.mig
+        && let (Some(l), Ok(raw)) = (listed.as_mut(), mig_raw)
+    {
+        add_mps_clients(&device, raw, processes_v2, l, &mut said);
+    }
+    // MIG: each instance with its processes and GPM's activity.
+    let instances = if g.info.mig {
+        mig::mig_instances(nvml, &device, &mut g.gpm, processes_v2, mig_raw, &mut said)
+    } else {
+        None
+    };
+    say_samples(
+        &taken.fetched,
+        instances.is_some(),
+        g.gpm.is_some(),
+        g.info.mig,
+        &mut said,
+    );
+    let gone = gone_holders(&g.listed_before, &taken.between, listed.as_ref());
+    let (shares, sm_basis) = shares_of(
+        &taken,
+        listed.as_ref(),
+        &gone,
+        (&mut g.read_floor, &mut g.shares),
+        now_us,
+        &mut said,
+    );
+    let mut processes = holders(listed.as_ref(), &gone, &shares, sm_basis);
+    if let Some(l) = &listed {
+        g.listed_before = l.keys().copied().collect();
+        g.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .known = g.listed_before.iter().copied().collect();
+    }
+    // Carried shares of processes that have all left are no shares.
+    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
+    {
+        SmBasis::Equal
+    } else {
+        sm_basis
+    };
+    // NVML samples only processes that used the SM: holders with no
+    // sample within 2 s, and a GPU whose utilization is 0 where known,
+    // did no work.
+    let at_rest = !processes.is_empty()
+        && taken.fetched.is_ok()
+        && processes.iter().all(|p| p.sm_util_pct == 0.0)
+        && util_pct.is_none_or(|u| u == 0);
+    let (sm_basis, instances, unheld_sm_pct, at_rest) = match instances {
+        Some((list, memory)) => {
+            let (basis, unheld, at_rest) = mig_holders(&list, &memory, &mut processes);
+            (basis, list, unheld, at_rest)
+        }
+        None => (sm_basis, Vec::new(), 0.0, at_rest),
+    };
+    Some(GpuReading {
+        index,
+        energy_uj: counted.energy_uj,
+        method: g.info.method,
+        power_w,
+        util_pct,
+        memory_used_bytes,
+        processes,
+        sm_basis,
+        at_rest,
+        whole: counted.whole,
+        instances,
+        unheld_sm_pct,
+    })
+}
+
+/// A GPU's energy since the last read, with its device and power reading.
+struct Counted<'n> {
+    device: nvml_wrapper::Device<'n>,
+    power: Result<u32, NvmlError>,
+    energy_uj: u64,
+    /// It covers exactly the interval (not one after failed reads, a
+    /// first power reading, or a GPU that was lost).
+    whole: bool,
+}
+
+/// Reads the energy counter (or integrates power): `None` when the GPU is
+/// lost or the read failed (said; the next good read covers this
+/// interval). A GPU that answers again after more than
+/// [`LOST_CATCH_UP`] gives no energy for the time it was lost.
+fn read_counter<'n>(
+    nvml: &'n Nvml,
+    index: u32,
+    energy: &mut Energy,
+    lost: &mut Option<Instant>,
+    said: &mut Said<'_>,
+) -> Option<Counted<'n>> {
+    // Power integration's first reading has nothing to integrate from.
+    let from_nothing = matches!(energy, Energy::Integrate { last: None, .. });
+    let read = nvml
+        .device_by_index(index)
+        .map_err(Miss::from)
+        .and_then(|d| {
+            let power = d.power_usage();
+            let uj = read_energy(&d, energy, &power)?;
+            Ok((d, power, uj))
+        });
+    let (device, power, mut energy_uj) = match read {
         Err(Miss::Lost) => {
-            g.lost.get_or_insert_with(Instant::now);
+            lost.get_or_insert_with(Instant::now);
             // The same line every read: said once while it lasts.
             said.out.push((
                 index,
@@ -63,104 +190,129 @@ pub(super) fn read_gpu(
     // A read after failed ones covers their intervals too.
     let mut whole = !said.failing.contains_key("energy") && !from_nothing;
     said.set("energy", None);
-    let mut energy_uj = energy_uj;
-    if let Some(since) = g.lost.take() {
+    if let Some(since) = lost.take() {
         whole = false;
         let lost_for = since.elapsed();
-        if lost_for > LOST_CATCH_UP {
-            said.out.push((
-                index,
-                format!(
-                    "answers again after {:.0} s lost: its energy meanwhile ({:.1} J) is not divided",
-                    lost_for.as_secs_f64(),
-                    energy_uj as f64 / 1e6
-                ),
-            ));
+        let line = if lost_for > LOST_CATCH_UP {
+            let line = format!(
+                "answers again after {:.0} s lost: its energy meanwhile ({:.1} J) is not divided",
+                lost_for.as_secs_f64(),
+                energy_uj as f64 / 1e6
+            );
             energy_uj = 0;
+            line
         } else {
-            said.out.push((
-                index,
-                format!(
-                    "answers again after {:.1} s lost: this read's energy covers that time",
-                    lost_for.as_secs_f64()
-                ),
-            ));
+            format!(
+                "answers again after {:.1} s lost: this read's energy covers that time",
+                lost_for.as_secs_f64()
+            )
+        };
+        said.out.push((index, line));
+    }
+    Some(Counted {
+        device,
+        power,
+        energy_uj,
+        whole,
+    })
+}
+
+/// One device figure: said when it starts failing and when it answers
+/// again.
+fn answer<T>(
+    said: &mut Said<'_>,
+    what: &'static str,
+    r: Result<T, NvmlError>,
+    failed: &str,
+) -> Option<T> {
+    match r {
+        Ok(v) => {
+            said.set(what, None);
+            Some(v)
+        }
+        Err(e) => {
+            said.set(what, Some(nvml_err(failed, &e)));
+            None
         }
     }
-    let power_w = match &power {
-        Ok(mw) => {
-            said.set("power", None);
-            Some(f64::from(*mw) / 1e3)
-        }
-        Err(e) => {
-            said.set("power", Some(nvml_err("power read failed", e)));
-            None
-        }
-    };
-    let util_pct = match device.utilization_rates() {
-        Ok(u) => {
-            said.set("utilization", None);
-            Some(u.gpu)
-        }
-        Err(NvmlError::NotSupported) if g.info.mig => None,
-        Err(e) => {
-            said.set("utilization", Some(nvml_err("utilization read failed", &e)));
-            None
-        }
-    };
-    let memory_used_bytes = match device.memory_info() {
-        Ok(m) => {
-            said.set("memory", None);
-            Some(m.used)
-        }
-        Err(e) => {
-            said.set("memory", Some(nvml_err("memory read failed", &e)));
-            None
-        }
-    };
-    // The per-process samples since the last read: those the sampler
-    // fetched meanwhile, and the newest now (a count race retried); before
-    // the process list, so a process that starts in between is listed.
-    let (fetched, raw, trimmed, last_seen, between, between_dropped) = {
-        let mut p = g.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let fetched = sampler::fetch(&device, &mut p);
+}
+
+/// What the sampler and this read fetched since the last read.
+struct Taken {
+    /// Whether this read's own fetch worked.
+    fetched: Result<(), NvmlError>,
+    raw: Vec<RawSample>,
+    /// The newest plausible timestamp: the next read's floor.
+    last_seen: u64,
+    /// Processes the sampler saw listed between the reads.
+    between: std::collections::HashSet<u32>,
+}
+
+/// Fetches the newest samples (a count race retried) and takes what the
+/// sampler fetched meanwhile; says what was left out.
+fn take_samples(
+    device: &Device<'_>,
+    pending: &Mutex<sampler::Pending>,
+    said: &mut Said<'_>,
+) -> Taken {
+    let (taken, trimmed, between_dropped) = {
+        let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let fetched = sampler::fetch(device, &mut p);
         (
-            fetched,
-            std::mem::take(&mut p.raw),
+            Taken {
+                fetched,
+                raw: std::mem::take(&mut p.raw),
+                last_seen: p.last_seen,
+                between: std::mem::take(&mut p.listed_between),
+            },
             std::mem::take(&mut p.trimmed),
-            p.last_seen,
-            std::mem::take(&mut p.listed_between),
             std::mem::take(&mut p.between_dropped),
         )
     };
+    // Each time: a count of what one interval lost, not a state.
     if between_dropped > 0 {
-        // Each time: a count of what one interval lost, not a state.
         said.out.push((
-            index,
+            said.index,
             format!(
                 "{between_dropped} processes listed between two reads past the {} kept: their \
                  samples in the interval are left out",
-                4096
+                sampler::LISTED_BETWEEN
             ),
         ));
     }
-    let now_us = now_epoch_us();
-    let samples_ok = fetched.is_ok();
-    // The driver's process list: who holds a context, and their memory.
+    if trimmed > 0 {
+        said.out.push((
+            said.index,
+            format!(
+                "more NVML samples in one interval than are kept: the oldest {trimmed} left out"
+            ),
+        ));
+    }
+    taken
+}
+
+/// The driver's process list: who holds a context, with its memory
+/// (`None` when the list failed, said: the processes with samples are
+/// then the holders).
+fn list_holders(
+    device: &Device<'_>,
+    processes_v2: bool,
+    said: &mut Said<'_>,
+) -> Option<HashMap<u32, u64>> {
     let list = if processes_v2 {
         device.running_compute_processes_v2()
     } else {
         device.running_compute_processes()
     };
-    let mut listed: Option<HashMap<u32, u64>> = match list {
+    match list {
         Ok(l) => {
             said.set("process list", None);
             Some(
                 l.into_iter()
                     .map(|p| {
                         let bytes = match p.used_gpu_memory {
-                            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                            UsedGpuMemory::Used(b) => b,
+                            UsedGpuMemory::Unavailable => 0,
                         };
                         (p.pid, bytes)
                     })
@@ -176,43 +328,53 @@ pub(super) fn read_gpu(
             );
             None
         }
-    };
-    // MPS: the clients are holders too (the server is in the list above).
-    if let (Some(l), Ok(raw)) = (listed.as_mut(), mig_raw)
-        && !g.info.mig
-    {
-        // SAFETY: the handle of a device NVML gave for this read.
-        match raw.mps_clients(unsafe { device.handle() }, processes_v2) {
-            Ok(clients) => {
-                said.set("mps", None);
-                for (pid, bytes) in clients {
-                    l.entry(pid).or_insert(bytes);
-                }
-            }
-            Err(e) => said.set(
-                "mps",
-                Some(format!(
-                    "MPS clients cannot be listed ({e}): under MPS their energy goes to the \
-                     server's holders"
-                )),
-            ),
-        }
     }
-    // MIG: each instance with its processes and GPM's activity.
-    let instances = if g.info.mig {
-        mig::mig_instances(nvml, &device, &mut g.gpm, processes_v2, mig_raw, &mut said)
-    } else {
-        None
-    };
+}
+
+/// MPS: its clients hold the GPU too (the server is in the list).
+fn add_mps_clients(
+    device: &Device<'_>,
+    raw: &mig::Raw,
+    processes_v2: bool,
+    listed: &mut HashMap<u32, u64>,
+    said: &mut Said<'_>,
+) {
+    // SAFETY: the handle of a device NVML gave for this read.
+    match raw.mps_clients(unsafe { device.handle() }, processes_v2) {
+        Ok(clients) => {
+            said.set("mps", None);
+            for (pid, bytes) in clients {
+                listed.entry(pid).or_insert(bytes);
+            }
+        }
+        Err(e) => said.set(
+            "mps",
+            Some(format!(
+                "MPS clients cannot be listed ({e}): under MPS their energy goes to the \
+                 server's holders"
+            )),
+        ),
+    }
+}
+
+/// Says whether per-process samples could be fetched, and under MIG how
+/// the energy is divided instead.
+fn say_samples(
+    fetched: &Result<(), NvmlError>,
+    instances: bool,
+    gpm: bool,
+    mig: bool,
+    said: &mut Said<'_>,
+) {
     match fetched {
         Ok(()) => said.set("samples", None),
-        Err(NvmlError::NotSupported) if g.info.mig => {
+        Err(NvmlError::NotSupported) if mig => {
             said.set(
                 "samples",
-                Some(match (&instances, g.gpm.is_some()) {
-                    (Some(_), true) => "MIG is on: NVML gives no per-process utilization, so the energy goes to each GPU instance by its busy SMs from GPM (by its compute slices until GPM has two samples of it), and equally among its processes".into(),
-                    (Some(_), false) => "MIG is on and this GPU has no GPM: the energy goes to each instance by its compute slices, and equally among an instance's processes".into(),
-                    (None, _) => "MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into(),
+                Some(match (instances, gpm) {
+                    (true, true) => "MIG is on: NVML gives no per-process utilization, so the energy goes to each GPU instance by its busy SMs from GPM (by its compute slices until GPM has two samples of it), and equally among its processes".into(),
+                    (true, false) => "MIG is on and this GPU has no GPM: the energy goes to each instance by its compute slices, and equally among an instance's processes".into(),
+                    (false, _) => "MIG is on: NVML gives no per-process utilization, so the processes holding the GPU share its energy equally".into(),
                 }),
             );
         }
@@ -225,63 +387,87 @@ pub(super) fn read_gpu(
             );
         }
     }
-    // Who may have samples: the holders now, those at the last read (a
-    // process that ended since used the GPU in this interval), and those
-    // the sampler saw listed in between (a job shorter than an interval).
-    let gone: Vec<u32> = match &listed {
-        Some(l) => {
-            let mut v: Vec<u32> = g
-                .listed_before
-                .iter()
-                .copied()
-                .filter(|b| !l.contains_key(b))
-                .collect();
-            for b in &between {
-                if !l.contains_key(b) && !v.contains(b) {
-                    v.push(*b);
-                }
-            }
-            v
-        }
-        None => Vec::new(),
+}
+
+/// Who may have samples though not listed now: the holders at the last
+/// read (a process that ended since used the GPU in this interval), and
+/// those the sampler saw listed in between (a job shorter than an
+/// interval). None without a list.
+fn gone_holders(
+    before: &[u32],
+    between: &std::collections::HashSet<u32>,
+    listed: Option<&HashMap<u32, u64>>,
+) -> Vec<u32> {
+    let Some(l) = listed else {
+        return Vec::new();
     };
-    let pids: Option<Vec<u32>> = listed.as_ref().map(|l| {
+    let mut v: Vec<u32> = before
+        .iter()
+        .copied()
+        .filter(|b| !l.contains_key(b))
+        .collect();
+    for b in between {
+        if !l.contains_key(b) && !v.contains(b) {
+            v.push(*b);
+        }
+    }
+    v
+}
+
+/// The latest sampled shares (pid → SM %), and when ([`Gpu`]'s).
+type LastShares = Option<(Instant, HashMap<u32, f64>)>;
+
+/// Each holder's SM share from the samples since the last read (those
+/// of unknown processes, repeats and impossible figures left out, said),
+/// or carried ([`carry_shares`]); moves the read floor on.
+fn shares_of(
+    taken: &Taken,
+    listed: Option<&HashMap<u32, u64>>,
+    gone: &[u32],
+    (read_floor, last): (&mut u64, &mut LastShares),
+    now_us: u64,
+    said: &mut Said<'_>,
+) -> (HashMap<u32, f64>, SmBasis) {
+    // Each call asked a second back (late samples), so the floor is too.
+    let floor = read_floor.saturating_sub(sampler::LOOK_BACK_US);
+    *read_floor = taken.last_seen;
+    let pids: Option<Vec<u32>> = listed.map(|l| {
         let mut p: Vec<u32> = l.keys().copied().collect();
-        p.extend(&gone);
+        p.extend(gone);
         p
     });
-    // Each call asked a second back (late samples), so the floor is too.
-    let floor = g.read_floor.saturating_sub(sampler::LOOK_BACK_US);
-    let clean = sanitise(&raw, pids.as_deref(), floor, now_us);
+    let clean = sanitise(&taken.raw, pids.as_deref(), floor, now_us);
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
-    if !raw.is_empty() {
+    if !taken.raw.is_empty() {
         said.set("sample sanity", clean.discarded());
     }
-    if trimmed > 0 {
-        // Each time: a count of what one interval lost, not a state.
-        said.out.push((
-            index,
-            format!(
-                "more NVML samples in one interval than are kept: the oldest {trimmed} left out"
-            ),
-        ));
-    }
-    g.read_floor = last_seen;
+    carry_shares(clean.shares, last)
+}
+
+/// This read's shares where it has samples; else the last ones, up to
+/// [`CARRY_SHARES`] old; else none (equal).
+fn carry_shares(sampled: HashMap<u32, f64>, last: &mut LastShares) -> (HashMap<u32, f64>, SmBasis) {
     let now = Instant::now();
-    let (shares, sm_basis) = if !clean.shares.is_empty() {
-        g.shares = Some((now, clean.shares.clone()));
-        (clean.shares, SmBasis::Sampled)
-    } else {
-        match &g.shares {
-            Some((at, s)) if now.duration_since(*at) <= CARRY_SHARES => {
-                (s.clone(), SmBasis::Carried)
-            }
-            _ => (HashMap::new(), SmBasis::Equal),
-        }
-    };
-    // Holders: the process list (and those that ended since the last read
-    // with samples of this interval), else those with shares.
-    let mut processes: Vec<GpuProcess> = match &listed {
+    if !sampled.is_empty() {
+        *last = Some((now, sampled.clone()));
+        return (sampled, SmBasis::Sampled);
+    }
+    match last {
+        Some((at, s)) if now.duration_since(*at) <= CARRY_SHARES => (s.clone(), SmBasis::Carried),
+        _ => (HashMap::new(), SmBasis::Equal),
+    }
+}
+
+/// The holders with their shares: the process list (and those that ended
+/// since the last read with samples of this interval), else those with
+/// shares; by pid.
+fn holders(
+    listed: Option<&HashMap<u32, u64>>,
+    gone: &[u32],
+    shares: &HashMap<u32, f64>,
+    sm_basis: SmBasis,
+) -> Vec<GpuProcess> {
+    let mut processes: Vec<GpuProcess> = match listed {
         Some(l) => l
             .iter()
             .map(|(&pid, &memory_bytes)| GpuProcess {
@@ -311,65 +497,33 @@ pub(super) fn read_gpu(
             .collect(),
     };
     processes.sort_by_key(|p| p.pid);
-    if let Some(l) = &listed {
-        g.listed_before = l.keys().copied().collect();
-        g.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .known = g.listed_before.iter().copied().collect();
-    }
-    // Carried shares of processes that have all left are no shares.
-    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
-    {
-        SmBasis::Equal
-    } else {
-        sm_basis
-    };
-    // NVML samples only processes that used the SM: holders with no
-    // sample within 2 s, and a GPU whose utilization is 0 where known,
-    // did no work.
-    let mut at_rest = !processes.is_empty()
-        && samples_ok
-        && processes.iter().all(|p| p.sm_util_pct == 0.0)
-        && util_pct.is_none_or(|u| u == 0);
-    // MIG: the holders are those of the GPU's list and of every
-    // instance's (the GPU's may leave some out, or fail), and the
-    // instances' weights make their shares.
-    let (sm_basis, instances, unheld_sm_pct) = match instances {
-        Some((list, memory)) => {
-            for i in &list {
-                for pid in &i.pids {
-                    if !processes.iter().any(|p| p.pid == *pid) {
-                        processes.push(GpuProcess {
-                            pid: *pid,
-                            sm_util_pct: 0.0,
-                            memory_bytes: memory.get(pid).copied().unwrap_or(0),
-                        });
-                    }
-                }
+    processes
+}
+
+/// MIG: the holders are those of the GPU's list and of every instance's
+/// (the GPU's may leave some out, or fail), and the instances' weights
+/// make their shares. The basis, the share no instance's process holds,
+/// and whether every instance's GPM activity says 0 (at rest).
+fn mig_holders(
+    list: &[MigInstance],
+    memory: &HashMap<u32, u64>,
+    processes: &mut Vec<GpuProcess>,
+) -> (SmBasis, f64, bool) {
+    for i in list {
+        for pid in &i.pids {
+            if !processes.iter().any(|p| p.pid == *pid) {
+                processes.push(GpuProcess {
+                    pid: *pid,
+                    sm_util_pct: 0.0,
+                    memory_bytes: memory.get(pid).copied().unwrap_or(0),
+                });
             }
-            processes.sort_by_key(|p| p.pid);
-            let (basis, unheld) = mig::mig_shares(&list, &mut processes);
-            // At rest: every instance's GPM activity says 0.
-            at_rest = !processes.is_empty()
-                && basis == SmBasis::InstanceActivity
-                && list.iter().all(|i| i.sm_util_pct == Some(0.0));
-            (basis, list, unheld)
         }
-        None => (sm_basis, Vec::new(), 0.0),
-    };
-    Some(GpuReading {
-        index,
-        energy_uj,
-        method: g.info.method,
-        power_w,
-        util_pct,
-        memory_used_bytes,
-        processes,
-        sm_basis,
-        at_rest,
-        whole,
-        instances,
-        unheld_sm_pct,
-    })
+    }
+    processes.sort_by_key(|p| p.pid);
+    let (basis, unheld) = mig::mig_shares(list, processes);
+    let at_rest = !processes.is_empty()
+        && basis == SmBasis::InstanceActivity
+        && list.iter().all(|i| i.sm_util_pct == Some(0.0));
+    (basis, unheld, at_rest)
 }

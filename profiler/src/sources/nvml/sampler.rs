@@ -68,7 +68,7 @@ pub(crate) struct Pending {
 }
 
 /// At most this many processes listed between two reads are kept.
-const LISTED_BETWEEN: usize = 4096;
+pub(super) const LISTED_BETWEEN: usize = 4096;
 
 /// Notes the holders the driver lists now that the last read did not
 /// find (one process-list call per poll; `v2`: the `_v2` call, on drivers
