@@ -38,6 +38,22 @@
 //!
 //! `topology`, `carbon`, `units`, `hash` and `privilege` are leaves every
 //! layer may use.
+//!
+//! `run` and `monitor` share one session and one sampling loop, and
+//! differ in their scope (the command's tree, or the machine's top
+//! processes), in what the recording keeps of each interval (all of it,
+//! or its machine figures), in the sinks only `monitor` adds (the
+//! exporter's snapshot, the screen, the VM export) and in their loop hooks
+//! (`run`: the window socket and the command's end; `monitor`: a deadline,
+//! signals, saving what it learned).
+//!
+//! The unit tests in `layering.rs` hold the order on the parsed sources
+//! (every `use` and every path in code, `crate::`, `super::` and `self::`
+//! resolved): no module imports from a layer after its own, every module
+//! declared here has a layer, and no two files of one module import each
+//! other. Items are `pub(crate)`: only what `main.rs`, the tests crate and
+//! the fuzz targets use is `pub`, so rustc names dead code. The tests
+//! crate checks recordings against `docs/recording.schema.json`.
 
 /// Says that the running unit test is skipped, and why: one line,
 /// `skipping: <test>: <reason>` (libtest names each test's thread after

@@ -79,8 +79,9 @@ fn links(text: &str) -> Vec<String> {
     while let Some(i) = rest.find("](") {
         rest = &rest[i + 2..];
         if let Some(end) = rest.find(')') {
-            let target = &rest[..end];
-            if !target.contains(char::is_whitespace) {
+            // `[t](x.md "title")`: the target is up to the title.
+            let target = rest[..end].split_whitespace().next().unwrap_or_default();
+            if !target.is_empty() {
                 out.push(target.to_string());
             }
         }
@@ -98,7 +99,12 @@ fn the_readme_is_page_one() {
     );
     // It still names the test command CI runs.
     let ci = std::fs::read_to_string(repo().join(".ci/run")).expect(".ci/run");
-    assert!(ci.contains("cargo xtask test") && text.contains("cargo xtask test"));
+    assert!(
+        ci.lines()
+            .any(|l| !l.trim_start().starts_with('#') && l.contains("cargo xtask test"))
+            && text.contains("cargo xtask test"),
+        ".ci/run must run the README's test command"
+    );
 }
 
 #[test]
@@ -143,6 +149,12 @@ fn every_relative_link_leads_somewhere() {
                 dir.join(file)
             };
             checked += 1;
+            // The book is built from docs/ alone: a chapter's link out of
+            // it is a page that does not exist there.
+            if dir.ends_with("docs") && file.starts_with("../") {
+                broken.push(format!("{}: {target} (outside docs/)", page.display()));
+                continue;
+            }
             if !path.exists() {
                 broken.push(format!("{}: {target} (no such file)", page.display()));
                 continue;
@@ -184,13 +196,42 @@ fn cli_reference() -> String {
         .title("Command-line reference".to_string())
         .show_footer(false)
         .show_table_of_contents(true);
-    let text = clap_markdown::help_markdown_custom::<wattprof::cli::Cli>(&options);
+    let text = fence_examples(&clap_markdown::help_markdown_custom::<wattprof::cli::Cli>(
+        &options,
+    ));
     format!(
         "<!-- Generated from wattprof's clap definitions by \
          `WATTPROF_BLESS=1 cargo test -p wattprof-tests --test docs`: \
          do not edit by hand. -->\n\n{}",
         text.trim_end()
     ) + "\n"
+}
+
+/// An `Examples:` paragraph of clap's after-help (indented commands) as
+/// a code block, so they render as lines and can be copied.
+fn fence_examples(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_examples = false;
+    for line in text.lines() {
+        if in_examples && !line.starts_with("  ") {
+            out.push_str("```\n");
+            in_examples = false;
+        }
+        if in_examples {
+            out.push_str(line.trim_start());
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+        if line == "Examples:" {
+            out.push_str("\n```sh\n");
+            in_examples = true;
+        }
+    }
+    if in_examples {
+        out.push_str("```\n");
+    }
+    out
 }
 
 #[test]
@@ -210,6 +251,7 @@ fn the_cli_reference_is_generated_from_the_code_and_fresh() {
     for sub in [
         "wattprof run",
         "wattprof monitor",
+        "wattprof sources",
         "wattprof report",
         "wattprof calibrate",
     ] {

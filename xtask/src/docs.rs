@@ -13,14 +13,19 @@ use crate::{run_cmd, workspace_root};
 /// The mdBook the book is built with.
 const MDBOOK_VERSION: &str = "0.5.4";
 
-/// `mdbook`, installed with `cargo install` when neither `PATH` nor cargo's
-/// bin folder has it (about two minutes).
-fn mdbook() -> Result<PathBuf> {
-    if output_of(Command::new("mdbook").arg("--version")).is_some() {
+/// The pinned `mdbook`: the one on `PATH` or in cargo's bin folder when
+/// it is that version, else installed there with `cargo install` (about
+/// two minutes). Called before the tests, so a failed install shows first.
+pub fn ensure_mdbook() -> Result<PathBuf> {
+    let pinned = |bin: &std::path::Path| {
+        output_of(Command::new(bin).arg("--version"))
+            .is_some_and(|v| v.trim() == format!("mdbook v{MDBOOK_VERSION}"))
+    };
+    if pinned(std::path::Path::new("mdbook")) {
         return Ok(PathBuf::from("mdbook"));
     }
     let installed = cargo_home().join("bin/mdbook");
-    if !installed.exists() {
+    if !pinned(&installed) {
         eprintln!("installing mdbook {MDBOOK_VERSION} (about two minutes)");
         run_cmd(Command::new("cargo").args([
             "install",
@@ -39,8 +44,8 @@ fn mdbook() -> Result<PathBuf> {
 
 /// Builds the book into `target/book`; fails on a warning too (an
 /// unclosed HTML tag in a chapter renders wrong).
-pub fn build() -> Result<()> {
-    let out = Command::new(mdbook()?)
+pub fn build(mdbook: &std::path::Path) -> Result<()> {
+    let out = Command::new(mdbook)
         .args(["build", "docs"])
         .current_dir(workspace_root())
         .output()

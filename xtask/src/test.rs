@@ -530,6 +530,7 @@ pub fn run(check_ebpf: bool) -> Result<()> {
         "the HTML report's test (headless Chromium opens it)",
     );
     ensure_codecarbon();
+    let mdbook = docs::ensure_mdbook();
     ensure_package("/usr/bin/openssl", "openssl", "the exporter's TLS tests");
     ensure_package(
         "/usr/bin/curl",
@@ -584,7 +585,7 @@ pub fn run(check_ebpf: bool) -> Result<()> {
     )?;
     // The book builds (its chapters' links and the CLI reference's
     // freshness are tests of the wattprof-tests crate).
-    match docs::build() {
+    match mdbook.and_then(|m| docs::build(&m)) {
         Ok(()) => counts.passed += 1,
         Err(e) => {
             eprintln!("docs: {e:#}");

@@ -40,8 +40,9 @@ pub(crate) struct EnergyArgs {
     #[arg(long)]
     pub(crate) cmdline: bool,
 
-    /// Also stream one JSON record per interval to FILE, written as each
-    /// interval ends (a killed wattprof leaves every finished line).
+    /// Also stream one JSON record per interval (and per window) to FILE,
+    /// each line written whole as its interval ends (a killed wattprof
+    /// leaves every finished line).
     #[arg(long, value_name = "FILE")]
     pub(crate) jsonl: Option<PathBuf>,
 
@@ -50,13 +51,17 @@ pub(crate) struct EnergyArgs {
     /// s): the command tree's energy in `run`, the machine's in `monitor`.
     /// A new file gets the header; a file with other columns is refused
     /// before anything runs. Columns wattprof cannot know (location,
-    /// cloud, Python, water) are empty; `pue` is 1.0.
+    /// cloud, Python, water) are empty; `pue` is 1.0. codecarbon's own
+    /// EmissionsData reads it (tested).
     #[arg(long, value_name = "FILE")]
     pub(crate) csv: Option<PathBuf>,
 
-    /// Also write FILE: one CSV row per interval and domain (measured,
-    /// attributed, idle and unattributed J, power in W, kWh, kg CO2eq),
-    /// flushed as each interval ends.
+    /// Also write FILE: one CSV row per interval and domain, flushed as
+    /// each interval ends: timestamp, t_s, duration_s, domain, package,
+    /// estimated, basis, measured_j, attributed_j, idle_j, unattributed_j,
+    /// power_w, energy_kwh, emissions_kg, busy_cpu_s, static_j,
+    /// attributed_static_j, static_w, static_source. `wattprof report FILE
+    /// --csv-intervals` writes the same bytes afterwards.
     #[arg(long, value_name = "FILE")]
     pub(crate) csv_intervals: Option<PathBuf>,
 
@@ -88,7 +93,8 @@ pub(crate) struct EnergyArgs {
 
     /// Report wall energy per process, group and window from this
     /// calibration (`wattprof calibrate`): wall = a x counters + b. The
-    /// static b is the node's own, reported as idle wall energy.
+    /// static b is the node's own, reported as idle wall energy. Not with
+    /// --wattmeter-log or --wattmeter-cmd.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["wattmeter_log", "wattmeter_cmd"])]
     pub(crate) calibration: Option<PathBuf>,
 
@@ -106,8 +112,8 @@ pub(crate) struct EnergyArgs {
     /// static power and watts per busy CPU, fitted on this machine). A
     /// missing file at the default place is no error: static power is
     /// then learned as the load varies, or taken from the power model, or
-    /// bounded by the lowest power seen. `none` reads no model. [default:
-    /// /var/lib/wattprof/power-model.json]
+    /// bounded by the lowest power seen. `none` reads no model. Also
+    /// $WATTPROF_HOST_MODEL. [default: /var/lib/wattprof/power-model.json]
     #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
     pub(crate) host_model: Option<PathBuf>,
 

@@ -59,9 +59,9 @@ pub(crate) struct MonitorArgs {
     #[arg(long, short, value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
 
-    /// Serve Prometheus metrics at http://ADDR/metrics (ADDR: a port, or
-    /// HOST:PORT; without a value 127.0.0.1:9101: loopback unless an
-    /// address is given).
+    /// Serve Prometheus metrics at http://ADDR/metrics (ADDR: HOST:PORT,
+    /// or a bare port for 127.0.0.1:PORT; without a value 127.0.0.1:9101:
+    /// loopback unless an address is given).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9101", value_parser = crate::exporter::parse_addr)]
     pub(crate) prometheus: Option<std::net::SocketAddr>,
 
@@ -69,7 +69,8 @@ pub(crate) struct MonitorArgs {
     /// exporter-toolkit web config (the file node_exporter reads):
     /// tls_server_config (cert_file, key_file, client_ca_file,
     /// client_auth_type, min_version) and basic_auth_users (bcrypt
-    /// hashes). Relative paths are from the file's folder.
+    /// hashes). Relative paths are from the file's folder. Needs
+    /// --prometheus.
     #[arg(long, value_name = "FILE")]
     pub(crate) web_config: Option<PathBuf>,
 

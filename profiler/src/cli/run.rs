@@ -26,8 +26,10 @@ use crate::tracker::{EbpfTracker, TrackerConfig, monotonic_ns};
         Profiling windows: the command finds a Unix datagram socket in $WATTPROF_SOCKET; \
         sending `begin NAME` and `end NAME` to it measures that region of the program \
         (see docs/windows.md).\n\n\
-        Exit status: the command's (128+N if signal N killed it); 125 if wattprof \
-        failed, 126 if the command cannot be executed, 127 if it is not found.")]
+        Exit status: the command's (128+N if signal N killed it); 2 for a bad command line; \
+        125 if wattprof failed (also when --jsonl or --csv-intervals stopped early on a full \
+        disk; the rest is still written); 126 if the command cannot be executed, 127 if it is \
+        not found.")]
 pub(crate) struct RunArgs {
     /// How often the tracker is read: 250ms, 2.5s, 1m, 1m30s (humantime's
     /// forms; 10 ms to 1 h). Totals are exact at any interval; shorter

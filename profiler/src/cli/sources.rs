@@ -58,8 +58,8 @@ pub(crate) struct SourcesArgs {
     #[arg(long, value_name = "N", default_value_t = 1, alias = "wattmeter-socket", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) wattmeter_outlet: u32,
 
-    /// The host power model to show (`wattprof calibrate` writes it).
-    /// [default: /var/lib/wattprof/power-model.json]
+    /// The host power model to show (`wattprof calibrate` writes it). Also
+    /// $WATTPROF_HOST_MODEL. [default: /var/lib/wattprof/power-model.json]
     #[arg(long, value_name = "FILE", env = "WATTPROF_HOST_MODEL")]
     pub(crate) host_model: Option<std::path::PathBuf>,
 }
