@@ -26,7 +26,20 @@ fn describe_domains(domains: &[(Domain, Option<u32>)]) -> String {
 
 /// Renders the text form.
 pub(crate) fn render(report: &SourcesReport) -> String {
-    let mut out = String::from("CPU energy readers, in order of preference:\n");
+    let mut out = String::new();
+    cpu_readers(&mut out, report);
+    gpu_readers(&mut out, report);
+    wattmeter(&mut out, report);
+    cross_check(&mut out, report);
+    verdict(&mut out, report);
+    static_power(&mut out, report);
+    out
+}
+
+/// Each CPU reader in order of preference: in use, or why not and the fix;
+/// then the advice.
+fn cpu_readers(out: &mut String, report: &SourcesReport) {
+    out.push_str("CPU energy readers, in order of preference:\n");
     for r in &report.readers {
         out.push_str(&format!(
             "  {:<9} {:<9}",
@@ -58,6 +71,10 @@ pub(crate) fn render(report: &SourcesReport) -> String {
     for a in &report.advice {
         out.push_str(&format!("  advice: {a}\n"));
     }
+}
+
+/// The GPUs NVML sees, or why none.
+fn gpu_readers(out: &mut String, report: &SourcesReport) {
     out.push_str("GPU energy readers:\n");
     match (&report.gpu.reason, report.gpu.gpus.is_empty()) {
         (Some(reason), _) => {
@@ -90,6 +107,10 @@ pub(crate) fn render(report: &SourcesReport) -> String {
         }
         (None, true) => out.push_str("  nvml      missing\n"),
     }
+}
+
+/// The wattmeter log's health and energy (`--wattmeter-log`).
+fn wattmeter(out: &mut String, report: &SourcesReport) {
     if let Some(w) = &report.wattmeter {
         let s = &w.stats;
         out.push_str(&format!(
@@ -110,6 +131,10 @@ pub(crate) fn render(report: &SourcesReport) -> String {
             }
         ));
     }
+}
+
+/// Whether the working readers agree (`--check`).
+fn cross_check(out: &mut String, report: &SourcesReport) {
     if let Some(d) = &report.disagreements {
         if report.checked.len() < 2 {
             out.push_str("Cross-check: fewer than two readers work here; nothing to compare.\n");
@@ -134,6 +159,10 @@ pub(crate) fn render(report: &SourcesReport) -> String {
             ));
         }
     }
+}
+
+/// Which reader CPU energy comes from, measured or estimated.
+fn verdict(out: &mut String, report: &SourcesReport) {
     match report.cpu_energy_reader {
         Some("estimate") => out.push_str(&format!(
             "CPU energy is ESTIMATED with a power model ({}; no energy counter here): every \
@@ -151,6 +180,10 @@ pub(crate) fn render(report: &SourcesReport) -> String {
              energy here.\n",
         ),
     }
+}
+
+/// Where `run` and `monitor` take each domain's static power from.
+fn static_power(out: &mut String, report: &SourcesReport) {
     let st = &report.static_power;
     out.push_str(&format!(
         "\nStatic power (what each domain draws with no task running; each program pays its \
@@ -181,7 +214,6 @@ pub(crate) fn render(report: &SourcesReport) -> String {
         out.push_str(&format!("  warning: {why}\n"));
     }
     out.push_str(&format!("  otherwise: {}\n", st.otherwise));
-    out
 }
 
 #[cfg(test)]

@@ -18,6 +18,33 @@ use crate::sources::Domain;
 pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
     let mut s = String::new();
     let m = Measured::of(&r.domains);
+    summary_header(&mut s, r);
+    summary_processes(&mut s, r, &m, top, cmdline);
+    summary_groups(&mut s, r, &m);
+    render_containers(&mut s, &r.containers);
+    render_energy(
+        &mut s,
+        &EnergyView {
+            readers: &r.readers,
+            domains: &r.domains,
+            g_per_kwh: r.carbon_intensity_g_per_kwh,
+            carbon_source: &r.carbon_intensity_source,
+            problems: &r.problems,
+            windows: &r.windows,
+            window_errors: &[],
+            static_note: r.static_note.as_deref(),
+            mig: &r.mig_instances,
+        },
+    );
+    if let Some(st) = &r.stacks {
+        render_functions(&mut s, st, top.max(10));
+    }
+    s
+}
+
+/// What the file is: the command and how it ended, its length, where
+/// a stream was cut, and what a cut stream cannot tell.
+fn summary_header(s: &mut String, r: &Summary) {
     let what = match &r.command {
         Some(c) => format!(
             "`{}` {}",
@@ -68,6 +95,10 @@ pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
             r.unknown_lines
         );
     }
+}
+
+/// The processes with the most energy (`top` of them).
+fn summary_processes(s: &mut String, r: &Summary, m: &Measured, top: usize, cmdline: bool) {
     if r.processes.is_empty() {
         let _ = writeln!(s, "\n  (no process rows in the file)");
     }
@@ -101,6 +132,11 @@ pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
             r.processes.len() - top
         );
     }
+}
+
+/// The groups (the tree, wattprof, the rest), idle and unattributed
+/// energy, and the busy CPU time.
+fn summary_groups(s: &mut String, r: &Summary, m: &Measured) {
     let sum = |f: fn(&DomainReport) -> f64| -> EnergyJ {
         let of = |d: Domain| r.domains.iter().filter(|x| x.domain == d).map(f).sum();
         EnergyJ {
@@ -144,25 +180,6 @@ pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
             crate::render::cpu_time_line(r.machine.busy_ns, window, cpus, r.wall_ns)
         );
     }
-    render_containers(&mut s, &r.containers);
-    render_energy(
-        &mut s,
-        &EnergyView {
-            readers: &r.readers,
-            domains: &r.domains,
-            g_per_kwh: r.carbon_intensity_g_per_kwh,
-            carbon_source: &r.carbon_intensity_source,
-            problems: &r.problems,
-            windows: &r.windows,
-            window_errors: &[],
-            static_note: r.static_note.as_deref(),
-            mig: &r.mig_instances,
-        },
-    );
-    if let Some(st) = &r.stacks {
-        render_functions(&mut s, st, top.max(10));
-    }
-    s
 }
 
 /// `report --metrics`: what the file holds.

@@ -175,6 +175,165 @@ fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse
     }
 }
 
+/// The CPU energy counter: `--powercap-root` (asked for by name: it must
+/// work), else the first of [`CPU_COUNTERS`] that opens here; with why
+/// each other one did not.
+fn open_cpu(
+    cfg: &ReaderConfig,
+    sys: &SysRoot,
+    cpuinfo: &str,
+    used: &mut Vec<ReaderUse>,
+) -> Result<(Option<Box<dyn Source>>, Vec<String>), SourceError> {
+    if let Some(root) = &cfg.powercap_root {
+        let p = Powercap::open_dir(root.clone(), cpuinfo).map_err(|e| {
+            let (reason, _) = e.reason_and_fix();
+            SourceError::Fatal(format!(
+                "--powercap-root {}: {reason} (give a directory holding intel-rapl:N zones, \
+                 such as one a host's `wattprof monitor --vm-export` writes)",
+                root.display()
+            ))
+        })?;
+        used.push(in_use(&p, p.info().location));
+        return Ok((Some(Box::new(p)), Vec::new()));
+    }
+    // A fixture sysfs has no MSR devices: only the real machine is
+    // probed for them.
+    let msr_root = match &cfg.sys {
+        Some(fixture) => MsrRoot::at(fixture.join("no-msr-devices")),
+        None => MsrRoot::real(),
+    };
+    let machine = CpuMachine {
+        sys,
+        msr_root: &msr_root,
+        cpuinfo,
+    };
+    let mut reasons = Vec::new();
+    for name in CPU_COUNTERS {
+        match open_cpu_counter(name, machine) {
+            Ok(source) => {
+                used.push(in_use(source.as_ref(), source.info().location));
+                return Ok((Some(source), reasons));
+            }
+            Err(e) => reasons.push(format!("{name}: {e}")),
+        }
+    }
+    Ok((None, reasons))
+}
+
+/// With no CPU counter: the power model `--power-model` chooses (said, with
+/// why no counter works), or none (said, with what would give one). A
+/// model asked for by name that cannot be used is an error.
+fn open_estimate(
+    cfg: &ReaderConfig,
+    sys: &SysRoot,
+    cpuinfo: &str,
+    reasons: &[String],
+    used: &mut Vec<ReaderUse>,
+) -> Result<Option<PowerModel>, SourceError> {
+    match estimate::choose_on(cfg.model, sys, cpuinfo) {
+        Ok(Some(chosen)) => {
+            used.push(ReaderUse {
+                kind: "cpu".into(),
+                name: "estimate".into(),
+                detail: format!(
+                    "{} model, {}: {}; source: {} (no energy counter: {})",
+                    chosen.model.name(),
+                    chosen.model.formula(),
+                    chosen.why,
+                    chosen.source,
+                    reasons.join("; ")
+                ),
+                estimated: true,
+                fix: None,
+                model: Some(chosen.model.name().into()),
+            });
+            Ok(Some(chosen.model))
+        }
+        Ok(None) => {
+            used.push(missing(
+                "cpu",
+                format!(
+                    "CPU energy not measured (no counter, and no power model: calibrate \
+                     and --power-model none fit counters only): {}",
+                    reasons.join("; ")
+                ),
+                Some(
+                    "on bare metal load intel_rapl_msr (modprobe) or the msr driver; \
+                     otherwise leave --power-model at auto for an estimate (see `wattprof sources`)"
+                        .into(),
+                ),
+            ));
+            Ok(None)
+        }
+        Err(SourceError::NotSupported { reason, fix }) => {
+            Err(SourceError::Fatal(format!("{reason}: {fix}")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// NVIDIA GPUs through NVML, sampled between reads, each said with how
+/// its energy is read; `None` (said) without a driver.
+fn open_gpus(
+    cfg: &ReaderConfig,
+    used: &mut Vec<ReaderUse>,
+) -> Option<(Box<dyn Source>, Vec<crate::sources::nvml::GpuInfo>)> {
+    let mut g = match NvmlGpus::open(cfg.nvml_lib.as_deref()) {
+        Ok(g) => g,
+        Err(e) => {
+            let (reason, _) = e.reason_and_fix();
+            used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
+            return None;
+        }
+    };
+    // NVML keeps each process's newest sample only: fetched between
+    // reads, or a read weighs its interval by one sample per process.
+    let sampling = g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL);
+    if let Err(why) = &sampling {
+        eprintln!("wattprof: {why}");
+    }
+    let gpus = g.gpus();
+    for info in &gpus {
+        let how = match info.method {
+            GpuEnergyMethod::EnergyCounter => "total-energy counter",
+            GpuEnergyMethod::PowerIntegration => "power samples integrated",
+        };
+        let also = sampling
+            .as_ref()
+            .err()
+            .map(|why| format!("; {why}"))
+            .unwrap_or_default();
+        used.push(ReaderUse {
+            estimated: info.method == GpuEnergyMethod::PowerIntegration,
+            ..in_use(
+                &g,
+                format!("GPU {} {} ({how}){also}", info.index, info.name),
+            )
+        });
+    }
+    Some((Box::new(g), gpus))
+}
+
+/// `--calibration`'s wall power law, as a reader in use (estimated).
+fn calibration_use(c: &Calibration) -> ReaderUse {
+    ReaderUse {
+        kind: "wall".into(),
+        name: "calibration".into(),
+        detail: format!(
+            "wall = {:.4} x {} + {:.2} W, calibrated on {} (residual {:.2} W RMS, {:.1}%)",
+            c.fit.a,
+            c.regressor.describe(),
+            c.fit.b,
+            c.host,
+            c.fit.rms_residual_w,
+            c.fit.relative_residual * 100.0
+        ),
+        estimated: true,
+        fix: None,
+        model: None,
+    }
+}
+
 impl Readers {
     /// Opens the readers. Missing hardware is not an error (it is reported
     /// in [`Readers::used`]); a wattmeter that was asked for and cannot be
@@ -183,128 +342,19 @@ impl Readers {
         let sys = cfg.sys.clone().map_or_else(SysRoot::real, SysRoot::at);
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let mut used = Vec::new();
-        let mut reasons: Vec<String> = Vec::new();
-        let mut cpu: Option<Box<dyn Source>> = None;
-        // A fixture sysfs has no MSR devices: only the real machine is
-        // probed for them.
-        let msr_root = match &cfg.sys {
-            Some(fixture) => MsrRoot::at(fixture.join("no-msr-devices")),
-            None => MsrRoot::real(),
-        };
-        let machine = CpuMachine {
-            sys: &sys,
-            msr_root: &msr_root,
-            cpuinfo: &cpuinfo,
-        };
-        if let Some(root) = &cfg.powercap_root {
-            // Asked for by name: it must work.
-            let p = Powercap::open_dir(root.clone(), &cpuinfo).map_err(|e| {
-                let (reason, _) = e.reason_and_fix();
-                SourceError::Fatal(format!(
-                    "--powercap-root {}: {reason} (give a directory holding intel-rapl:N zones, \
-                     such as one a host's `wattprof monitor --vm-export` writes)",
-                    root.display()
-                ))
-            })?;
-            used.push(in_use(&p, p.info().location));
-            cpu = Some(Box::new(p));
+        let (cpu, reasons) = open_cpu(cfg, &sys, &cpuinfo, &mut used)?;
+        let estimate = if cpu.is_none() {
+            open_estimate(cfg, &sys, &cpuinfo, &reasons, &mut used)?
         } else {
-            for name in CPU_COUNTERS {
-                match open_cpu_counter(name, machine) {
-                    Ok(source) => {
-                        used.push(in_use(source.as_ref(), source.info().location));
-                        cpu = Some(source);
-                        break;
-                    }
-                    Err(e) => reasons.push(format!("{name}: {e}")),
-                }
-            }
-        }
-        let mut estimate = None;
-        if cpu.is_none() {
-            match estimate::choose_on(cfg.model, &sys, &cpuinfo) {
-                Ok(Some(chosen)) => {
-                    used.push(ReaderUse {
-                        kind: "cpu".into(),
-                        name: "estimate".into(),
-                        detail: format!(
-                            "{} model, {}: {}; source: {} (no energy counter: {})",
-                            chosen.model.name(),
-                            chosen.model.formula(),
-                            chosen.why,
-                            chosen.source,
-                            reasons.join("; ")
-                        ),
-                        estimated: true,
-                        fix: None,
-                        model: Some(chosen.model.name().into()),
-                    });
-                    estimate = Some(chosen.model);
-                }
-                Ok(None) => used.push(missing(
-                    "cpu",
-                    format!(
-                        "CPU energy not measured (no counter, and no power model: calibrate \
-                         and --power-model none fit counters only): {}",
-                        reasons.join("; ")
-                    ),
-                    Some(
-                        "on bare metal load intel_rapl_msr (modprobe) or the msr driver; \
-                         otherwise leave --power-model at auto for an estimate (see `wattprof sources`)"
-                            .into(),
-                    ),
-                )),
-                // A model asked for by name that cannot be used.
-                Err(SourceError::NotSupported { reason, fix }) => {
-                    return Err(SourceError::Fatal(format!("{reason}: {fix}")));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            None
+        };
         let mut sources: Vec<Box<dyn Source>> = Vec::new();
         let mut gpus = Vec::new();
-        if !cfg.no_gpu {
-            match NvmlGpus::open(cfg.nvml_lib.as_deref()) {
-                Ok(mut g) => {
-                    // NVML keeps each process's newest sample only: fetched
-                    // between reads, or a read weighs its interval by one
-                    // sample per process.
-                    let sampling =
-                        g.sample_between_reads(crate::sources::nvml::sampler::SAMPLE_POLL);
-                    if let Err(why) = &sampling {
-                        eprintln!("wattprof: {why}");
-                    }
-                    gpus = g.gpus();
-                    for info in &gpus {
-                        used.push(ReaderUse {
-                            estimated: info.method == GpuEnergyMethod::PowerIntegration,
-                            ..in_use(
-                                &g,
-                                format!(
-                                    "GPU {} {} ({})",
-                                    info.index,
-                                    info.name,
-                                    match info.method {
-                                        GpuEnergyMethod::EnergyCounter => "total-energy counter",
-                                        GpuEnergyMethod::PowerIntegration => {
-                                            "power samples integrated"
-                                        }
-                                    }
-                                ) + &sampling
-                                    .as_ref()
-                                    .err()
-                                    .map(|why| format!("; {why}"))
-                                    .unwrap_or_default(),
-                            )
-                        });
-                    }
-                    sources.push(Box::new(g));
-                }
-                Err(e) => {
-                    let (reason, _) = e.reason_and_fix();
-                    used.push(missing("gpu", format!("no GPU energy: {reason}"), None));
-                }
-            }
+        if !cfg.no_gpu
+            && let Some((g, infos)) = open_gpus(cfg, &mut used)
+        {
+            gpus = infos;
+            sources.push(g);
         }
         let wall = match (&cfg.wattmeter_log, &cfg.wattmeter_cmd) {
             (Some(log), _) => Some(Wattmeter::open_file(log, cfg.wattmeter_outlet)?),
@@ -317,22 +367,7 @@ impl Readers {
         }
         sources.extend(cpu);
         if let Some(c) = &cfg.calibration {
-            used.push(ReaderUse {
-                kind: "wall".into(),
-                name: "calibration".into(),
-                detail: format!(
-                    "wall = {:.4} x {} + {:.2} W, calibrated on {} (residual {:.2} W RMS, {:.1}%)",
-                    c.fit.a,
-                    c.regressor.describe(),
-                    c.fit.b,
-                    c.host,
-                    c.fit.rms_residual_w,
-                    c.fit.relative_residual * 100.0
-                ),
-                estimated: true,
-                fix: None,
-                model: None,
-            });
+            used.push(calibration_use(c));
         }
         let mut readers = Self {
             sources,
