@@ -237,6 +237,13 @@ fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, Strin
         ))
         .into());
     }
+    fit_points(points, reader).map(Ok)
+}
+
+/// Each domain's staircase fitted as static + k x busy CPUs, printed;
+/// a fit that is no power law (a negative term, a poor R^2 on a varying
+/// domain) is refused and said. None fitted is an error.
+fn fit_points(points: PointsByDomain, reader: &str) -> anyhow::Result<Vec<DomainFit>> {
     let mut fits = Vec::new();
     let mut refused = Vec::new();
     for ((domain, package), pts) in points {
@@ -284,5 +291,5 @@ fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, Strin
         ))
         .into());
     }
-    Ok(Ok(fits))
+    Ok(fits)
 }

@@ -274,6 +274,93 @@ fn now_epoch_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// NVML's init failure in one line with its fix: no driver (in a
+/// container, the toolkit's option first), no permission, or NVML's own.
+fn init_error(e: NvmlError) -> SourceError {
+    match e {
+        NvmlError::LibloadingError(_) | NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound => {
+            // A container marker (an image built with Docker leaves one
+            // on a VM too): the toolkit's option first, then the driver.
+            match container_hint(std::path::Path::new("/")) {
+                Some(hint) => SourceError::unsupported(
+                    "no NVIDIA driver found",
+                    format!(
+                        "in a container, {hint}; otherwise install the NVIDIA driver (it provides libnvidia-ml.so.1)"
+                    ),
+                ),
+                None => SourceError::unsupported(
+                    "no NVIDIA driver found",
+                    "install the NVIDIA driver (it provides libnvidia-ml.so.1) if this machine has an NVIDIA GPU",
+                ),
+            }
+        }
+        NvmlError::NoPermission => SourceError::unsupported(
+            "NVML: no permission",
+            "run wattprof as root or as a user allowed to use the GPU",
+        ),
+        other => SourceError::unsupported(nvml_err("NVML init", &other), "check nvidia-smi"),
+    }
+}
+
+/// One GPU by index: its energy counter, or power integrated where the
+/// counter cannot be read (said); `None` (said) when it gives neither.
+fn open_gpu(nvml: &Nvml, index: u32, problems: &mut Vec<(u32, String)>) -> Option<Gpu> {
+    let device = match nvml.device_by_index(index) {
+        Ok(d) => d,
+        Err(e) => {
+            problems.push((index, nvml_err("handle", &e)));
+            return None;
+        }
+    };
+    let (energy, method) = match device.total_energy_consumption() {
+        Ok(mj) => {
+            let mut c = EnergyCounter::new(WrappingCounter::bits(64), 1e-3);
+            c.advance(mj);
+            (Energy::Counter(c), GpuEnergyMethod::EnergyCounter)
+        }
+        Err(e) if integrate_instead(&e) => {
+            if !matches!(e, NvmlError::NotSupported) {
+                problems.push((
+                        index,
+                        format!("energy counter unreadable ({e}): energy integrated from power readings, estimated"),
+                    ));
+            }
+            (
+                Energy::Integrate {
+                    last: device
+                        .power_usage()
+                        .ok()
+                        .map(|mw| (Instant::now(), f64::from(mw) / 1e3)),
+                    carry_uj: 0.0,
+                },
+                GpuEnergyMethod::PowerIntegration,
+            )
+        }
+        Err(e) => {
+            problems.push((index, nvml_err("energy", &e)));
+            return None;
+        }
+    };
+    Some(Gpu {
+        info: GpuInfo {
+            index,
+            name: device.name().unwrap_or_default(),
+            uuid: device.uuid().unwrap_or_default(),
+            method,
+            memory_total_bytes: device.memory_info().map_or(0, |m| m.total),
+            mig: device.mig_mode().is_ok_and(|m: MigMode| m.current == 1),
+        },
+        energy,
+        lost: None,
+        pending: Arc::default(),
+        read_floor: 0,
+        listed_before: Vec::new(),
+        shares: None,
+        failing: BTreeMap::new(),
+        gpm: None,
+    })
+}
+
 impl NvmlGpus {
     /// Loads NVML (from `lib`, or the driver's `libnvidia-ml.so.1`) and
     /// finds every GPU.
@@ -282,29 +369,7 @@ impl NvmlGpus {
         if let Some(lib) = lib {
             builder.lib_path(lib);
         }
-        let nvml = builder.init().map_err(|e| match e {
-            NvmlError::LibloadingError(_) | NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound => {
-                // A container marker (an image built with Docker leaves one
-                // on a VM too): the toolkit's option first, then the driver.
-                match container_hint(std::path::Path::new("/")) {
-                    Some(hint) => SourceError::unsupported(
-                        "no NVIDIA driver found",
-                        format!(
-                            "in a container, {hint}; otherwise install the NVIDIA driver (it provides libnvidia-ml.so.1)"
-                        ),
-                    ),
-                    None => SourceError::unsupported(
-                        "no NVIDIA driver found",
-                        "install the NVIDIA driver (it provides libnvidia-ml.so.1) if this machine has an NVIDIA GPU",
-                    ),
-                }
-            }
-            NvmlError::NoPermission => SourceError::unsupported(
-                "NVML: no permission",
-                "run wattprof as root or as a user allowed to use the GPU",
-            ),
-            other => SourceError::unsupported(nvml_err("NVML init", &other), "check nvidia-smi"),
-        })?;
+        let nvml = builder.init().map_err(init_error)?;
         let count = nvml
             .device_count()
             .map_err(|e| SourceError::Retryable(nvml_err("NVML device count", &e)))?;
@@ -328,60 +393,7 @@ impl NvmlGpus {
             ));
         }
         for index in 0..count {
-            let device = match nvml.device_by_index(index) {
-                Ok(d) => d,
-                Err(e) => {
-                    problems.push((index, nvml_err("handle", &e)));
-                    continue;
-                }
-            };
-            let (energy, method) = match device.total_energy_consumption() {
-                Ok(mj) => {
-                    let mut c = EnergyCounter::new(WrappingCounter::bits(64), 1e-3);
-                    c.advance(mj);
-                    (Energy::Counter(c), GpuEnergyMethod::EnergyCounter)
-                }
-                Err(e) if integrate_instead(&e) => {
-                    if !matches!(e, NvmlError::NotSupported) {
-                        problems.push((
-                            index,
-                            format!("energy counter unreadable ({e}): energy integrated from power readings, estimated"),
-                        ));
-                    }
-                    (
-                        Energy::Integrate {
-                            last: device
-                                .power_usage()
-                                .ok()
-                                .map(|mw| (Instant::now(), f64::from(mw) / 1e3)),
-                            carry_uj: 0.0,
-                        },
-                        GpuEnergyMethod::PowerIntegration,
-                    )
-                }
-                Err(e) => {
-                    problems.push((index, nvml_err("energy", &e)));
-                    continue;
-                }
-            };
-            gpus.push(Gpu {
-                info: GpuInfo {
-                    index,
-                    name: device.name().unwrap_or_default(),
-                    uuid: device.uuid().unwrap_or_default(),
-                    method,
-                    memory_total_bytes: device.memory_info().map_or(0, |m| m.total),
-                    mig: device.mig_mode().is_ok_and(|m: MigMode| m.current == 1),
-                },
-                energy,
-                lost: None,
-                pending: Arc::default(),
-                read_floor: 0,
-                listed_before: Vec::new(),
-                shares: None,
-                failing: BTreeMap::new(),
-                gpm: None,
-            });
+            gpus.extend(open_gpu(&nvml, index, &mut problems));
         }
         if gpus.is_empty() {
             return Err(SourceError::unsupported(
