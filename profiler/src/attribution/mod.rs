@@ -318,6 +318,21 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
             busy,
         );
     }
+    static_and_dynamic(iv, d, base, &times, consumed, on)
+}
+
+/// A CPU domain's energy split into its static part (by the figure, shared
+/// by `--static-power`'s rule: capacity, busy time, or left idle) and its
+/// dynamic part (by busy time); `on` is a consumer's time on the domain's
+/// packages, `consumed` all of theirs.
+fn static_and_dynamic(
+    iv: &Interval<'_>,
+    d: &DomainEnergy,
+    base: DomainShare,
+    times: &[PackageTime],
+    consumed: u64,
+    on: impl Fn(&Usage) -> u64,
+) -> DomainShare {
     let idle: u64 = times.iter().map(|t| t.idle_ns).sum();
     let lost: u64 = times.iter().map(|t| t.lost_ns).sum();
     let window: u64 = times.iter().map(PackageTime::window_ns).sum();

@@ -105,18 +105,7 @@ pub(crate) struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
-    // A --pid that names no process would report nothing, silently.
-    if let Some(pid) = args
-        .pid
-        .iter()
-        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-    {
-        return Err(Fatal::usage(format!(
-            "--pid {pid}: no such process (give the pid of a running process; `wattprof run -- \
-             CMD` follows a command from its start)"
-        ))
-        .into());
-    }
+    check_pids(&args.pid)?;
     let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
     let vm_export = args
@@ -125,18 +114,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         .map(crate::sink::vm_export::VmExport::create)
         .transpose()
         .map_err(Fatal::profiler)?;
-    let mut web_config = match &args.web_config {
-        Some(path) if args.prometheus.is_some() => {
-            Some(crate::exporter::WebConfig::load(path).map_err(|e| Fatal::usage(e.to_string()))?)
-        }
-        Some(_) => {
-            return Err(Fatal::usage(
-                "--web-config sets up the exporter's TLS and users: give --prometheus too",
-            )
-            .into());
-        }
-        None => None,
-    };
+    let web_config = web_config(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
@@ -169,27 +147,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         profile.add_sink(Box::new(VmExportSink::new(ex)));
     }
     // Serves until monitor ends.
-    let _exporter = match args.prometheus {
-        Some(addr) => {
-            let published: Published = Arc::new(std::sync::Mutex::new(Arc::default()));
-            let ex = crate::exporter::serve(addr, published.clone(), web_config.take()).map_err(
-                |e| {
-                    Fatal::profiler(format!(
-                        "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
-                         choose another with --prometheus HOST:PORT)"
-                    ))
-                },
-            )?;
-            eprintln!("wattprof: Prometheus metrics at {}", ex.url());
-            profile.add_sink(Box::new(Exporter::new(
-                published,
-                args.prometheus_top as usize,
-                args.prometheus_grace.as_nanos() as u64,
-            )));
-            Some(ex)
-        }
-        None => None,
-    };
+    let _exporter = serve_prometheus(&args, web_config, &mut profile)?;
     if std::io::stdout().is_terminal() {
         profile.add_sink(Box::new(Screen::new(
             std::io::stdout(),
@@ -224,6 +182,66 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     hooks.say_saved(learned.save_learned());
     outputs_complete(&finished.report)?;
     Ok(0)
+}
+
+/// A --pid that names no process would report nothing, silently: refused.
+fn check_pids(pids: &[u32]) -> anyhow::Result<()> {
+    if let Some(pid) = pids
+        .iter()
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        return Err(Fatal::usage(format!(
+            "--pid {pid}: no such process (give the pid of a running process; `wattprof run -- \
+             CMD` follows a command from its start)"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// `--web-config`, read now (a bad file fails before anything starts);
+/// it needs `--prometheus`.
+fn web_config(args: &MonitorArgs) -> anyhow::Result<Option<crate::exporter::WebConfig>> {
+    Ok(match &args.web_config {
+        Some(path) if args.prometheus.is_some() => {
+            Some(crate::exporter::WebConfig::load(path).map_err(|e| Fatal::usage(e.to_string()))?)
+        }
+        Some(_) => {
+            return Err(Fatal::usage(
+                "--web-config sets up the exporter's TLS and users: give --prometheus too",
+            )
+            .into());
+        }
+        None => None,
+    })
+}
+
+/// The exporter at `--prometheus` (serving until it is dropped), with its
+/// snapshot as a sink.
+fn serve_prometheus(
+    args: &MonitorArgs,
+    web_config: Option<crate::exporter::WebConfig>,
+    profile: &mut Profile,
+) -> anyhow::Result<Option<crate::exporter::Exporter>> {
+    Ok(match args.prometheus {
+        Some(addr) => {
+            let published: Published = Arc::new(std::sync::Mutex::new(Arc::default()));
+            let ex = crate::exporter::serve(addr, published.clone(), web_config).map_err(|e| {
+                Fatal::profiler(format!(
+                    "cannot serve --prometheus {addr}: {e} (is another exporter on that port? \
+                         choose another with --prometheus HOST:PORT)"
+                ))
+            })?;
+            eprintln!("wattprof: Prometheus metrics at {}", ex.url());
+            profile.add_sink(Box::new(Exporter::new(
+                published,
+                args.prometheus_top as usize,
+                args.prometheus_grace.as_nanos() as u64,
+            )));
+            Some(ex)
+        }
+        None => None,
+    })
 }
 
 /// The `monitor` loop's part: what it learns kept every ten minutes, and

@@ -297,37 +297,11 @@ fn certificates(pem: &[u8], from: &str) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certs)
 }
 
-fn tls_config(t: TlsFile, dir: &Path) -> Result<rustls::ServerConfig, String> {
-    for (name, set) in [
-        (
-            "cipher_suites",
-            t.cipher_suites.as_ref().is_some_and(|v| !v.is_empty()),
-        ),
-        (
-            "curve_preferences",
-            t.curve_preferences.as_ref().is_some_and(|v| !v.is_empty()),
-        ),
-        (
-            "client_allowed_sans",
-            t.client_allowed_sans
-                .as_ref()
-                .is_some_and(|v| !v.is_empty()),
-        ),
-    ] {
-        if set {
-            return Err(format!(
-                "tls_server_config.{name} is not supported by wattprof (it uses rustls's safe \
-                 defaults): remove it"
-            ));
-        }
-    }
-    let _ = t.prefer_server_cipher_suites;
-    let (cert_pem, cert_from) = pem_source(t.cert, t.cert_file, dir, "cert")?;
-    let certs = certificates(&cert_pem, &cert_from)?;
-    let (key_pem, key_from) = pem_source(t.key, t.key_file, dir, "key")?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-        format!("{key_from}: no private key ({e}; expected PEM PKCS#8, PKCS#1 or SEC1)")
-    })?;
+/// The TLS versions `min_version` to `max_version` allow (1.2 and 1.3;
+/// 1.0 and 1.1 refused as insecure).
+fn protocol_versions(
+    t: &TlsFile,
+) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, String> {
     let version = |v: &Option<String>, field: &str| -> Result<Option<u8>, String> {
         match v.as_deref() {
             None | Some("") => Ok(None),
@@ -352,7 +326,17 @@ fn tls_config(t: TlsFile, dir: &Path) -> Result<rustls::ServerConfig, String> {
     if versions.is_empty() {
         return Err("tls_server_config: min_version is above max_version".into());
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(versions)
+}
+
+/// The client certificate check `client_auth_type` and `client_ca_file`
+/// ask for: none, verified if given, or required and verified. Modes that
+/// accept unverified certificates are refused.
+fn client_verifier(
+    t: &TlsFile,
+    dir: &Path,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, String> {
     let auth_type = t.client_auth_type.as_deref().unwrap_or("");
     let roots = match &t.client_ca_file {
         Some(p) => {
@@ -407,6 +391,43 @@ fn tls_config(t: TlsFile, dir: &Path) -> Result<rustls::ServerConfig, String> {
             ));
         }
     };
+    Ok(verifier)
+}
+
+fn tls_config(t: TlsFile, dir: &Path) -> Result<rustls::ServerConfig, String> {
+    for (name, set) in [
+        (
+            "cipher_suites",
+            t.cipher_suites.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "curve_preferences",
+            t.curve_preferences.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "client_allowed_sans",
+            t.client_allowed_sans
+                .as_ref()
+                .is_some_and(|v| !v.is_empty()),
+        ),
+    ] {
+        if set {
+            return Err(format!(
+                "tls_server_config.{name} is not supported by wattprof (it uses rustls's safe \
+                 defaults): remove it"
+            ));
+        }
+    }
+    let _ = t.prefer_server_cipher_suites;
+    let versions = protocol_versions(&t)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = client_verifier(&t, dir, &provider)?;
+    let (cert_pem, cert_from) = pem_source(t.cert, t.cert_file, dir, "cert")?;
+    let certs = certificates(&cert_pem, &cert_from)?;
+    let (key_pem, key_from) = pem_source(t.key, t.key_file, dir, "key")?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        format!("{key_from}: no private key ({e}; expected PEM PKCS#8, PKCS#1 or SEC1)")
+    })?;
     let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
         .map_err(|e| format!("tls_server_config: {e}"))?;

@@ -56,6 +56,61 @@ fn unsupported(reason: String) -> SourceError {
     )
 }
 
+/// Keeps the events that count: watched until one moves (up to
+/// [`COUNTS_WITHIN_SLOW`]), then a little longer for the rest; none
+/// moving, or a read failing, is an error.
+fn keep_counting(events: &mut Vec<Event>, pmu: &std::path::Path) -> Result<(), SourceError> {
+    // A VM can list the PMU and open its events without the hardware
+    // behind them (seen on a Firecracker guest: psys read 0 J for
+    // good). RAPL's counters step about every millisecond; a VM's
+    // virtual RAPL (QEMU's) refreshes once a second. So events are
+    // watched until one moves, for up to COUNTS_WITHIN_SLOW, then a
+    // little longer for the rest (COUNTS_WITHIN after the start); an
+    // event that has not moved by then counts nothing and is dropped.
+    let first: Vec<Option<u64>> = events.iter_mut().map(|e| e.counter.read().ok()).collect();
+    let opened_at = std::time::Instant::now();
+    let mut moved = vec![false; events.len()];
+    let mut read_error = None;
+    loop {
+        for ((e, m), f) in events.iter_mut().zip(&mut moved).zip(&first) {
+            match e.counter.read() {
+                Ok(raw) => *m |= f.is_some_and(|f| f != raw),
+                Err(err) => {
+                    read_error.get_or_insert(format!("perf read: {err}"));
+                }
+            }
+        }
+        let waited = opened_at.elapsed();
+        let any = moved.iter().any(|m| *m);
+        if moved.iter().all(|m| *m)
+            || (any && waited >= COUNTS_WITHIN)
+            || waited >= COUNTS_WITHIN_SLOW
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if let Some(err) = read_error {
+        return Err(SourceError::unsupported(
+            err,
+            "check `perf stat -a -e power/energy-pkg/ sleep 1`",
+        ));
+    }
+    if !moved.iter().any(|m| *m) {
+        return Err(SourceError::unsupported(
+            format!(
+                "the perf power events in {} count nothing (a VM that lists the PMU without the hardware)",
+                pmu.display()
+            ),
+            "another reader is used; on bare metal, check `perf stat -a -e power/energy-pkg/ sleep 1`",
+        ));
+    }
+    // Events that count nothing beside ones that do are left out.
+    let mut keep = moved.iter();
+    events.retain(|_| *keep.next().unwrap_or(&false));
+    Ok(())
+}
+
 impl PerfPower {
     /// Opens every energy event of the PMU at `sys`'s
     /// `bus/event_source/devices/power`, one counter per package.
@@ -127,54 +182,7 @@ impl PerfPower {
                 format!("no energy events in {}", pmu.display())
             })));
         }
-        // A VM can list the PMU and open its events without the hardware
-        // behind them (seen on a Firecracker guest: psys read 0 J for
-        // good). RAPL's counters step about every millisecond; a VM's
-        // virtual RAPL (QEMU's) refreshes once a second. So events are
-        // watched until one moves, for up to COUNTS_WITHIN_SLOW, then a
-        // little longer for the rest (COUNTS_WITHIN after the start); an
-        // event that has not moved by then counts nothing and is dropped.
-        let first: Vec<Option<u64>> = events.iter_mut().map(|e| e.counter.read().ok()).collect();
-        let opened_at = std::time::Instant::now();
-        let mut moved = vec![false; events.len()];
-        let mut read_error = None;
-        loop {
-            for ((e, m), f) in events.iter_mut().zip(&mut moved).zip(&first) {
-                match e.counter.read() {
-                    Ok(raw) => *m |= f.is_some_and(|f| f != raw),
-                    Err(err) => {
-                        read_error.get_or_insert(format!("perf read: {err}"));
-                    }
-                }
-            }
-            let waited = opened_at.elapsed();
-            let any = moved.iter().any(|m| *m);
-            if moved.iter().all(|m| *m)
-                || (any && waited >= COUNTS_WITHIN)
-                || waited >= COUNTS_WITHIN_SLOW
-            {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        if let Some(err) = read_error {
-            return Err(SourceError::unsupported(
-                err,
-                "check `perf stat -a -e power/energy-pkg/ sleep 1`",
-            ));
-        }
-        if !moved.iter().any(|m| *m) {
-            return Err(SourceError::unsupported(
-                format!(
-                    "the perf power events in {} count nothing (a VM that lists the PMU without the hardware)",
-                    pmu.display()
-                ),
-                "another reader is used; on bare metal, check `perf stat -a -e power/energy-pkg/ sleep 1`",
-            ));
-        }
-        // Events that count nothing beside ones that do are left out.
-        let mut keep = moved.iter();
-        events.retain(|_| *keep.next().unwrap_or(&false));
+        keep_counting(&mut events, &pmu)?;
         // The energy counted from here on (the probe's is not the
         // profile's).
         for e in &mut events {

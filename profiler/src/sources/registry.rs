@@ -175,6 +175,9 @@ fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse
     }
 }
 
+/// The CPU counter opened (if any), and why each one tried did not open.
+type CpuOpened = (Option<Box<dyn Source>>, Vec<String>);
+
 /// The CPU energy counter: `--powercap-root` (asked for by name: it must
 /// work), else the first of [`CPU_COUNTERS`] that opens here; with why
 /// each other one did not.
@@ -183,7 +186,7 @@ fn open_cpu(
     sys: &SysRoot,
     cpuinfo: &str,
     used: &mut Vec<ReaderUse>,
-) -> Result<(Option<Box<dyn Source>>, Vec<String>), SourceError> {
+) -> Result<CpuOpened, SourceError> {
     if let Some(root) = &cfg.powercap_root {
         let p = Powercap::open_dir(root.clone(), cpuinfo).map_err(|e| {
             let (reason, _) = e.reason_and_fix();
