@@ -56,6 +56,39 @@ impl Profile {
         }
     }
 
+    /// Adds the interval's shares to the open windows, each its sender's
+    /// tree.
+    fn add_to_windows(&mut self, usage: &[IntervalUsage], shares: &[DomainShare]) {
+        if self.windows.any_open() {
+            let consumers: Vec<(ConsumerId, u64)> = usage
+                .iter()
+                .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
+                .collect();
+            let table = &self.table;
+            self.windows
+                .add_interval(shares, &consumers, |id, pid| table.descends_from(id, pid));
+        }
+    }
+
+    /// MIG: what each instance's processes were given, summed; per GPU and
+    /// instance, for the record.
+    fn sum_mig(&mut self, read: &IntervalEnergy, shares: &[DomainShare]) -> Vec<Vec<u64>> {
+        let mig = self.mig_energy(read, shares);
+        for (g, uj) in read.gpus.iter().zip(&mig) {
+            for (i, uj) in g.instances.iter().zip(uj) {
+                self.sums.mig.add(
+                    g.index,
+                    i.gpu_instance_id,
+                    i.compute_instance_id,
+                    &i.uuid,
+                    i.slices,
+                    *uj,
+                );
+            }
+        }
+        mig
+    }
+
     /// Folds in one interval: the tracker's sample and the energy read
     /// just before it. Each step below is one stage of the data flow.
     pub(super) fn step(&mut self, sample: &CpuSample, mut read: IntervalEnergy) {
@@ -139,29 +172,8 @@ impl Profile {
         let groups = self.sum_groups_and_cgroups(&usage, &energy, &index, sample.at_ns);
         self.sums.cgroups.name(sample.at_ns);
         self.sum_vms(&usage, &energy);
-        if self.windows.any_open() {
-            let consumers: Vec<(ConsumerId, u64)> = usage
-                .iter()
-                .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
-                .collect();
-            let table = &self.table;
-            self.windows
-                .add_interval(&shares, &consumers, |id, pid| table.descends_from(id, pid));
-        }
-        // MIG: what each instance's processes were given.
-        let mig = self.mig_energy(&read, &shares);
-        for (g, uj) in read.gpus.iter().zip(&mig) {
-            for (i, uj) in g.instances.iter().zip(uj) {
-                self.sums.mig.add(
-                    g.index,
-                    i.gpu_instance_id,
-                    i.compute_instance_id,
-                    &i.uuid,
-                    i.slices,
-                    *uj,
-                );
-            }
-        }
+        self.add_to_windows(&usage, &shares);
+        let mig = self.sum_mig(&read, &shares);
         // Outputs: the interval's record, streamed and kept.
         let record = self.build_record(&Built {
             mig: &mig,

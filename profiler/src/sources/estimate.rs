@@ -387,24 +387,9 @@ pub(crate) fn choose_on(
     choose(req, cpuinfo, packages)
 }
 
-/// Picks the model for a machine with `cpuinfo` and `packages` CPU
-/// packages. `Ok(None)`: `--power-model none`. An error says why the model
-/// asked for cannot be used and what would make it work.
-pub(crate) fn choose(
-    req: ModelRequest,
-    cpuinfo: &str,
-    packages: usize,
-) -> Result<Option<Chosen>, SourceError> {
-    let id = CpuId::parse(cpuinfo);
-    let name = if id.model_name.is_empty() {
-        "this CPU".to_string()
-    } else {
-        id.model_name.clone()
-    };
-    let packages = packages.max(1);
-    if req.choice == ModelChoice::None {
-        return Ok(None);
-    }
+/// The model given by its figures (`--cpu-tdp`, `--vcpu-watts`), if one
+/// is; a figure for the other model than `--power-model` names is refused.
+fn given_figures(req: &ModelRequest) -> Result<Option<Chosen>, SourceError> {
     if let Some(tdp) = req.cpu_tdp_w {
         if req.choice == ModelChoice::Vcpu {
             return Err(SourceError::Fatal(
@@ -428,6 +413,30 @@ pub(crate) fn choose(
             why: format!("--vcpu-watts {min},{max} given"),
             source: "--vcpu-watts".into(),
         }));
+    }
+    Ok(None)
+}
+
+/// Picks the model for a machine with `cpuinfo` and `packages` CPU
+/// packages. `Ok(None)`: `--power-model none`. An error says why the model
+/// asked for cannot be used and what would make it work.
+pub(crate) fn choose(
+    req: ModelRequest,
+    cpuinfo: &str,
+    packages: usize,
+) -> Result<Option<Chosen>, SourceError> {
+    let id = CpuId::parse(cpuinfo);
+    let name = if id.model_name.is_empty() {
+        "this CPU".to_string()
+    } else {
+        id.model_name.clone()
+    };
+    let packages = packages.max(1);
+    if req.choice == ModelChoice::None {
+        return Ok(None);
+    }
+    if let Some(given) = given_figures(&req)? {
+        return Ok(Some(given));
     }
     let tdp = || {
         lookup_tdp(&id.model_name).map(|(entry, w)| Chosen {

@@ -116,6 +116,61 @@ fn read_msr(file: &File, address: u64) -> std::io::Result<u64> {
 const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_SYS_RAWIO and \
      CAP_DAC_READ_SEARCH (the msr devices are root-only, and the driver checks CAP_SYS_RAWIO)";
 
+/// Opens a CPU's MSR device: missing (the module not loaded, or modprobe
+/// failed) and not permitted each said with its fix.
+fn open_device(path: &std::path::Path, modprobe_failed: bool) -> Result<File, SourceError> {
+    File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound if modprobe_failed => SourceError::unsupported(
+            format!("no {}, and `modprobe msr` failed", path.display()),
+            "load the msr driver (needs modprobe from kmod and a kernel with CONFIG_X86_MSR), or use powercap",
+        ),
+        std::io::ErrorKind::NotFound => SourceError::unsupported(
+            format!("no {} (the msr module is not loaded)", path.display()),
+            "modprobe msr (as root)",
+        ),
+        _ => classify_io(&path.display().to_string(), &e, PERMISSION_FIX),
+    })
+}
+
+/// The RAPL unit register and the energy registers of a vendor's CPUs.
+fn rapl_registers(vendor: Vendor) -> (u64, &'static [(Domain, u64)]) {
+    match vendor {
+        Vendor::Intel { .. } => (
+            0x606,
+            &[
+                (Domain::Package, 0x611),
+                (Domain::Core, 0x639),
+                (Domain::Uncore, 0x641),
+                (Domain::Dram, 0x619),
+                (Domain::Psys, 0x64D),
+            ],
+        ),
+        Vendor::Amd => (0xC001_0299, &[(Domain::Package, 0xC001_029B)]),
+    }
+}
+
+/// Joules per counter step of `domain`: the unit register's, but for
+/// Intel's fixed DRAM unit and joule-unit platform counter.
+fn joules_per_step(vendor: Vendor, domain: Domain, step: f64) -> f64 {
+    match (vendor, domain) {
+        (
+            Vendor::Intel {
+                fixed_dram_unit: true,
+                ..
+            },
+            Domain::Dram,
+        ) => 1.0 / 65536.0,
+        (
+            Vendor::Intel {
+                joule_psys_unit: true,
+                ..
+            },
+            Domain::Psys,
+        ) => 1.0,
+        _ => step,
+    }
+}
+
 impl Msr {
     /// Opens one MSR device per package and finds its RAPL registers.
     /// Loads the `msr` module first when the devices are missing.
@@ -146,30 +201,8 @@ impl Msr {
         let mut registers = Vec::new();
         for (i, &(package, cpu)) in cpus.iter().enumerate() {
             let path = root.device(cpu);
-            let file = File::open(&path).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound if modprobe_failed => SourceError::unsupported(
-                    format!("no {}, and `modprobe msr` failed", path.display()),
-                    "load the msr driver (needs modprobe from kmod and a kernel with CONFIG_X86_MSR), or use powercap",
-                ),
-                std::io::ErrorKind::NotFound => SourceError::unsupported(
-                    format!("no {} (the msr module is not loaded)", path.display()),
-                    "modprobe msr (as root)",
-                ),
-                _ => classify_io(&path.display().to_string(), &e, PERMISSION_FIX),
-            })?;
-            let (unit_reg, regs): (u64, &[(Domain, u64)]) = match vendor {
-                Vendor::Intel { .. } => (
-                    0x606,
-                    &[
-                        (Domain::Package, 0x611),
-                        (Domain::Core, 0x639),
-                        (Domain::Uncore, 0x641),
-                        (Domain::Dram, 0x619),
-                        (Domain::Psys, 0x64D),
-                    ],
-                ),
-                Vendor::Amd => (0xC001_0299, &[(Domain::Package, 0xC001_029B)]),
-            };
+            let file = open_device(&path, modprobe_failed)?;
+            let (unit_reg, regs) = rapl_registers(vendor);
             let units = read_msr(&file, unit_reg).map_err(|e| {
                 SourceError::unsupported(
                     format!(
@@ -189,23 +222,7 @@ impl Msr {
                 let Ok(raw) = read_msr(&file, address) else {
                     continue;
                 };
-                let joules_per_step = match (vendor, domain) {
-                    (
-                        Vendor::Intel {
-                            fixed_dram_unit: true,
-                            ..
-                        },
-                        Domain::Dram,
-                    ) => 1.0 / 65536.0,
-                    (
-                        Vendor::Intel {
-                            joule_psys_unit: true,
-                            ..
-                        },
-                        Domain::Psys,
-                    ) => 1.0,
-                    _ => step,
-                };
+                let joules_per_step = joules_per_step(vendor, domain, step);
                 let mut counter = EnergyCounter::new(WrappingCounter::bits(32), joules_per_step);
                 counter.advance(raw);
                 registers.push(Register {

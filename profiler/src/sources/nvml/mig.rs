@@ -390,27 +390,39 @@ pub(super) fn mig_instances(
     said.set("mig processes", list_problem);
     // GPM is per GPU instance: one sample each per read.
     if let Some(state) = gpm {
-        let mut gis: Vec<u32> = out.iter().map(|i| i.gpu_instance_id).collect();
-        gis.sort_unstable();
-        gis.dedup();
-        let mut problem = None;
-        for gi in &gis {
-            let util = gpm_util(raw, parent, *gi, state).unwrap_or_else(|e| {
-                problem.get_or_insert(e);
-                None
-            });
-            for i in out.iter_mut().filter(|i| i.gpu_instance_id == *gi) {
-                i.sm_util_pct = util;
-            }
-        }
-        // An instance gone (or remade) starts afresh.
-        state.retain(|gi, _| gis.contains(gi));
-        said.set(
-            "gpm",
-            problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
-        );
+        gpm_activity(raw, parent, state, &mut out, said);
     }
     Some((out, memory))
+}
+
+/// Each instance's SM utilization from GPM, one sample per GPU instance;
+/// a failure said (the instances are then weighed by compute slices).
+fn gpm_activity(
+    raw: &Arc<Raw>,
+    parent: nvml_wrapper_sys::bindings::nvmlDevice_t,
+    state: &mut HashMap<u32, GpmState>,
+    out: &mut [MigInstance],
+    said: &mut Said<'_>,
+) {
+    let mut gis: Vec<u32> = out.iter().map(|i| i.gpu_instance_id).collect();
+    gis.sort_unstable();
+    gis.dedup();
+    let mut problem = None;
+    for gi in &gis {
+        let util = gpm_util(raw, parent, *gi, state).unwrap_or_else(|e| {
+            problem.get_or_insert(e);
+            None
+        });
+        for i in out.iter_mut().filter(|i| i.gpu_instance_id == *gi) {
+            i.sm_util_pct = util;
+        }
+    }
+    // An instance gone (or remade) starts afresh.
+    state.retain(|gi, _| gis.contains(gi));
+    said.set(
+        "gpm",
+        problem.map(|e| format!("GPM: {e}: the instances are weighed by their compute slices")),
+    );
 }
 
 /// GPU instance `gi`'s SM utilization since its last sample: `Ok(None)`
