@@ -457,6 +457,27 @@ fn the_html_report_loads_in_chromium_with_no_console_message_and_fetches_nothing
     let width = u32::from_be_bytes([image[16], image[17], image[18], image[19]]);
     assert_eq!(width, 1200);
     eprintln!("screenshot: {} ({} bytes)", png.display(), image.len());
+    // A run on a power model: the rendered page says estimated, in the
+    // domain table and the plot's title, and never measured.
+    let (est, _, _) = record(
+        &dir,
+        "est",
+        &[
+            "--energy-sysfs=/nonexistent",
+            "--no-gpu",
+            "--host-model=none",
+        ],
+        &[&testload(), "cpu", "0.3"],
+    );
+    let est_html = dir.join("est.html");
+    report_ok(&[&est, Path::new("--html"), &est_html]);
+    let (console, dom) = open_in_chromium(browser, &est_html, None);
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(
+        dom.contains("(estimated)") && dom.contains("Estimated power"),
+        "the estimated mark is not on the rendered page"
+    );
+    assert!(!dom.contains("Measured"), "an estimate called measured");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

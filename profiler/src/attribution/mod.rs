@@ -322,8 +322,9 @@ fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
 }
 
 /// A CPU domain's energy split into its static part (by the figure, shared
-/// by `--static-power`'s rule: capacity, busy time, or left idle) and its
-/// dynamic part (by busy time); `on` is a consumer's time on the domain's
+/// by `--static-power`'s rule: capacity, busy time, or left idle; with no
+/// figure all of it is static, shared by capacity) and its dynamic part
+/// (by busy time); `on` is a consumer's time on the domain's
 /// packages, `consumed` all of theirs.
 fn static_and_dynamic(
     iv: &Interval<'_>,

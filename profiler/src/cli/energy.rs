@@ -17,6 +17,7 @@ impl EnergyArgs {
         crate::render::Rows {
             all: self.all,
             cmdline: self.cmdline,
+            verbose: self.verbose,
         }
     }
 }
@@ -39,6 +40,11 @@ pub(crate) struct EnergyArgs {
     /// --output and --jsonl are made readable by their owner only.
     #[arg(long)]
     pub(crate) cmdline: bool,
+
+    /// Say each energy reader's whole detail in the final table: why it
+    /// is used, the power model's source, why the others are not.
+    #[arg(long, short)]
+    pub(crate) verbose: bool,
 
     /// Also stream one JSON record per interval (and per window) to FILE,
     /// each line written whole as its interval ends (a killed wattprof

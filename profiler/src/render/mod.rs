@@ -106,6 +106,8 @@ pub(crate) struct EnergyView<'a> {
     pub(crate) static_note: Option<&'a str>,
     /// MIG instances' energy.
     pub(crate) mig: &'a [crate::model::MigInstanceReport],
+    /// Every reader's whole detail (`--verbose`).
+    pub(crate) verbose: bool,
 }
 
 impl<'a> EnergyView<'a> {
@@ -120,13 +122,14 @@ impl<'a> EnergyView<'a> {
             window_errors: &r.window_errors,
             static_note: r.energy.static_power.as_ref().map(|p| p.note.as_str()),
             mig: &r.energy.mig_instances,
+            verbose: false,
         }
     }
 }
 
-/// Renders the energy part: domains, readers, CO2, windows.
+/// Renders the energy part: readers, domains, CO2, windows.
 pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
-    render_readers(s, r.readers);
+    render_readers(s, r.readers, r.verbose);
     render_domains(s, r);
     for p in r.problems.iter().take(3) {
         let _ = writeln!(s, "  warning: {p}");
@@ -142,11 +145,15 @@ pub(crate) fn render_energy(s: &mut String, r: &EnergyView<'_>) {
 }
 
 /// The energy readers, each detail short (`wattprof sources` has why).
-fn render_readers(s: &mut String, readers: &[crate::sources::registry::ReaderUse]) {
+fn render_readers(s: &mut String, readers: &[crate::sources::registry::ReaderUse], verbose: bool) {
     let _ = writeln!(s, "\n  energy readers:");
     let mut cut = false;
     for u in readers {
-        let (detail, shortened) = short_detail(&u.detail);
+        let (detail, shortened) = if verbose {
+            (u.detail.clone(), false)
+        } else {
+            short_detail(&u.detail)
+        };
         cut |= shortened;
         let _ = writeln!(
             s,
@@ -162,7 +169,7 @@ fn render_readers(s: &mut String, readers: &[crate::sources::registry::ReaderUse
     if cut {
         let _ = writeln!(
             s,
-            "    (why each reader, and the model's source: `wattprof sources`, or \
+            "    (why each reader, and the model's source: --verbose, `wattprof sources`, or \
              `energy.readers` in the recording)"
         );
     }

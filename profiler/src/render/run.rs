@@ -16,6 +16,8 @@ pub(crate) struct Rows {
     pub(crate) all: bool,
     /// Each row ends with its command line (`--cmdline`).
     pub(crate) cmdline: bool,
+    /// Every detail and note (`--verbose`).
+    pub(crate) verbose: bool,
 }
 
 /// Renders the end-of-run table. Shares are of all CPU time in the run
@@ -28,7 +30,13 @@ pub(crate) fn render_run_table(r: &RunReport, rows: Rows) -> String {
     run_groups(&mut s, r, &m, tree_procs);
     run_notes(&mut s, r);
     render_containers(&mut s, &r.containers);
-    render_energy(&mut s, &EnergyView::of(r));
+    render_energy(
+        &mut s,
+        &EnergyView {
+            verbose: rows.verbose,
+            ..EnergyView::of(r)
+        },
+    );
     if let Some(st) = &r.stacks {
         render_functions(&mut s, st, 10);
     }
@@ -260,15 +268,15 @@ fn run_notes(s: &mut String, r: &RunReport) {
             p.filter_overflow
         );
     }
-    // Threads that ended during a read are normal (counted to their exit,
-    // at most a scheduler tick short): the recording has their count
-    // (`profiler.settled_from_exit`). Only a loss is said here.
-    if p.vanished_threads > 0 {
+    // A thread whose free record never came is counted to its exit (at
+    // most a scheduler tick short): said, as the loss it stands for.
+    if p.settled_from_exit > 0 || p.vanished_threads > 0 {
         let _ = writeln!(
             s,
-            "  note: {} threads were gone before they were seen (their records were lost; \
-             {} more ended during a read and are counted to their exit); see docs/limits.md",
-            p.vanished_threads, p.settled_from_exit
+            "  note: {} threads ended during a read: their time is counted to their exit (at \
+             most one scheduler tick short); {} threads were gone before they were seen (events \
+             lost); see docs/limits.md",
+            p.settled_from_exit, p.vanished_threads
         );
     }
     if p.ended_unseen > 0 {

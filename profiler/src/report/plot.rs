@@ -557,6 +557,29 @@ fn html_processes(h: &mut String, s: &Summary) {
     h.push_str("</table>\n");
 }
 
+/// Containers and systemd units, as the text's table (the first 10).
+fn html_containers(h: &mut String, s: &Summary) {
+    if s.containers.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h2>Containers and units</h2>\n<table><tr><th>container / unit</th><th>on-CPU s</th>\
+         <th>energy J</th><th>average W</th><th>CO2 g</th></tr>\n",
+    );
+    for c in s.containers.iter().take(10) {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td><td>{:.4}</td></tr>",
+            esc(&crate::render::container_label(c)),
+            c.on_cpu_ns as f64 / 1e9,
+            c.energy.total_j,
+            c.energy.avg_power_w,
+            c.energy.co2_g
+        );
+    }
+    h.push_str("</table>\n");
+}
+
 /// The windows, nested by depth (only where there are windows).
 fn html_windows(h: &mut String, s: &Summary) {
     if !s.windows.is_empty() {
@@ -618,6 +641,7 @@ pub(crate) fn html(l: &Loaded) -> Result<String, PlotError> {
     html_groups(&mut h, s);
     html_domains(&mut h, s);
     html_processes(&mut h, s);
+    html_containers(&mut h, s);
     html_readers(&mut h, s);
     html_functions(&mut h, s);
     html_windows(&mut h, s);

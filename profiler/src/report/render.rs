@@ -34,6 +34,7 @@ pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
             window_errors: &[],
             static_note: r.static_note.as_deref(),
             mig: &r.mig_instances,
+            verbose: false,
         },
     );
     if let Some(st) = &r.stacks {

@@ -180,7 +180,7 @@ type CpuOpened = (Option<Box<dyn Source>>, Vec<String>);
 
 /// The CPU energy counter: `--powercap-root` (asked for by name: it must
 /// work), else the first of [`CPU_COUNTERS`] that opens here; with why
-/// each other one did not.
+/// each one tried before it did not.
 fn open_cpu(
     cfg: &ReaderConfig,
     sys: &SysRoot,

@@ -303,7 +303,8 @@ fn init_error(e: NvmlError) -> SourceError {
 }
 
 /// One GPU by index: its energy counter, or power integrated where the
-/// counter cannot be read (said); `None` (said) when it gives neither.
+/// counter cannot be read (said); `None` (said) when it has no handle or
+/// gives neither.
 fn open_gpu(nvml: &Nvml, index: u32, problems: &mut Vec<(u32, String)>) -> Option<Gpu> {
     let device = match nvml.device_by_index(index) {
         Ok(d) => d,

@@ -246,16 +246,19 @@ struct Taken {
     last_seen: u64,
     /// Processes the sampler saw listed between the reads.
     between: std::collections::HashSet<u32>,
+    /// Samples left out past what is kept (said after the samples' sanity).
+    trimmed: usize,
 }
 
 /// Fetches the newest samples (a count race retried) and takes what the
-/// sampler fetched meanwhile; says what was left out.
+/// sampler fetched meanwhile; says the processes listed between reads
+/// that were left out.
 fn take_samples(
     device: &Device<'_>,
     pending: &Mutex<sampler::Pending>,
     said: &mut Said<'_>,
 ) -> Taken {
-    let (taken, trimmed, between_dropped) = {
+    let (taken, between_dropped) = {
         let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
         let fetched = sampler::fetch(device, &mut p);
         (
@@ -264,8 +267,8 @@ fn take_samples(
                 raw: std::mem::take(&mut p.raw),
                 last_seen: p.last_seen,
                 between: std::mem::take(&mut p.listed_between),
+                trimmed: std::mem::take(&mut p.trimmed),
             },
-            std::mem::take(&mut p.trimmed),
             std::mem::take(&mut p.between_dropped),
         )
     };
@@ -277,14 +280,6 @@ fn take_samples(
                 "{between_dropped} processes listed between two reads past the {} kept: their \
                  samples in the interval are left out",
                 sampler::LISTED_BETWEEN
-            ),
-        ));
-    }
-    if trimmed > 0 {
-        said.out.push((
-            said.index,
-            format!(
-                "more NVML samples in one interval than are kept: the oldest {trimmed} left out"
             ),
         ));
     }
@@ -440,6 +435,16 @@ fn shares_of(
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
     if !taken.raw.is_empty() {
         said.set("sample sanity", clean.discarded());
+    }
+    if taken.trimmed > 0 {
+        // Each time: a count of what one interval lost, not a state.
+        said.out.push((
+            said.index,
+            format!(
+                "more NVML samples in one interval than are kept: the oldest {} left out",
+                taken.trimmed
+            ),
+        ));
     }
     carry_shares(clean.shares, last)
 }
