@@ -117,17 +117,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     }
     profile.write_header("run", tracker.kind(), Some(&argv), start_unix_ns);
 
-    let socket = WindowSocket::bind(
-        &std::env::temp_dir(),
-        run_as.as_ref().map(|u| (u.uid, u.gid)),
-    )
-    .map_err(|e| {
-        Fatal::profiler(format!(
-            "cannot create the profiling-window socket in {}: {e} (set TMPDIR to a writable \
-             directory)",
-            std::env::temp_dir().display()
-        ))
-    })?;
+    let socket = window_socket(run_as.as_ref())?;
 
     let mut proc = child::spawn(
         &resolved,
@@ -154,6 +144,35 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     };
     signal_target.ended();
 
+    settle(&mut tracker, pid);
+    // Window messages sent just before the command exited.
+    window_boundary(&socket, &mut tracker, &mut profile)?;
+    profile.tick(&mut tracker, true)?;
+
+    let finished = profile.finish(Ending {
+        mode: "run",
+        command: Some(CommandEnd {
+            argv,
+            pid,
+            exit_code: status.code(),
+            signal: std::os::unix::process::ExitStatusExt::signal(&status),
+        }),
+        start_unix_ns,
+        profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
+    });
+    deliver(&finished, args.energy.rows())?;
+    // The command's failure is its own exit status; a command that
+    // succeeded exits 125 when an output of wattprof's stopped early.
+    let code = child::exit_code(status);
+    if code == 0 {
+        outputs_complete(&finished.report)?;
+    }
+    Ok(code)
+}
+
+/// Waits (at most 250 ms) for the last run time of the command's threads,
+/// and of its descendants' threads that ended in its last second.
+fn settle(tracker: &mut EbpfTracker, pid: u32) {
     // The command was reaped, but its threads may still be finishing their
     // last context switch, and their final run time comes when they are
     // freed (an RCU grace period later): wait (briefly) for all of them,
@@ -178,29 +197,20 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
         std::thread::sleep(Duration::from_millis(1));
         tracker.drain_events();
     }
-    // Window messages sent just before the command exited.
-    window_boundary(&socket, &mut tracker, &mut profile)?;
-    profile.tick(&mut tracker, true)?;
+}
 
-    let finished = profile.finish(Ending {
-        mode: "run",
-        command: Some(CommandEnd {
-            argv,
-            pid,
-            exit_code: status.code(),
-            signal: std::os::unix::process::ExitStatusExt::signal(&status),
-        }),
-        start_unix_ns,
-        profiler: tracker_facts(&tracker, args.tracker.max_tasks, interval_ns),
-    });
-    deliver(&finished, args.energy.rows())?;
-    // The command's failure is its own exit status; a command that
-    // succeeded exits 125 when an output of wattprof's stopped early.
-    let code = child::exit_code(status);
-    if code == 0 {
-        outputs_complete(&finished.report)?;
-    }
-    Ok(code)
+/// The profiling-window socket the command finds in `WATTPROF_SOCKET`,
+/// owned by the user the command runs as.
+fn window_socket(run_as: Option<&child::RunAs>) -> anyhow::Result<WindowSocket> {
+    Ok(
+        WindowSocket::bind(&std::env::temp_dir(), run_as.map(|u| (u.uid, u.gid))).map_err(|e| {
+            Fatal::profiler(format!(
+                "cannot create the profiling-window socket in {}: {e} (set TMPDIR to a writable \
+             directory)",
+                std::env::temp_dir().display()
+            ))
+        })?,
+    )
 }
 
 /// The `run` loop's part: the window socket, and the command's end.

@@ -109,6 +109,35 @@ fn parse_zone_id(name: &str) -> Option<(bool, Vec<u32>)> {
         .map(|v| (mmio, v))
 }
 
+/// What a zone measures, by its name: a package or the platform (a top
+/// zone), or a package's core, uncore or DRAM (a subzone of one in
+/// `tops`); `None` for zones wattprof does not read (AMD's core zone, which
+/// its package includes, and unknown names).
+fn zone_domain(
+    name: &str,
+    ids: &[u32],
+    mmio: bool,
+    amd: bool,
+    tops: &[TopZone],
+) -> Option<(Domain, Option<u32>, u32)> {
+    if ids.len() == 1 {
+        if name == "psys" {
+            return Some((Domain::Psys, None, 0));
+        }
+        let (p, d) = parse_package_name(name)?;
+        return Some((Domain::Package, Some(p), d));
+    }
+    let &(_, _, package, die) = tops.iter().find(|t| t.0 == (mmio, ids[0]))?;
+    let domain = match name {
+        "core" if amd => return None,
+        "core" => Domain::Core,
+        "uncore" => Domain::Uncore,
+        "dram" => Domain::Dram,
+        _ => return None,
+    };
+    Some((domain, package, die))
+}
+
 impl Powercap {
     /// Finds every zone under `sys`. Zones whose counter cannot be read are
     /// left out (`registry` says why when none is left);
@@ -155,27 +184,8 @@ impl Powercap {
         let mut tops: Vec<TopZone> = Vec::new();
         for (mmio, ids, dir) in found {
             let name = read_trimmed(&dir.join("name")).unwrap_or_default();
-            let (domain, package, die) = if ids.len() == 1 {
-                if name == "psys" {
-                    (Domain::Psys, None, 0)
-                } else if let Some((p, d)) = parse_package_name(&name) {
-                    (Domain::Package, Some(p), d)
-                } else {
-                    continue;
-                }
-            } else {
-                let Some(&(_, _, package, die)) = tops.iter().find(|t| t.0 == (mmio, ids[0]))
-                else {
-                    continue;
-                };
-                let domain = match name.as_str() {
-                    "core" if amd => continue,
-                    "core" => Domain::Core,
-                    "uncore" => Domain::Uncore,
-                    "dram" => Domain::Dram,
-                    _ => continue,
-                };
-                (domain, package, die)
+            let Some((domain, package, die)) = zone_domain(&name, &ids, mmio, amd, &tops) else {
+                continue;
             };
             if ids.len() == 1 {
                 tops.push(((mmio, ids[0]), domain, package, die));

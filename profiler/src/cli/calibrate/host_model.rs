@@ -226,7 +226,18 @@ fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, Strin
         },
     )
     .map_err(Fatal::profiler)?;
-    let points = points.into_inner();
+    fit_points(points.into_inner(), reader, &problems).map(Ok)
+}
+
+/// Each domain's staircase fitted as static + k x busy CPUs, printed;
+/// a fit that is no power law (a negative term, a poor R^2 on a varying
+/// domain) is refused and said. No points (the first of the readers'
+/// `problems` says why) or none fitted is an error.
+fn fit_points(
+    points: PointsByDomain,
+    reader: &str,
+    problems: &[String],
+) -> anyhow::Result<Vec<DomainFit>> {
     if points.is_empty() {
         return Err(Fatal::profiler(format!(
             "the counters gave no energy during the staircase{}",
@@ -237,13 +248,6 @@ fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, Strin
         ))
         .into());
     }
-    fit_points(points, reader).map(Ok)
-}
-
-/// Each domain's staircase fitted as static + k x busy CPUs, printed;
-/// a fit that is no power law (a negative term, a poor R^2 on a varying
-/// domain) is refused and said. None fitted is an error.
-fn fit_points(points: PointsByDomain, reader: &str) -> anyhow::Result<Vec<DomainFit>> {
     let mut fits = Vec::new();
     let mut refused = Vec::new();
     for ((domain, package), pts) in points {

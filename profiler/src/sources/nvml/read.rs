@@ -94,26 +94,9 @@ pub(super) fn read_gpu(
     );
     let mut processes = holders(listed.as_ref(), &gone, &shares, sm_basis);
     if let Some(l) = &listed {
-        g.listed_before = l.keys().copied().collect();
-        g.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .known = g.listed_before.iter().copied().collect();
+        remember_listed(l, &mut g.listed_before, &g.pending);
     }
-    // Carried shares of processes that have all left are no shares.
-    let sm_basis = if sm_basis == SmBasis::Carried && processes.iter().all(|p| p.sm_util_pct == 0.0)
-    {
-        SmBasis::Equal
-    } else {
-        sm_basis
-    };
-    // NVML samples only processes that used the SM: holders with no
-    // sample within 2 s, and a GPU whose utilization is 0 where known,
-    // did no work.
-    let at_rest = !processes.is_empty()
-        && taken.fetched.is_ok()
-        && processes.iter().all(|p| p.sm_util_pct == 0.0)
-        && util_pct.is_none_or(|u| u == 0);
+    let (sm_basis, at_rest) = basis_and_rest(sm_basis, &processes, taken.fetched.is_ok(), util_pct);
     let (sm_basis, instances, unheld_sm_pct, at_rest) = match instances {
         Some((list, memory)) => {
             let (basis, unheld, at_rest) = mig_holders(&list, &memory, &mut processes);
@@ -135,6 +118,38 @@ pub(super) fn read_gpu(
         instances,
         unheld_sm_pct,
     })
+}
+
+/// The holders listed now: the next read's "listed before", and the
+/// sampler's known holders.
+fn remember_listed(
+    listed: &HashMap<u32, u64>,
+    before: &mut Vec<u32>,
+    pending: &Mutex<sampler::Pending>,
+) {
+    *before = listed.keys().copied().collect();
+    pending.lock().unwrap_or_else(PoisonError::into_inner).known = before.iter().copied().collect();
+}
+
+/// The basis once the holders are known (carried shares of processes
+/// that have all left are no shares), and whether the GPU was at rest:
+/// NVML samples only processes that used the SM, so holders with no
+/// sample within 2 s, on a GPU whose utilization is 0 where known, did no
+/// work.
+fn basis_and_rest(
+    sm_basis: SmBasis,
+    processes: &[GpuProcess],
+    samples_ok: bool,
+    util_pct: Option<u32>,
+) -> (SmBasis, bool) {
+    let idle = processes.iter().all(|p| p.sm_util_pct == 0.0);
+    let basis = if sm_basis == SmBasis::Carried && idle {
+        SmBasis::Equal
+    } else {
+        sm_basis
+    };
+    let at_rest = !processes.is_empty() && samples_ok && idle && util_pct.is_none_or(|u| u == 0);
+    (basis, at_rest)
 }
 
 /// A GPU's energy since the last read, with its device and power reading.
