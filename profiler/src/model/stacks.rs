@@ -40,6 +40,22 @@ pub(crate) struct StackReport {
     pub(crate) functions: Vec<FunctionReport>,
 }
 
+impl StackReport {
+    /// The energy its tables show of a function: wall energy where that
+    /// is the only figure (a wattmeter alone), else the measured total.
+    pub(crate) fn shown_j(&self) -> impl Fn(&EnergyJ) -> f64 + use<> {
+        let wall = self.wall_only();
+        move |e| if wall { e.wall_j } else { e.total_j }
+    }
+
+    /// Whether its functions have wall energy only.
+    pub(crate) fn wall_only(&self) -> bool {
+        self.functions
+            .iter()
+            .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0)
+    }
+}
+
 /// One function's energy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct FunctionReport {

@@ -291,11 +291,7 @@ pub(crate) fn render_functions(s: &mut String, st: &crate::model::stacks::StackR
     if st.functions.is_empty() {
         return;
     }
-    let wall = st
-        .functions
-        .iter()
-        .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0);
-    let j = |e: &crate::model::EnergyJ| if wall { e.wall_j } else { e.total_j };
+    let (wall, j) = (st.wall_only(), st.shown_j());
     let _ = writeln!(
         s,
         "  top functions by energy{} (self: as the innermost frame; total: with what it called):\n  {:>12} {:>12} {:>8}  function",

@@ -476,12 +476,7 @@ fn html_functions(h: &mut String, s: &Summary) {
     if st.functions.is_empty() {
         return;
     }
-    // Wall energy where that is the only figure (a wattmeter alone).
-    let wall = st
-        .functions
-        .iter()
-        .any(|f| f.energy.total_j == 0.0 && f.energy.wall_j > 0.0);
-    let j = |e: &crate::model::EnergyJ| if wall { e.wall_j } else { e.total_j };
+    let (wall, j) = (st.wall_only(), st.shown_j());
     let unit = if wall { "wall J" } else { "J" };
     let _ = writeln!(
         h,

@@ -173,6 +173,7 @@ fn domain_series(t: &Totals<'_>) -> [Series; 5] {
 fn container_series(t: &Totals<'_>, since: u64) -> [Series; 4] {
     let (mut c_energy, mut c_cpu, mut c_info) = (Vec::new(), Vec::new(), Vec::new());
     let mut c_static = Vec::new();
+    let read = t.read();
     for c in t.container_reports(Some(since)) {
         // The name can arrive late or change (docker rename): it is on
         // an info series, never on the counters.
@@ -194,7 +195,7 @@ fn container_series(t: &Totals<'_>, since: u64) -> [Series; 4] {
         }
         c_cpu.push((base.clone(), c.on_cpu_ns as f64 / 1e9));
         c_static.push((base.clone(), c.energy.static_j));
-        for (domain, v) in c.energy.by_domain(t.read()) {
+        for (domain, v) in c.energy.by_domain(read) {
             let mut labels = base.clone();
             labels.push(("domain".into(), domain.into()));
             c_energy.push((labels, v));
@@ -207,6 +208,7 @@ fn container_series(t: &Totals<'_>, since: u64) -> [Series; 4] {
 /// energy, CPU seconds.
 fn cgroup_series(t: &Totals<'_>, since: u64) -> [Series; 3] {
     let (mut g_energy, mut g_cpu, mut g_static) = (Vec::new(), Vec::new(), Vec::new());
+    let read = t.read();
     // Per path: a restarted service or container gets a new cgroup
     // (a new id) at the same path, and its series must go on rising,
     // so every cgroup that ever had the path counts, for as long as
@@ -229,7 +231,7 @@ fn cgroup_series(t: &Totals<'_>, since: u64) -> [Series; 3] {
         g_cpu.push((l(&[("cgroup", path.to_string())]), ns as f64 / 1e9));
         let e = EnergyJ::new(&energy, 0, t.carbon);
         g_static.push((l(&[("cgroup", path.to_string())]), e.static_j));
-        for (domain, v) in e.by_domain(t.read()) {
+        for (domain, v) in e.by_domain(read) {
             g_energy.push((
                 l(&[("cgroup", path.to_string()), ("domain", domain.into())]),
                 v,
