@@ -383,6 +383,46 @@ pub struct PowerLaw {
     pub per_cpu_w: f64,
 }
 
+/// Joules by which a following fixture's energy may move `pid`'s share
+/// of `domain` in `report`, over all intervals.
+///
+/// The fixture's power follows /proc/stat's busy time (irq, softirq and
+/// steal included, in 10 ms ticks); wattprof divides each interval's
+/// energy by task time. In an interval where the two differ, a
+/// task-second carries more or less energy, and a process's energy moves
+/// by up to that difference's energy × its share of the interval's task
+/// time. A test's bound adds this to what wattprof itself may be off by.
+pub fn fixture_shift_j(report: &Value, pid: u64, domain: &str, law: PowerLaw) -> f64 {
+    let mut shift = 0.0;
+    for iv in report["intervals"].as_array().into_iter().flatten() {
+        let secs = iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e9;
+        let busy_s = iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e9;
+        let Some(w) = iv["domains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["domain"] == domain)
+            .and_then(|d| d["power_w"].as_f64())
+        else {
+            continue;
+        };
+        let fixture_busy_s = ((w - law.static_w) / law.per_cpu_w * secs).max(0.0);
+        let off_j = (fixture_busy_s - busy_s).abs() * law.per_cpu_w;
+        let t = iv["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|q| q["pid"] == pid)
+            .and_then(|q| q["on_cpu_ns"].as_f64())
+            .unwrap_or(0.0)
+            / 1e9;
+        if busy_s > 0.0 {
+            shift += off_j * (t / busy_s).min(1.0);
+        }
+    }
+    shift
+}
+
 /// A host power model for this machine with these package-0 and DRAM
 /// laws for the powercap reader, as `wattprof calibrate` writes it (the
 /// machine identity as wattprof reads it), in `dir`.

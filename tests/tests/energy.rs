@@ -127,44 +127,11 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
             )
         })
         .collect();
-    // The fixture's power follows /proc/stat's busy time (irq, softirq and
-    // steal included, in 10 ms ticks); wattprof divides each interval's
-    // energy by task time. In an interval where the two differ, a
-    // task-second carries more or less energy, and a burner's energy
-    // moves by up to that difference's energy × its share of the
-    // interval's task time. Fresh-clone run 48: an interval with 37 ms of
-    // busy time and no task (1.2% off, against a fixed 1%).
+    // A burner's energy may move with the fixture's busy time that was no
+    // task's (fixture_shift_j). Fresh-clone run 48: an interval with 37 ms
+    // of busy time and no task (1.2% off, against a fixed 1%).
     let share_shift = |law: PowerLaw, name: &str| -> [f64; 2] {
-        let mut shift = [0.0f64; 2];
-        for iv in intervals {
-            let secs = iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e9;
-            let busy_s = iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e9;
-            let Some(w) = iv["domains"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|d| d["domain"] == name)
-                .and_then(|d| d["power_w"].as_f64())
-            else {
-                continue;
-            };
-            let fixture_busy_s = ((w - law.static_w) / law.per_cpu_w * secs).max(0.0);
-            let off_j = (fixture_busy_s - busy_s).abs() * law.per_cpu_w;
-            for (k, p) in [full, half].iter().enumerate() {
-                let t = iv["processes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|q| q["pid"] == p["pid"])
-                    .and_then(|q| q["on_cpu_ns"].as_f64())
-                    .unwrap_or(0.0)
-                    / 1e9;
-                if busy_s > 0.0 {
-                    shift[k] += off_j * (t / busy_s).min(1.0);
-                }
-            }
-        }
-        shift
+        [full, half].map(|p| wattprof_tests::fixture_shift_j(report, u(p, "/pid"), name, law))
     };
     let allowed = |law: PowerLaw, name: &str, key: &str| {
         let [a, b] = share_shift(law, name);

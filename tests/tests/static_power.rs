@@ -214,8 +214,24 @@ fn a_burner_s_energy_per_cpu_second_is_the_same_alone_and_beside_another() {
         "J per CPU-second: alone {a:.3}, beside another {p1:.3} and {p2:.3}; the law's \
          {expected:.3} (k + S / {cpus} CPUs)"
     );
-    for x in [p1, p2] {
-        assert!((x / a - 1.0).abs() < 0.02, "alone {a}, beside another {x}");
+    // 2%, and what the fixture's busy time that was no task's may move in
+    // each burner's package energy (fixture_shift_j).
+    let law = PowerLaw {
+        static_w: s,
+        per_cpu_w: k,
+    };
+    let part = |r: &Value, v: &Value| {
+        let pid = u(v, "/pid");
+        let p = wattprof_tests::process(r, pid);
+        wattprof_tests::fixture_shift_j(r, pid, "package", law) / f(p, "/energy/package_j")
+    };
+    let alone_part = part(alone.report(), &alone.stdout_json()[0]);
+    for (x, truth) in [(p1, &truths[0]), (p2, &truths[1])] {
+        let allowed = 0.02 + alone_part + part(pair.report(), truth);
+        assert!(
+            (x / a - 1.0).abs() < allowed,
+            "alone {a}, beside another {x} (allowed {allowed:.4})"
+        );
     }
     // The fixture's busy CPUs come from /proc/stat's idle time: within 3%
     // of the law. On a saturated machine the CPU-time rule gives the same
@@ -235,9 +251,20 @@ fn a_burner_s_energy_per_cpu_second_is_the_same_alone_and_beside_another() {
             let want = (s + DRAM.0) / cpus * t;
             assert!((st / want - 1.0).abs() < 0.01, "static {st} vs {want}: {p}");
             let dynamic = f(p, "/energy/dynamic_j") - DRAM.1 * t;
+            // 3%, and what the fixture's busy time that was no task's may
+            // move (a busy neighbour's irq and softirq time; CI run of
+            // 1ea12ba: 3.8% off against a fixed 3%).
+            let pid = u(p, "/pid");
+            let law = |static_w, per_cpu_w| PowerLaw {
+                static_w,
+                per_cpu_w,
+            };
+            let shift = wattprof_tests::fixture_shift_j(r, pid, "package", law(s, k))
+                + wattprof_tests::fixture_shift_j(r, pid, "dram", law(DRAM.0, DRAM.1));
+            let allowed = 0.03 + shift / (k * t);
             assert!(
-                (dynamic / (k * t) - 1.0).abs() < 0.03,
-                "package dynamic {dynamic} vs {}: {p}",
+                (dynamic / (k * t) - 1.0).abs() < allowed,
+                "package dynamic {dynamic} vs {} (allowed {allowed:.4}): {p}",
                 k * t
             );
         }
