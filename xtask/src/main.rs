@@ -4,6 +4,7 @@ mod bench;
 mod docs;
 mod ebpf;
 mod isolation;
+mod nextest;
 mod soak;
 mod test;
 
