@@ -135,6 +135,68 @@ fn slot(slot: u32) -> u64 {
     ITER_READ.get(slot).copied().unwrap_or(0)
 }
 
+/// The first call of a read: its counters zeroed, whether it is a full
+/// read, and the scheduler clock's offset from `bpf_ktime_get_ns`.
+#[inline(always)]
+fn start_read() {
+    for i in [VISITED, OVERFLOW, WRITTEN] {
+        let _ = ITER_READ.set(i, 0, 0);
+    }
+    let _ = ITER_READ.set(FULL, ITER_CONTROL.get(0).copied().unwrap_or(0), 0);
+    // The reader (`current`) slept just before this read, so it was
+    // switched in a few microseconds ago: its `last_arrival` is the
+    // scheduler clock of about now.
+    let arrival_off = offset!(last_arrival);
+    let (mut calibration, mut known) = (0u64, 0u64);
+    if arrival_off != 0 {
+        // SAFETY: helpers without preconditions.
+        let (me, now) = unsafe { (bpf_get_current_task(), bpf_ktime_get_ns()) };
+        let arrival: u64 = probe(me, arrival_off);
+        if arrival != 0 {
+            calibration = now.wrapping_sub(arrival);
+            known = 1;
+        }
+    }
+    let _ = ITER_READ.set(CLOCK_OFFSET, calibration, 0);
+    let _ = ITER_READ.set(CLOCK_KNOWN, known, 0);
+}
+
+/// On a CPU: the task's counter is as old as its last update (a tick at
+/// most). The time since, on its runqueue's task clock: the scheduler
+/// clock now (calibrated at the start of the read) less what the runqueue
+/// keeps out of task time (interrupt and steal time, as of its last clock
+/// update), less `exec_start`. `None` when it is not running, or the
+/// estimate cannot be trusted.
+#[inline(always)]
+fn running_estimate(task_addr: u64, on_cpu: u32) -> Option<u64> {
+    if on_cpu == 0 || slot(CLOCK_KNOWN) == 0 {
+        return None;
+    }
+    let clock_offset = slot(CLOCK_OFFSET);
+    let exec_start: u64 = probe(task_addr, offset!(exec_start));
+    let cfs_rq: u64 = probe(task_addr, offset!(se_cfs_rq));
+    let rq: u64 = probe(cfs_rq, offset!(cfs_rq_rq));
+    // `clock_task` first: an update landing between the two loads then
+    // makes the estimate low, never high.
+    let clock_task: u64 = probe(rq, offset!(rq_clock_task));
+    let clock: u64 = probe(rq, offset!(rq_clock));
+    // SAFETY: helper without preconditions.
+    let now_sched = unsafe { bpf_ktime_get_ns() }.wrapping_sub(clock_offset);
+    // The runqueue's task clock now: as of its last update, plus the
+    // scheduler-clock time since. The calibration errs a few tens of
+    // microseconds late, and CPUs' clocks may differ by as much: a clock
+    // that seems ahead of now was just updated.
+    let since_update = now_sched.saturating_sub(clock);
+    let now_task = clock_task.wrapping_add(since_update);
+    if exec_start != 0 && clock >= clock_task && now_task >= exec_start {
+        let ahead = now_task - exec_start;
+        if ahead <= MAX_ESTIMATE_AHEAD_NS {
+            return Some(ahead);
+        }
+    }
+    None
+}
+
 /// The task iterator: one record per thread whose run time grew since the
 /// last read (every thread on a full read).
 ///
@@ -153,26 +215,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     // SAFETY: as above.
     let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
     if seq_num == 0 {
-        for i in [VISITED, OVERFLOW, WRITTEN] {
-            let _ = ITER_READ.set(i, 0, 0);
-        }
-        let _ = ITER_READ.set(FULL, ITER_CONTROL.get(0).copied().unwrap_or(0), 0);
-        // The reader (`current`) slept just before this read, so it was
-        // switched in a few microseconds ago: its `last_arrival` is the
-        // scheduler clock of about now.
-        let arrival_off = offset!(last_arrival);
-        let (mut calibration, mut known) = (0u64, 0u64);
-        if arrival_off != 0 {
-            // SAFETY: helpers without preconditions.
-            let (me, now) = unsafe { (bpf_get_current_task(), bpf_ktime_get_ns()) };
-            let arrival: u64 = probe(me, arrival_off);
-            if arrival != 0 {
-                calibration = now.wrapping_sub(arrival);
-                known = 1;
-            }
-        }
-        let _ = ITER_READ.set(CLOCK_OFFSET, calibration, 0);
-        let _ = ITER_READ.set(CLOCK_KNOWN, known, 0);
+        start_read();
     }
     if task.is_null() {
         // The final call: say how the read went.
@@ -205,39 +248,11 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     if known == Some(sum) && on_cpu == 0 && slot(FULL) == 0 {
         return 0;
     }
-    // On a CPU: its counter is as old as its last update (a tick at
-    // most). Add the time since, on its runqueue's task clock: the
-    // scheduler clock now (calibrated at the start of the read) less what
-    // the runqueue keeps out of task time (interrupt and steal time, as of
-    // its last clock update), less `exec_start`.
-    let mut reported = sum;
-    let mut flags = 0;
-    let clock_offset = slot(CLOCK_OFFSET);
-    if on_cpu != 0 && slot(CLOCK_KNOWN) != 0 {
-        let task_addr = task as u64;
-        let exec_start: u64 = probe(task_addr, offset!(exec_start));
-        let cfs_rq: u64 = probe(task_addr, offset!(se_cfs_rq));
-        let rq: u64 = probe(cfs_rq, offset!(cfs_rq_rq));
-        // `clock_task` first: an update landing between the two loads then
-        // makes the estimate low, never high.
-        let clock_task: u64 = probe(rq, offset!(rq_clock_task));
-        let clock: u64 = probe(rq, offset!(rq_clock));
-        // SAFETY: helper without preconditions.
-        let now_sched = unsafe { bpf_ktime_get_ns() }.wrapping_sub(clock_offset);
-        // The runqueue's task clock now: as of its last update, plus the
-        // scheduler-clock time since. The calibration errs a few tens of
-        // microseconds late, and CPUs' clocks may differ by as much: a
-        // clock that seems ahead of now was just updated.
-        let since_update = now_sched.saturating_sub(clock);
-        let now_task = clock_task.wrapping_add(since_update);
-        if exec_start != 0 && clock >= clock_task && now_task >= exec_start {
-            let ahead = now_task - exec_start;
-            if ahead <= MAX_ESTIMATE_AHEAD_NS {
-                reported = sum + ahead;
-                flags = ITER_FLAG_RUNNING;
-            }
-        }
-    }
+    // On a CPU: its counter plus the time since its last update.
+    let (reported, flags) = match running_estimate(task as u64, on_cpu) {
+        Some(ahead) => (sum + ahead, ITER_FLAG_RUNNING),
+        None => (sum, 0),
+    };
     let (cgroups_off, dfl_off, kn_off, id_off) = (
         offset!(cgroups),
         offset!(dfl_cgrp),

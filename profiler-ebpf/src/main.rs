@@ -227,36 +227,7 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     };
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
-    let delta = match sum_exec(task_ptr) {
-        // A counter below the baseline cannot be this task's: time it.
-        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
-            if kind == Charge::Flush {
-                task.provisional_ns += wall;
-                wall
-            } else {
-                let exact = sum - task.sum_exec_seen;
-                let settled = exact.saturating_sub(task.provisional_ns);
-                task.sum_exec_seen = sum;
-                task.provisional_ns = 0;
-                settled
-            }
-        }
-        Some(sum) => {
-            // First sight of a task older than tracking: this slice is
-            // timed. At a switch the counter is current, so later slices
-            // are the scheduler's; at a flush it is stale by up to a tick,
-            // so the baseline waits for the next switch (timed from here).
-            task.provisional_ns = 0;
-            if kind == Charge::Flush {
-                task.flags &= !TASK_FLAG_BASELINE;
-            } else {
-                task.sum_exec_seen = sum;
-                task.flags |= TASK_FLAG_BASELINE;
-            }
-            wall
-        }
-        None => wall,
-    };
+    let delta = delta_of(task, task_ptr, kind, wall);
     task.on_cpu_ns[socket] += delta;
     cpu.busy_ns += delta;
 
@@ -286,6 +257,44 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
             let _ = TASKS.remove(tid);
         }
         // Otherwise the flagged entry stays for userspace to read and free.
+    }
+}
+
+/// The task's new on-CPU time for this charge: the scheduler's own
+/// counter where it has a baseline for the task, else the `wall` time of
+/// the slice just ended (provisional at a flush, settled at the next
+/// switch).
+#[inline(always)]
+fn delta_of(task: &mut TaskStats, task_ptr: u64, kind: Charge, wall: u64) -> u64 {
+    match sum_exec(task_ptr) {
+        // A counter below the baseline cannot be this task's: time it.
+        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
+            if kind == Charge::Flush {
+                task.provisional_ns += wall;
+                wall
+            } else {
+                let exact = sum - task.sum_exec_seen;
+                let settled = exact.saturating_sub(task.provisional_ns);
+                task.sum_exec_seen = sum;
+                task.provisional_ns = 0;
+                settled
+            }
+        }
+        Some(sum) => {
+            // First sight of a task older than tracking: this slice is
+            // timed. At a switch the counter is current, so later slices
+            // are the scheduler's; at a flush it is stale by up to a tick,
+            // so the baseline waits for the next switch (timed from here).
+            task.provisional_ns = 0;
+            if kind == Charge::Flush {
+                task.flags &= !TASK_FLAG_BASELINE;
+            } else {
+                task.sum_exec_seen = sum;
+                task.flags |= TASK_FLAG_BASELINE;
+            }
+            wall
+        }
+        None => wall,
     }
 }
 
@@ -478,7 +487,9 @@ pub fn wattprof_sched_process_exit(ctx: TracePointContext) -> i32 {
     0
 }
 
-#[cfg(not(test))]
+// Only in the BPF build: `cargo clippy --workspace` checks this crate on
+// the host too, where std (through aya, by feature unification) has one.
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}

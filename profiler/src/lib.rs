@@ -55,10 +55,6 @@
 //! the fuzz targets use is `pub`, so rustc names dead code. The tests
 //! crate checks recordings against `docs/recording.schema.json`.
 
-// A function does one thing: over 100 lines (clippy's count) it is split
-// by job, and `-D warnings` (cargo xtask test) holds that for the library.
-#![warn(clippy::too_many_lines)]
-
 /// Says that the running unit test is skipped, and why: one line,
 /// `skipping: <test>: <reason>` (libtest names each test's thread after
 /// the test), which `cargo xtask test` counts once, as skipped.

@@ -1,7 +1,5 @@
 //! The `wattprof` binary: parse arguments, run, map errors to exit codes.
 
-#![warn(clippy::too_many_lines)]
-
 use clap::Parser;
 use wattprof::cli::{self, EXIT_PROFILER_FAILED, EXIT_USAGE, Fatal};
 

@@ -49,6 +49,74 @@ fn assert_conserved(report: &Value) {
     );
 }
 
+/// Each interval's power per domain and busy time, in words.
+fn per_interval(report: &Value) -> Vec<String> {
+    let intervals = report["intervals"].as_array().expect("intervals");
+    intervals
+        .iter()
+        .map(|iv| {
+            let w: Vec<String> = iv["domains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| format!("{:.2}", d["power_w"].as_f64().unwrap_or(0.0)))
+                .collect();
+            format!(
+                "{:.1} ms: {} W, busy {:.1} ms",
+                iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                w.join("/"),
+                iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e6
+            )
+        })
+        .collect()
+}
+
+/// The 2:1 burners' CPU time is 2:1 and their package and DRAM energy
+/// follow it, within 1% and what the fixture's busy time that was no
+/// task's may move.
+fn check_ratios(report: &Value, full: &Value, half: &Value, package: PowerLaw, dram: PowerLaw) {
+    let time_ratio = u(full, "/on_cpu_ns") as f64 / u(half, "/on_cpu_ns") as f64;
+    let energy_ratio = f(full, "/energy/package_j") / f(half, "/energy/package_j");
+    let dram_ratio = f(full, "/energy/dram_j") / f(half, "/energy/dram_j");
+    eprintln!(
+        "burners: CPU time ratio {time_ratio:.4}, package energy ratio {energy_ratio:.4}, \
+         DRAM {dram_ratio:.4}"
+    );
+    // Each interval's power per domain and busy time: where a ratio is
+    // off, this says which interval's energy was.
+    let per_interval = per_interval(report);
+    // A burner's energy may move with the fixture's busy time that was no
+    // task's (fixture_shift_j). Fresh-clone run 48: an interval with 37 ms
+    // of busy time and no task (1.2% off, against a fixed 1%).
+    let share_shift = |law: PowerLaw, name: &str| -> [f64; 2] {
+        [full, half].map(|p| wattprof_tests::fixture_shift_j(report, u(p, "/pid"), name, law))
+    };
+    let allowed = |law: PowerLaw, name: &str, key: &str| {
+        let [a, b] = share_shift(law, name);
+        0.01 + a / f(full, key) + b / f(half, key)
+    };
+    let (pkg_allowed, dram_allowed) = (
+        allowed(package, "package", "/energy/package_j"),
+        allowed(dram, "dram", "/energy/dram_j"),
+    );
+    eprintln!(
+        "allowed: package {:.2}%, DRAM {:.2}% (1% and the fixture's busy time that was no task's)",
+        pkg_allowed * 100.0,
+        dram_allowed * 100.0
+    );
+    assert!((time_ratio - 2.0).abs() < 0.02, "time ratio {time_ratio}");
+    assert!(
+        (energy_ratio / time_ratio - 1.0).abs() < pkg_allowed,
+        "package ratio {energy_ratio:.4} for time {time_ratio:.4} (allowed {pkg_allowed:.4}): \
+         {per_interval:#?}"
+    );
+    assert!(
+        (dram_ratio / time_ratio - 1.0).abs() < dram_allowed,
+        "DRAM ratio {dram_ratio:.4} for time {time_ratio:.4} (allowed {dram_allowed:.4}): \
+         {per_interval:#?}"
+    );
+}
+
 #[test]
 fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     require_ebpf!();
@@ -100,64 +168,7 @@ fn two_burners_get_energy_in_their_cpu_time_ratio_and_idle_matches_idle_time() {
     } else {
         (b, a)
     };
-    let time_ratio = u(full, "/on_cpu_ns") as f64 / u(half, "/on_cpu_ns") as f64;
-    let energy_ratio = f(full, "/energy/package_j") / f(half, "/energy/package_j");
-    let dram_ratio = f(full, "/energy/dram_j") / f(half, "/energy/dram_j");
-    eprintln!(
-        "burners: CPU time ratio {time_ratio:.4}, package energy ratio {energy_ratio:.4}, \
-         DRAM {dram_ratio:.4}"
-    );
-    // Each interval's power per domain and the burners' time in it: where
-    // a ratio is off, this says which interval's energy was.
-    let intervals = report["intervals"].as_array().expect("intervals");
-    let per_interval: Vec<String> = intervals
-        .iter()
-        .map(|iv| {
-            let w: Vec<String> = iv["domains"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|d| format!("{:.2}", d["power_w"].as_f64().unwrap_or(0.0)))
-                .collect();
-            format!(
-                "{:.1} ms: {} W, busy {:.1} ms",
-                iv["duration_ns"].as_f64().unwrap_or(0.0) / 1e6,
-                w.join("/"),
-                iv["busy_ns"].as_f64().unwrap_or(0.0) / 1e6
-            )
-        })
-        .collect();
-    // A burner's energy may move with the fixture's busy time that was no
-    // task's (fixture_shift_j). Fresh-clone run 48: an interval with 37 ms
-    // of busy time and no task (1.2% off, against a fixed 1%).
-    let share_shift = |law: PowerLaw, name: &str| -> [f64; 2] {
-        [full, half].map(|p| wattprof_tests::fixture_shift_j(report, u(p, "/pid"), name, law))
-    };
-    let allowed = |law: PowerLaw, name: &str, key: &str| {
-        let [a, b] = share_shift(law, name);
-        0.01 + a / f(full, key) + b / f(half, key)
-    };
-    let (pkg_allowed, dram_allowed) = (
-        allowed(package, "package", "/energy/package_j"),
-        allowed(dram, "dram", "/energy/dram_j"),
-    );
-    eprintln!(
-        "allowed: package {:.2}%, DRAM {:.2}% (1% and the fixture's busy time that was no task's)",
-        pkg_allowed * 100.0,
-        dram_allowed * 100.0
-    );
-    assert!((time_ratio - 2.0).abs() < 0.02, "time ratio {time_ratio}");
-    assert!(
-        (energy_ratio / time_ratio - 1.0).abs() < pkg_allowed,
-        "package ratio {energy_ratio:.4} for time {time_ratio:.4} (allowed {pkg_allowed:.4}): \
-         {per_interval:#?}"
-    );
-    assert!(
-        (dram_ratio / time_ratio - 1.0).abs() < dram_allowed,
-        "DRAM ratio {dram_ratio:.4} for time {time_ratio:.4} (allowed {dram_allowed:.4}): \
-         {per_interval:#?}"
-    );
-
+    check_ratios(report, full, half, package, dram);
     // This host's model was used, and each burner's static part is the
     // package's and the DRAM's static power × its CPU time / CPUs.
     let cpus = u(report, "/machine/cpus") as f64;

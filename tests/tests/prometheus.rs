@@ -96,6 +96,51 @@ fn query(prom: &str, q: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The shipped dashboard's queries are valid PromQL (asked of the
+/// Prometheus at `prom`) over series the exporter at `addr` serves (the
+/// shipped scrape config is checked with TLS).
+fn check_dashboard(prom: &str, addr: &str) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{root}/grafana-dashboard.json")).expect("dashboard"),
+    )
+    .expect("dashboard is JSON");
+    let scraped = http_get(addr, "/metrics").expect("scrape").1;
+    let mut exprs = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            let q = expr
+                .replace("$__rate_interval", "5s")
+                .replace("$__range", "1m")
+                .replace("$instance", ".*");
+            let path = format!(
+                "/api/v1/query?query={}",
+                q.bytes()
+                    .map(|b| if b.is_ascii_alphanumeric() {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    })
+                    .collect::<String>()
+            );
+            let answer: Value = serde_json::from_str(&http_get(prom, &path).expect("query").1)
+                .expect("JSON answer");
+            assert_eq!(answer["status"], "success", "{expr}: {answer}");
+            for name in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                // GPU series exist only with GPUs, names only with Docker.
+                if name.starts_with("wattprof_")
+                    && !["wattprof_gpu_power_watts", "wattprof_container_info"].contains(&name)
+                {
+                    assert!(scraped.contains(name), "dashboard uses {name}, not served");
+                }
+            }
+            exprs += 1;
+        }
+    }
+    assert!(exprs >= 9);
+}
+
 #[test]
 fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     require_ebpf!();
@@ -175,47 +220,7 @@ fn a_real_prometheus_server_scrapes_energy_per_container_and_domain() {
     assert!(busy.first().map(value).is_some_and(|v| v > 0.1), "{busy:?}");
     let own = query(&prom, "wattprof_self_cpu_seconds_total");
     assert_eq!(own.len(), 1, "{own:?}");
-    // The shipped dashboard's queries are valid PromQL over series this
-    // exporter serves (the shipped scrape config is checked with TLS).
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{root}/grafana-dashboard.json")).expect("dashboard"),
-    )
-    .expect("dashboard is JSON");
-    let scraped = http_get(&addr, "/metrics").expect("scrape").1;
-    let mut exprs = 0;
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        for t in panel["targets"].as_array().expect("targets") {
-            let expr = t["expr"].as_str().expect("expr");
-            let q = expr
-                .replace("$__rate_interval", "5s")
-                .replace("$__range", "1m")
-                .replace("$instance", ".*");
-            let path = format!(
-                "/api/v1/query?query={}",
-                q.bytes()
-                    .map(|b| if b.is_ascii_alphanumeric() {
-                        (b as char).to_string()
-                    } else {
-                        format!("%{b:02X}")
-                    })
-                    .collect::<String>()
-            );
-            let answer: Value = serde_json::from_str(&http_get(&prom, &path).expect("query").1)
-                .expect("JSON answer");
-            assert_eq!(answer["status"], "success", "{expr}: {answer}");
-            for name in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                // GPU series exist only with GPUs, names only with Docker.
-                if name.starts_with("wattprof_")
-                    && !["wattprof_gpu_power_watts", "wattprof_container_info"].contains(&name)
-                {
-                    assert!(scraped.contains(name), "dashboard uses {name}, not served");
-                }
-            }
-            exprs += 1;
-        }
-    }
-    assert!(exprs >= 9);
+    check_dashboard(&prom, &addr);
     eprintln!(
         "prometheus: package {:.2} J, {} process series, busy {:.2} s",
         value(&energy[0]),
@@ -453,6 +458,54 @@ fn curl(args: &[&str], url: &str) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// The shipped scrape config (deploy/prometheus.yml), pointed at the
+/// exporter at `addr` and at the CA and password files in `dir`, and
+/// checked by promtool where it is installed.
+fn shipped_scrape_config(
+    dir: &std::path::Path,
+    deploy: &std::path::Path,
+    addr: &str,
+    ca: &str,
+) -> std::path::PathBuf {
+    std::fs::write(dir.join("password"), "change-me").expect("password");
+    let mut config =
+        std::fs::read_to_string(deploy.join("prometheus.yml")).expect("deploy/prometheus.yml");
+    for (from, to) in [
+        ("/etc/prometheus/wattprof-ca.crt", ca.to_string()),
+        (
+            "/etc/prometheus/wattprof.password",
+            dir.join("password").display().to_string(),
+        ),
+        (
+            "'host-a.example:9101', 'host-b.example:9101'",
+            format!("'{addr}'"),
+        ),
+        ("scrape_interval: 15s", "scrape_interval: 1s".into()),
+    ] {
+        assert!(
+            config.contains(from),
+            "deploy/prometheus.yml no longer has {from}"
+        );
+        config = config.replace(from, &to);
+    }
+    let config_path = dir.join("prometheus.yml");
+    std::fs::write(&config_path, config).expect("config");
+    if std::path::Path::new("/usr/bin/promtool").exists() {
+        let check = Command::new("/usr/bin/promtool")
+            .arg("check")
+            .arg("config")
+            .arg(&config_path)
+            .output()
+            .expect("promtool");
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    config_path
+}
+
 #[test]
 fn prometheus_scrapes_over_tls_with_basic_auth_from_the_shipped_configs() {
     require_ebpf!();
@@ -505,43 +558,7 @@ fn prometheus_scrapes_over_tls_with_basic_auth_from_the_shipped_configs() {
             .is_some_and(|(s, b)| *s == 400 && b.contains("HTTPS server")),
         "{plain:?}"
     );
-    // The shipped scrape config, pointed at this exporter and these files.
-    std::fs::write(dir.join("password"), "change-me").expect("password");
-    let mut config =
-        std::fs::read_to_string(deploy.join("prometheus.yml")).expect("deploy/prometheus.yml");
-    for (from, to) in [
-        ("/etc/prometheus/wattprof-ca.crt", ca.to_string()),
-        (
-            "/etc/prometheus/wattprof.password",
-            dir.join("password").display().to_string(),
-        ),
-        (
-            "'host-a.example:9101', 'host-b.example:9101'",
-            format!("'{addr}'"),
-        ),
-        ("scrape_interval: 15s", "scrape_interval: 1s".into()),
-    ] {
-        assert!(
-            config.contains(from),
-            "deploy/prometheus.yml no longer has {from}"
-        );
-        config = config.replace(from, &to);
-    }
-    let config_path = dir.join("prometheus.yml");
-    std::fs::write(&config_path, config).expect("config");
-    if std::path::Path::new("/usr/bin/promtool").exists() {
-        let check = Command::new("/usr/bin/promtool")
-            .arg("check")
-            .arg("config")
-            .arg(&config_path)
-            .output()
-            .expect("promtool");
-        assert!(
-            check.status.success(),
-            "{}",
-            String::from_utf8_lossy(&check.stderr)
-        );
-    }
+    let config_path = shipped_scrape_config(&dir, deploy, &addr, ca);
     let (_server, prom) = start_prometheus(prom_bin, &config_path, &dir);
     let deadline = Instant::now() + Duration::from_secs(40);
     let value = |r: &Value| -> f64 {

@@ -37,6 +37,42 @@ fn codecarbon_python() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// What codecarbon read in its second on the tree, with the counter
+/// before and after it and the seconds Python ran.
+type CodecarbonRead = (Value, u64, u64, f64);
+
+/// codecarbon's RAPL reader on the exported tree, for one second.
+fn codecarbon_reads(py: &Path, tree: &Path, counter: &Path) -> CodecarbonRead {
+    let script = r#"
+import json, sys, time
+from codecarbon.core.cpu import IntelRAPL
+from codecarbon.core.units import Time
+r = IntelRAPL(rapl_dir=sys.argv[1], rapl_include_dram=True)
+r.start()
+t = time.time()
+time.sleep(1.0)
+d = r.get_cpu_details(Time.from_seconds(time.time() - t))
+print(json.dumps({k: float(v) for k, v in d.items()}))
+"#;
+    let before = read_uj(counter);
+    let started = std::time::Instant::now();
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(tree)
+        .output()
+        .expect("python");
+    let after = read_uj(counter);
+    let python_s = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "codecarbon: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("codecarbon's JSON");
+    (v, before, after, python_s)
+}
+
 #[test]
 fn a_vm_s_energy_is_exported_read_by_a_guest_wattprof_and_by_codecarbon() {
     require_ebpf!();
@@ -99,36 +135,7 @@ fn a_vm_s_energy_is_exported_read_by_a_guest_wattprof_and_by_codecarbon() {
     );
 
     // codecarbon's RAPL reader on the same tree.
-    let codecarbon = codecarbon_python().map(|py| {
-        let script = r#"
-import json, sys, time
-from codecarbon.core.cpu import IntelRAPL
-from codecarbon.core.units import Time
-r = IntelRAPL(rapl_dir=sys.argv[1], rapl_include_dram=True)
-r.start()
-t = time.time()
-time.sleep(1.0)
-d = r.get_cpu_details(Time.from_seconds(time.time() - t))
-print(json.dumps({k: float(v) for k, v in d.items()}))
-"#;
-        let before = read_uj(&counter);
-        let started = std::time::Instant::now();
-        let out = Command::new(py)
-            .arg("-c")
-            .arg(script)
-            .arg(&tree)
-            .output()
-            .expect("python");
-        let after = read_uj(&counter);
-        let python_s = started.elapsed().as_secs_f64();
-        assert!(
-            out.status.success(),
-            "codecarbon: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).expect("codecarbon's JSON");
-        (v, before, after, python_s)
-    });
+    let codecarbon = codecarbon_python().map(|py| codecarbon_reads(&py, &tree, &counter));
     let _ = vm.kill();
     let _ = vm.wait();
     // SAFETY: kill(2) on the monitor we started.
@@ -139,12 +146,20 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
         "{}",
         String::from_utf8_lossy(&host.stderr)
     );
+    check_export(&recording, &stream, &tree, u64::from(vm.id()), &seen);
+    check_guest(&guest_out);
+    check_codecarbon(codecarbon);
+    drop(rapl);
+    let _ = std::fs::remove_dir_all(dir);
+}
 
-    // 1. The exported counter is the energy attributed to the VM's tree:
-    // at the end, the recording's figure for its cgroup (within 1%), and
-    // every value read during the run was that sum after some interval.
+/// Part 1: the exported counter is the energy attributed to the VM's tree: at
+/// the end, the recording's figure for its cgroup (within 1%), and every
+/// value `seen` during the run was that sum after some interval.
+fn check_export(recording: &Path, stream: &Path, tree: &Path, pid: u64, seen: &[u64]) {
+    let counter = tree.join("intel-rapl:0/energy_uj");
     let rec: Value =
-        serde_json::from_slice(&std::fs::read(&recording).expect("recording")).expect("JSON");
+        serde_json::from_slice(&std::fs::read(recording).expect("recording")).expect("JSON");
     let cg = rec["cgroups"]
         .as_array()
         .expect("cgroups")
@@ -170,9 +185,8 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
     );
     // Cumulative VM energy after each interval, from the stream's rows of
     // the VM's process.
-    let pid = u64::from(vm.id());
     let mut cumulative = vec![0.0];
-    for line in std::fs::read_to_string(&stream).expect("stream").lines() {
+    for line in std::fs::read_to_string(stream).expect("stream").lines() {
         let v: Value = serde_json::from_str(line).expect("line");
         if v["type"] != "interval" {
             continue;
@@ -186,7 +200,7 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
             .sum();
         cumulative.push(cumulative.last().copied().unwrap_or(0.0) + e);
     }
-    for uj in &seen {
+    for uj in seen {
         let j = *uj as f64 / 1e6;
         assert!(
             cumulative.iter().any(|c| (c - j).abs() < 1e-4 + 0.01 * c),
@@ -195,11 +209,13 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
     }
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
     assert!(seen.last().copied().unwrap_or(0) > 0, "{seen:?}");
+}
 
-    // 2. The guest attributed the tree's energy to its own processes, as
-    // energy measured by the host, busy-only.
+/// Part 2: the guest attributed the tree's energy to its own processes, as
+/// energy measured by the host, busy-only.
+fn check_guest(guest_out: &Path) {
     let g: Value =
-        serde_json::from_slice(&std::fs::read(&guest_out).expect("guest recording")).expect("JSON");
+        serde_json::from_slice(&std::fs::read(guest_out).expect("guest recording")).expect("JSON");
     let pkg = g["energy"]["domains"]
         .as_array()
         .expect("domains")
@@ -224,10 +240,12 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
             .is_some_and(|d| d.contains("measured by the host") && d.contains("VM testvm")),
         "{reader}"
     );
+}
 
-    // 3. codecarbon read the tree as RAPL: its package energy over its
-    // second is the counter's growth over it (within what grew while
-    // Python started and stopped).
+/// Part 3: codecarbon read the tree as RAPL: its package energy over its second
+/// is the counter's growth over it (within what grew while Python started
+/// and stopped).
+fn check_codecarbon(codecarbon: Option<CodecarbonRead>) {
     match codecarbon {
         Some((v, before, after, python_s)) => {
             eprintln!("codecarbon read: {v}");
@@ -265,8 +283,6 @@ print(json.dumps({k: float(v) for k, v in d.items()}))
             "codecarbon's part (no target/codecarbon-venv: cargo xtask test makes it)",
         ),
     }
-    drop(rapl);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

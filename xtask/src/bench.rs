@@ -208,61 +208,73 @@ pub fn run(which: Which) -> Result<()> {
             )
         }
         Which::Spin { work } => {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let start = Instant::now();
-            let handles: Vec<_> = (0..threads)
-                .map(|t| std::thread::spawn(move || spin_outer(work * 1_000_000, t as u64)))
-                .collect();
-            let mut sum = 0u64;
-            for h in handles {
-                sum = sum.wrapping_add(h.join().unwrap_or(0));
-            }
-            println!("{}", start.elapsed().as_secs_f64());
-            eprintln!("checksum {sum}");
+            spin(work);
             Ok(())
         }
         Which::BusyProcs { n, seconds } => busy_procs(n, seconds),
-        Which::BusyThreads { n, seconds } => {
-            let end = Instant::now() + std::time::Duration::from_secs(seconds);
-            let handles: Vec<_> = (0..n)
-                .map(|_| {
-                    std::thread::Builder::new()
-                        .stack_size(64 * 1024)
-                        .spawn(move || {
-                            while Instant::now() < end {
-                                std::thread::sleep(std::time::Duration::from_millis(50));
-                                let t = Instant::now();
-                                while t.elapsed() < std::time::Duration::from_micros(20) {
-                                    std::hint::spin_loop();
-                                }
-                            }
-                        })
-                })
-                .collect::<std::io::Result<_>>()?;
-            for h in handles {
-                let _ = h.join();
-            }
-            Ok(())
-        }
+        Which::BusyThreads { n, seconds } => busy_threads(n, seconds),
         Which::Pingpong { round_trips } => {
             let secs = pingpong(round_trips)?;
             println!("{secs}");
             Ok(())
         }
-        Which::IdleThreads { n, seconds } => {
-            let handles: Vec<_> = (0..n)
-                .map(|_| {
-                    std::thread::Builder::new()
-                        .stack_size(64 * 1024)
-                        .spawn(move || std::thread::sleep(std::time::Duration::from_secs(seconds)))
-                })
-                .collect::<std::io::Result<_>>()?;
-            for h in handles {
-                let _ = h.join();
-            }
-            Ok(())
-        }
+        Which::IdleThreads { n, seconds } => idle_threads(n, seconds),
     }
+}
+
+/// (helper) `work` million spins on every CPU: the seconds it took.
+fn spin(work: u64) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| std::thread::spawn(move || spin_outer(work * 1_000_000, t as u64)))
+        .collect();
+    let mut sum = 0u64;
+    for h in handles {
+        sum = sum.wrapping_add(h.join().unwrap_or(0));
+    }
+    println!("{}", start.elapsed().as_secs_f64());
+    eprintln!("checksum {sum}");
+}
+
+/// (helper) `n` threads that wake every 50 ms and spin 20 µs, for
+/// `seconds`.
+fn busy_threads(n: usize, seconds: u64) -> Result<()> {
+    let end = Instant::now() + std::time::Duration::from_secs(seconds);
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    while Instant::now() < end {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        let t = Instant::now();
+                        while t.elapsed() < std::time::Duration::from_micros(20) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                })
+        })
+        .collect::<std::io::Result<_>>()?;
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+/// (helper) `n` threads that start, then sleep `seconds`.
+fn idle_threads(n: usize, seconds: u64) -> Result<()> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || std::thread::sleep(std::time::Duration::from_secs(seconds)))
+        })
+        .collect::<std::io::Result<_>>()?;
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
 }
 
 /// Round trips of one byte between two processes pinned to CPU 0 (every
@@ -1022,6 +1034,89 @@ struct ScrapeCpu {
     threads_ms: f64,
 }
 
+/// How the bench reaches the exporter: plain HTTP by hand, or curl over
+/// TLS with basic auth.
+struct Scraper {
+    tls: bool,
+    addr: String,
+    url: String,
+    ca: PathBuf,
+}
+
+impl Scraper {
+    /// curl with `extra` arguments: its stdout.
+    fn curl(&self, extra: &[String]) -> Result<String> {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "--fail"]);
+        if self.tls {
+            cmd.args(["-u", "prometheus:change-me", "--cacert"])
+                .arg(&self.ca);
+        }
+        let out = cmd
+            .args(extra)
+            .output()
+            .context("curl (apt install curl)")?;
+        if !out.status.success() {
+            bail!("curl {extra:?} failed: {}", out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// One scrape's body.
+    fn scrape(&self) -> Result<String> {
+        use std::io::{Read, Write};
+        if self.tls {
+            return self.curl(std::slice::from_ref(&self.url));
+        }
+        let mut s = std::net::TcpStream::connect(&self.addr)?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    }
+
+    /// The exporter's scrapes so far and its CPU seconds, from one scrape.
+    fn exporter_counters(&self) -> Result<(f64, f64)> {
+        let body = self.scrape()?;
+        let value = |name: &str| -> f64 {
+            body.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        Ok((
+            value("wattprof_exporter_scrapes_total"),
+            value("wattprof_exporter_cpu_seconds_total"),
+        ))
+    }
+
+    /// `scrapes` scrapes 20 ms apart: over one kept-alive connection
+    /// (curl --rate) or a new connection each.
+    fn scrape_many(&self, client: ScrapeClient, scrapes: u32) -> Result<()> {
+        match client {
+            ScrapeClient::TlsKeepAlive | ScrapeClient::PlainKeepAlive => {
+                let mut args = vec![
+                    "--rate".to_string(),
+                    "50/s".into(),
+                    "-o".into(),
+                    "/dev/null".into(),
+                ];
+                args.extend((0..scrapes).map(|_| self.url.clone()));
+                self.curl(&args)?;
+            }
+            _ => {
+                let t = Instant::now();
+                for i in 0..scrapes {
+                    self.scrape()?;
+                    let next = std::time::Duration::from_millis(20) * (i + 1);
+                    std::thread::sleep(next.saturating_sub(t.elapsed()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// CPU wattprof spends per `/metrics` scrape with `processes` processes
 /// alive and running, over `scrapes` scrapes 20 ms apart: from the
 /// exporter's own counter (the CPU clock of its one thread, which
@@ -1034,7 +1129,6 @@ fn scrape_cpu(
     client: ScrapeClient,
     scrapes: u32,
 ) -> Result<ScrapeCpu> {
-    use std::io::{Read, Write};
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -1068,75 +1162,21 @@ fn scrape_cpu(
         .stderr(std::process::Stdio::null())
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_secs(4));
-    let url = format!("{}://{addr}/metrics", if tls { "https" } else { "http" });
-    let ca = tls_dir.join("ca.crt");
-    let curl = |extra: &[String]| -> Result<String> {
-        let mut cmd = Command::new("curl");
-        cmd.args(["-s", "--fail"]);
-        if tls {
-            cmd.args(["-u", "prometheus:change-me", "--cacert"])
-                .arg(&ca);
-        }
-        let out = cmd
-            .args(extra)
-            .output()
-            .context("curl (apt install curl)")?;
-        if !out.status.success() {
-            bail!("curl {extra:?} failed: {}", out.status);
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    let scrape = || -> Result<String> {
-        if tls {
-            return curl(std::slice::from_ref(&url));
-        }
-        let mut s = std::net::TcpStream::connect(&addr)?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
-    };
-    let value = |body: &str, name: &str| -> f64 {
-        body.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0.0)
+    let scraper = Scraper {
+        tls,
+        url: format!("{}://{addr}/metrics", if tls { "https" } else { "http" }),
+        addr,
+        ca: tls_dir.join("ca.crt"),
     };
     // With basic auth the first answer pays bcrypt once, and each answer
     // shows the cost up to the one before: two scrapes before counting.
-    scrape()?;
-    let first = scrape()?;
-    let (n0, cpu0_s) = (
-        value(&first, "wattprof_exporter_scrapes_total"),
-        value(&first, "wattprof_exporter_cpu_seconds_total"),
-    );
+    scraper.scrape()?;
+    let (n0, cpu0_s) = scraper.exporter_counters()?;
     let t0 = non_main_cpu_ns(child.id());
-    let t = Instant::now();
-    match client {
-        ScrapeClient::TlsKeepAlive | ScrapeClient::PlainKeepAlive => {
-            let mut args = vec![
-                "--rate".to_string(),
-                "50/s".into(),
-                "-o".into(),
-                "/dev/null".into(),
-            ];
-            args.extend((0..scrapes).map(|_| url.clone()));
-            curl(&args)?;
-        }
-        _ => {
-            for i in 0..scrapes {
-                scrape()?;
-                let next = std::time::Duration::from_millis(20) * (i + 1);
-                std::thread::sleep(next.saturating_sub(t.elapsed()));
-            }
-        }
-    }
+    scraper.scrape_many(client, scrapes)?;
     let threads = non_main_cpu_ns(child.id()).saturating_sub(t0);
-    let last = scrape()?;
-    let (n, cpu_s) = (
-        value(&last, "wattprof_exporter_scrapes_total") - n0 - 1.0,
-        value(&last, "wattprof_exporter_cpu_seconds_total") - cpu0_s,
-    );
+    let (n1, cpu1_s) = scraper.exporter_counters()?;
+    let (n, cpu_s) = (n1 - n0 - 1.0, cpu1_s - cpu0_s);
     let _ = child.wait();
     let _ = load.wait();
     Ok(ScrapeCpu {

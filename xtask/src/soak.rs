@@ -154,12 +154,15 @@ fn docker_image() -> Result<String, String> {
     }
 }
 
+/// A churn thread.
+type Worker = std::thread::JoinHandle<()>;
+
 /// Starts `f` on a thread that runs until `stop`.
 fn churn(
     name: &str,
     stop: &Arc<AtomicBool>,
     f: impl FnOnce(Arc<AtomicBool>) + Send + 'static,
-) -> Result<std::thread::JoinHandle<()>> {
+) -> Result<Worker> {
     let stop = stop.clone();
     Ok(std::thread::Builder::new()
         .name(name.into())
@@ -249,78 +252,133 @@ fn plot(path: &Path, rows: &[Row]) -> Result<()> {
     Ok(())
 }
 
-/// Runs the soak for `minutes`, judging growth after `warmup_minutes`.
-pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64) -> Result<()> {
-    let out = crate::workspace_root().join("target/soak");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out)?;
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
-    let addr = format!("127.0.0.1:{port}");
-    let mut monitor = Command::new(wattprof)
-        .args(["monitor", "--interval", "1s", "--prometheus", &addr])
-        .arg("--jsonl")
-        .arg(out.join("monitor.jsonl"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(out.join("monitor.stderr"))?)
-        .spawn()
-        .context("starting wattprof monitor")?;
-    // The run's command: a window of ~50 ms of CPU every second, named
-    // after a counter, until the stop file appears.
-    let stop_file = out.join("stop");
-    let script = format!(
-        "i=0; while [ ! -e '{stop}' ]; do i=$((i+1)); '{tl}' window w$((i % 50)) 0.05 >/dev/null; \
-         sleep 1; done",
-        stop = stop_file.display(),
-        tl = testload.display()
-    );
-    let mut run = Command::new(wattprof)
-        .args(["run", "--interval", "1s"])
-        .arg("--jsonl")
-        .arg(out.join("run.jsonl"))
-        .arg("--output")
-        .arg(out.join("run.json"))
-        .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(out.join("run.stderr"))?)
-        .spawn()
-        .context("starting wattprof run")?;
-    std::thread::sleep(Duration::from_secs(3));
-    for (name, child) in [("monitor", &mut monitor), ("run", &mut run)] {
-        if let Some(status) = child.try_wait()? {
-            bail!("wattprof {name} ended at once ({status}): see target/soak/{name}.stderr");
-        }
+/// Counters the churn threads add to.
+#[derive(Default)]
+struct Counters {
+    spawned: AtomicU64,
+    scrapes: AtomicU64,
+    failed_scrapes: AtomicU64,
+    cgroups_made: AtomicU64,
+    containers_made: AtomicU64,
+}
+
+impl Counters {
+    fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let spawned = Arc::new(AtomicU64::new(0));
-    let scrapes = Arc::new(AtomicU64::new(0));
-    let failed_scrapes = Arc::new(AtomicU64::new(0));
-    let cgroups_made = Arc::new(AtomicU64::new(0));
-    let containers_made = Arc::new(AtomicU64::new(0));
-    let mut threads = Vec::new();
-    // ~200 short processes a second.
-    {
-        let spawned = spawned.clone();
-        threads.push(churn("procs", &stop, move |stop| {
-            let start = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let due = (start.elapsed().as_secs_f64() * 200.0) as u64;
-                if spawned.load(Ordering::Relaxed) >= due {
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
-                }
-                if let Ok(mut c) = Command::new("/bin/true").spawn() {
-                    let _ = c.wait();
-                    spawned.fetch_add(1, Ordering::Relaxed);
-                }
+}
+
+/// The two wattprof instances under the soak, and the file that stops the
+/// run's command.
+struct Instances {
+    monitor: Child,
+    run: Child,
+    stop_file: PathBuf,
+}
+
+impl Instances {
+    /// Starts `wattprof monitor` (scraped on `addr`) and a `wattprof run`
+    /// whose command opens a window of ~50 ms of CPU every second, named
+    /// after a counter, until the stop file appears.
+    fn start(wattprof: &Path, testload: &Path, out: &Path, addr: &str) -> Result<Self> {
+        let mut monitor = Command::new(wattprof)
+            .args(["monitor", "--interval", "1s", "--prometheus", addr])
+            .arg("--jsonl")
+            .arg(out.join("monitor.jsonl"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(out.join("monitor.stderr"))?)
+            .spawn()
+            .context("starting wattprof monitor")?;
+        let stop_file = out.join("stop");
+        let script = format!(
+            "i=0; while [ ! -e '{stop}' ]; do i=$((i+1)); '{tl}' window w$((i % 50)) 0.05 \
+             >/dev/null; sleep 1; done",
+            stop = stop_file.display(),
+            tl = testload.display()
+        );
+        let run = Command::new(wattprof)
+            .args(["run", "--interval", "1s"])
+            .arg("--jsonl")
+            .arg(out.join("run.jsonl"))
+            .arg("--output")
+            .arg(out.join("run.json"))
+            .args(["--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(out.join("run.stderr"))?)
+            .spawn();
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => {
+                let _ = monitor.kill();
+                return Err(e).context("starting wattprof run");
             }
-        })?);
+        };
+        let mut both = Instances {
+            monitor,
+            run,
+            stop_file,
+        };
+        std::thread::sleep(Duration::from_secs(3));
+        if let Some(why) = both.ended("ended at once")? {
+            both.kill()?;
+            bail!("{why}: see target/soak/*.stderr");
+        }
+        Ok(both)
     }
-    // Thread pools growing and shrinking: 1 to 64 threads, each living
-    // 0.2-2 s with a little work.
-    threads.push(churn("pools", &stop, move |stop| {
+
+    /// Which instance has ended, if one has.
+    fn ended(&mut self, when: &str) -> Result<Option<String>> {
+        for (name, child) in [("monitor", &mut self.monitor), ("run", &mut self.run)] {
+            if let Some(status) = child.try_wait()? {
+                return Ok(Some(format!("wattprof {name} {when} ({status})")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Both stopped at once (the run's loop told to stop first).
+    fn kill(&mut self) -> Result<()> {
+        std::fs::write(&self.stop_file, "")?;
+        let _ = self.monitor.kill();
+        let _ = self.run.kill();
+        Ok(())
+    }
+
+    /// Both stopped as a user would: the run's command ends, the monitor
+    /// gets SIGINT. Their exit statuses.
+    fn stop(&mut self) -> Result<(std::process::ExitStatus, String)> {
+        std::fs::write(&self.stop_file, "")?;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.monitor.id() as i32, libc::SIGINT) };
+        let m_status = self.monitor.wait()?;
+        let r_status = wait_timeout(&mut self.run, Duration::from_secs(30))?;
+        Ok((m_status, r_status))
+    }
+}
+
+/// ~200 short processes a second.
+fn churn_processes(counters: &Arc<Counters>, stop: &Arc<AtomicBool>) -> Result<Worker> {
+    let counters = counters.clone();
+    churn("procs", stop, move |stop| {
+        let start = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let due = (start.elapsed().as_secs_f64() * 200.0) as u64;
+            if Counters::get(&counters.spawned) >= due {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            if let Ok(mut c) = Command::new("/bin/true").spawn() {
+                let _ = c.wait();
+                counters.spawned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
+/// Thread pools growing and shrinking: 1 to 64 threads, each living
+/// 0.2-2 s with a little work.
+fn churn_thread_pools(stop: &Arc<AtomicBool>) -> Result<Worker> {
+    churn("pools", stop, move |stop| {
         let mut seed = 12345u64;
         let mut next = || {
             seed = seed
@@ -349,107 +407,154 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
                 let _ = t.join();
             }
         }
-    })?);
-    // A cgroup every 3 s: a process burns 0.1 s in it, then it is removed.
+    })
+}
+
+/// A cgroup every 3 s under `base`: a process burns 0.1 s in it, then it
+/// is removed.
+fn churn_cgroups(
+    base: PathBuf,
+    testload: &Path,
+    counters: &Arc<Counters>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Worker> {
+    std::fs::create_dir_all(&base).context("creating the soak's cgroup")?;
+    let counters = counters.clone();
+    let tl = testload.to_path_buf();
+    churn("cgroups", stop, move |stop| {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let dir = base.join(format!("c{n}"));
+            if std::fs::create_dir(&dir).is_ok() {
+                let script = format!(
+                    "echo $$ > '{}/cgroup.procs' && exec '{}' cpu 0.1",
+                    dir.display(),
+                    tl.display()
+                );
+                if let Ok(mut c) = Command::new("sh")
+                    .args(["-c", &script])
+                    .stdout(Stdio::null())
+                    .spawn()
+                {
+                    let _ = c.wait();
+                }
+                // The burner has exited: the cgroup is empty.
+                for _ in 0..50 {
+                    if std::fs::remove_dir(&dir).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                counters.cgroups_made.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        let _ = std::fs::remove_dir(&base);
+    })
+}
+
+/// A Docker container of `image` every 5 s: each burns a little CPU in its
+/// own cgroup, then is removed (--rm).
+fn churn_containers(
+    image: String,
+    counters: &Arc<Counters>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Worker> {
+    let counters = counters.clone();
+    churn("containers", stop, move |stop| {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let ok = Command::new("docker")
+                .args([
+                    "run",
+                    "--rm",
+                    "--name",
+                    &format!("wp-soak-{}-{n}", std::process::id()),
+                ])
+                .arg(&image)
+                .args([
+                    "sh",
+                    "-c",
+                    "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                counters.containers_made.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    })
+}
+
+/// `/metrics` on `addr` 10 times a second.
+fn churn_scrapes(addr: String, counters: &Arc<Counters>, stop: &Arc<AtomicBool>) -> Result<Worker> {
+    let counters = counters.clone();
+    churn("scrape", stop, move |stop| {
+        while !stop.load(Ordering::Relaxed) {
+            if scrape(&addr) {
+                counters.scrapes.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counters.failed_scrapes.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+/// Every churn thread started, and what was started, in words.
+fn start_churn(
+    testload: &Path,
+    addr: &str,
+    counters: &Arc<Counters>,
+    stop: &Arc<AtomicBool>,
+) -> Result<(Vec<Worker>, String)> {
+    let mut threads = vec![
+        churn_processes(counters, stop)?,
+        churn_thread_pools(stop)?,
+        churn_scrapes(addr.to_string(), counters, stop)?,
+    ];
     let cgroup_note = match cgroup2_root() {
         Some(root) => {
             let base = root.join(format!("wattprof-soak-{}", std::process::id()));
-            std::fs::create_dir_all(&base).context("creating the soak's cgroup")?;
-            let made = cgroups_made.clone();
-            let tl = testload.to_path_buf();
-            let base2 = base.clone();
-            threads.push(churn("cgroups", &stop, move |stop| {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let dir = base2.join(format!("c{n}"));
-                    if std::fs::create_dir(&dir).is_ok() {
-                        let script = format!(
-                            "echo $$ > '{}/cgroup.procs' && exec '{}' cpu 0.1",
-                            dir.display(),
-                            tl.display()
-                        );
-                        if let Ok(mut c) = Command::new("sh")
-                            .args(["-c", &script])
-                            .stdout(Stdio::null())
-                            .spawn()
-                        {
-                            let _ = c.wait();
-                        }
-                        // The burner has exited: the cgroup is empty.
-                        for _ in 0..50 {
-                            if std::fs::remove_dir(&dir).is_ok() {
-                                break;
-                            }
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        made.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_secs(3));
-                }
-                let _ = std::fs::remove_dir(&base2);
-            })?);
-            format!("cgroups under {}", base.display())
+            let note = format!("cgroups under {}", base.display());
+            threads.push(churn_cgroups(base, testload, counters, stop)?);
+            note
         }
         None => "no cgroup2 mount: no cgroups created".into(),
     };
     let docker_note = match docker_image() {
         Ok(image) => {
-            let made = containers_made.clone();
-            threads.push(churn("containers", &stop, move |stop| {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    // Each burns a little CPU in its own cgroup, then is
-                    // removed (--rm).
-                    let ok = Command::new("docker")
-                        .args([
-                            "run",
-                            "--rm",
-                            "--name",
-                            &format!("wp-soak-{}-{n}", std::process::id()),
-                        ])
-                        .arg(&image)
-                        .args([
-                            "sh",
-                            "-c",
-                            "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
-                        ])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if ok {
-                        made.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_secs(5));
-                }
-            })?);
+            threads.push(churn_containers(image, counters, stop)?);
             "a Docker container every 5 s".to_string()
         }
         Err(why) => format!("no containers ({why})"),
     };
-    // /metrics 10 times a second.
-    {
-        let (ok, bad, addr) = (scrapes.clone(), failed_scrapes.clone(), addr.clone());
-        threads.push(churn("scrape", &stop, move |stop| {
-            while !stop.load(Ordering::Relaxed) {
-                if scrape(&addr) {
-                    ok.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    bad.fetch_add(1, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })?);
+    Ok((threads, format!("{cgroup_note}; {docker_note}")))
+}
+
+/// Stops the churn threads and waits for them.
+fn stop_churn(stop: &AtomicBool, threads: Vec<Worker>) {
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
     }
-    eprintln!(
-        "soak: {minutes} min of churn ({cgroup_note}; {docker_note}); samples every 10 s \
-         to target/soak/series.csv"
-    );
+}
+
+/// Samples both instances every 10 s for `minutes` into `csv` and the
+/// rows; an error (everything stopped) when one ends on its own.
+fn sample(
+    both: &mut Instances,
+    counters: &Counters,
+    minutes: f64,
+    csv: &mut std::fs::File,
+) -> Result<Vec<Row>> {
     let start = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
-    let mut csv = std::fs::File::create(out.join("series.csv"))?;
     writeln!(
         csv,
         "t_s,monitor_rss_kib,monitor_fds,monitor_threads,monitor_cpu_s,run_rss_kib,run_fds,\
@@ -459,7 +564,7 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     while start.elapsed() < end {
         std::thread::sleep(Duration::from_secs(10).min(end.saturating_sub(start.elapsed())));
         let t = start.elapsed().as_secs_f64();
-        let (m, r) = (usage(monitor.id()), usage(run.id()));
+        let (m, r) = (usage(both.monitor.id()), usage(both.run.id()));
         writeln!(
             csv,
             "{t:.1},{},{},{},{:.2},{},{},{},{:.2},{},{}",
@@ -471,70 +576,38 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
             r.fds,
             r.threads,
             r.cpu_s,
-            spawned.load(Ordering::Relaxed),
-            scrapes.load(Ordering::Relaxed)
+            Counters::get(&counters.spawned),
+            Counters::get(&counters.scrapes)
         )?;
         rows.push((t, m, r));
-        let mut ended = None;
-        for (name, child) in [("monitor", &mut monitor), ("run", &mut run)] {
-            if let Some(status) = child.try_wait()? {
-                ended = Some(format!("wattprof {name} ended during the soak ({status})"));
-            }
-        }
-        if let Some(why) = ended {
-            // Everything stopped before saying so: churn, the other
-            // wattprof and the run's loop.
-            stop.store(true, Ordering::Relaxed);
-            for t in threads {
-                let _ = t.join();
-            }
-            std::fs::write(&stop_file, "")?;
-            let _ = monitor.kill();
-            let _ = run.kill();
+        if let Some(why) = both.ended("ended during the soak")? {
             bail!("{why}");
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    std::fs::write(&stop_file, "")?;
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(monitor.id() as i32, libc::SIGINT) };
-    let m_status = monitor.wait()?;
-    let r_status = wait_timeout(&mut run, Duration::from_secs(30))?;
-    plot(&out.join("soak.svg"), &rows)?;
+    Ok(rows)
+}
 
-    let (m_check, r_check) = (
-        check_stream(&out.join("monitor.jsonl"))?,
-        check_stream(&out.join("run.jsonl"))?,
-    );
-    let warmup_s = warmup_minutes * 60.0;
-    let instances = [
-        (
-            "monitor",
-            judge(&rows, |r| r.1, warmup_s),
-            &m_check,
-            m_status.to_string(),
-        ),
-        ("run", judge(&rows, |r| r.2, warmup_s), &r_check, r_status),
-    ];
-    let mut summary = String::new();
+/// One instance's verdict: its series judged, its stream checked, its
+/// exit status.
+type Verdict<'a> = (&'a str, Judged, &'a StreamCheck, String);
+
+/// The soak's summary: what churned, then each instance's figures.
+fn summary(counters: &Counters, elapsed: f64, warmup_minutes: f64, verdicts: &[Verdict]) -> String {
     use std::fmt::Write as _;
+    let mut summary = String::new();
+    let spawned = Counters::get(&counters.spawned);
     let _ = writeln!(
         summary,
-        "soak: {:.1} min; {} processes spawned ({:.0}/s), {} cgroups made and removed, {} \
-         containers run and removed, {} scrapes ({} failed)",
+        "soak: {:.1} min; {spawned} processes spawned ({:.0}/s), {} cgroups made and removed, \
+         {} containers run and removed, {} scrapes ({} failed)",
         elapsed / 60.0,
-        spawned.load(Ordering::Relaxed),
-        spawned.load(Ordering::Relaxed) as f64 / elapsed,
-        cgroups_made.load(Ordering::Relaxed),
-        containers_made.load(Ordering::Relaxed),
-        scrapes.load(Ordering::Relaxed),
-        failed_scrapes.load(Ordering::Relaxed),
+        spawned as f64 / elapsed,
+        Counters::get(&counters.cgroups_made),
+        Counters::get(&counters.containers_made),
+        Counters::get(&counters.scrapes),
+        Counters::get(&counters.failed_scrapes),
     );
-    for (name, j, check, status) in &instances {
+    for (name, j, check, status) in verdicts {
         let _ = writeln!(
             summary,
             "  {name}: RSS {:.1}-{:.1} MiB after {warmup_minutes} min, growth {:+.0} KiB/h; fds \
@@ -568,13 +641,17 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
             );
         }
     }
-    print!("{summary}");
-    std::fs::write(out.join("summary.txt"), &summary)?;
-    eprintln!("series: target/soak/series.csv, plot: target/soak/soak.svg");
+    summary
+}
+
+/// Fails the soak where a stream has a gap or does not add up, the
+/// containers went unnamed, an instance did not exit cleanly, or one grew
+/// after the warm-up.
+fn judge_all(verdicts: &[Verdict], containers: u64, monitor_ok: bool) -> Result<()> {
+    let (m_check, r_check) = (verdicts[0].2, verdicts[1].2);
     if m_check.gaps + r_check.gaps + m_check.unbalanced + r_check.unbalanced > 0 {
         bail!("an interval is missing or does not add up (see above)");
     }
-    let containers = containers_made.load(Ordering::Relaxed);
     let named = m_check.summary.as_ref().map_or(0, |s| soak_containers(s).1);
     if containers > 0 && named == 0 {
         bail!("{containers} containers ran, and the monitor's recording names none");
@@ -582,11 +659,11 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
     if m_check.rows == 0 || r_check.rows == 0 {
         bail!("a stream has no energy rows to check");
     }
-    if !m_status.success() || !instances[1].3.starts_with("exit status: 0") {
+    if !monitor_ok || !verdicts[1].3.starts_with("exit status: 0") {
         bail!("wattprof did not exit cleanly (see above)");
     }
     // Flat after warm-up: RSS within 4 MiB/h, fds within 10/h.
-    for (name, j, _, _) in &instances {
+    for (name, j, _, _) in verdicts {
         if j.rss_growth > 4096.0 || j.fds_growth > 10.0 {
             bail!(
                 "{name} grows after warm-up: {:+.0} KiB/h, {:+.1} fds/h",
@@ -596,6 +673,70 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         }
     }
     Ok(())
+}
+
+/// Runs the soak for `minutes`, judging growth after `warmup_minutes`.
+pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64) -> Result<()> {
+    let out = crate::workspace_root().join("target/soak");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let mut both = Instances::start(wattprof, testload, &out, &addr)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let (threads, what) = match start_churn(testload, &addr, &counters, &stop) {
+        Ok(started) => started,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            both.kill()?;
+            return Err(e);
+        }
+    };
+    eprintln!(
+        "soak: {minutes} min of churn ({what}); samples every 10 s to target/soak/series.csv"
+    );
+    let start = Instant::now();
+    let mut csv = std::fs::File::create(out.join("series.csv"))?;
+    let rows = sample(&mut both, &counters, minutes, &mut csv);
+    // Everything stops before a verdict: churn, then both instances.
+    stop_churn(&stop, threads);
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            both.kill()?;
+            return Err(e);
+        }
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    let (m_status, r_status) = both.stop()?;
+    plot(&out.join("soak.svg"), &rows)?;
+    let (m_check, r_check) = (
+        check_stream(&out.join("monitor.jsonl"))?,
+        check_stream(&out.join("run.jsonl"))?,
+    );
+    let warmup_s = warmup_minutes * 60.0;
+    let verdicts = [
+        (
+            "monitor",
+            judge(&rows, |r| r.1, warmup_s),
+            &m_check,
+            m_status.to_string(),
+        ),
+        ("run", judge(&rows, |r| r.2, warmup_s), &r_check, r_status),
+    ];
+    let summary = summary(&counters, elapsed, warmup_minutes, &verdicts);
+    print!("{summary}");
+    std::fs::write(out.join("summary.txt"), &summary)?;
+    eprintln!("series: target/soak/series.csv, plot: target/soak/soak.svg");
+    judge_all(
+        &verdicts,
+        Counters::get(&counters.containers_made),
+        m_status.success(),
+    )
 }
 
 /// One wattprof instance's series, judged after the warm-up.

@@ -314,39 +314,7 @@ impl RuntimeLedger {
         }
         self.touched.push(r.task_ptr);
         let list = self.threads.entry(r.task_ptr).or_default();
-        let idx = match list.iter().position(|t| t.start_ns == r.start_ns) {
-            Some(i) => i,
-            // The exec'ing thread of a non-leader exec takes the leader's
-            // (earlier) start time: the same task.
-            None => match list
-                .iter()
-                .position(|t| t.start_ns > r.start_ns && !t.freed && t.exit_ns.is_none())
-            {
-                Some(i) => {
-                    list[i].start_ns = r.start_ns;
-                    i
-                }
-                None => {
-                    list.push(Thread {
-                        start_ns: r.start_ns,
-                        tid: r.tid,
-                        tgid: r.tgid,
-                        cgroup_id: r.cgroup_id.unwrap_or(0),
-                        comm: [0; COMM_LEN],
-                        counted_ns,
-                        pending: Vec::new(),
-                        checkpoints: Vec::new(),
-                        exit_ns: None,
-                        exit_reported: false,
-                        freed: false,
-                        settled: false,
-                        missing_full_reads: 0,
-                        last_seen_ns: now_ns,
-                    });
-                    list.len() - 1
-                }
-            },
-        };
+        let idx = slot(list, &r, counted_ns, now_ns);
         let t = &mut list[idx];
         t.tid = r.tid;
         t.tgid = r.tgid;
@@ -510,6 +478,40 @@ impl RuntimeLedger {
         let n = self.cpu_busy_ns.len();
         std::mem::replace(&mut self.cpu_busy_ns, vec![0; n])
     }
+}
+
+/// Where `r`'s thread is in `list` (its task's threads, by start time),
+/// added if it is not there yet with `counted_ns` already counted.
+fn slot(list: &mut Vec<Thread>, r: &Reading<'_>, counted_ns: u64, now_ns: u64) -> usize {
+    if let Some(i) = list.iter().position(|t| t.start_ns == r.start_ns) {
+        return i;
+    }
+    // The exec'ing thread of a non-leader exec takes the leader's
+    // (earlier) start time: the same task.
+    if let Some(i) = list
+        .iter()
+        .position(|t| t.start_ns > r.start_ns && !t.freed && t.exit_ns.is_none())
+    {
+        list[i].start_ns = r.start_ns;
+        return i;
+    }
+    list.push(Thread {
+        start_ns: r.start_ns,
+        tid: r.tid,
+        tgid: r.tgid,
+        cgroup_id: r.cgroup_id.unwrap_or(0),
+        comm: [0; COMM_LEN],
+        counted_ns,
+        pending: Vec::new(),
+        checkpoints: Vec::new(),
+        exit_ns: None,
+        exit_reported: false,
+        freed: false,
+        settled: false,
+        missing_full_reads: 0,
+        last_seen_ns: now_ns,
+    });
+    list.len() - 1
 }
 
 fn add_checkpoint(t: &mut Thread, sum_ns: u64, cp: Checkpoint) {

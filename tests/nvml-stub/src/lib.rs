@@ -485,178 +485,168 @@ fn parse(text: &str) -> Result<(Vec<Gpu>, String), ()> {
             ..Gpu::default()
         };
         for kv in line.split_whitespace().skip(1) {
-            let Some((k, v)) = kv.split_once('=') else {
-                continue;
-            };
-            match k {
-                "name" => g.name = v.to_string(),
-                "uuid" => g.uuid = v.to_string(),
-                "power_mw" => g.power_mw = v.parse().unwrap_or(0),
-                "power_step_ms" => {
-                    g.power_step = v
-                        .split_once(':')
-                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                }
-                "energy" => {
-                    g.energy = match v {
-                        "counter" => SUCCESS,
-                        "noperm" => ERROR_NO_PERMISSION,
-                        "nofunc" => ERROR_FUNCTION_NOT_FOUND,
-                        _ => ERROR_NOT_SUPPORTED,
-                    }
-                }
-                "energy_step_ms" => g.energy_step_ms = v.parse().unwrap_or(0),
-                "util" => g.util = v.parse().unwrap_or(0),
-                "memory_total" => g.memory_total = v.parse().unwrap_or(0),
-                "memory_used" => g.memory_used = v.parse().unwrap_or(0),
-                "mig" => g.mig = v == "1",
-                "instances" => {
-                    g.instances = v
-                        .split(',')
-                        .map(|i| {
-                            let (id, rest) = i.split_once(':')?;
-                            let (gi, ci) = parse_instance(id)?;
-                            let f: Vec<u32> =
-                                rest.split(':').filter_map(|x| x.parse().ok()).collect();
-                            match f[..] {
-                                [slices, sms] => Some(Instance {
-                                    gi,
-                                    ci,
-                                    slices,
-                                    sms,
-                                }),
-                                _ => None,
-                            }
-                        })
-                        .collect()
-                }
-                "parent_procs" => g.parent_procs_none = v == "none",
-                "gpm" => {
-                    g.gpm = match v {
-                        "1" => Some(false),
-                        "over" => Some(true),
-                        _ => None,
-                    }
-                }
-                "lost_after" => g.lost_after = v.parse().unwrap_or(0),
-                "back_after" => g.back_after = v.parse().unwrap_or(0),
-                "sample_ms" => g.sample_ms = v.parse().ok(),
-                "history" => g.history_all = v == "all",
-                "race" => g.race = v.parse().unwrap_or(0),
-                "fail" => g.fail = parse_fail(v),
-                "garbage" => {
-                    for w in v.split(',') {
-                        match w {
-                            "pid0" => g.garbage.pid0 = true,
-                            "sm_over" => g.garbage.sm_over = true,
-                            "future" => g.garbage.future = true,
-                            "dup" => g.garbage.dup = true,
-                            "exited" => g.garbage.exited = true,
-                            _ => {}
-                        }
-                    }
-                }
-                "procs" => {
-                    g.procs.extend(
-                        v.split(',')
-                            .filter_map(|p| {
-                                let (p, window) = match p.split_once('@') {
-                                    Some((p, w)) => {
-                                        let (a, b) = w.split_once('-')?;
-                                        (p, Some((a.parse().ok()?, b.parse().ok()?)))
-                                    }
-                                    None => (p, None),
-                                };
-                                // ...%mps: an MPS client.
-                                let (p, mps_client) = match p.strip_suffix("%mps") {
-                                    Some(p) => (p, true),
-                                    None => (p, false),
-                                };
-                                // ...#GI.CI: it runs in that MIG compute instance.
-                                let (p, instance) = match p.split_once('#') {
-                                    Some((p, id)) => (p, Some(parse_instance(id)?)),
-                                    None => (p, None),
-                                };
-                                // ...+LAG: its samples are published LAG ms late.
-                                let (p, lag_ms) = match p.split_once('+') {
-                                    Some((p, lag)) => (p, lag.parse().ok()?),
-                                    None => (p, 0),
-                                };
-                                // PID:SM:MEM~A-B/P: works A to B ms of every P.
-                                let (p, duty) = match p.split_once('~') {
-                                    Some((p, d)) => {
-                                        let (ab, period) = d.split_once('/')?;
-                                        let (a, b) = ab.split_once('-')?;
-                                        (
-                                            p,
-                                            Some((
-                                                a.parse().ok()?,
-                                                b.parse().ok()?,
-                                                period.parse().ok()?,
-                                            )),
-                                        )
-                                    }
-                                    None => (p, None),
-                                };
-                                let mut f = p.split(':');
-                                let pid = f.next()?;
-                                Some(Proc {
-                                    // The loading process's first child, or
-                                    // that child's N-th child.
-                                    pid: match pid.strip_prefix("child") {
-                                        Some("") => 0,
-                                        Some(n) => {
-                                            CHILD_OF_CHILD
-                                                + n.strip_prefix('/')?
-                                                    .parse::<u32>()
-                                                    .ok()?
-                                                    .clamp(1, 64)
-                                        }
-                                        None => pid.parse().ok()?,
-                                    },
-                                    sm: f.next()?.parse().ok()?,
-                                    mem: f.next()?.parse().ok()?,
-                                    window,
-                                    duty,
-                                    lag_ms,
-                                    instance,
-                                    mps_client,
-                                })
-                            })
-                            .collect::<Vec<_>>(),
-                    )
-                }
-                "timeslice" => g.timeslice = v.parse().ok(),
-                "settle_ms" => g.settle_ms = v.parse().unwrap_or(0),
-                // The MPS server: a holder with no work of its own.
-                "mps_server" => {
-                    if let Some((pid, mem)) = v.split_once(':')
-                        && let (Ok(pid), Ok(mem)) = (pid.parse(), mem.parse())
-                    {
-                        g.procs.push(Proc {
-                            pid,
-                            sm: 0,
-                            mem,
-                            window: None,
-                            duty: None,
-                            lag_ms: 0,
-                            instance: None,
-                            mps_client: false,
-                        });
-                    }
-                }
-                "load" => {
-                    let w: Vec<f64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-                    if let [idle, held, per_sm] = w[..] {
-                        g.load = Some((idle, held, per_sm));
-                    }
-                }
-                _ => {}
+            if let Some((k, v)) = kv.split_once('=') {
+                set(&mut g, k, v);
             }
         }
         gpus.push(g);
     }
     Ok((gpus, driver_version))
+}
+
+/// One `key=value` of a GPU's line; an unknown key is ignored.
+fn set(g: &mut Gpu, k: &str, v: &str) {
+    match k {
+        "name" => g.name = v.to_string(),
+        "uuid" => g.uuid = v.to_string(),
+        "power_mw" => g.power_mw = v.parse().unwrap_or(0),
+        "power_step_ms" => {
+            g.power_step = v
+                .split_once(':')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        }
+        "energy" => {
+            g.energy = match v {
+                "counter" => SUCCESS,
+                "noperm" => ERROR_NO_PERMISSION,
+                "nofunc" => ERROR_FUNCTION_NOT_FOUND,
+                _ => ERROR_NOT_SUPPORTED,
+            }
+        }
+        "energy_step_ms" => g.energy_step_ms = v.parse().unwrap_or(0),
+        "util" => g.util = v.parse().unwrap_or(0),
+        "memory_total" => g.memory_total = v.parse().unwrap_or(0),
+        "memory_used" => g.memory_used = v.parse().unwrap_or(0),
+        "mig" => g.mig = v == "1",
+        "instances" => g.instances = v.split(',').map(parse_mig_instance).collect(),
+        "parent_procs" => g.parent_procs_none = v == "none",
+        "gpm" => {
+            g.gpm = match v {
+                "1" => Some(false),
+                "over" => Some(true),
+                _ => None,
+            }
+        }
+        "lost_after" => g.lost_after = v.parse().unwrap_or(0),
+        "back_after" => g.back_after = v.parse().unwrap_or(0),
+        "sample_ms" => g.sample_ms = v.parse().ok(),
+        "history" => g.history_all = v == "all",
+        "race" => g.race = v.parse().unwrap_or(0),
+        "fail" => g.fail = parse_fail(v),
+        "garbage" => set_garbage(&mut g.garbage, v),
+        "procs" => g.procs.extend(v.split(',').filter_map(parse_proc)),
+        "timeslice" => g.timeslice = v.parse().ok(),
+        "settle_ms" => g.settle_ms = v.parse().unwrap_or(0),
+        // The MPS server: a holder with no work of its own.
+        "mps_server" => g.procs.extend(parse_mps_server(v)),
+        "load" => {
+            let w: Vec<f64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
+            if let [idle, held, per_sm] = w[..] {
+                g.load = Some((idle, held, per_sm));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `GI.CI:SLICES:SMS` (or `GI:...`): one MIG instance.
+fn parse_mig_instance(i: &str) -> Option<Instance> {
+    let (id, rest) = i.split_once(':')?;
+    let (gi, ci) = parse_instance(id)?;
+    let f: Vec<u32> = rest.split(':').filter_map(|x| x.parse().ok()).collect();
+    match f[..] {
+        [slices, sms] => Some(Instance {
+            gi,
+            ci,
+            slices,
+            sms,
+        }),
+        _ => None,
+    }
+}
+
+/// `garbage=pid0,sm_over,...`: which kinds of garbage samples to return.
+fn set_garbage(garbage: &mut Garbage, v: &str) {
+    for w in v.split(',') {
+        match w {
+            "pid0" => garbage.pid0 = true,
+            "sm_over" => garbage.sm_over = true,
+            "future" => garbage.future = true,
+            "dup" => garbage.dup = true,
+            "exited" => garbage.exited = true,
+            _ => {}
+        }
+    }
+}
+
+/// `PID:MEM`: the MPS server, a holder with no work of its own.
+fn parse_mps_server(v: &str) -> Option<Proc> {
+    let (pid, mem) = v.split_once(':')?;
+    Some(Proc {
+        pid: pid.parse().ok()?,
+        sm: 0,
+        mem: mem.parse().ok()?,
+        window: None,
+        duty: None,
+        lag_ms: 0,
+        instance: None,
+        mps_client: false,
+    })
+}
+
+/// `...~A-B/P`: works A to B ms of every P.
+fn parse_duty(d: &str) -> Option<(u64, u64, u64)> {
+    let (ab, period) = d.split_once('/')?;
+    let (a, b) = ab.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?, period.parse().ok()?))
+}
+
+/// One of `procs=`: `PID:SM:MEM`, then in this order the optional
+/// `~A-B/P` (duty), `+LAG`, `#GI.CI`, `%mps` and `@FROM-TO` (its window).
+fn parse_proc(p: &str) -> Option<Proc> {
+    let (p, window) = match p.split_once('@') {
+        Some((p, w)) => {
+            let (a, b) = w.split_once('-')?;
+            (p, Some((a.parse().ok()?, b.parse().ok()?)))
+        }
+        None => (p, None),
+    };
+    // ...%mps: an MPS client.
+    let (p, mps_client) = match p.strip_suffix("%mps") {
+        Some(p) => (p, true),
+        None => (p, false),
+    };
+    // ...#GI.CI: it runs in that MIG compute instance.
+    let (p, instance) = match p.split_once('#') {
+        Some((p, id)) => (p, Some(parse_instance(id)?)),
+        None => (p, None),
+    };
+    // ...+LAG: its samples are published LAG ms late.
+    let (p, lag_ms) = match p.split_once('+') {
+        Some((p, lag)) => (p, lag.parse().ok()?),
+        None => (p, 0),
+    };
+    let (p, duty) = match p.split_once('~') {
+        Some((p, d)) => (p, Some(parse_duty(d)?)),
+        None => (p, None),
+    };
+    let mut f = p.split(':');
+    let pid = f.next()?;
+    Some(Proc {
+        // The loading process's first child, or that child's N-th child.
+        pid: match pid.strip_prefix("child") {
+            Some("") => 0,
+            Some(n) => CHILD_OF_CHILD + n.strip_prefix('/')?.parse::<u32>().ok()?.clamp(1, 64),
+            None => pid.parse().ok()?,
+        },
+        sm: f.next()?.parse().ok()?,
+        mem: f.next()?.parse().ok()?,
+        window,
+        duty,
+        lag_ms,
+        instance,
+        mps_client,
+    })
 }
 
 /// What the GPU's clock and the scenario's environment say at a call.

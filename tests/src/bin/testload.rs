@@ -153,22 +153,10 @@ fn main() {
                 schedstat_ns()
             );
         }
-        Some("window") => {
-            let name = args.get(2).cloned().unwrap_or_else(|| "w".into());
-            let path = std::env::var_os("WATTPROF_SOCKET").expect("WATTPROF_SOCKET is set");
-            let sock = std::os::unix::net::UnixDatagram::unbound().expect("socket");
-            let begin_ns = monotonic_ns();
-            sock.send_to(format!("begin {name}").as_bytes(), &path)
-                .expect("send begin");
-            spin_for(Duration::from_secs_f64(num(3, 1.0)));
-            sock.send_to(format!("end {name}").as_bytes(), &path)
-                .expect("send end");
-            let end_ns = monotonic_ns();
-            println!(
-                "{{\"pid\":{},\"begin_ns\":{begin_ns},\"end_ns\":{end_ns}}}",
-                std::process::id()
-            );
-        }
+        Some("window") => window(
+            &args.get(2).cloned().unwrap_or_else(|| "w".into()),
+            num(3, 1.0),
+        ),
         Some("short") => {
             set_name("wp-short");
             spin_for(Duration::from_millis(2));
@@ -183,85 +171,108 @@ fn main() {
             std::process::exit(status.code().unwrap_or(1));
         }
         Some("orchestrate") => orchestrate(me),
-        Some("thread-exec") => {
-            let child = Command::new(me)
-                .arg("exec-from-thread")
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("spawn");
-            let pid = child.id();
-            let (status, ns) = wait4(pid);
-            std::mem::forget(child);
-            println!(
-                "{{\"name\":\"exec-from-thread\",\"pid\":{pid},\"status\":{status},\"rusage_ns\":{ns}}}"
-            );
-        }
-        Some("exec-from-thread") => {
-            use std::os::unix::process::CommandExt;
-            spin_for(Duration::from_millis(300));
-            let me = me.to_string();
-            let t = std::thread::spawn(move || {
-                spin_for(Duration::from_millis(100));
-                let err = Command::new(&me).args(["burn", "0.5", "1.0"]).exec();
-                panic!("exec failed: {err}");
-            });
-            let _ = t.join();
-        }
-        Some("migrate") => {
-            set_name("wp-migrate");
-            let rounds = num(2, 5.0) as usize;
-            let ms = num(3, 100.0);
-            let mut cpu_ns = [0u64; 2];
-            for _ in 0..rounds {
-                for (cpu, spent) in cpu_ns.iter_mut().enumerate() {
-                    // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
-                    unsafe {
-                        let mut set: libc::cpu_set_t = std::mem::zeroed();
-                        libc::CPU_SET(cpu, &mut set);
-                        assert_eq!(
-                            libc::sched_setaffinity(
-                                0,
-                                std::mem::size_of::<libc::cpu_set_t>(),
-                                &set
-                            ),
-                            0,
-                            "sched_setaffinity"
-                        );
-                    }
-                    // The move happens before the call returns.
-                    // SAFETY: no preconditions.
-                    assert_eq!(unsafe { libc::sched_getcpu() }, cpu as i32);
-                    let t0 = thread_cpu_ns();
-                    spin_for(Duration::from_secs_f64(ms / 1000.0));
-                    *spent += thread_cpu_ns() - t0;
-                }
-            }
-            println!(
-                "{{\"pid\":{},\"cpu_ns\":[{},{}]}}",
-                std::process::id(),
-                cpu_ns[0],
-                cpu_ns[1]
-            );
-        }
-        Some("threads") => {
-            let n = num(2, 1000.0) as usize;
-            let secs = num(3, 10.0);
-            let handles: Vec<_> = (0..n)
-                .map(|_| {
-                    std::thread::Builder::new()
-                        .stack_size(64 * 1024)
-                        .spawn(move || std::thread::sleep(Duration::from_secs_f64(secs)))
-                        .expect("thread")
-                })
-                .collect();
-            println!("{{\"pid\":{},\"threads\":{n}}}", std::process::id());
-            for h in handles {
-                let _ = h.join();
-            }
-        }
+        Some("thread-exec") => thread_exec(me),
+        Some("exec-from-thread") => exec_from_thread(me),
+        Some("migrate") => migrate(num(2, 5.0) as usize, num(3, 100.0)),
+        Some("threads") => threads(num(2, 1000.0) as usize, num(3, 10.0)),
         _ => {
             eprintln!("usage: wattprof-testload burn|short|spawn|orchestrate|threads ...");
             std::process::exit(2);
         }
+    }
+}
+
+/// A window named `name` around `seconds` of CPU, sent to
+/// WATTPROF_SOCKET; prints its pid and the window's bounds.
+fn window(name: &str, seconds: f64) {
+    let path = std::env::var_os("WATTPROF_SOCKET").expect("WATTPROF_SOCKET is set");
+    let sock = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+    let begin_ns = monotonic_ns();
+    sock.send_to(format!("begin {name}").as_bytes(), &path)
+        .expect("send begin");
+    spin_for(Duration::from_secs_f64(seconds));
+    sock.send_to(format!("end {name}").as_bytes(), &path)
+        .expect("send end");
+    let end_ns = monotonic_ns();
+    println!(
+        "{{\"pid\":{},\"begin_ns\":{begin_ns},\"end_ns\":{end_ns}}}",
+        std::process::id()
+    );
+}
+
+/// Runs `exec-from-thread` and prints its wait4 CPU time.
+fn thread_exec(me: &str) {
+    let child = Command::new(me)
+        .arg("exec-from-thread")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let (status, ns) = wait4(pid);
+    std::mem::forget(child);
+    println!(
+        "{{\"name\":\"exec-from-thread\",\"pid\":{pid},\"status\":{status},\"rusage_ns\":{ns}}}"
+    );
+}
+
+/// Burns 0.3 s, then a second thread burns 0.1 s and execs a burner.
+fn exec_from_thread(me: &str) {
+    use std::os::unix::process::CommandExt;
+    spin_for(Duration::from_millis(300));
+    let me = me.to_string();
+    let t = std::thread::spawn(move || {
+        spin_for(Duration::from_millis(100));
+        let err = Command::new(&me).args(["burn", "0.5", "1.0"]).exec();
+        panic!("exec failed: {err}");
+    });
+    let _ = t.join();
+}
+
+/// `rounds` of `ms` ms of CPU on CPU 0 then on CPU 1; prints each CPU's
+/// time as the thread's own clock read it.
+fn migrate(rounds: usize, ms: f64) {
+    set_name("wp-migrate");
+    let mut cpu_ns = [0u64; 2];
+    for _ in 0..rounds {
+        for (cpu, spent) in cpu_ns.iter_mut().enumerate() {
+            // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0,
+                    "sched_setaffinity"
+                );
+            }
+            // The move happens before the call returns.
+            // SAFETY: no preconditions.
+            assert_eq!(unsafe { libc::sched_getcpu() }, cpu as i32);
+            let t0 = thread_cpu_ns();
+            spin_for(Duration::from_secs_f64(ms / 1000.0));
+            *spent += thread_cpu_ns() - t0;
+        }
+    }
+    println!(
+        "{{\"pid\":{},\"cpu_ns\":[{},{}]}}",
+        std::process::id(),
+        cpu_ns[0],
+        cpu_ns[1]
+    );
+}
+
+/// `n` threads that sleep `secs`; prints the pid once they are started.
+fn threads(n: usize, secs: f64) {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || std::thread::sleep(Duration::from_secs_f64(secs)))
+                .expect("thread")
+        })
+        .collect();
+    println!("{{\"pid\":{},\"threads\":{n}}}", std::process::id());
+    for h in handles {
+        let _ = h.join();
     }
 }
