@@ -51,7 +51,7 @@ use serde::Serialize;
 
 use crate::sources::calibration::{WallModel, WallPer};
 pub(crate) use crate::sources::nvml::statics::GpuStaticEnergy;
-use crate::sources::{Domain, DomainEnergy};
+use crate::sources::{Domain, DomainEnergy, DomainKey};
 
 /// Who energy is attributed to: an id the caller chooses (a process record).
 pub(crate) type ConsumerId = u64;
@@ -203,12 +203,10 @@ impl Basis {
 }
 
 /// One domain's energy over one interval, divided.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct DomainShare {
     /// Which domain.
-    pub(crate) domain: Domain,
-    /// Kernel package id, GPU index, or `None` (machine level).
-    pub(crate) package: Option<u32>,
+    pub(crate) key: DomainKey,
     /// Modelled rather than measured.
     pub(crate) estimated: bool,
     /// How it was divided.
@@ -238,6 +236,78 @@ impl DomainShare {
     /// Sum of the attributed shares.
     pub(crate) fn attributed_uj(&self) -> u64 {
         self.attributed.iter().map(|(_, e)| e).sum()
+    }
+
+    /// This interval's figures, summed over consumers.
+    pub(crate) fn totals(&self) -> DomainUj {
+        DomainUj {
+            key: self.key,
+            estimated: self.estimated,
+            basis: self.basis,
+            measured_uj: self.measured_uj,
+            attributed_uj: self.attributed_uj(),
+            idle_uj: self.idle_uj,
+            unattributed_uj: self.unattributed_uj,
+            static_uj: self.static_uj,
+            attributed_static_uj: self.attributed_static.iter().map(|(_, uj)| uj).sum(),
+        }
+    }
+}
+
+/// One domain's figures in µJ: one interval's ([`DomainShare::totals`]) or
+/// a sum of them (the ledger's). The one type attribution, the sums and
+/// the recording's rows (`model::record::DomainOf::from_uj`) share.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct DomainUj {
+    /// Which domain.
+    pub(crate) key: DomainKey,
+    /// Modelled rather than measured (for some interval at least).
+    pub(crate) estimated: bool,
+    /// How it was divided.
+    pub(crate) basis: Basis,
+    /// Measured.
+    pub(crate) measured_uj: u64,
+    /// Attributed to consumers.
+    pub(crate) attributed_uj: u64,
+    /// The idle share.
+    pub(crate) idle_uj: u64,
+    /// Neither attributed nor idle.
+    pub(crate) unattributed_uj: u64,
+    /// The domain's static energy, within the measured (its static figure
+    /// × the time; a calibrated wall's `b`; a GPU's idle and held power).
+    pub(crate) static_uj: u64,
+    /// The static part of `attributed_uj`.
+    pub(crate) attributed_static_uj: u64,
+}
+
+impl DomainUj {
+    /// No energy yet for `key`, divided by `basis`.
+    pub(crate) fn empty(key: DomainKey, basis: Basis) -> Self {
+        Self {
+            key,
+            estimated: false,
+            basis,
+            measured_uj: 0,
+            attributed_uj: 0,
+            idle_uj: 0,
+            unattributed_uj: 0,
+            static_uj: 0,
+            attributed_static_uj: 0,
+        }
+    }
+
+    /// Adds `o`'s figures (estimated if either is). Saturating: a damaged
+    /// file read back must not overflow a sum.
+    pub(crate) fn merge(&mut self, o: &Self) {
+        self.estimated |= o.estimated;
+        self.measured_uj = self.measured_uj.saturating_add(o.measured_uj);
+        self.attributed_uj = self.attributed_uj.saturating_add(o.attributed_uj);
+        self.idle_uj = self.idle_uj.saturating_add(o.idle_uj);
+        self.unattributed_uj = self.unattributed_uj.saturating_add(o.unattributed_uj);
+        self.static_uj = self.static_uj.saturating_add(o.static_uj);
+        self.attributed_static_uj = self
+            .attributed_static_uj
+            .saturating_add(o.attributed_static_uj);
     }
 }
 
@@ -269,8 +339,7 @@ fn divide(
 
 fn cpu_share(iv: &Interval<'_>, d: &DomainEnergy) -> DomainShare {
     let base = DomainShare {
-        domain: d.domain,
-        package: d.package,
+        key: DomainKey::new(d.domain, d.package),
         estimated: d.estimated,
         basis: Basis::CpuTime,
         measured_uj: d.energy_uj,
@@ -421,8 +490,7 @@ fn static_and_dynamic(
 fn gpu_share(g: &GpuInterval, rule: StaticShare) -> DomainShare {
     let e = g.energy_uj;
     let base = DomainShare {
-        domain: Domain::Gpu,
-        package: Some(g.index),
+        key: DomainKey::new(Domain::Gpu, Some(g.index)),
         estimated: g.estimated,
         basis: Basis::GpuSm,
         measured_uj: e,
@@ -513,8 +581,7 @@ pub(crate) fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
         .map(|d| match d.domain {
             Domain::Package | Domain::Core | Domain::Dram => cpu_share(iv, d),
             Domain::Uncore | Domain::Psys | Domain::Wall | Domain::Gpu => DomainShare {
-                domain: d.domain,
-                package: d.package,
+                key: DomainKey::new(d.domain, d.package),
                 estimated: d.estimated,
                 basis: Basis::MachineLevel,
                 measured_uj: d.energy_uj,
@@ -530,7 +597,7 @@ pub(crate) fn attribute(iv: &Interval<'_>) -> Vec<DomainShare> {
     out.extend(iv.gpus.iter().map(|g| gpu_share(g, iv.static_share)));
     // The calibrated wall is divided after the domains it scales.
     if let Some(model) = iv.wall
-        && let Some(i) = out.iter().position(|s| s.domain == Domain::Wall)
+        && let Some(i) = out.iter().position(|s| s.key.domain == Domain::Wall)
     {
         out[i] = wall_share(iv, &model, out[i].clone(), &out);
     }
@@ -549,7 +616,7 @@ fn wall_share(
     let e = base.measured_uj;
     let scale = |uj: u64| (m.a * uj as f64).floor().max(0.0) as u64;
     let counted =
-        |s: &&DomainShare| matches!(s.domain, Domain::Package | Domain::Dram | Domain::Gpu);
+        |s: &&DomainShare| matches!(s.key.domain, Domain::Package | Domain::Dram | Domain::Gpu);
     let mut per: Vec<(ConsumerId, u64)> = Vec::new();
     let mut idle_counters = 0u64;
     let add = |v: &mut Vec<(ConsumerId, u64)>, id: ConsumerId, uj: u64| match v

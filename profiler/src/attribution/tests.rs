@@ -24,7 +24,7 @@ fn conserved(shares: &[DomainShare]) {
 fn get(shares: &[DomainShare], d: Domain, p: Option<u32>) -> &DomainShare {
     shares
         .iter()
-        .find(|s| s.domain == d && s.package == p)
+        .find(|s| s.key.domain == d && s.key.package == p)
         .expect("domain present")
 }
 
@@ -140,7 +140,7 @@ fn conservation_holds_with_rounding_for_every_domain() {
     assert_eq!(shares.len(), 7);
     conserved(&shares);
     for d in [Domain::Uncore, Domain::Psys, Domain::Wall] {
-        let s = shares.iter().find(|s| s.domain == d).expect("present");
+        let s = shares.iter().find(|s| s.key.domain == d).expect("present");
         assert_eq!(s.basis, Basis::MachineLevel);
         assert_eq!(s.unattributed_uj, s.measured_uj);
     }

@@ -4,10 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::attribution::Basis;
-use crate::sources::Domain;
+use crate::attribution::{Basis, DomainUj};
 use crate::sources::nvml::GpuProcess;
-use crate::units::{joules, watts};
+use crate::sources::static_power::StaticFigure;
+use crate::sources::{Domain, DomainKey};
+use crate::units::{joules, microjoules as uj, watts};
 
 /// One interval: what was measured and how it was divided.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -146,75 +147,63 @@ pub(crate) struct AveragePower {
 /// One energy domain over an interval.
 pub(crate) type DomainRow = DomainOf<IntervalPower>;
 
-/// A domain's sums in µJ, as the attribution engine keeps them.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DomainUj {
-    /// Which domain.
-    pub(crate) domain: Domain,
-    /// Package or GPU index.
-    pub(crate) package: Option<u32>,
-    /// Modelled.
-    pub(crate) estimated: bool,
-    /// How it was divided.
-    pub(crate) basis: Basis,
-    /// Measured.
-    pub(crate) measured: u64,
-    /// Attributed.
-    pub(crate) attributed: u64,
-    /// Idle.
-    pub(crate) idle: u64,
-    /// Neither.
-    pub(crate) unattributed: u64,
-    /// The domain's static energy.
-    pub(crate) static_uj: u64,
-    /// The static part of `attributed`.
-    pub(crate) attributed_static: u64,
-    /// The static figure in use, where the domain is divided with one.
-    pub(crate) figure: Option<crate::sources::static_power::StaticFigure>,
-}
-
-impl DomainUj {
-    /// One interval's share of a domain, with the static figure it was
-    /// divided with.
-    pub(crate) fn of_share(
-        s: &crate::attribution::DomainShare,
-        figure: Option<crate::sources::static_power::StaticFigure>,
+impl<P> DomainOf<P> {
+    /// From µJ over `span_ns`, with the static figure it was divided with
+    /// and the power `power` makes of the measured energy's average.
+    pub(crate) fn from_uj(
+        d: &DomainUj,
+        figure: Option<StaticFigure>,
+        span_ns: u64,
+        power: impl Fn(f64) -> P,
     ) -> Self {
         Self {
-            domain: s.domain,
-            package: s.package,
-            estimated: s.estimated,
-            basis: s.basis,
-            measured: s.measured_uj,
-            attributed: s.attributed_uj(),
-            idle: s.idle_uj,
-            unattributed: s.unattributed_uj,
-            static_uj: s.static_uj,
-            attributed_static: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
-            figure,
-        }
-    }
-}
-
-impl<P> DomainOf<P> {
-    /// From µJ over `span_ns`, with the power `power` makes of the
-    /// measured energy's average.
-    pub(crate) fn from_uj(d: DomainUj, span_ns: u64, power: impl Fn(f64) -> P) -> Self {
-        Self {
-            domain: d.domain,
-            package: d.package,
+            domain: d.key.domain,
+            package: d.key.package,
             estimated: d.estimated,
             basis: d.basis,
-            measured_j: joules(d.measured),
-            attributed_j: joules(d.attributed),
-            idle_j: joules(d.idle),
-            unattributed_j: joules(d.unattributed),
+            measured_j: joules(d.measured_uj),
+            attributed_j: joules(d.attributed_uj),
+            idle_j: joules(d.idle_uj),
+            unattributed_j: joules(d.unattributed_uj),
             static_j: joules(d.static_uj),
-            attributed_static_j: joules(d.attributed_static),
-            static_w: d.figure.map(|f| f.static_w),
-            static_source: d.figure.map(|f| f.source),
-            power: power(watts(d.measured, span_ns)),
+            attributed_static_j: joules(d.attributed_static_uj),
+            static_w: figure.map(|f| f.static_w),
+            static_source: figure.map(|f| f.source),
+            power: power(watts(d.measured_uj, span_ns)),
         }
+    }
+
+    /// Back to µJ (a recording's rows summed again by `report`).
+    pub(crate) fn to_uj(&self) -> DomainUj {
+        DomainUj {
+            key: self.key(),
+            estimated: self.estimated,
+            basis: self.basis,
+            measured_uj: uj(self.measured_j),
+            attributed_uj: uj(self.attributed_j),
+            idle_uj: uj(self.idle_j),
+            unattributed_uj: uj(self.unattributed_j),
+            static_uj: uj(self.static_j),
+            attributed_static_uj: uj(self.attributed_static_j),
+        }
+    }
+
+    /// The static figure it was divided with, if any (a recording keeps
+    /// its power and source, not its fit).
+    pub(crate) fn figure(&self) -> Option<StaticFigure> {
+        Some(StaticFigure {
+            domain: self.domain,
+            package: self.package,
+            static_w: self.static_w?,
+            source: self.static_source?,
+            per_cpu_w: None,
+            r_squared: None,
+        })
+    }
+
+    /// Which domain.
+    pub(crate) fn key(&self) -> DomainKey {
+        DomainKey::new(self.domain, self.package)
     }
 }
 

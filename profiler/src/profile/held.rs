@@ -10,7 +10,7 @@ use crate::attribution::{
 };
 use crate::hash::IntMap;
 use crate::sources::DomainEnergy;
-use crate::sources::registry::DomainKey;
+use crate::sources::DomainKey;
 
 /// Longest span held: a domain unread for longer than this has its held
 /// time dropped (memory stays bounded), and its first read back counts 0:
@@ -132,8 +132,8 @@ impl HeldReads {
                 problems.push(format!(
                     "{} energy{} unread for over {} s: its energy for that time is not known \
                      (a counter may wrap more than once), and is counted as 0",
-                    key.0.name(),
-                    key.1
+                    key.domain.name(),
+                    key.package
                         .map(|p| format!(" of package {p}"))
                         .unwrap_or_default(),
                     HELD_MAX_NS / 1_000_000_000
@@ -150,7 +150,7 @@ impl HeldReads {
     pub(crate) fn catch_up(&mut self, energy: &[DomainEnergy], span: &Span<'_>) -> CaughtUp {
         let mut out = CaughtUp::default();
         for d in energy {
-            let key = (d.domain, d.package);
+            let key = DomainKey::new(d.domain, d.package);
             let held = self
                 .held
                 .iter()
@@ -261,7 +261,7 @@ mod tests {
         let u1 = [usage(1, 300_000_000)];
         assert!(
             held.hold(
-                &[(Domain::Package, Some(0))],
+                &[DomainKey::new(Domain::Package, Some(0))],
                 &span(&p1, &u1, 0, 1_000_000_000)
             )
             .is_empty()
@@ -280,7 +280,7 @@ mod tests {
         assert!(held.is_empty());
         assert_eq!(
             c.covers_ns,
-            vec![((Domain::Package, Some(0)), 2_000_000_000)]
+            vec![(DomainKey::new(Domain::Package, Some(0)), 2_000_000_000)]
         );
         let s = &c.shares[0];
         let of = |id| s.attributed.iter().find(|(i, _)| *i == id).map(|(_, e)| *e);
@@ -303,7 +303,7 @@ mod tests {
             lost_ns: 0,
         }];
         let u = [usage(1, 1_000_000_000)];
-        let key = [(Domain::Package, Some(0))];
+        let key = [DomainKey::new(Domain::Package, Some(0))];
         assert!(held.hold(&key, &span(&p, &u, 0, 1_000_000_000)).is_empty());
         let late = HELD_MAX_NS + 2_000_000_000;
         let said = held.hold(&key, &span(&p, &u, late - 1_000_000_000, late));

@@ -210,7 +210,7 @@ impl Profile {
             .map(|g| {
                 let mut uj = vec![0u64; g.instances.len()];
                 let Some(share) = shares.iter().find(|s| {
-                    s.domain == crate::sources::Domain::Gpu && s.package == Some(g.index)
+                    s.key.domain == crate::sources::Domain::Gpu && s.key.package == Some(g.index)
                 }) else {
                     return uj;
                 };
@@ -331,10 +331,10 @@ impl Profile {
         energy.clear();
         for s in shares {
             for (id, uj) in &s.attributed {
-                energy.entry(*id).or_default().add(s.domain, *uj);
+                energy.entry(*id).or_default().add(s.key.domain, *uj);
             }
             for (id, uj) in &s.attributed_static {
-                energy.entry(*id).or_default().add_static(s.domain, *uj);
+                energy.entry(*id).or_default().add_static(s.key.domain, *uj);
             }
         }
         let mut index = std::mem::take(&mut self.scratch.index);

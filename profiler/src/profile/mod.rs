@@ -343,7 +343,7 @@ impl Profile {
 
     /// The domains read so far (a window's answer leaves the others out).
     pub(crate) fn read(&self) -> crate::model::unread::Read {
-        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.domain))
+        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.key.domain))
     }
 
     /// What the sinks may read: the sums so far.

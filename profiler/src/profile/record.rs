@@ -5,11 +5,11 @@ use super::{Profile, Scope};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
 use crate::model::record::{
-    DomainRow, DomainUj, GpuRow, GroupRow, GroupRows, InstanceRow, IntervalPower, IntervalRecord,
-    ProcessRow,
+    DomainRow, GpuRow, GroupRow, GroupRows, InstanceRow, IntervalPower, IntervalRecord, ProcessRow,
 };
 use crate::process::{IntervalUsage, Role};
-use crate::sources::registry::{DomainKey, IntervalEnergy};
+use crate::sources::DomainKey;
+use crate::sources::registry::IntervalEnergy;
 use crate::sums::memory::Row as MemoryRow;
 use crate::tracker::CpuSample;
 use crate::units::joules;
@@ -102,10 +102,11 @@ impl Profile {
             // A caught-up domain's energy covers the intervals it held.
             let covers = covers_ns
                 .iter()
-                .find(|(k, _)| *k == (s.domain, s.package))
+                .find(|(k, _)| *k == DomainKey::new(s.key.domain, s.key.package))
                 .map(|(_, ns)| *ns);
             DomainRow::from_uj(
-                DomainUj::of_share(s, self.statics.figure(s.domain, s.package).copied()),
+                &s.totals(),
+                self.statics.figure(s.key.domain, s.key.package).copied(),
                 covers.unwrap_or(duration_ns),
                 |power_w| IntervalPower {
                     power_w,

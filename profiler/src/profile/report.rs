@@ -289,7 +289,7 @@ impl Profile {
     fn domain_reports(&self, span: u64) -> Vec<DomainReport> {
         self.sums
             .ledger
-            .reports(span, |d, p| self.statics.figure(d, p).copied())
+            .reports(span, |k| self.statics.figure(k.domain, k.package).copied())
     }
 
     /// The problems kept, and how many more there were.

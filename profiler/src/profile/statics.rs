@@ -397,8 +397,8 @@ impl Statics {
         let mut out = std::mem::take(&mut self.pending);
         // A GPU's counter steps every 20-100 ms: an interval under a step
         // can read 0 J. Its static figure is the lowest seen, not a model.
-        for s in shares.iter().filter(|s| s.domain != Domain::Gpu) {
-            let key = (s.domain, s.package);
+        for s in shares.iter().filter(|s| s.key.domain != Domain::Gpu) {
+            let key = (s.key.domain, s.key.package);
             let beyond = s.static_cut_uj > CUT_SAID_UJ
                 && s.static_cut_uj as f64 > CUT_SAID_SHARE * s.measured_uj as f64;
             if !beyond || self.said_cut.contains(&key) {
@@ -406,9 +406,9 @@ impl Statics {
             }
             self.said_cut.push(key);
             let figure = self
-                .figure(s.domain, s.package)
+                .figure(s.key.domain, s.key.package)
                 .map(StaticFigure::describe)
-                .unwrap_or_else(|| s.domain.name().to_string());
+                .unwrap_or_else(|| s.key.domain.name().to_string());
             out.push(format!(
                 "{figure} is above the {:.3} J measured in an interval (by {:.3} J): its \
                  dynamic energy counted as 0 (a host power model made under other conditions? \

@@ -403,26 +403,26 @@ impl Windows {
             for s in shares {
                 for (id, uj) in &s.attributed {
                     if in_tree(*id, w.pid) {
-                        w.energy.add(s.domain, *uj);
+                        w.energy.add(s.key.domain, *uj);
                     }
                 }
                 for (id, uj) in &s.attributed_static {
                     if in_tree(*id, w.pid) {
-                        w.energy.add_static(s.domain, *uj);
+                        w.energy.add_static(s.key.domain, *uj);
                     }
                 }
                 match w
                     .machine
                     .iter_mut()
-                    .find(|m| m.domain == s.domain && m.package == s.package)
+                    .find(|m| m.domain == s.key.domain && m.package == s.key.package)
                 {
                     Some(m) => {
                         m.measured_uj += s.measured_uj;
                         m.estimated |= s.estimated;
                     }
                     None => w.machine.push(WindowDomain {
-                        domain: s.domain,
-                        package: s.package,
+                        domain: s.key.domain,
+                        package: s.key.package,
                         measured_uj: s.measured_uj,
                         estimated: s.estimated,
                     }),
@@ -483,8 +483,7 @@ mod tests {
         w.apply(parse("begin outer", 10).expect("ok"), 0)
             .expect("accepted");
         let share = |uj: u64| DomainShare {
-            domain: Domain::Package,
-            package: Some(0),
+            key: crate::sources::DomainKey::new(Domain::Package, Some(0)),
             estimated: false,
             basis: Basis::CpuTime,
             measured_uj: 3 * uj,

@@ -12,8 +12,9 @@ use crate::carbon::CarbonIntensity;
 use crate::model::record::{GroupRow, HeaderRecord, IntervalRecord, ProcessRow};
 use crate::model::{DomainReport, EnergyJ, GroupEnergy, MemoryReport, ProcessReport};
 use crate::process::GroupTotals;
+use crate::sources::DomainKey;
 use crate::sources::static_power::StaticFigure;
-use crate::sums::ledger::{DomainTotals, EnergyLedger};
+use crate::sums::ledger::EnergyLedger;
 use crate::sums::{Groups, MigSums, group_energy, most_energy_first};
 use crate::units::microjoules as uj;
 
@@ -82,7 +83,7 @@ pub(super) fn sum(
         }
     }
     CutSums {
-        domains: domains.reports(span_ns, |d, p| figures.get(&(d, p)).copied()),
+        domains: domains.reports(span_ns, |k| figures.get(&k).copied()),
         group_times,
         group_energy,
         busy_ns,
@@ -111,40 +112,13 @@ fn mig(intervals: &[IntervalRecord]) -> MigSums {
 
 /// Per domain and package; and the last static figure each was divided
 /// with, as a recording reports it.
-fn domains(
-    intervals: &[IntervalRecord],
-) -> (
-    EnergyLedger,
-    BTreeMap<(crate::sources::Domain, Option<u32>), StaticFigure>,
-) {
+fn domains(intervals: &[IntervalRecord]) -> (EnergyLedger, BTreeMap<DomainKey, StaticFigure>) {
     let mut ledger = EnergyLedger::default();
     let mut figures = BTreeMap::new();
     for d in intervals.iter().flat_map(|iv| &iv.domains) {
-        ledger.add_domain(&DomainTotals {
-            domain: d.domain,
-            package: d.package,
-            estimated: d.estimated,
-            basis: d.basis,
-            measured_uj: uj(d.measured_j),
-            attributed_uj: uj(d.attributed_j),
-            idle_uj: uj(d.idle_j),
-            unattributed_uj: uj(d.unattributed_j),
-            static_uj: uj(d.static_j),
-            attributed_static_uj: uj(d.attributed_static_j),
-            static_cut_uj: 0,
-        });
-        if let (Some(static_w), Some(source)) = (d.static_w, d.static_source) {
-            figures.insert(
-                (d.domain, d.package),
-                StaticFigure {
-                    domain: d.domain,
-                    package: d.package,
-                    static_w,
-                    source,
-                    per_cpu_w: None,
-                    r_squared: None,
-                },
-            );
+        ledger.add_domain(&d.to_uj());
+        if let Some(figure) = d.figure() {
+            figures.insert(d.key(), figure);
         }
     }
     (ledger, figures)
@@ -287,8 +261,9 @@ pub(super) fn missing(h: &HeaderRecord) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attribution::DomainUj;
     use crate::attribution::{Basis, DomainShare};
-    use crate::model::record::{DomainRow, DomainUj, GroupRow, GroupRows, IntervalPower};
+    use crate::model::record::{DomainRow, GroupRow, GroupRows, IntervalPower};
     use crate::sources::Domain;
     use crate::units::joules;
 
@@ -296,8 +271,7 @@ mod tests {
     /// of joules.
     fn share(domain: Domain, k: u64) -> DomainShare {
         DomainShare {
-            domain,
-            package: Some(0),
+            key: DomainKey::new(domain, Some(0)),
             estimated: false,
             basis: Basis::CpuTime,
             measured_uj: 1_234_567 + 7 * k + 38,
@@ -326,11 +300,9 @@ mod tests {
             let domains = shares
                 .iter()
                 .map(|s| {
-                    DomainRow::from_uj(DomainUj::of_share(s, None), 1_000_000_000, |power_w| {
-                        IntervalPower {
-                            power_w,
-                            covers_ns: None,
-                        }
+                    DomainRow::from_uj(&s.totals(), None, 1_000_000_000, |power_w| IntervalPower {
+                        power_w,
+                        covers_ns: None,
                     })
                 })
                 .collect();
@@ -358,7 +330,7 @@ mod tests {
         let span = 5_000_000_000;
         let cut = sum(&intervals, span, None, &carbon);
         // Exactly the ledger's reports: the joules go back to µJ exactly.
-        assert_eq!(cut.domains, ledger.reports(span, |_, _| None));
+        assert_eq!(cut.domains, ledger.reports(span, |_| None));
         let pid2: u64 = (0..5).map(|k| 234_539 + 6 * k).sum();
         let p2 = cut.processes.iter().find(|p| p.pid == 2).expect("pid 2");
         let mut want = EnergyBy::default();
@@ -396,19 +368,18 @@ mod tests {
         };
         let row = |package: u32, measured: u64, static_w: Option<f64>| {
             let mut d = DomainRow::from_uj(
-                DomainUj {
-                    domain: Domain::Package,
-                    package: Some(package),
-                    estimated: false,
-                    basis: Basis::CpuTime,
-                    measured,
-                    attributed: measured / 2,
-                    idle: measured / 2,
-                    unattributed: 0,
+                &DomainUj {
+                    measured_uj: measured,
+                    attributed_uj: measured / 2,
+                    idle_uj: measured / 2,
                     static_uj: measured / 4,
-                    attributed_static: measured / 8,
-                    figure: None,
+                    attributed_static_uj: measured / 8,
+                    ..DomainUj::empty(
+                        DomainKey::new(Domain::Package, Some(package)),
+                        Basis::CpuTime,
+                    )
                 },
+                None,
                 1_000_000_000,
                 |power_w| IntervalPower {
                     power_w,

@@ -49,7 +49,7 @@ impl Totals<'_> {
     /// The domains read so far: a domain with none has no field in JSON
     /// and no Prometheus series (no reader is not 0).
     pub(crate) fn read(&self) -> crate::model::unread::Read {
-        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.domain))
+        crate::model::unread::Read::of(self.sums.ledger.domains().iter().map(|d| d.key.domain))
     }
 
     /// The profile's length so far (ns).

@@ -152,12 +152,12 @@ fn domain_series(t: &Totals<'_>) -> [Series; 5] {
     let (mut static_energy, mut static_power) = (Vec::new(), Vec::new());
     for d in t.sums.ledger.domains() {
         let labels = l(&[
-            ("domain", d.domain.name().to_string()),
-            ("package", pkg(d.package)),
+            ("domain", d.key.domain.name().to_string()),
+            ("package", pkg(d.key.package)),
         ]);
         measured.push((labels.clone(), joules(d.measured_uj)));
         idle.push((labels.clone(), joules(d.idle_uj)));
-        if let Some(f) = t.figure(d.domain, d.package) {
+        if let Some(f) = t.figure(d.key.domain, d.key.package) {
             static_energy.push((labels.clone(), joules(d.static_uj)));
             let mut with_source = labels.clone();
             with_source.push(("source".into(), f.source.name().into()));

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::*;
+use crate::attribution::DomainUj;
 use crate::attribution::EnergyBy;
 use crate::attribution::stacks::StackLedger;
-use crate::model::record::{DomainRow, DomainUj, GroupRows, IntervalPower, ProcessRow};
+use crate::model::record::{DomainRow, GroupRows, IntervalPower, ProcessRow};
 use crate::process::names::RuntimeSockets;
+use crate::sources::DomainKey;
 use crate::sources::registry::ReaderUse;
 use crate::sums::Sums;
 
@@ -100,19 +102,15 @@ fn record(t_ns: u64) -> IntervalRecord {
         duration_ns: 1_000_000_000,
         busy_ns: 1_000_000_000,
         domains: vec![DomainRow::from_uj(
-            DomainUj {
-                domain: Domain::Package,
-                package: Some(0),
-                estimated: false,
-                basis: crate::attribution::Basis::CpuTime,
-                measured: 30_000_000,
-                attributed: 30_000_000,
-                idle: 0,
-                unattributed: 0,
-                static_uj: 0,
-                attributed_static: 0,
-                figure: None,
+            &DomainUj {
+                measured_uj: 30_000_000,
+                attributed_uj: 30_000_000,
+                ..DomainUj::empty(
+                    DomainKey::new(Domain::Package, Some(0)),
+                    crate::attribution::Basis::CpuTime,
+                )
             },
+            None,
             1_000_000_000,
             |power_w| IntervalPower {
                 power_w,

@@ -63,6 +63,24 @@ impl Domain {
     }
 }
 
+/// Which energy figure: a domain and its package (a kernel package id, a
+/// GPU's NVML index, or `None` at machine level). Ordered by domain, then
+/// package, as every table lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct DomainKey {
+    /// Which domain.
+    pub(crate) domain: Domain,
+    /// Kernel package id, GPU index, or `None` (machine level).
+    pub(crate) package: Option<u32>,
+}
+
+impl DomainKey {
+    /// `domain` of `package`.
+    pub(crate) fn new(domain: Domain, package: Option<u32>) -> Self {
+        Self { domain, package }
+    }
+}
+
 /// Energy of one domain over one interval.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DomainEnergy {

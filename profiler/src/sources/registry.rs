@@ -15,8 +15,8 @@ use super::estimate::{self, ModelRequest, PowerModel};
 use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
 use super::wattmeter::Wattmeter;
 use super::{
-    Domain, DomainEnergy, ReaderKind, Source, SourceError, msr::MsrRoot, perf::PerfPower,
-    powercap::Powercap,
+    Domain, DomainEnergy, DomainKey, ReaderKind, Source, SourceError, msr::MsrRoot,
+    perf::PerfPower, powercap::Powercap,
 };
 use crate::topology::SysRoot;
 
@@ -134,9 +134,6 @@ impl std::fmt::Debug for Readers {
             .finish_non_exhaustive()
     }
 }
-
-/// A CPU or wall domain: its domain and package.
-pub(crate) type DomainKey = (Domain, Option<u32>);
 
 /// One interval's energy from every reader.
 #[derive(Debug, Default)]
@@ -404,8 +401,10 @@ impl Readers {
             self.problems.push(format!(
                 "{}{} cannot be read as the profile begins: its energy counts from its first \
                  read after that",
-                k.0.name(),
-                k.1.map(|p| format!(" of package {p}")).unwrap_or_default()
+                k.domain.name(),
+                k.package
+                    .map(|p| format!(" of package {p}"))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -509,7 +508,7 @@ impl Readers {
     /// missing now was missed (its counter did not advance), and the first
     /// good read after a miss covers the missed intervals too.
     fn catch_up(&mut self, out: &mut IntervalEnergy) {
-        let key = |d: &DomainEnergy| (d.domain, d.package);
+        let key = |d: &DomainEnergy| DomainKey::new(d.domain, d.package);
         // Read, but not counted (see below): not missed either.
         let mut dropped = Vec::new();
         if !self.before_start.is_empty() {
@@ -692,7 +691,7 @@ mod tests {
             flaky(&mut readers, total, true);
             let r = readers.read_counters(false);
             assert!(r.energy.is_empty());
-            assert_eq!(r.missed, vec![(Domain::Package, Some(0))]);
+            assert_eq!(r.missed, vec![DomainKey::new(Domain::Package, Some(0))]);
         }
         assert_eq!(readers.take_problems().len(), 1, "an outage is said once");
         // The good read covers all three intervals: caught up, not fresh.

@@ -1,129 +1,53 @@
 //! Attributed energy over many intervals: per domain and per consumer.
 
-use serde::Serialize;
-
-use crate::attribution::{Basis, ConsumerId, DomainShare, EnergyBy};
+use crate::attribution::{ConsumerId, DomainShare, DomainUj, EnergyBy};
 use crate::model::DomainReport;
-use crate::model::record::{AveragePower, DomainUj};
-use crate::sources::Domain;
+use crate::model::record::AveragePower;
+use crate::sources::DomainKey;
 use crate::sources::static_power::StaticFigure;
-
-/// One domain's energy summed over intervals.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub(crate) struct DomainTotals {
-    /// Which domain.
-    pub(crate) domain: Domain,
-    /// Kernel package id, GPU index, or `None` (machine level).
-    pub(crate) package: Option<u32>,
-    /// Some interval's figure was modelled rather than measured.
-    pub(crate) estimated: bool,
-    /// How it was divided.
-    pub(crate) basis: Basis,
-    /// Measured (µJ).
-    pub(crate) measured_uj: u64,
-    /// Attributed to consumers (µJ).
-    pub(crate) attributed_uj: u64,
-    /// Idle share (µJ).
-    pub(crate) idle_uj: u64,
-    /// Neither (µJ).
-    pub(crate) unattributed_uj: u64,
-    /// The domain's static energy (its static figure × time, within
-    /// the measured; a calibrated wall's `b`).
-    pub(crate) static_uj: u64,
-    /// The static part of `attributed_uj`.
-    pub(crate) attributed_static_uj: u64,
-    /// How much the static figure exceeded the measured energy, summed.
-    pub(crate) static_cut_uj: u64,
-}
 
 /// Energy attributed so far: per domain, and per consumer.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct EnergyLedger {
-    domains: Vec<DomainTotals>,
+    domains: Vec<DomainUj>,
     consumers: crate::hash::IntMap<ConsumerId, EnergyBy>,
-}
-
-impl DomainTotals {
-    /// One interval's share of a domain, as a sum.
-    fn of_share(s: &DomainShare) -> Self {
-        Self {
-            domain: s.domain,
-            package: s.package,
-            estimated: s.estimated,
-            basis: s.basis,
-            measured_uj: s.measured_uj,
-            attributed_uj: s.attributed_uj(),
-            idle_uj: s.idle_uj,
-            unattributed_uj: s.unattributed_uj,
-            static_uj: s.static_uj,
-            attributed_static_uj: s.attributed_static.iter().map(|(_, uj)| uj).sum(),
-            static_cut_uj: s.static_cut_uj,
-        }
-    }
-
-    /// Adds `o`'s figures (estimated if either is).
-    fn merge(&mut self, o: &Self) {
-        // Saturating: a damaged file read back must not overflow a sum.
-        self.estimated |= o.estimated;
-        self.measured_uj = self.measured_uj.saturating_add(o.measured_uj);
-        self.attributed_uj = self.attributed_uj.saturating_add(o.attributed_uj);
-        self.idle_uj = self.idle_uj.saturating_add(o.idle_uj);
-        self.unattributed_uj = self.unattributed_uj.saturating_add(o.unattributed_uj);
-        self.static_uj = self.static_uj.saturating_add(o.static_uj);
-        self.attributed_static_uj = self
-            .attributed_static_uj
-            .saturating_add(o.attributed_static_uj);
-        self.static_cut_uj = self.static_cut_uj.saturating_add(o.static_cut_uj);
-    }
 }
 
 impl EnergyLedger {
     /// Adds one interval's shares: per domain, and per consumer.
     pub(crate) fn add(&mut self, shares: &[DomainShare]) {
         for s in shares {
-            self.add_domain(&DomainTotals::of_share(s));
+            self.add_domain(&s.totals());
             for (id, uj) in &s.attributed {
-                self.consumers.entry(*id).or_default().add(s.domain, *uj);
+                self.consumers
+                    .entry(*id)
+                    .or_default()
+                    .add(s.key.domain, *uj);
             }
             for (id, uj) in &s.attributed_static {
                 self.consumers
                     .entry(*id)
                     .or_default()
-                    .add_static(s.domain, *uj);
+                    .add_static(s.key.domain, *uj);
             }
         }
     }
 
     /// Adds one interval's figures of a domain (`report` adds a cut
     /// stream's domain rows here, as the profile adds its shares).
-    pub(crate) fn add_domain(&mut self, d: &DomainTotals) {
-        let at = |v: &[DomainTotals]| {
-            v.iter()
-                .position(|t| t.domain == d.domain && t.package == d.package)
-        };
-        let i = match at(&self.domains) {
-            Some(i) => i,
-            None => {
-                self.domains.push(DomainTotals {
-                    estimated: false,
-                    measured_uj: 0,
-                    attributed_uj: 0,
-                    idle_uj: 0,
-                    unattributed_uj: 0,
-                    static_uj: 0,
-                    attributed_static_uj: 0,
-                    static_cut_uj: 0,
-                    ..*d
-                });
-                self.domains.sort_by_key(|t| (t.domain, t.package));
-                at(&self.domains).unwrap_or(0)
+    pub(crate) fn add_domain(&mut self, d: &DomainUj) {
+        let i = match self.domains.binary_search_by_key(&d.key, |t| t.key) {
+            Ok(i) => i,
+            Err(i) => {
+                self.domains.insert(i, DomainUj::empty(d.key, d.basis));
+                i
             }
         };
         self.domains[i].merge(d);
     }
 
     /// Per-domain totals, ordered by domain then package.
-    pub(crate) fn domains(&self) -> &[DomainTotals] {
+    pub(crate) fn domains(&self) -> &[DomainUj] {
         &self.domains
     }
 
@@ -138,28 +62,14 @@ impl EnergyLedger {
     pub(crate) fn reports(
         &self,
         span_ns: u64,
-        figure: impl Fn(Domain, Option<u32>) -> Option<StaticFigure>,
+        figure: impl Fn(DomainKey) -> Option<StaticFigure>,
     ) -> Vec<DomainReport> {
         self.domains
             .iter()
             .map(|t| {
-                DomainReport::from_uj(
-                    DomainUj {
-                        domain: t.domain,
-                        package: t.package,
-                        estimated: t.estimated,
-                        basis: t.basis,
-                        measured: t.measured_uj,
-                        attributed: t.attributed_uj,
-                        idle: t.idle_uj,
-                        unattributed: t.unattributed_uj,
-                        static_uj: t.static_uj,
-                        attributed_static: t.attributed_static_uj,
-                        figure: figure(t.domain, t.package),
-                    },
-                    span_ns,
-                    |avg_power_w| AveragePower { avg_power_w },
-                )
+                DomainReport::from_uj(t, figure(t.key), span_ns, |avg_power_w| AveragePower {
+                    avg_power_w,
+                })
             })
             .collect()
     }
@@ -178,10 +88,10 @@ impl EnergyLedger {
     /// Sum over domains of one kind: (measured, attributed, idle,
     /// unattributed) µJ.
     #[cfg(test)]
-    pub(crate) fn sum_of(&self, domain: Domain) -> (u64, u64, u64, u64) {
+    pub(crate) fn sum_of(&self, domain: crate::sources::Domain) -> (u64, u64, u64, u64) {
         self.domains
             .iter()
-            .filter(|t| t.domain == domain)
+            .filter(|t| t.key.domain == domain)
             .fold((0, 0, 0, 0), |a, t| {
                 (
                     a.0 + t.measured_uj,
@@ -196,12 +106,13 @@ impl EnergyLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attribution::Basis;
+    use crate::sources::Domain;
 
     fn share(domain: Domain, package: Option<u32>, attributed: Vec<(u64, u64)>) -> DomainShare {
         let a: u64 = attributed.iter().map(|x| x.1).sum();
         DomainShare {
-            domain,
-            package,
+            key: DomainKey::new(domain, package),
             estimated: false,
             basis: Basis::CpuTime,
             measured_uj: a + 10,
@@ -225,7 +136,11 @@ mod tests {
             share(Domain::Package, Some(0), vec![(2, 20)]),
             share(Domain::Dram, Some(0), vec![(2, 7)]),
         ]);
-        let d: Vec<_> = l.domains().iter().map(|t| (t.domain, t.package)).collect();
+        let d: Vec<_> = l
+            .domains()
+            .iter()
+            .map(|t| (t.key.domain, t.key.package))
+            .collect();
         assert_eq!(
             d,
             vec![

@@ -155,7 +155,7 @@ impl Sums {
         self.ledger
             .domains()
             .iter()
-            .any(|d| d.domain == Domain::Package && d.estimated)
+            .any(|d| d.key.domain == Domain::Package && d.estimated)
     }
 
     /// Whether DRAM energy is measured (a DRAM domain has been read).
@@ -163,6 +163,6 @@ impl Sums {
         self.ledger
             .domains()
             .iter()
-            .any(|d| d.domain == Domain::Dram)
+            .any(|d| d.key.domain == Domain::Dram)
     }
 }
