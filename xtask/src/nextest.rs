@@ -52,16 +52,25 @@ pub(crate) struct Counts {
 
 /// Installs cargo-nextest from crates.io when `cargo nextest` is missing.
 pub(crate) fn ensure() -> Result<()> {
+    // `cargo-nextest 0.9.143 (60fa45f63 2026-08-04)`: at least VERSION
+    // (.config/nextest.toml requires it too).
     let has = || {
-        crate::test::cargo()
-            .args(["nextest", "--version"])
-            .output()
-            .is_ok_and(|o| o.status.success())
+        let out = crate::test::cargo().args(["nextest", "--version"]).output();
+        out.ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                let v = text.split_whitespace().nth(1)?.to_string();
+                Some(version(&v) >= version(VERSION))
+            })
+            .unwrap_or(false)
     };
     if has() {
         return Ok(());
     }
-    eprintln!("cargo-nextest is missing: installing {VERSION} from crates.io");
+    eprintln!(
+        "cargo-nextest is missing or older than {VERSION}: installing {VERSION} from crates.io"
+    );
     let status = crate::test::cargo()
         .args(["install", "--locked", "cargo-nextest", "--version", VERSION])
         .status()
@@ -75,6 +84,11 @@ pub(crate) fn ensure() -> Result<()> {
     Ok(())
 }
 
+/// `0.9.143` as numbers, for comparing versions.
+fn version(v: &str) -> Vec<u64> {
+    v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
 /// The JUnit file the default profile writes.
 fn junit_path() -> PathBuf {
     workspace_root().join("target/nextest/default/junit.xml")
@@ -84,22 +98,37 @@ fn junit_path() -> PathBuf {
 /// keeps its JUnit file as `target/nextest/<name>.xml`, and counts its
 /// results. False when anything failed.
 pub(crate) fn run(cmd: &mut Command, name: &str, counts: &mut Counts) -> Result<bool> {
-    let junit = junit_path();
+    run_reading(cmd, name, counts, &junit_path())
+}
+
+/// [`run`], with the results read from `junit`.
+fn run_reading(cmd: &mut Command, name: &str, counts: &mut Counts, junit: &Path) -> Result<bool> {
+    let junit = junit.to_path_buf();
     // A file left by an earlier run must not be read as this run's.
     let _ = std::fs::remove_file(&junit);
     eprintln!("+ {cmd:?}");
     let status = cmd.status().context("running cargo nextest")?;
     let failed_before = counts.failed;
-    match std::fs::read_to_string(&junit) {
-        Ok(xml) => {
-            counts
-                .add_junit(&xml)
-                .with_context(|| format!("reading nextest's JUnit file {}", junit.display()))?;
+    // No results, or unreadable ones, are a failure whatever nextest's
+    // exit status says: nothing counted must never read as green.
+    let read = std::fs::read_to_string(&junit)
+        .map_err(anyhow::Error::from)
+        .and_then(|xml| counts.add_junit(&xml));
+    match read {
+        Ok(()) => {
             let kept = junit.with_file_name(format!("../{name}.xml"));
             let _ = std::fs::copy(&junit, &kept);
             eprintln!("JUnit: {}", normal(&kept).display());
         }
-        Err(e) => eprintln!("no JUnit file from nextest ({}: {e})", junit.display()),
+        Err(e) => {
+            counts.failed += 1;
+            counts.failures.push(Failure {
+                binary: String::new(),
+                name: format!("{name}: no results from nextest"),
+                message: vec![format!("{}: {e:#}", junit.display())],
+            });
+            return Ok(false);
+        }
     }
     if !status.success() && counts.failed == failed_before {
         counts.failed += 1;
@@ -289,6 +318,40 @@ running 1 test
         assert_eq!(c.flaky.len(), 1);
         assert_eq!(c.flaky[0].name, "t::flaky");
         assert_eq!(c.flaky[0].message[1], "first time");
+    }
+
+    #[test]
+    fn a_run_with_no_results_or_bad_ones_is_a_failure_even_when_it_exits_0() {
+        let dir = std::env::temp_dir().join(format!("xtask-junit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("default")).expect("dir");
+        let junit = dir.join("default/junit.xml");
+        let mut c = Counts::default();
+        let ok = super::run_reading(
+            &mut std::process::Command::new("true"),
+            "none",
+            &mut c,
+            &junit,
+        )
+        .expect("runs");
+        assert!(!ok);
+        assert_eq!(c.failed, 1);
+        assert_eq!(c.failures[0].name, "none: no results from nextest");
+        // A file the command writes, unreadable.
+        let mut write = std::process::Command::new("sh");
+        write
+            .arg("-c")
+            .arg(format!("echo '<testsuites>' > {}", junit.display()));
+        let ok = super::run_reading(&mut write, "bad", &mut c, &junit).expect("runs");
+        assert!(!ok);
+        assert_eq!(c.failed, 2);
+        assert_eq!(c.failures[1].name, "bad: no results from nextest");
+        // A good one is kept beside the profile's directory.
+        let mut good = std::process::Command::new("sh");
+        good.arg("-c")
+            .arg(format!("echo '{JUNIT}' > {}", junit.display()));
+        assert!(super::run_reading(&mut good, "good", &mut c, &junit).expect("runs"));
+        assert!(dir.join("good.xml").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -178,7 +178,9 @@ fn scrape(addr: &str) -> bool {
         return false;
     }
     let mut body = Vec::new();
-    s.read_to_end(&mut body).is_ok() && body.starts_with(b"HTTP/1.1 200")
+    // The exporter answers in the request's version: HTTP/1.0 here (the
+    // check read `HTTP/1.1` only, and counted every scrape as failed).
+    s.read_to_end(&mut body).is_ok() && body.starts_with(b"HTTP/1.0 200")
 }
 
 /// One sample: seconds since the start, the monitor's usage, the run's.
@@ -281,12 +283,16 @@ impl Instances {
     /// whose command opens a window of ~50 ms of CPU every second, named
     /// after a counter, until the stop file appears.
     fn start(wattprof: &Path, testload: &Path, out: &Path, addr: &str) -> Result<Self> {
+        // Both logs first: an error after the first spawn would leave it
+        // running.
+        let monitor_log = std::fs::File::create(out.join("monitor.stderr"))?;
+        let run_log = std::fs::File::create(out.join("run.stderr"))?;
         let mut monitor = Command::new(wattprof)
             .args(["monitor", "--interval", "1s", "--prometheus", addr])
             .arg("--jsonl")
             .arg(out.join("monitor.jsonl"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(out.join("monitor.stderr"))?)
+            .stderr(monitor_log)
             .spawn()
             .context("starting wattprof monitor")?;
         let stop_file = out.join("stop");
@@ -304,7 +310,7 @@ impl Instances {
             .arg(out.join("run.json"))
             .args(["--", "sh", "-c", &script])
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(out.join("run.stderr"))?)
+            .stderr(run_log)
             .spawn();
         let run = match run {
             Ok(run) => run,
@@ -338,9 +344,9 @@ impl Instances {
 
     /// Both stopped at once (the run's loop told to stop first).
     fn kill(&mut self) -> Result<()> {
-        std::fs::write(&self.stop_file, "")?;
         let _ = self.monitor.kill();
         let _ = self.run.kill();
+        std::fs::write(&self.stop_file, "")?;
         Ok(())
     }
 
@@ -506,18 +512,18 @@ fn churn_scrapes(addr: String, counters: &Arc<Counters>, stop: &Arc<AtomicBool>)
     })
 }
 
-/// Every churn thread started, and what was started, in words.
+/// Starts every churn thread into `threads` (those started stay there on
+/// an error, to be stopped); what was started, in words.
 fn start_churn(
     testload: &Path,
     addr: &str,
     counters: &Arc<Counters>,
     stop: &Arc<AtomicBool>,
-) -> Result<(Vec<Worker>, String)> {
-    let mut threads = vec![
-        churn_processes(counters, stop)?,
-        churn_thread_pools(stop)?,
-        churn_scrapes(addr.to_string(), counters, stop)?,
-    ];
+    threads: &mut Vec<Worker>,
+) -> Result<String> {
+    threads.push(churn_processes(counters, stop)?);
+    threads.push(churn_thread_pools(stop)?);
+    threads.push(churn_scrapes(addr.to_string(), counters, stop)?);
     let cgroup_note = match cgroup2_root() {
         Some(root) => {
             let base = root.join(format!("wattprof-soak-{}", std::process::id()));
@@ -534,7 +540,7 @@ fn start_churn(
         }
         Err(why) => format!("no containers ({why})"),
     };
-    Ok((threads, format!("{cgroup_note}; {docker_note}")))
+    Ok(format!("{cgroup_note}; {docker_note}"))
 }
 
 /// Stops the churn threads and waits for them.
@@ -685,13 +691,15 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         l.local_addr()?.port()
     };
     let addr = format!("127.0.0.1:{port}");
+    let mut csv = std::fs::File::create(out.join("series.csv"))?;
     let mut both = Instances::start(wattprof, testload, &out, &addr)?;
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
-    let (threads, what) = match start_churn(testload, &addr, &counters, &stop) {
-        Ok(started) => started,
+    let mut threads = Vec::new();
+    let what = match start_churn(testload, &addr, &counters, &stop, &mut threads) {
+        Ok(what) => what,
         Err(e) => {
-            stop.store(true, Ordering::Relaxed);
+            stop_churn(&stop, threads);
             both.kill()?;
             return Err(e);
         }
@@ -700,7 +708,6 @@ pub fn soak(wattprof: &Path, testload: &Path, minutes: f64, warmup_minutes: f64)
         "soak: {minutes} min of churn ({what}); samples every 10 s to target/soak/series.csv"
     );
     let start = Instant::now();
-    let mut csv = std::fs::File::create(out.join("series.csv"))?;
     let rows = sample(&mut both, &counters, minutes, &mut csv);
     // Everything stops before a verdict: churn, then both instances.
     stop_churn(&stop, threads);

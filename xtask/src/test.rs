@@ -250,6 +250,8 @@ fn run_suites(counts: &mut Counts) -> Result<bool> {
         cargo().args([
             "nextest",
             "run",
+            "--profile",
+            "default",
             "--locked",
             "--no-fail-fast",
             "-p",
@@ -271,6 +273,8 @@ fn run_suites(counts: &mut Counts) -> Result<bool> {
         cargo().env("WATTPROF_HOST_MODEL", "none").args([
             "nextest",
             "run",
+            "--profile",
+            "default",
             "--locked",
             "--no-fail-fast",
             "-p",
