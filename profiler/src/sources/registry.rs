@@ -1,5 +1,5 @@
 //! The registry of energy readers: the CPU counters in the order they are
-//! tried ([`CPU_COUNTERS`]), and the readers a profile uses: the first CPU
+//! tried ([`CpuCounter::ALL`]), and the readers a profile uses: the first CPU
 //! counter that works (or a power model), NVML when there are GPUs, and
 //! a wattmeter when one is given. `run`, `monitor` and `sources` all open
 //! readers through here, and every reader is read through [`Source`].
@@ -20,9 +20,42 @@ use super::{
 };
 use crate::topology::SysRoot;
 
-/// The CPU energy counters, in the order they are tried: powercap (the
-/// kernel's RAPL driver), perf's `power` PMU, then the MSRs themselves.
-pub(crate) const CPU_COUNTERS: [&str; 3] = ["powercap", "perf", "msr"];
+/// A CPU energy counter wattprof can read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CpuCounter {
+    /// The kernel's RAPL driver (`/sys/class/powercap`).
+    Powercap,
+    /// perf's `power` PMU.
+    Perf,
+    /// The RAPL MSRs themselves (`/dev/cpu/N/msr`).
+    Msr,
+}
+
+impl CpuCounter {
+    /// All of them, in the order they are tried.
+    pub(crate) const ALL: [CpuCounter; 3] = [Self::Powercap, Self::Perf, Self::Msr];
+
+    /// Its name, as `sources` and the recordings spell it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Powercap => "powercap",
+            Self::Perf => "perf",
+            Self::Msr => "msr",
+        }
+    }
+
+    /// Opens it on `m`, or says why it does not open.
+    pub(crate) fn open(self, m: CpuMachine<'_>) -> Opened {
+        match self {
+            Self::Powercap => {
+                Powercap::open(m.sys, m.cpuinfo).map(|p| Box::new(p) as Box<dyn Source>)
+            }
+            Self::Perf => PerfPower::open(m.sys).map(|p| Box::new(p) as Box<dyn Source>),
+            Self::Msr => super::msr::Msr::open(m.sys, m.msr_root, m.cpuinfo)
+                .map(|p| Box::new(p) as Box<dyn Source>),
+        }
+    }
+}
 
 /// Where the CPU counters are looked for.
 #[derive(Clone, Copy, Debug)]
@@ -35,28 +68,14 @@ pub(crate) struct CpuMachine<'a> {
     pub(crate) cpuinfo: &'a str,
 }
 
-/// Opens the CPU counter `name` (one of [`CPU_COUNTERS`]).
-pub(crate) fn open_cpu_counter(name: &str, m: CpuMachine<'_>) -> Opened {
-    match name {
-        "powercap" => Powercap::open(m.sys, m.cpuinfo).map(|p| Box::new(p) as Box<dyn Source>),
-        "perf" => PerfPower::open(m.sys).map(|p| Box::new(p) as Box<dyn Source>),
-        "msr" => super::msr::Msr::open(m.sys, m.msr_root, m.cpuinfo)
-            .map(|p| Box::new(p) as Box<dyn Source>),
-        other => Err(SourceError::unsupported(
-            format!("no CPU energy reader named {other}"),
-            format!("one of {}", CPU_COUNTERS.join(", ")),
-        )),
-    }
-}
-
 /// A CPU counter opened, or why it does not open.
 pub(crate) type Opened = Result<Box<dyn Source>, SourceError>;
 
 /// Every CPU counter in order, opened or with why it does not open.
 pub(crate) fn cpu_counters(m: CpuMachine<'_>) -> Vec<(&'static str, Opened)> {
-    CPU_COUNTERS
+    CpuCounter::ALL
         .iter()
-        .map(|name| (*name, open_cpu_counter(name, m)))
+        .map(|c| (c.name(), c.open(m)))
         .collect()
 }
 
@@ -176,7 +195,7 @@ fn missing(kind: &'static str, detail: String, fix: Option<String>) -> ReaderUse
 type CpuOpened = (Option<Box<dyn Source>>, Vec<String>);
 
 /// The CPU energy counter: `--powercap-root` (asked for by name: it must
-/// work), else the first of [`CPU_COUNTERS`] that opens here; with why
+/// work), else the first of [`CpuCounter::ALL`] that opens here; with why
 /// each one tried before it did not.
 fn open_cpu(
     cfg: &ReaderConfig,
@@ -208,13 +227,13 @@ fn open_cpu(
         cpuinfo,
     };
     let mut reasons = Vec::new();
-    for name in CPU_COUNTERS {
-        match open_cpu_counter(name, machine) {
+    for counter in CpuCounter::ALL {
+        match counter.open(machine) {
             Ok(source) => {
                 used.push(in_use(source.as_ref(), source.info().location));
                 return Ok((Some(source), reasons));
             }
-            Err(e) => reasons.push(format!("{name}: {e}")),
+            Err(e) => reasons.push(format!("{}: {e}", counter.name())),
         }
     }
     Ok((None, reasons))
