@@ -18,7 +18,10 @@
 //! - [`attribution`] divides one interval's energy over consumers (a pure
 //!   function);
 //! - [`model`] is the schema: the stream's records and the run document,
-//!   which every output writes and `report` reads;
+//!   which every output writes and `report` reads. It owns every name a
+//!   recording holds: a lower layer's value in it (a domain, a tracker, a
+//!   CPU's times) is written through its form in `model::wire`, never
+//!   through that type's own derive;
 //! - [`sums`] adds up what a profile measures: per domain and consumer,
 //!   group, cgroup and container, VM, memory, CPU; `report` sums a cut
 //!   stream with it too;
@@ -53,7 +56,10 @@
 //! declared here has a layer, and no two files of one module import each
 //! other. Items are `pub(crate)`: only what `main.rs`, the tests crate and
 //! the fuzz targets use is `pub`, so rustc names dead code. The tests
-//! crate checks recordings against `docs/recording.schema.json`.
+//! crate checks recordings against `docs/recording.schema.json`;
+//! `model::wire`'s tests check that every enum name written is the one
+//! that schema pins, and, on the parsed sources, that each field of a
+//! recorded type is model's own, standard, or written through its form.
 
 /// Says that the running unit test is skipped, and why: one line,
 /// `skipping: <test>: <reason>` (libtest names each test's thread after

@@ -219,6 +219,76 @@ fn report_reads_a_recording_a_stream_and_a_cut_stream_to_their_own_totals() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Recordings that wattprof wrote before schema 7 (`tests/fixtures`: a
+/// 1 s burner and a GPU on the NVML stub, recorded by the builds of
+/// 5187f8f^ and 87783c1^). Every domain read then wrote its fields, a
+/// domain with no reader wrote 0.
+fn old_recording(schema: u32) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(format!("recording-schema-{schema}.json"))
+}
+
+/// An energy object of an old recording read back: every figure as it
+/// was, except that a domain no reader measured (core and DRAM here, 0
+/// before schema 7) has no field now.
+fn read_back(got: &Value, recorded: &Value, schema: u32) {
+    let recorded = recorded.as_object().expect("an energy object");
+    for (field, value) in recorded {
+        match got.get(field) {
+            Some(v) => assert_eq!(v, value, "schema {schema}: {field}"),
+            None => assert!(
+                ["core_j", "dram_j"].contains(&field.as_str()) && value.as_f64() == Some(0.0),
+                "schema {schema}: {field} = {value} was dropped"
+            ),
+        }
+    }
+    let extra: Vec<&String> = got
+        .as_object()
+        .expect("an energy object")
+        .keys()
+        .filter(|k| !recorded.contains_key(*k))
+        .collect();
+    assert!(extra.is_empty(), "schema {schema}: {extra:?}");
+}
+
+#[test]
+fn recordings_of_schema_5_and_6_read_to_their_own_totals() {
+    for schema in [5, 6] {
+        let file = old_recording(schema);
+        let recording: Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).expect("fixture")).expect("JSON");
+        assert_eq!(recording["schema_version"], schema);
+        let s = report_json(&[&file]);
+        let e = &recording["energy"];
+        assert_eq!(s["schema_version"], schema, "{s}");
+        assert_eq!(s["format"], "recording");
+        assert_eq!(s["domains"], e["domains"], "schema {schema}");
+        for group in ["tree", "profiler", "other"] {
+            read_back(&s["group_energy"][group], &e["groups"][group], schema);
+        }
+        assert_eq!(s["group_times"], recording["groups"], "schema {schema}");
+        assert_eq!(s["readers"], e["readers"], "schema {schema}");
+        assert_eq!(s["host"]["gpus"], recording["host"]["gpus"]);
+        assert_eq!(s["host"]["gpus"][0]["method"], "energy_counter");
+        assert_eq!(s["command"]["exit_code"], 0);
+        assert_eq!(
+            s["processes"].as_array().map(Vec::len),
+            recording["processes"].as_array().map(Vec::len)
+        );
+        assert_eq!(
+            s["intervals"].as_u64(),
+            recording["intervals"].as_array().map(|v| v.len() as u64)
+        );
+        // The people's table reads them too, GPU included.
+        let text = String::from_utf8_lossy(&report_ok(&[&file]).stdout).into_owned();
+        assert!(text.contains("gpu 0"), "schema {schema}:\n{text}");
+    }
+    // And they compare with each other.
+    let out = report_ok(&[&old_recording(5), &old_recording(6)]);
+    assert!(!out.stdout.is_empty());
+}
+
 #[test]
 fn report_a_b_shows_twice_the_work_as_twice_the_energy() {
     require_ebpf!();

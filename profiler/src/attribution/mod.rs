@@ -47,8 +47,6 @@ pub(crate) mod stacks;
 
 pub(crate) use energy::EnergyBy;
 
-use serde::Serialize;
-
 use crate::sources::calibration::{WallModel, WallPer};
 pub(crate) use crate::sources::nvml::statics::GpuStaticEnergy;
 use crate::sources::{Domain, DomainEnergy, DomainKey};
@@ -108,10 +106,7 @@ pub(crate) struct GpuInterval {
 }
 
 /// How a domain's static energy is shared (`--static-power`).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum StaticShare {
     /// By each consumer's share of the package's capacity (its CPU time
     /// over CPUs × interval); the rest is idle.
@@ -170,8 +165,7 @@ pub(crate) struct Interval<'a> {
 }
 
 /// How a domain's energy was divided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Basis {
     /// By on-CPU time over all CPU time of the package(s); idle time's share
     /// is idle energy.

@@ -1,11 +1,15 @@
 //! The schema: every record a profile streams and the run document it
 //! writes (docs/recording.md), with their units (joules, watts and CO2
 //! made in one place, [`EnergyJ`]). The sinks write these types, `report`
-//! reads them back, and nothing here knows who fills them.
+//! reads them back, and nothing here knows who fills them. The values
+//! of lower layers that a record holds (a domain, a tracker, a GPU found)
+//! are written in the forms [`wire`] declares, so a rename down there is
+//! a compile error here, not a changed recording.
 
 pub(crate) mod record;
 pub(crate) mod stacks;
 pub(crate) mod unread;
+pub(crate) mod wire;
 
 use serde::{Deserialize, Serialize};
 
@@ -185,6 +189,7 @@ pub(crate) struct MachineReport {
     #[serde(default)]
     pub(crate) carried_ns: u64,
     /// Per CPU.
+    #[serde(with = "wire::via")]
     pub(crate) per_cpu: Vec<CpuTimes>,
 }
 
@@ -192,6 +197,7 @@ pub(crate) struct MachineReport {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct ProfilerReport {
     /// Which tracker measured on-CPU time.
+    #[serde(with = "wire::via")]
     pub(crate) tracker: crate::tracker::TrackerKind,
     /// Why the switch tracker ran where `auto` wanted the iterator.
     pub(crate) tracker_fallback: Option<String>,
@@ -210,8 +216,10 @@ pub(crate) struct ProfilerReport {
     /// Kernel memory of the eBPF maps (bytes, as the kernel accounts it).
     pub(crate) kernel_memory_bytes: u64,
     /// How exits are detected.
+    #[serde(with = "wire::via")]
     pub(crate) exit_tracking: crate::tracker::ExitTracking,
     /// Which clock task time comes from.
+    #[serde(with = "wire::via")]
     pub(crate) task_clock: crate::tracker::TaskClock,
     /// Whether in-progress slices were closed at each read.
     pub(crate) flush_supported: bool,
@@ -259,6 +267,7 @@ pub(crate) struct GroupEnergy {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct EnergyReport {
     /// The readers in use, and the kinds of energy not measured and why.
+    #[serde(with = "wire::via")]
     pub(crate) readers: Vec<crate::sources::registry::ReaderUse>,
     /// Per domain, over the whole profile.
     pub(crate) domains: Vec<DomainReport>,
@@ -302,6 +311,7 @@ pub(crate) struct MigInstanceReport {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct StaticPowerReport {
     /// `--static-power`.
+    #[serde(with = "wire::via")]
     pub(crate) rule: crate::attribution::StaticShare,
     /// One line for people: the rule and each figure.
     pub(crate) note: String,
@@ -315,6 +325,7 @@ pub(crate) struct StaticPowerReport {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct LearnedFit {
     /// Which domain.
+    #[serde(with = "wire::via")]
     pub(crate) domain: crate::sources::Domain,
     /// Its package.
     pub(crate) package: Option<u32>,
@@ -333,6 +344,7 @@ pub(crate) struct LearnedFit {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct ContainerReport {
     /// Who made it.
+    #[serde(with = "wire::via")]
     pub(crate) runtime: crate::process::container::Runtime,
     /// Container id, or unit name.
     pub(crate) id: String,
@@ -397,6 +409,7 @@ pub(crate) type WindowReport = WindowOf<EnergyJ, WindowDomainReport>;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct WindowDomainReport {
     /// Domain.
+    #[serde(with = "wire::via")]
     pub(crate) domain: Domain,
     /// Package or GPU index.
     pub(crate) package: Option<u32>,
@@ -418,6 +431,7 @@ pub(crate) struct HostReport {
     /// CPU model name.
     pub(crate) cpu_model: String,
     /// GPUs found.
+    #[serde(with = "wire::via")]
     pub(crate) gpus: Vec<crate::sources::nvml::GpuInfo>,
 }
 
@@ -443,6 +457,7 @@ pub(crate) struct RunReport {
     /// the most energy (`monitor`).
     pub(crate) processes: Vec<ProcessReport>,
     /// On-CPU time per group.
+    #[serde(with = "wire::via")]
     pub(crate) groups: GroupTotals,
     /// Energy.
     pub(crate) energy: EnergyReport,
@@ -513,15 +528,17 @@ impl RunReport {
 
 #[cfg(test)]
 mod schema_names {
+    use super::wire::{CpuTimesForm, Wire};
     use super::{CpuTimes, ProcessReport};
 
     #[test]
     fn recordings_before_schema_4_are_read_with_their_socket_names() {
-        let cpu: CpuTimes = serde_json::from_str(
+        let form: CpuTimesForm = serde_json::from_str(
             r#"{"cpu": 3, "socket": 1, "busy_ns": 5, "idle_ns": 5, "idle_task_ns": 5,
                 "lost_ns": 0, "switches": 0, "window_ns": 10}"#,
         )
         .expect("a schema-3 per_cpu entry");
+        let cpu = CpuTimes::from_wire(form).expect("maps");
         assert_eq!((cpu.cpu, cpu.package), (3, 1));
         let p: ProcessReport = serde_json::from_str(
             r#"{"pid": 7, "ppid": 1, "comm": "x", "on_cpu_ns": 30,
@@ -534,7 +551,7 @@ mod schema_names {
         .expect("a schema-3 process");
         assert_eq!(p.on_cpu_ns_per_package, vec![10, 20]);
         // Written with the new names.
-        let text = serde_json::to_string(&cpu).expect("JSON");
+        let text = serde_json::to_string(&cpu.to_wire()).expect("JSON");
         assert!(
             text.contains("\"package\":1") && !text.contains("socket"),
             "{text}"

@@ -83,12 +83,14 @@ impl IntervalRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct DomainOf<P> {
     /// Which domain.
+    #[serde(with = "super::wire::via")]
     pub(crate) domain: Domain,
     /// Kernel package id, GPU index, or none (machine level).
     pub(crate) package: Option<u32>,
     /// Modelled rather than measured (for some interval at least).
     pub(crate) estimated: bool,
     /// How it was divided among processes.
+    #[serde(with = "super::wire::via")]
     pub(crate) basis: Basis,
     /// Measured (J).
     pub(crate) measured_j: f64,
@@ -113,7 +115,11 @@ pub(crate) struct DomainOf<P> {
     pub(crate) static_w: Option<f64>,
     /// Where `static_w` came from: `host_model`, `learned`,
     /// `shipped_model` or `lowest_seen` (an upper bound).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::wire::via"
+    )]
     pub(crate) static_source: Option<crate::sources::static_power::StaticSource>,
     /// Its power.
     #[serde(flatten)]
@@ -224,7 +230,11 @@ pub(crate) struct GpuRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) memory_used_bytes: Option<u64>,
     /// Where the processes' SM shares come from (absent before schema 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::wire::via"
+    )]
     pub(crate) sm_basis: Option<crate::sources::nvml::SmBasis>,
     /// Its power with no context open (W), once learned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,7 +243,7 @@ pub(crate) struct GpuRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held_w: Option<f64>,
     /// Processes using it (omitted from a machine-only recording).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::wire::via")]
     pub(crate) processes: Option<Vec<GpuProcess>>,
     /// MIG: each instance, its activity and processes, and the energy its
     /// processes were given (absent off MIG; schema 6).
@@ -312,6 +322,7 @@ pub(crate) struct HeaderRecord {
     /// `run` or `monitor`.
     pub(crate) mode: String,
     /// Which tracker measures on-CPU time.
+    #[serde(with = "super::wire::via")]
     pub(crate) tracker: crate::tracker::TrackerKind,
     /// Wall-clock start, ns since the Unix epoch.
     pub(crate) start_unix_ns: u64,
@@ -320,6 +331,7 @@ pub(crate) struct HeaderRecord {
     /// The kernel's package id of each dense package index.
     pub(crate) package_ids: Vec<u32>,
     /// The readers in use, and the kinds of energy not measured and why.
+    #[serde(with = "super::wire::via")]
     pub(crate) readers: Vec<crate::sources::registry::ReaderUse>,
     /// gCO2eq per kWh.
     pub(crate) carbon_intensity_g_per_kwh: f64,

@@ -2,11 +2,8 @@
 //! Podman, Kubernetes and systemd name their cgroups, on the systemd and
 //! the cgroupfs cgroup drivers, for cgroup v1 and v2 paths alike.
 
-use serde::{Deserialize, Serialize};
-
 /// Who made the cgroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Runtime {
     /// Docker (`docker-<id>.scope`, `/docker/<id>`).
     Docker,
@@ -38,7 +35,7 @@ impl Runtime {
 }
 
 /// A container (or systemd unit) a cgroup belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Container {
     /// Who made it.
     pub(crate) runtime: Runtime,

@@ -240,7 +240,7 @@ struct PendingFork {
 }
 
 /// On-CPU time per group, accumulated.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GroupTotals {
     /// The command tree.
     pub(crate) tree_ns: u64,

@@ -12,8 +12,6 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::sources::Domain;
 
@@ -260,7 +258,7 @@ impl Drop for WindowSocket {
 }
 
 /// One domain's measured energy during a window (whole machine).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WindowDomain {
     /// Domain.
     pub domain: Domain,

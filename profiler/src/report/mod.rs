@@ -100,10 +100,12 @@ pub struct Summary {
     /// Interval records in the file.
     pub(crate) intervals: usize,
     /// Readers in use.
+    #[serde(with = "crate::model::wire::via")]
     pub(crate) readers: Vec<ReaderUse>,
     /// Per domain and package.
     pub(crate) domains: Vec<DomainReport>,
     /// On-CPU time per group.
+    #[serde(with = "crate::model::wire::via")]
     pub(crate) group_times: GroupTotals,
     /// Energy per group.
     pub(crate) group_energy: GroupEnergy,

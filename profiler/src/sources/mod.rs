@@ -16,10 +16,10 @@ pub(crate) mod registry;
 pub mod static_power;
 pub mod wattmeter;
 
-use serde::{Deserialize, Serialize};
-
 /// An energy domain of a CPU package or of the platform.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Domain {
     /// The whole package (cores, caches, uncore).
@@ -82,7 +82,7 @@ impl DomainKey {
 }
 
 /// Energy of one domain over one interval.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DomainEnergy {
     /// Which domain.
     pub domain: Domain,
@@ -141,7 +141,7 @@ impl SourceError {
 }
 
 /// What a reader found on this machine.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SourceInfo {
     /// Domains per package (`None`: machine level), in reading order.
     pub domains: Vec<(Domain, Option<u32>)>,
@@ -215,7 +215,7 @@ pub(crate) fn classify_io(what: &str, err: &std::io::Error, fix_permission: &str
 
 /// Two readers that measured the same domain of the same package over the
 /// same interval and disagree.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub(crate) struct Disagreement {
     /// The domain.
     pub(crate) domain: Domain,

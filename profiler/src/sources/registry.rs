@@ -8,8 +8,6 @@ use std::borrow::Cow;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use serde::Serialize;
-
 use super::calibration::{Calibration, Regressor, WallModel, WallPer};
 use super::estimate::{self, ModelRequest, PowerModel};
 use super::nvml::{GpuEnergyMethod, GpuInfo, GpuReading, NvmlGpus};
@@ -104,7 +102,7 @@ pub(crate) struct ReaderConfig {
 }
 
 /// A reader in use, or why a kind of energy is not measured, for reports.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ReaderUse {
     /// `cpu`, `gpu` or `wall`.
     pub(crate) kind: Cow<'static, str>,
@@ -117,7 +115,6 @@ pub(crate) struct ReaderUse {
     /// What would make it work (when `name` is `none`).
     pub(crate) fix: Option<String>,
     /// The power model (`tdp`, `vcpu`) of an `estimate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) model: Option<String>,
 }
 

@@ -55,7 +55,7 @@ pub(crate) const LEARN_MAX_POINTS: u64 = 86_400;
 pub(crate) const DEFAULT_HOST_MODEL: &str = "/var/lib/wattprof/power-model.json";
 
 /// Where a static figure came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum StaticSource {
     /// The host power model (`wattprof calibrate`).

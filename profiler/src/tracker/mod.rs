@@ -77,14 +77,12 @@ pub(crate) enum TrackerError {
 /// ticks; interrupts and waking from idle not included), or the time no
 /// task ran for a CPU it does not list. The two differ by where the
 /// scheduler draws slice boundaries (see `sched_gap_ns`) and by that.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CpuTimes {
     /// CPU id.
     pub(crate) cpu: u32,
     /// Dense package index (`socket` in recordings before schema 4, read
     /// as well).
-    #[serde(alias = "socket")]
     pub(crate) package: u32,
     /// Time tasks ran (recorded per task).
     pub(crate) busy_ns: u64,
@@ -102,14 +100,12 @@ pub(crate) struct CpuTimes {
     /// a little after a boundary: their time past it was counted in the
     /// interval before). No task of this interval claims it, so energy is
     /// divided as if it were idle. Not in the recording.
-    #[serde(skip)]
     pub(crate) carried_ns: u64,
     /// Thread time read in this interval beyond its package's capacity
     /// (a read delayed on a loaded machine), on the package's first CPU:
     /// not in this interval's busy time, so its energy did not cover it;
     /// carried to the next intervals (`carried_ns`). Iterator tracker
     /// only. Not in the recording.
-    #[serde(skip)]
     pub(crate) over_ns: u64,
 }
 

@@ -67,7 +67,7 @@ use super::{
 };
 
 /// How a GPU's energy is obtained.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuEnergyMethod {
     /// The GPU's own total-energy counter (exact to 1 mJ).
@@ -77,7 +77,7 @@ pub enum GpuEnergyMethod {
 }
 
 /// One process's use of a GPU over the last interval.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GpuProcess {
     /// Process id.
     pub pid: u32,
@@ -90,8 +90,7 @@ pub struct GpuProcess {
 }
 
 /// Where an interval's per-process SM shares come from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SmBasis {
     /// NVML's samples taken within the interval.
     #[default]
@@ -109,7 +108,7 @@ pub enum SmBasis {
 }
 
 /// One GPU over one interval.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GpuReading {
     /// NVML index.
     pub index: u32,
@@ -167,7 +166,7 @@ pub struct MigInstance {
 }
 
 /// A GPU found.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GpuInfo {
     /// NVML index.
     pub index: u32,

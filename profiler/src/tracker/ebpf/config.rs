@@ -46,10 +46,7 @@ pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_task
 }
 
 /// Which tracker measures on-CPU time.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TrackerKind {
     /// A task iterator reads the scheduler's counters at each read, and
     /// rare events (exit, free, migration between packages, cgroup move)
@@ -85,8 +82,7 @@ pub(crate) enum TrackerChoice {
 }
 
 /// How exits are detected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ExitTracking {
     /// The iterator tracker: the final run time when the task is freed
     /// (`sched_process_free`), the exit's reading when no free comes.
@@ -100,8 +96,7 @@ pub(crate) enum ExitTracking {
 }
 
 /// Which clock task time comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TaskClock {
     /// The scheduler's own `se.sum_exec_runtime` (kernel with BTF): the
     /// same nanoseconds as `/proc/<pid>/schedstat` and `getrusage`.
