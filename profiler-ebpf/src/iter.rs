@@ -27,11 +27,11 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::RawTracePointContext,
 };
-use profiler_common::{
-    COMM_LEN, DEFAULT_MAX_TASKS, EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE,
-    EVENT_THREAD_MIGRATE, ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, KernelOffsets,
-    ThreadEvent,
+use profiler_common::iter::{
+    EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
+    ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, KernelOffsets, ThreadEvent,
 };
+use profiler_common::{COMM_LEN, DEFAULT_MAX_TASKS};
 
 use crate::{CPUS, EVENTS};
 

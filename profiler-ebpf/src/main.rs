@@ -1,9 +1,12 @@
 //! wattprof's kernel side: exact on-CPU nanoseconds per thread, per package.
 //!
-//! Two trackers share this object. The iterator tracker (`iter`, the
-//! default) reads the scheduler's counters at each read and at rare events;
-//! the switch tracker below (`--tracker switch`, the fallback without BTF)
-//! charges every context switch.
+//! Two trackers share this object, each named the same in the three
+//! crates (its programs here, its shared types in `profiler_common`, its
+//! reader in `profiler::tracker`): `iter`, the iterator tracker (the
+//! default), reads the scheduler's counters at each read and at rare
+//! events; `switch` (`--tracker switch`, the fallback without BTF) charges
+//! every context switch. This file holds their maps and the fork, exec and
+//! exit records both send. The stack sampler, `stacks`, is a second object.
 //!
 //! At every context switch the task leaving the CPU (`current`) is charged
 //! for the slice it ran: the growth of its own `se.sum_exec_runtime` (the
@@ -26,23 +29,24 @@
 #![no_main]
 
 mod iter;
+mod switch;
 
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
 use profiler_common::{
-    ACTIVE_RING_BYTES, COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState,
-    DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED,
-    MAX_SOCKETS, TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskEvent, TaskStats,
+    ACTIVE_RING_BYTES, COMM_LEN, CpuState, DEFAULT_MAX_TASKS, DEFAULT_RING_BYTES, EVENT_EXEC,
+    EVENT_EXIT, EVENT_FORK, EVENT_REAPED, MAX_SOCKETS, TaskEvent,
+    switch::{TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskStats},
 };
 
 /// Per-CPU accounting state (one entry).
@@ -75,228 +79,6 @@ static FORK_CHILD_PID_OFFSET: u32 = 20;
 /// Non-zero when the iterator tracker runs (no `TASKS` entries to keep).
 #[unsafe(no_mangle)]
 static ITER_MODE: u32 = 0;
-
-/// `offsetof(struct task_struct, se.sum_exec_runtime)` in the running kernel,
-/// from its BTF; 0 when unknown (time context switches instead).
-#[unsafe(no_mangle)]
-static SUM_EXEC_OFFSET: u32 = 0;
-
-/// The scheduler's run-time counter of the task at `task`, where it can be
-/// read.
-#[inline(always)]
-fn sum_exec(task: u64) -> Option<u64> {
-    // SAFETY: reading a global that userspace sets before load.
-    let offset = unsafe { core::ptr::read_volatile(&SUM_EXEC_OFFSET) } as u64;
-    if offset == 0 {
-        return None;
-    }
-    // SAFETY: probe_read_kernel checks the address; the offset comes from
-    // this kernel's own BTF.
-    unsafe { bpf_probe_read_kernel((task + offset) as *const u64) }.ok()
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Charge {
-    /// A context switch; the leaving task continues to exist.
-    Switch,
-    /// The final context switch of a task that has exited.
-    SwitchDead,
-    /// No switch: userspace closes the slice in progress.
-    Flush,
-}
-
-/// sched_switch, Linux 5.18 and later: `prev_state` (argument 3) tells the
-/// final switch of an exiting task, so its totals go out exactly once and its
-/// entry is freed in the kernel.
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn wattprof_sched_switch(ctx: RawTracePointContext) -> i32 {
-    let prev_state: u64 = ctx.arg(3);
-    let kind = if prev_state & TASK_DEAD != 0 {
-        Charge::SwitchDead
-    } else {
-        Charge::Switch
-    };
-    charge(&ctx, kind);
-    0
-}
-
-/// sched_switch before Linux 5.18 (no `prev_state` argument): exits are
-/// flagged by `wattprof_sched_process_exit`, and userspace frees the entry.
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn wattprof_sched_switch_legacy(ctx: RawTracePointContext) -> i32 {
-    charge(&ctx, Charge::Switch);
-    0
-}
-
-/// Never attached: run on one CPU by userspace (`BPF_F_TEST_RUN_ON_CPU`) in
-/// interrupt context there, where `current` is the task that CPU is running.
-/// A non-zero argument 0 closes the CPU's window after charging.
-#[raw_tracepoint(tracepoint = "wattprof_flush")]
-pub fn wattprof_flush(ctx: RawTracePointContext) -> i32 {
-    charge(&ctx, Charge::Flush);
-    let close: u64 = ctx.arg(0);
-    if close != 0
-        && let Some(cpu) = CPUS.get_ptr_mut(0)
-    {
-        // SAFETY: see `charge`.
-        unsafe { (*cpu).flags |= CPU_FLAG_CLOSED };
-    }
-    0
-}
-
-#[inline(always)]
-fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
-    let Some(cpu) = CPUS.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: a per-CPU slot, touched only by programs running on this CPU,
-    // which cannot interleave (sched_switch runs with interrupts off).
-    let cpu = unsafe { &mut *cpu };
-    if cpu.flags & CPU_FLAG_CLOSED != 0 {
-        return;
-    }
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if kind != Charge::Flush {
-        cpu.switches += 1;
-    }
-    if cpu.last_ns == 0 {
-        // Userspace's opening flush starts the window, so no task time is
-        // recorded before it (switches may open it where flushes are not
-        // available).
-        if kind == Charge::Flush || cpu.flags & CPU_FLAG_SWITCH_OPENS != 0 {
-            cpu.first_ns = now;
-            cpu.last_ns = now;
-        }
-        return;
-    }
-    let wall = now.wrapping_sub(cpu.last_ns);
-    cpu.last_ns = now;
-
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    if tid == 0 {
-        cpu.idle_task_ns += wall;
-        return;
-    }
-    let socket = (cpu.socket as usize) & (MAX_SOCKETS - 1);
-    // SAFETY: helper without preconditions.
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    // SAFETY: helper without preconditions.
-    let task_ptr = unsafe { bpf_get_current_task() };
-    let mut found = TASKS.get_ptr_mut(tid);
-    if let Some(entry) = found {
-        // SAFETY: a task is `current` on one CPU at a time, so only this
-        // program updates its entry now; userspace only reads it.
-        let entry = unsafe { &mut *entry };
-        if entry.task_ptr == 0 {
-            entry.task_ptr = task_ptr;
-        } else if entry.task_ptr != task_ptr {
-            // The tid now belongs to another task: retire the old entry
-            // with its totals, then start this task's own.
-            retire(ctx, tid, entry, now, cpu);
-            found = None;
-        }
-    }
-    let task = match found {
-        // SAFETY: as above.
-        Some(task) => unsafe { &mut *task },
-        None => {
-            let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
-            let fresh = TaskStats::new(now, cgroup_id, task_ptr, 0, comm);
-            if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
-                if cpu.lost_ns == 0 {
-                    warn!(
-                        ctx,
-                        "TASKS is full: thread {} is not tracked, so its time is counted as lost on this CPU (raise --max-tasks)",
-                        tid
-                    );
-                }
-                cpu.lost_ns += wall;
-                return;
-            }
-            match TASKS.get_ptr_mut(tid) {
-                // SAFETY: as above.
-                Some(task) => unsafe { &mut *task },
-                None => {
-                    cpu.lost_ns += wall;
-                    return;
-                }
-            }
-        }
-    };
-    task.tgid = (pid_tgid >> 32) as u32;
-    task.cgroup_id = cgroup_id;
-    let delta = delta_of(task, task_ptr, kind, wall);
-    task.on_cpu_ns[socket] += delta;
-    cpu.busy_ns += delta;
-
-    // Announce the thread once per epoch; if the ring is full, try again at
-    // its next charge and let userspace know to read everything.
-    if let Some(epoch) = EPOCH.get(0)
-        && task.epoch != *epoch
-    {
-        if ACTIVE
-            .output::<[u64; 2]>(&[u64::from(tid), *epoch], 0)
-            .is_ok()
-        {
-            task.epoch = *epoch;
-        } else {
-            cpu.active_lost += 1;
-        }
-    }
-
-    if kind != Charge::Switch {
-        // Names change without exec too (prctl, pthread_setname_np): take
-        // the current one at flushes and at exit, off the hot path.
-        task.comm = bpf_get_current_comm().unwrap_or(task.comm);
-    }
-    if kind == Charge::SwitchDead {
-        task.flags |= TASK_FLAG_DEAD;
-        if emit_totals(ctx, EVENT_EXIT, tid, task, now, cpu) {
-            let _ = TASKS.remove(tid);
-        }
-        // Otherwise the flagged entry stays for userspace to read and free.
-    }
-}
-
-/// The task's new on-CPU time for this charge: the scheduler's own
-/// counter where it has a baseline for the task, else the `wall` time of
-/// the slice just ended (provisional at a flush, settled at the next
-/// switch).
-#[inline(always)]
-fn delta_of(task: &mut TaskStats, task_ptr: u64, kind: Charge, wall: u64) -> u64 {
-    match sum_exec(task_ptr) {
-        // A counter below the baseline cannot be this task's: time it.
-        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
-            if kind == Charge::Flush {
-                task.provisional_ns += wall;
-                wall
-            } else {
-                let exact = sum - task.sum_exec_seen;
-                let settled = exact.saturating_sub(task.provisional_ns);
-                task.sum_exec_seen = sum;
-                task.provisional_ns = 0;
-                settled
-            }
-        }
-        Some(sum) => {
-            // First sight of a task older than tracking: this slice is
-            // timed. At a switch the counter is current, so later slices
-            // are the scheduler's; at a flush it is stale by up to a tick,
-            // so the baseline waits for the next switch (timed from here).
-            task.provisional_ns = 0;
-            if kind == Charge::Flush {
-                task.flags &= !TASK_FLAG_BASELINE;
-            } else {
-                task.sum_exec_seen = sum;
-                task.flags |= TASK_FLAG_BASELINE;
-            }
-            wall
-        }
-        None => wall,
-    }
-}
 
 /// Reports an entry whose task is gone (or whose tid moved to another
 /// task) with its totals, and frees it. If the ring is full its time is

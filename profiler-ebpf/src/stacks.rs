@@ -29,7 +29,7 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
-use profiler_common::{
+use profiler_common::stacks::{
     STACK_EXEC_PATH_LEN, STACK_MAX_KERNEL_FRAMES, STACK_MAX_USER_FRAMES, STACK_RECORD_EXEC,
     STACK_RECORD_SAMPLE, STACK_RING_BYTES, STACK_SCRATCH_BYTES, STACK_USER_FRAME_BYTES,
     StackRecord, StackStats,

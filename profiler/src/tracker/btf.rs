@@ -6,7 +6,7 @@
 //! so one object works on every kernel that has BTF; kernels without BTF
 //! fall back to timing context switches.
 
-use profiler_common::KernelOffsets;
+use profiler_common::iter::KernelOffsets;
 
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;

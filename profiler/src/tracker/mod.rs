@@ -10,10 +10,9 @@ mod ebpf;
 mod forks;
 mod iter;
 mod load;
-pub(crate) mod runtime;
 pub(crate) mod stacks;
+mod switch;
 mod sys;
-mod threads;
 pub(crate) mod tracefs;
 
 pub(crate) use ebpf::{

@@ -15,7 +15,7 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use profiler_common::{
+use profiler_common::stacks::{
     STACK_EXEC_PATH_LEN, STACK_RECORD_EXEC, STACK_RECORD_SAMPLE, STACK_USER_FRAME_BYTES,
     StackRecord, StackStats,
 };

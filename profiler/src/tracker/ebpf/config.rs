@@ -2,7 +2,8 @@
 //! tracker, how exits are tracked, which clock, and the kernel memory its
 //! maps take.
 
-use profiler_common::{DEFAULT_MAX_TASKS, TaskStats};
+use profiler_common::DEFAULT_MAX_TASKS;
+use profiler_common::switch::TaskStats;
 
 use crate::topology::SysRoot;
 

@@ -8,15 +8,16 @@ use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
     programs::RawTracePoint,
 };
-use profiler_common::{COMM_LEN, CpuState, TASK_FLAG_DEAD, TaskStats};
+use profiler_common::switch::{TASK_FLAG_DEAD, TaskStats};
+use profiler_common::{COMM_LEN, CpuState};
 
 use super::load::map_err;
 use super::{
     CpuSample, CpuSampler, CpuTimes, TaskEvent, TrackerError,
     iter::IterState,
     monotonic_ns,
+    switch::{Observation, Seen, ThreadLedger},
     sys::{self, Batch},
-    threads::{Observation, Seen, ThreadLedger},
 };
 use crate::topology::Topology;
 

@@ -2,14 +2,13 @@
 
 use std::os::fd::RawFd;
 
-use profiler_common::{
-    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED, TaskEvent as RawEvent, ThreadEvent,
-};
+use profiler_common::iter::{EVENT_THREAD_EXIT, EVENT_THREAD_FREE, ThreadEvent};
+use profiler_common::{EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_REAPED, TaskEvent as RawEvent};
 
 use super::EbpfTracker;
 use crate::tracker::{
     TaskEvent, comm_to_string,
-    threads::{Observation, Seen},
+    switch::{Observation, Seen},
 };
 
 impl EbpfTracker {
@@ -36,7 +35,7 @@ impl EbpfTracker {
             let kind = item
                 .get(..4)
                 .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-            if kind >= profiler_common::EVENT_THREAD_EXIT {
+            if kind >= EVENT_THREAD_EXIT {
                 if item.len() >= std::mem::size_of::<ThreadEvent>()
                     && let Some(iter) = self.iter.as_mut()
                 {
@@ -44,7 +43,7 @@ impl EbpfTracker {
                     let ev: ThreadEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     // Its free carries the final run time: only that
                     // ends the settle wait's interest in it.
-                    if ev.kind == profiler_common::EVENT_THREAD_FREE {
+                    if ev.kind == EVENT_THREAD_FREE {
                         self.forks.ended(ev.tid);
                     }
                     iter.event(&ev);

@@ -9,7 +9,8 @@ use aya::{
     maps::{Array, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
     programs::{Iter, RawTracePoint, TracePoint},
 };
-use profiler_common::{CPU_FLAG_SWITCH_OPENS, CpuState, KernelOffsets};
+use profiler_common::iter::KernelOffsets;
+use profiler_common::{CPU_FLAG_SWITCH_OPENS, CpuState};
 
 use super::{
     EbpfTracker, ExitTracking, KernelLog, OBJECT, SkipEvent, TaskClock, TrackerChoice,
@@ -21,8 +22,8 @@ use crate::tracker::{
     TrackerError,
     iter::IterState,
     monotonic_ns,
+    switch::ThreadLedger,
     sys::{self},
-    threads::ThreadLedger,
     tracefs,
 };
 

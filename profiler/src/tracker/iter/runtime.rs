@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
-use super::{TaskTime, comm_to_string};
 use crate::hash::{IntMap, IntSet};
+use crate::tracker::{TaskTime, comm_to_string};
 
 /// How long after an exit its free may take before the thread is counted
 /// as settled from the exit's reading (the free comes an RCU grace period

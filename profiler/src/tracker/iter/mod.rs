@@ -5,17 +5,17 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
-use profiler_common::{
+use profiler_common::iter::{
     EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
     ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
 };
 
+mod runtime;
+
+use runtime::{Kind, Reading, RuntimeLedger};
+
 use super::load::map_err;
-use super::{
-    CpuTimes, TaskTime, TrackerError, monotonic_ns,
-    runtime::{Kind, Reading, RuntimeLedger},
-    sys,
-};
+use super::{CpuTimes, TaskTime, TrackerError, monotonic_ns, sys};
 use crate::topology::Topology;
 
 /// How often a read shows every thread (not only those that ran), so
