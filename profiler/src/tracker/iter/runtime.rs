@@ -106,17 +106,85 @@ struct Thread {
     pending: Vec<(u64, [u64; MAX_SOCKETS])>,
     /// Checkpoints beyond `counted_ns`, in run-time order.
     checkpoints: Vec<(u64, Checkpoint)>,
-    exit_ns: Option<u64>,
-    exit_reported: bool,
-    freed: bool,
-    /// Exited and counted as settled from the exit's reading (no free in
-    /// time); still waiting for a late free.
-    settled: bool,
+    /// Where it is between its first reading and its last.
+    life: Life,
     /// Full reads in a row that did not show it.
     missing_full_reads: u8,
     /// Monotonic time of the last reading: threads a full read no longer
     /// shows, read before it, are gone.
     last_seen_ns: u64,
+}
+
+/// A thread's life as the ledger knows it. Each ended state keeps when
+/// it ended (`at_ns`, monotonic) and whether that end has been handed out
+/// (`reported`, by [`RuntimeLedger::finish`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Life {
+    /// No exit seen.
+    Alive,
+    /// Exited; its final run time (the free) is on its way.
+    Exited { at_ns: u64, reported: bool },
+    /// Exited, and counted as settled from the exit's reading: no free
+    /// came in [`FREE_GRACE_NS`], or the profile ended. Kept: a late free
+    /// still counts the rest, two full reads without it forget it.
+    Settled { at_ns: u64, reported: bool },
+    /// Freed (its final run time is counted), or gone from two full reads
+    /// in a row: nothing more will come, and `finish` forgets it.
+    Freed { at_ns: u64, reported: bool },
+}
+
+impl Life {
+    /// When it exited, if it did.
+    fn exit_ns(self) -> Option<u64> {
+        match self {
+            Life::Alive => None,
+            Life::Exited { at_ns, .. }
+            | Life::Settled { at_ns, .. }
+            | Life::Freed { at_ns, .. } => Some(at_ns),
+        }
+    }
+
+    fn reported(self) -> bool {
+        match self {
+            Life::Alive => false,
+            Life::Exited { reported, .. }
+            | Life::Settled { reported, .. }
+            | Life::Freed { reported, .. } => reported,
+        }
+    }
+
+    fn is_freed(self) -> bool {
+        matches!(self, Life::Freed { .. })
+    }
+
+    /// Its exit record at `ts_ns` (a second one changes nothing).
+    fn exit(&mut self, ts_ns: u64) {
+        if *self == Life::Alive {
+            *self = Life::Exited {
+                at_ns: ts_ns,
+                reported: false,
+            };
+        }
+    }
+
+    /// Its free record at `ts_ns`: it exited then if no exit was seen.
+    fn free(&mut self, ts_ns: u64) {
+        let at_ns = self.exit_ns().unwrap_or(ts_ns);
+        *self = Life::Freed {
+            at_ns,
+            reported: self.reported(),
+        };
+    }
+
+    /// Its end has been handed out.
+    fn mark_reported(&mut self) {
+        match self {
+            Life::Alive => {}
+            Life::Exited { reported, .. }
+            | Life::Settled { reported, .. }
+            | Life::Freed { reported, .. } => *reported = true,
+        }
+    }
 }
 
 /// Cumulative-to-delta bookkeeping for every thread the iterator tracker
@@ -220,7 +288,7 @@ impl RuntimeLedger {
     /// Threads of `tgid` that have not exited.
     pub(crate) fn live_threads_of(&self, tgid: u32) -> usize {
         self.all()
-            .filter(|t| t.tgid == tgid && t.exit_ns.is_none())
+            .filter(|t| t.tgid == tgid && t.life == Life::Alive)
             .count()
     }
 
@@ -233,10 +301,7 @@ impl RuntimeLedger {
             .filter_map(|ptr| self.threads.get(ptr))
             .flatten()
             .filter(|t| {
-                t.exit_ns
-                    .is_some_and(|e| (since_ns..=until_ns).contains(&e))
-                    && !t.freed
-                    && !t.settled
+                matches!(t.life, Life::Exited { at_ns, .. } if (since_ns..=until_ns).contains(&at_ns))
             })
             .count()
     }
@@ -254,7 +319,7 @@ impl RuntimeLedger {
             .iter()
             .flat_map(|(ptr, list)| list.iter().map(move |t| (*ptr, t)))
             .filter(|(_, t)| {
-                t.exit_ns.is_none() && !t.freed && t.last_seen_ns >= since_ns && gone(t.tgid, t.tid)
+                t.life == Life::Alive && t.last_seen_ns >= since_ns && gone(t.tgid, t.tid)
             })
             .map(|(ptr, t)| (ptr, t.start_ns))
             .collect()
@@ -268,14 +333,15 @@ impl RuntimeLedger {
             .filter(|(ptr, start)| {
                 self.threads
                     .get(ptr)
-                    .is_some_and(|l| l.iter().any(|t| t.start_ns == *start && !t.freed))
+                    .is_some_and(|l| l.iter().any(|t| t.start_ns == *start && !t.life.is_freed()))
             })
             .count()
     }
 
     /// Whether thread `tid` has exited.
     pub(crate) fn has_exited(&self, tid: u32) -> bool {
-        self.all().any(|t| t.tid == tid && t.exit_ns.is_some())
+        self.all()
+            .any(|t| t.tid == tid && t.life.exit_ns().is_some())
     }
 
     fn all(&self) -> impl Iterator<Item = &Thread> {
@@ -341,13 +407,8 @@ impl RuntimeLedger {
             Kind::Read | Kind::Exit { .. } | Kind::Free { .. } => {
                 advance(t, r.sum_exec_ns, r.cpu, r.cgroup_id, map, busy);
                 match kind {
-                    Kind::Exit { ts_ns } => {
-                        t.exit_ns.get_or_insert(ts_ns);
-                    }
-                    Kind::Free { ts_ns } => {
-                        t.exit_ns.get_or_insert(ts_ns);
-                        t.freed = true;
-                    }
+                    Kind::Exit { ts_ns } => t.life.exit(ts_ns),
+                    Kind::Free { ts_ns } => t.life.free(ts_ns),
                     _ => {}
                 }
             }
@@ -361,7 +422,7 @@ impl RuntimeLedger {
     /// without a trace (their events were lost).
     pub(crate) fn full_read_done(&mut self, read_start_ns: u64) {
         for (ptr, list) in &mut self.threads {
-            for t in list.iter_mut().filter(|t| !t.freed) {
+            for t in list.iter_mut().filter(|t| !t.life.is_freed()) {
                 if t.last_seen_ns >= read_start_ns {
                     continue;
                 }
@@ -369,14 +430,22 @@ impl RuntimeLedger {
                 if t.missing_full_reads < 2 {
                     continue;
                 }
-                if t.exit_ns.is_none() {
-                    t.exit_ns = Some(t.last_seen_ns);
-                    self.vanished += 1;
-                } else if !t.settled {
-                    self.settled_from_exit += 1;
-                }
-                t.settled = true;
-                t.freed = true;
+                t.life = match t.life {
+                    Life::Alive => {
+                        self.vanished += 1;
+                        Life::Freed {
+                            at_ns: t.last_seen_ns,
+                            reported: false,
+                        }
+                    }
+                    Life::Exited { at_ns, reported } => {
+                        self.settled_from_exit += 1;
+                        Life::Freed { at_ns, reported }
+                    }
+                    Life::Settled { at_ns, reported } | Life::Freed { at_ns, reported } => {
+                        Life::Freed { at_ns, reported }
+                    }
+                };
                 self.forget.push(*ptr);
                 self.touched.push(*ptr);
                 if self.forgotten_set.insert((*ptr, t.start_ns)) {
@@ -422,8 +491,7 @@ impl RuntimeLedger {
                 continue;
             };
             list.retain_mut(|t| {
-                let newly_exited = t.exit_ns.is_some() && !t.exit_reported;
-                let mut exit_ns = if newly_exited { t.exit_ns } else { None };
+                let mut exit_ns = t.life.exit_ns().filter(|_| !t.life.reported());
                 for (cgroup_id, ns) in t.pending.drain(..) {
                     out.push(TaskTime {
                         tid: t.tid,
@@ -444,22 +512,22 @@ impl RuntimeLedger {
                         exit_ns: Some(exit),
                     });
                 }
-                t.exit_reported |= newly_exited;
-                if t.freed {
-                    return false;
-                }
-                let overdue = t
-                    .exit_ns
-                    .is_some_and(|e| now_ns.saturating_sub(e) >= FREE_GRACE_NS);
-                if !t.settled && (overdue || (final_read && t.exit_ns.is_some())) {
+                t.life.mark_reported();
+                if let Life::Exited { at_ns, reported } = t.life
+                    && (final_read || now_ns.saturating_sub(at_ns) >= FREE_GRACE_NS)
+                {
                     // Kept: a late free counts the rest; two full reads
                     // without it forget it.
-                    t.settled = true;
+                    t.life = Life::Settled { at_ns, reported };
                     self.settled_from_exit += 1;
                 }
-                !final_read || !t.settled
+                match t.life {
+                    Life::Freed { .. } => false,
+                    Life::Settled { .. } => !final_read,
+                    Life::Alive | Life::Exited { .. } => true,
+                }
             });
-            if list.iter().any(|t| t.exit_ns.is_some() && !t.settled) {
+            if list.iter().any(|t| matches!(t.life, Life::Exited { .. })) {
                 self.awaiting.insert(ptr);
             } else {
                 self.awaiting.remove(&ptr);
@@ -490,7 +558,7 @@ fn slot(list: &mut Vec<Thread>, r: &Reading<'_>, counted_ns: u64, now_ns: u64) -
     // (earlier) start time: the same task.
     if let Some(i) = list
         .iter()
-        .position(|t| t.start_ns > r.start_ns && !t.freed && t.exit_ns.is_none())
+        .position(|t| t.start_ns > r.start_ns && t.life == Life::Alive)
     {
         list[i].start_ns = r.start_ns;
         return i;
@@ -504,10 +572,7 @@ fn slot(list: &mut Vec<Thread>, r: &Reading<'_>, counted_ns: u64, now_ns: u64) -
         counted_ns,
         pending: Vec::new(),
         checkpoints: Vec::new(),
-        exit_ns: None,
-        exit_reported: false,
-        freed: false,
-        settled: false,
+        life: Life::Alive,
         missing_full_reads: 0,
         last_seen_ns: now_ns,
     });
