@@ -56,6 +56,10 @@ struct Thread {
     dead_reads: u32,
     in_map: bool,
     missing_rounds: u32,
+    /// Userspace freed its kernel entry: nothing more will come.
+    freed: bool,
+    /// `finish` calls since its exit was known.
+    exit_rounds: u8,
 }
 
 /// Cumulative-to-delta bookkeeping for every thread the tracker has seen.
@@ -110,6 +114,8 @@ impl ThreadLedger {
                 dead_reads: 0,
                 in_map: false,
                 missing_rounds: 0,
+                freed: false,
+                exit_rounds: 0,
             });
         thread.tgid = obs.tgid;
         thread.cgroup_id = obs.cgroup_id;
@@ -145,6 +151,7 @@ impl ThreadLedger {
     pub(crate) fn freed(&mut self, tid: u32, created_ns: u64, at_ns: u64) {
         if let Some(t) = self.threads.get_mut(&(tid, created_ns)) {
             t.in_map = false;
+            t.freed = true;
             t.exit_ns.get_or_insert(at_ns);
         }
     }
@@ -168,10 +175,19 @@ impl ThreadLedger {
 
     /// Closes the interval: the time each thread gained since the last
     /// call, and its exit if it happened now. Forgets threads that are gone
-    /// for good: exited and out of the map, or missing from two full reads
+    /// for good: exited and freed by userspace, exited and absent from a
+    /// read made after the exit was known, or missing from two full reads
     /// (entry recycled in the kernel, already reported). After a partial
     /// read (`full_scan == false`, only announced threads looked up) a
     /// thread not looked up is simply idle.
+    ///
+    /// An exit drained after this interval's read (the sample's second
+    /// drain) says nothing about the map: on the exit-tracepoint path
+    /// (kernels before 5.18) the entry stays, flagged dead, until
+    /// userspace frees it, so its line is kept one more interval, when
+    /// `awaiting_free` has the read look it up. Forgotten at once, the
+    /// entry read again would start a new line from zero and count the
+    /// time before the exit twice.
     pub(crate) fn finish(&mut self, full_scan: bool) -> Vec<TaskTime> {
         let packages = self.packages;
         let mut out = Vec::new();
@@ -198,7 +214,8 @@ impl ThreadLedger {
                 t.missing_rounds += 1;
             }
             let keep = if t.exit_ns.is_some() {
-                t.in_map
+                t.exit_rounds = t.exit_rounds.saturating_add(1);
+                t.in_map || (!t.freed && t.exit_rounds < 2)
             } else {
                 t.missing_rounds < 2
             };
@@ -271,6 +288,41 @@ mod tests {
         assert_eq!(out[0].exit_ns, Some(1234));
         // Exited and absent from the next read: forgotten.
         assert!(l.finish(true).is_empty());
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn an_exit_drained_after_the_read_keeps_the_line_until_the_entry_is_read_again() {
+        // Exit-tracepoint path: the exit record comes in the sample's
+        // second drain, after a read that did not look the thread up; the
+        // kernel entry stays, flagged dead.
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, c) = obs(5, 1, 100);
+        see(&mut l, tid, c, a, Seen::Exit { ts_ns: 40 });
+        let out = l.finish(false);
+        assert_eq!((out[0].on_cpu_ns.clone(), out[0].exit_ns), (vec![100], Some(40)));
+        assert_eq!(l.awaiting_free().collect::<Vec<_>>(), vec![5], "looked up next");
+        // The next read finds the entry with its final slice: only that.
+        let (b, ..) = obs(5, 1, 130);
+        see(&mut l, tid, c, b, Seen::Map { dead: true });
+        let out = l.finish(false);
+        assert_eq!((out[0].on_cpu_ns.clone(), out[0].exit_ns), (vec![30], None));
+        assert!(see(&mut l, tid, c, b, Seen::Map { dead: true }), "free it now");
+        l.freed(tid, c, 99);
+        assert!(l.finish(false).is_empty());
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn an_exit_whose_entry_is_gone_is_forgotten_a_read_later() {
+        // Kernels with prev_state: the final switch sends the exit and
+        // frees the entry; the next read does not find it.
+        let mut l = ThreadLedger::new(1);
+        let (a, tid, c) = obs(6, 1, 80);
+        see(&mut l, tid, c, a, Seen::Exit { ts_ns: 10 });
+        assert_eq!(l.finish(false)[0].on_cpu_ns, vec![80]);
+        assert_eq!(l.len(), 1);
+        assert!(l.finish(false).is_empty());
         assert!(l.is_empty());
     }
 
