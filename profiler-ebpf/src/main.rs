@@ -8,16 +8,6 @@
 //! every context switch. This file holds their maps and the fork, exec and
 //! exit records both send. The stack sampler, `stacks`, is a second object.
 //!
-//! At every context switch the task leaving the CPU (`current`) is charged
-//! for the slice it ran: the growth of its own `se.sum_exec_runtime` (the
-//! scheduler's counter, read at an offset userspace finds in the running
-//! kernel's BTF), or, without BTF, the time since the CPU's previous switch.
-//! Time that cannot be recorded (`TASKS` full) goes to the CPU's `lost_ns`.
-//! Userspace closes slices still in progress before each read with a flush
-//! program run on every CPU through `BPF_PROG_TEST_RUN`; a flush charges
-//! wall time provisionally, and the task's next switch settles the
-//! difference with the scheduler's figure.
-//!
 //! Bounds: `TASKS` holds `DEFAULT_MAX_TASKS` threads (userspace may change it
 //! at load time); `EVENTS` is `DEFAULT_RING_BYTES`; `CPUS` has one entry per
 //! possible CPU. What does not fit is counted in `CpuState`, and said once
@@ -187,7 +177,7 @@ pub fn wattprof_sched_process_fork(ctx: TracePointContext) -> i32 {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: see `charge`.
+    // SAFETY: see `switch::charge`.
     let cpu = unsafe { &mut *cpu };
     // SAFETY: reading a global that userspace sets before load.
     let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
@@ -233,12 +223,12 @@ pub fn wattprof_sched_process_exec(ctx: TracePointContext) -> i32 {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: see `charge`.
+    // SAFETY: see `switch::charge`.
     let cpu = unsafe { &mut *cpu };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     if let Some(task) = TASKS.get_ptr_mut(tid) {
-        // SAFETY: `current` owns its entry (see `charge`).
+        // SAFETY: `current` owns its entry (see `switch::charge`).
         let task = unsafe { &mut *task };
         task.comm = bpf_get_current_comm().unwrap_or(task.comm);
     }
@@ -254,11 +244,11 @@ pub fn wattprof_sched_process_exit(ctx: TracePointContext) -> i32 {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: see `charge`.
+    // SAFETY: see `switch::charge`.
     let cpu = unsafe { &mut *cpu };
     let tid = bpf_get_current_pid_tgid() as u32;
     if let Some(task) = TASKS.get_ptr_mut(tid) {
-        // SAFETY: `current` owns its entry (see `charge`).
+        // SAFETY: `current` owns its entry (see `switch::charge`).
         let task = unsafe { &mut *task };
         task.flags |= TASK_FLAG_DEAD;
         task.comm = bpf_get_current_comm().unwrap_or(task.comm);

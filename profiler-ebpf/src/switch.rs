@@ -4,6 +4,16 @@
 //! progress. Its userspace half is `profiler/src/tracker/switch.rs` (the
 //! per-thread ledger) with `tracker/ebpf/` (the reads); its shared types
 //! are `profiler_common::switch`.
+//!
+//! At every context switch the task leaving the CPU (`current`) is charged
+//! for the slice it ran: the growth of its own `se.sum_exec_runtime` (the
+//! scheduler's counter, read at an offset userspace finds in the running
+//! kernel's BTF), or, without BTF, the time since the CPU's previous switch.
+//! Time that cannot be recorded (`TASKS` full) goes to the CPU's `lost_ns`.
+//! Userspace closes slices still in progress before each read with a flush
+//! program run on every CPU through `BPF_PROG_TEST_RUN`; a flush charges
+//! wall time provisionally, and the task's next switch settles the
+//! difference with the scheduler's figure.
 
 use aya_ebpf::{
     EbpfContext,

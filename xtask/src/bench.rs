@@ -43,15 +43,41 @@ pub enum Which {
         /// Processes alive during the loaded measurement.
         #[arg(long, default_value_t = 1000)]
         processes: usize,
-        /// Another wattprof binary (an earlier build): at each interval,
-        /// this build and that one take turns, ROUNDS times each, with the
-        /// processes running, and the median of the paired ratios (this
-        /// build's CPU over that one's) is printed with its range.
+        /// Another wattprof binary (an earlier build): in each of four
+        /// states (a quiet host, 10,000 idle threads, PROCESSES wakers at
+        /// 1 s and at 100 ms) this build and that one take turns, ROUNDS
+        /// times each, and the median of the paired ratios (this build's
+        /// CPU over that one's) is printed with its range, as a table.
         #[arg(long)]
         baseline: Option<PathBuf>,
         /// Paired rounds with --baseline.
         #[arg(long, default_value_t = 6)]
         rounds: usize,
+    },
+    /// Heap allocations per interval of `wattprof monitor` in steady
+    /// state while PROCESSES processes wake every 50 ms, counted by the
+    /// `alloc-count` preload (so a baseline build is counted the same
+    /// way): runs of SHORT and LONG seconds, the difference over the
+    /// difference in intervals.
+    Allocs {
+        /// Processes waking every 50 ms.
+        #[arg(long, default_value_t = 1000)]
+        processes: usize,
+        /// The monitor's interval.
+        #[arg(long, default_value = "100ms")]
+        interval: String,
+        /// Seconds of the short run.
+        #[arg(long, default_value_t = 4)]
+        short: u64,
+        /// Seconds of the long run.
+        #[arg(long, default_value_t = 14)]
+        long: u64,
+        /// Rounds (each runs both lengths of each build).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Another wattprof binary (an earlier build), counted alike.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// The exporter's CPU per /metrics scrape with PROCESSES processes
     /// running: plain HTTP, HTTPS with basic auth and a new connection per
@@ -179,6 +205,21 @@ pub fn run(which: Which) -> Result<()> {
             processes,
             baseline,
         } => scrapes(rounds, processes, baseline.as_deref()),
+        Which::Allocs {
+            processes,
+            interval,
+            short,
+            long,
+            rounds,
+            baseline,
+        } => allocs(
+            processes,
+            &interval,
+            short,
+            long,
+            rounds,
+            baseline.as_deref(),
+        ),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
         Which::Isolation {
             rounds,
@@ -869,11 +910,53 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
     Ok(())
 }
 
+/// A state of the machine the monitor is measured in: its interval, and
+/// the helper load (`xtask bench HELPER N SECONDS`) running meanwhile.
+struct MonitorState {
+    label: String,
+    interval: &'static str,
+    load: Option<(&'static str, usize)>,
+}
+
+/// The four states of issue #41's table: a quiet host, 10,000 idle
+/// threads, and `processes` wakers at 1 s and at 100 ms.
+fn monitor_states(processes: usize) -> Vec<MonitorState> {
+    vec![
+        MonitorState {
+            label: "quiet host".into(),
+            interval: "1s",
+            load: None,
+        },
+        MonitorState {
+            label: "10,000 idle threads".into(),
+            interval: "1s",
+            load: Some(("idle-threads", 10_000)),
+        },
+        MonitorState {
+            label: format!("{processes} wakers"),
+            interval: "1s",
+            load: Some(("busy-procs", processes)),
+        },
+        MonitorState {
+            label: format!("{processes} wakers"),
+            interval: "100ms",
+            load: Some(("busy-procs", processes)),
+        },
+    ]
+}
+
+/// One state's paired rounds: each build's CPU (ms/s) and their ratios.
+struct Paired {
+    news: Vec<f64>,
+    olds: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
 /// `bench monitor --baseline OLD`: this build's monitor and OLD's take
-/// turns with `processes` processes waking every 50 ms, `rounds` times at
-/// each interval (the order alternating, so drift and warm-up fall on both
-/// alike); prints each round's CPU, and the median of the paired ratios
-/// with their range.
+/// turns in each state of [`monitor_states`], `rounds` times (the order
+/// alternating, so drift and warm-up fall on both alike); prints each
+/// round's CPU, and per state the medians with their ranges and the
+/// median of the paired ratios with its range, as a table.
 fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -894,51 +977,26 @@ fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) ->
         new.display(),
         old.display()
     );
-    // Each measurement: 2 s settle, `seconds`, 1 s to end.
-    let per_run = seconds + 3;
-    for interval in ["1s", "100ms"] {
-        let mut load = Command::new(&xtask)
-            .args(["bench", "busy-procs", &processes.to_string()])
-            // Long enough for every round and its start-up; they end on
-            // their own, so the next interval starts without them.
-            .arg((per_run * 2 * rounds as u64 + 4 * rounds as u64 + 10).to_string())
-            .spawn()?;
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let mut ratios = Vec::new();
-        let (mut news, mut olds) = (Vec::new(), Vec::new());
-        for r in 0..rounds {
-            let order: [&Path; 2] = if r % 2 == 0 { [&new, old] } else { [old, &new] };
-            let mut got = [0.0; 2];
-            for (i, bin) in order.iter().enumerate() {
-                got[i] = monitor_cpu(bin, interval, seconds)?.0;
-            }
-            let (n, o) = if r % 2 == 0 {
-                (got[0], got[1])
-            } else {
-                (got[1], got[0])
-            };
-            println!(
-                "  --interval {interval} round {}: this build {:.3} ms/s, baseline {:.3} ms/s, ratio {:.3}",
-                r + 1,
-                n / 1e6,
-                o / 1e6,
-                n / o.max(1.0)
-            );
-            news.push(n / 1e6);
-            olds.push(o / 1e6);
-            ratios.push(n / o.max(1.0));
-        }
-        let _ = load.wait();
-        let sorted = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v
-        };
-        let (r, n, o) = (sorted(&ratios), sorted(&news), sorted(&olds));
+    let mut rows = Vec::new();
+    for state in monitor_states(processes) {
+        let paired = monitor_state(&state, &new, old, &xtask, seconds, rounds)?;
+        rows.push((state, paired));
+    }
+    let sorted = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    println!(
+        "\n| state | interval | this build, median (range) | baseline, median (range) | \
+         paired ratio, median (range) |\n| --- | --- | --- | --- | --- |"
+    );
+    for (state, p) in rows {
+        let (r, n, o) = (sorted(&p.ratios), sorted(&p.news), sorted(&p.olds));
         println!(
-            "monitor --interval {interval} with {processes} processes waking every 50 ms, {rounds} \
-             paired rounds: this build {:.3} ms/s (range {:.3}-{:.3}), baseline {:.3} ms/s \
-             ({:.3}-{:.3}); paired ratio median {:.3} (range {:.3}-{:.3})",
+            "| {} | {} | {:.3} ms/s ({:.3}-{:.3}) | {:.3} ms/s ({:.3}-{:.3}) | {:.3} ({:.3}-{:.3}) |",
+            state.label,
+            state.interval,
             quantile(&n, 0.5),
             n[0],
             n[n.len() - 1],
@@ -951,6 +1009,189 @@ fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) ->
         );
     }
     Ok(())
+}
+
+/// The paired rounds of one state, its load running throughout.
+fn monitor_state(
+    state: &MonitorState,
+    new: &Path,
+    old: &Path,
+    xtask: &Path,
+    seconds: u64,
+    rounds: usize,
+) -> Result<Paired> {
+    // Each measurement: 2 s settle, `seconds`, 1 s to end.
+    let per_run = seconds + 3;
+    let mut load = match state.load {
+        Some((helper, n)) => {
+            let child = Command::new(xtask)
+                .args(["bench", helper, &n.to_string()])
+                // Long enough for every round and its start-up; they end
+                // on their own, so the next state starts without them.
+                .arg((per_run * 2 * rounds as u64 + 4 * rounds as u64 + 10).to_string())
+                .spawn()?;
+            // Let them all start.
+            std::thread::sleep(std::time::Duration::from_secs(if n > 5_000 {
+                4
+            } else {
+                1
+            }));
+            Some(child)
+        }
+        None => None,
+    };
+    let mut p = Paired {
+        news: Vec::new(),
+        olds: Vec::new(),
+        ratios: Vec::new(),
+    };
+    for r in 0..rounds {
+        let order: [&Path; 2] = if r % 2 == 0 { [new, old] } else { [old, new] };
+        let mut got = [0.0; 2];
+        for (i, bin) in order.iter().enumerate() {
+            got[i] = monitor_cpu(bin, state.interval, seconds)?.0;
+        }
+        let (n, o) = if r % 2 == 0 {
+            (got[0], got[1])
+        } else {
+            (got[1], got[0])
+        };
+        println!(
+            "  {} at {} round {}: this build {:.3} ms/s, baseline {:.3} ms/s, ratio {:.3}",
+            state.label,
+            state.interval,
+            r + 1,
+            n / 1e6,
+            o / 1e6,
+            n / o.max(1.0)
+        );
+        p.news.push(n / 1e6);
+        p.olds.push(o / 1e6);
+        p.ratios.push(n / o.max(1.0));
+    }
+    if let Some(mut l) = load.take() {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+    Ok(p)
+}
+
+/// `bench allocs`: heap allocations per interval of `wattprof monitor`
+/// in steady state, counted by the `alloc-count` preload (any binary, a
+/// baseline build too): each binary runs for `short` and `long` seconds
+/// while `processes` wakers run, and the difference in allocations over
+/// the difference in intervals takes start-up out. `rounds` of each,
+/// alternating; medians and ranges.
+fn allocs(
+    processes: usize,
+    interval: &str,
+    short: u64,
+    long: u64,
+    rounds: usize,
+    baseline: Option<&Path>,
+) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the allocation benchmark loads eBPF: run it as root");
+    }
+    if long <= short {
+        bail!("--long must be longer than --short");
+    }
+    let new = wattprof_release()?;
+    build_release(&["-p", "alloc-count"])?;
+    let preload = workspace_root().join("target/release/liballoc_count.so");
+    let xtask = workspace_root().join("target/release/xtask");
+    let mut builds: Vec<(&str, &Path)> = vec![("this build", &new)];
+    if let Some(old) = baseline {
+        if !old.is_file() {
+            bail!("--baseline {}: no such binary", old.display());
+        }
+        builds.push(("baseline", old));
+    }
+    let rounds = rounds.max(1);
+    let mut load = Command::new(&xtask)
+        .args(["bench", "busy-procs", &processes.to_string()])
+        .arg(((short + long + 4) * rounds as u64 * builds.len() as u64 + 10).to_string())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut per: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
+    for r in 0..rounds {
+        for k in 0..builds.len() {
+            let i = if r % 2 == 0 { k } else { builds.len() - 1 - k };
+            let (name, bin) = builds[i];
+            let (a0, n0) = counted_run(bin, &preload, interval, short)?;
+            let (a1, n1) = counted_run(bin, &preload, interval, long)?;
+            let rate = (a1 as f64 - a0 as f64) / (n1 as f64 - n0 as f64).max(1.0);
+            println!(
+                "  round {}: {name}: {a0} allocations over {n0} intervals, {a1} over {n1}: \
+                 {rate:.1} per interval",
+                r + 1
+            );
+            per[i].push(rate);
+        }
+    }
+    let _ = load.kill();
+    let _ = load.wait();
+    for (i, (name, _)) in builds.iter().enumerate() {
+        let mut v = per[i].clone();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{name}: monitor --interval {interval} with {processes} wakers: {:.1} allocations per \
+             interval in steady state, median of {rounds} (range {:.1}-{:.1})",
+            quantile(&v, 0.5),
+            v[0],
+            v[v.len() - 1]
+        );
+    }
+    Ok(())
+}
+
+/// `wattprof monitor` for `seconds` under the counting preload: its
+/// allocations and the intervals it recorded.
+fn counted_run(
+    wattprof: &Path,
+    preload: &Path,
+    interval: &str,
+    seconds: u64,
+) -> Result<(u64, u64)> {
+    let dir = std::env::temp_dir();
+    let out = dir.join("wattprof-bench-allocs.json");
+    let count = dir.join("wattprof-bench-allocs.count");
+    let _ = std::fs::remove_file(&count);
+    let status = Command::new(wattprof)
+        .args([
+            "monitor",
+            "--cpu-tdp",
+            "100",
+            "--no-gpu",
+            "--interval",
+            interval,
+        ])
+        .args(["--duration", &format!("{seconds}s")])
+        .arg("--output")
+        .arg(&out)
+        .env("LD_PRELOAD", preload)
+        .env("ALLOC_COUNT_FILE", &count)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("wattprof monitor failed: {status}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let _ = std::fs::remove_file(&out);
+    let intervals = report
+        .pointer("/intervals")
+        .and_then(serde_json::Value::as_array)
+        .map_or(0, Vec::len) as u64;
+    let text = std::fs::read_to_string(&count)
+        .with_context(|| format!("{}: the preload wrote no count", count.display()))?;
+    let allocations = text
+        .lines()
+        .find_map(|l| l.strip_prefix("allocations "))
+        .and_then(|n| n.trim().parse().ok())
+        .context("no allocation count")?;
+    Ok((allocations, intervals))
 }
 
 /// How the scrape benchmark's client connects.

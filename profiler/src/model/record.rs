@@ -243,7 +243,13 @@ pub(crate) struct GpuRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held_w: Option<f64>,
     /// Processes using it (omitted from a machine-only recording).
-    #[serde(skip_serializing_if = "Option::is_none", with = "super::wire::via")]
+    /// (`default`: a field written through `with` is otherwise required,
+    /// where a plain `Option` reads as `None` when absent.)
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::wire::via"
+    )]
     pub(crate) processes: Option<Vec<GpuProcess>>,
     /// MIG: each instance, its activity and processes, and the energy its
     /// processes were given (absent off MIG; schema 6).
@@ -420,6 +426,19 @@ mod tests {
         assert!(m.get("processes").is_none());
         assert!(m["gpus"][0].get("processes").is_none());
         assert_eq!(m["t_ns"], 2);
+        // Both read back (a monitor recording on a GPU host is machine
+        // only): no field is required that a machine-only record leaves out.
+        for v in [v, m] {
+            let back: IntervalRecord = serde_json::from_value(v).expect("reads back");
+            assert_eq!(back.gpus[0].energy_j, 1.0);
+        }
+        assert_eq!(
+            serde_json::from_value::<IntervalRecord>(
+                serde_json::to_value(rec.machine_only()).expect("json")
+            )
+            .expect("reads back"),
+            rec.machine_only()
+        );
     }
 
     #[test]

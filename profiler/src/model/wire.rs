@@ -11,8 +11,17 @@
 //! it), never a changed recording; the name written stays the one below.
 //!
 //! The unit test `every_recorded_field_is_the_schema_s_own` holds this on
-//! the parsed sources: a field of a type model serializes is a standard
-//! type, one of model's, or goes through `wire::via`.
+//! the parsed sources of `src/model/` (its subdirectories and inline
+//! modules too): a field of a type that derives `Serialize` or
+//! `Deserialize` there is a standard type, one of model's structs or
+//! enums (or an alias of them), or goes through `wire::via`. What it does
+//! not see: a hand-written `impl Serialize`, or a derive under `cfg_attr`
+//! or made by a macro; model has none.
+//!
+//! [`Domain`], [`StaticSource`], [`GpuInfo`] and [`GpuEnergyMethod`] keep
+//! their own derives for files their layers own (the host power model,
+//! `wattprof sources --json`): a rename there changes those, not a
+//! recording.
 
 use std::borrow::Cow;
 
@@ -95,8 +104,9 @@ macro_rules! names {
                 match &*form {
                     $($name => Ok($ty::$variant),)+
                     other => Err(format!(
-                        concat!("unknown ", $what, " `{}`; expected one of: ", $($name, " ",)+),
-                        other
+                        "unknown {} `{other}`; expected one of: {}",
+                        $what,
+                        [$($name),+].join(", ")
                     )),
                 }
             }
@@ -487,17 +497,71 @@ mod tests {
         assert_eq!(CpuTimes::from_wire(old).expect("maps").package, 2);
     }
 
-    /// Which fields of the types a model file serializes name a type
-    /// that is neither model's own (`own`), nor standard, nor written
-    /// through `wire::via`: each is `Type.field: TypeName`.
+    /// Standard types a recorded field may hold as they are.
+    const STANDARD: &[&str] = &[
+        "u8", "u16", "u32", "u64", "usize", "i32", "i64", "f64", "bool", "str", "String", "Vec",
+        "Option", "Box", "Cow", "BTreeMap", "RawValue", "Self",
+    ];
+
+    /// The `with` paths that write a field through its form.
+    const VIA: &[&str] = &[
+        "via",
+        "wire::via",
+        "super::wire::via",
+        "crate::model::wire::via",
+    ];
+
+    /// Every item of a file, those of inline modules included.
+    fn all_items(file: &syn::File) -> Vec<&syn::Item> {
+        let mut out = Vec::new();
+        let mut stack: Vec<&syn::Item> = file.items.iter().collect();
+        while let Some(item) = stack.pop() {
+            if let syn::Item::Mod(m) = item
+                && let Some((_, items)) = &m.content
+            {
+                stack.extend(items.iter());
+            }
+            out.push(item);
+        }
+        out
+    }
+
+    /// The type paths in `ty` that are neither standard, nor in `own`, nor
+    /// one of `params`, nor model's by their path (`super::x`,
+    /// `crate::model::x`): each as written.
+    fn foreign_paths(
+        ty: &syn::Type,
+        own: &BTreeSet<String>,
+        params: &BTreeSet<String>,
+    ) -> Vec<String> {
+        let mut paths = TypePaths::default();
+        syn::visit::Visit::visit_type(&mut paths, ty);
+        paths
+            .0
+            .into_iter()
+            .filter(|path| {
+                let last = path.last().cloned().unwrap_or_default();
+                let from_below = path.len() > 1
+                    && matches!(path[0].as_str(), "crate" | "super")
+                    && path.get(1).map(String::as_str) != Some("model")
+                    && !(path[0] == "super" && own.contains(&last));
+                let known = STANDARD.contains(&last.as_str())
+                    || own.contains(&last)
+                    || params.contains(&last);
+                from_below || !known
+            })
+            .map(|path| path.join("::"))
+            .collect()
+    }
+
+    /// Which fields of the types a model file serializes (a plain
+    /// `#[derive(Serialize)]` or `Deserialize`, in inline modules too)
+    /// name a type that is neither model's own (`own`), nor standard, nor
+    /// written through `wire::via`: each is `Type.field: TypeName`.
     fn foreign_fields(source: &str, own: &BTreeSet<String>) -> Vec<String> {
-        const STANDARD: &[&str] = &[
-            "u8", "u16", "u32", "u64", "usize", "i32", "i64", "f64", "bool", "str", "String",
-            "Vec", "Option", "Box", "Cow", "BTreeMap", "RawValue", "Self",
-        ];
         let file = syn::parse_file(source).expect("a model file parses");
         let mut found = Vec::new();
-        for item in &file.items {
+        for item in all_items(&file) {
             let (name, attrs, generics, fields): (_, _, _, Vec<&syn::Field>) = match item {
                 syn::Item::Struct(s) => {
                     (&s.ident, &s.attrs, &s.generics, s.fields.iter().collect())
@@ -532,31 +596,15 @@ mod tests {
                     .filter(|a| a.path().is_ident("serde"))
                     .any(|a| {
                         nested(a).iter().any(|(k, v)| {
-                            k == "with" && v.as_deref().is_some_and(|w| w.ends_with("via"))
+                            k == "with" && v.as_deref().is_some_and(|w| VIA.contains(&w))
                         })
                     });
                 if via {
                     continue;
                 }
-                let mut paths = TypePaths::default();
-                syn::visit::Visit::visit_type(&mut paths, &field.ty);
-                for path in paths.0 {
-                    let last = path.last().cloned().unwrap_or_default();
-                    let from_below = path.len() > 1
-                        && matches!(path[0].as_str(), "crate" | "super")
-                        && path.get(1).map(String::as_str) != Some("model")
-                        && !(path[0] == "super" && own.contains(&last));
-                    let known = STANDARD.contains(&last.as_str())
-                        || own.contains(&last)
-                        || params.contains(&last);
-                    if from_below || !known {
-                        let field = field.ident.as_ref().map(ToString::to_string);
-                        found.push(format!(
-                            "{name}.{}: {}",
-                            field.unwrap_or_default(),
-                            path.join("::")
-                        ));
-                    }
+                for path in foreign_paths(&field.ty, own, &params) {
+                    let field = field.ident.as_ref().map(ToString::to_string);
+                    found.push(format!("{name}.{}: {path}", field.unwrap_or_default()));
                 }
             }
         }
@@ -581,7 +629,8 @@ mod tests {
     }
 
     /// An attribute's list, `#[a(k, p::k, k = "v")]`, as (last segment
-    /// of each key, its string value).
+    /// of each key, its string value); a nested list (`bound(...)`) is
+    /// skipped.
     fn nested(a: &syn::Attribute) -> Vec<(String, Option<String>)> {
         let mut out = Vec::new();
         let parsed = a.parse_nested_meta(|m| {
@@ -594,6 +643,9 @@ mod tests {
             let value = if m.input.peek(syn::Token![=]) {
                 Some(m.value()?.parse::<syn::LitStr>()?.value())
             } else {
+                if m.input.peek(syn::token::Paren) {
+                    let _skipped: proc_macro2::TokenStream = m.input.parse()?;
+                }
                 None
             };
             out.push((key, value));
@@ -603,50 +655,72 @@ mod tests {
         out
     }
 
-    fn model_files() -> Vec<(String, String)> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model");
-        let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
-            .expect("src/model")
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-            .map(|p| {
+    /// Every `.rs` file under `dir`, by its path under `src/`.
+    fn rust_files(dir: &Path, out: &mut Vec<(String, String)>) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for entry in std::fs::read_dir(dir)
+            .expect("read a model directory")
+            .flatten()
+        {
+            let p = entry.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
                 let text = std::fs::read_to_string(&p).expect("read");
-                let name = p.strip_prefix(&dir).unwrap_or(&p).display().to_string();
-                (format!("model/{name}"), text)
-            })
-            .collect();
+                out.push((
+                    p.strip_prefix(&src).unwrap_or(&p).display().to_string(),
+                    text,
+                ));
+            }
+        }
+    }
+
+    fn model_files() -> Vec<(String, String)> {
+        let mut files = Vec::new();
+        rust_files(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model"),
+            &mut files,
+        );
         files.sort();
         files
     }
 
-    /// The types model declares.
+    /// The types model declares: its structs and enums, and its aliases
+    /// whose every type is standard or model's own (an alias of a lower
+    /// type is not model's).
     fn own_types(files: &[(String, String)]) -> BTreeSet<String> {
-        let mut own = BTreeSet::new();
-        for (_, text) in files {
-            let file = syn::parse_file(text).expect("parses");
-            let mut stack: Vec<&syn::Item> = file.items.iter().collect();
-            while let Some(item) = stack.pop() {
-                match item {
-                    syn::Item::Struct(s) => {
-                        own.insert(s.ident.to_string());
+        let parsed: Vec<syn::File> = files
+            .iter()
+            .map(|(_, text)| syn::parse_file(text).expect("parses"))
+            .collect();
+        let items: Vec<&syn::Item> = parsed.iter().flat_map(all_items).collect();
+        let mut own: BTreeSet<String> = items
+            .iter()
+            .filter_map(|item| match item {
+                syn::Item::Struct(s) => Some(s.ident.to_string()),
+                syn::Item::Enum(e) => Some(e.ident.to_string()),
+                _ => None,
+            })
+            .collect();
+        // Aliases of aliases: until nothing more is accepted.
+        loop {
+            let before = own.len();
+            for item in &items {
+                if let syn::Item::Type(a) = item {
+                    let params = a
+                        .generics
+                        .type_params()
+                        .map(|p| p.ident.to_string())
+                        .collect();
+                    if foreign_paths(&a.ty, &own, &params).is_empty() {
+                        own.insert(a.ident.to_string());
                     }
-                    syn::Item::Enum(e) => {
-                        own.insert(e.ident.to_string());
-                    }
-                    syn::Item::Type(t) => {
-                        own.insert(t.ident.to_string());
-                    }
-                    syn::Item::Mod(m) => {
-                        if let Some((_, items)) = &m.content {
-                            stack.extend(items.iter());
-                        }
-                    }
-                    _ => {}
                 }
             }
+            if own.len() == before {
+                return own;
+            }
         }
-        own
     }
 
     /// What a rename inside the profiler could reach: a recorded field of
@@ -675,24 +749,43 @@ mod tests {
 
     #[test]
     fn the_check_finds_a_lower_type_serialized_as_it_is() {
-        let own: BTreeSet<String> = ["EnergyJ".to_string()].into();
         let source = r#"
+            #[derive(Serialize, Deserialize)]
+            pub(crate) struct EnergyJ { j: f64 }
+            type Tk = crate::tracker::TrackerKind;
+            type Rows = Vec<EnergyJ>;
             #[derive(Serialize, Deserialize)]
             pub(crate) struct Report {
                 energy: EnergyJ,
+                rows: Rows,
                 tracker: crate::tracker::TrackerKind,
+                aliased: Tk,
                 #[serde(with = "wire::via")]
                 mapped: crate::tracker::TaskClock,
+                #[serde(with = "elsewhere::not_via")]
+                elsewhere: crate::tracker::TaskClock,
                 gpus: Vec<GpuInfo>,
-                rows: Option<Vec<u64>>,
+                counts: Option<Vec<u64>>,
+            }
+            mod inner {
+                #[derive(serde::Serialize)]
+                #[serde(bound(serialize = "T: Serialize"))]
+                struct Hidden<T> { x: crate::tracker::TrackerKind, t: T }
             }
             struct NotRecorded { x: crate::tracker::TrackerKind }
         "#;
+        let own = own_types(&[("x.rs".to_string(), source.to_string())]);
+        assert!(own.contains("Rows") && !own.contains("Tk"), "{own:?}");
+        let mut found = foreign_fields(source, &own);
+        found.sort();
         assert_eq!(
-            foreign_fields(source, &own),
-            vec![
-                "Report.tracker: crate::tracker::TrackerKind".to_string(),
-                "Report.gpus: GpuInfo".to_string(),
+            found,
+            [
+                "Hidden.x: crate::tracker::TrackerKind",
+                "Report.aliased: Tk",
+                "Report.elsewhere: crate::tracker::TaskClock",
+                "Report.gpus: GpuInfo",
+                "Report.tracker: crate::tracker::TrackerKind",
             ]
         );
     }

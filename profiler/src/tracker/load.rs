@@ -1,6 +1,6 @@
 //! Loading wattprof's eBPF object and attaching its programs: the one
 //! place their failures become [`TrackerError`]s, for the time trackers
-//! (`ebpf/`, `iter.rs`) and the stack sampler (`stacks.rs`) alike.
+//! (`ebpf/`, `iter/`) and the stack sampler (`stacks.rs`) alike.
 
 use aya::Ebpf;
 use aya::maps::Map;

@@ -80,8 +80,8 @@ pub(crate) enum TrackerError {
 pub(crate) struct CpuTimes {
     /// CPU id.
     pub(crate) cpu: u32,
-    /// Dense package index (`socket` in recordings before schema 4, read
-    /// as well).
+    /// Dense package index (recorded as `package`; `socket` before schema
+    /// 4, read as well: `model::wire::CpuTimesForm`).
     pub(crate) package: u32,
     /// Time tasks ran (recorded per task).
     pub(crate) busy_ns: u64,
