@@ -78,7 +78,7 @@ pub(crate) struct Usage {
     /// Who.
     pub(crate) id: ConsumerId,
     /// Nanoseconds on CPU per dense package index.
-    pub(crate) on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: crate::tracker::PackageNs,
 }
 
 /// One GPU over an interval.

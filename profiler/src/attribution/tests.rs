@@ -59,12 +59,12 @@ fn per_package_energy_goes_only_to_tasks_that_ran_there() {
         // Ran only on package 0.
         Usage {
             id: 1,
-            on_cpu_ns: vec![1_000_000_000, 0],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_000_000_000, 0]),
         },
         // Ran on both.
         Usage {
             id: 2,
-            on_cpu_ns: vec![500_000_000, 600_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[500_000_000, 600_000_000]),
         },
     ];
     let energy = vec![
@@ -108,7 +108,7 @@ fn conservation_holds_with_rounding_for_every_domain() {
     let usage: Vec<Usage> = (0..333)
         .map(|i| Usage {
             id: i,
-            on_cpu_ns: vec![3_003_003],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[3_003_003]),
         })
         .collect();
     let energy = vec![
@@ -182,11 +182,11 @@ fn a_task_that_exited_mid_interval_gets_its_share() {
     let usage = vec![
         Usage {
             id: 7,
-            on_cpu_ns: vec![10_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[10_000_000]),
         },
         Usage {
             id: 8,
-            on_cpu_ns: vec![990_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[990_000_000]),
         },
     ];
     let energy = vec![e(Domain::Package, Some(0), 20_000_000)];
@@ -209,11 +209,11 @@ fn estimated_energy_is_divided_by_busy_time_with_no_idle_share() {
     let usage = vec![
         Usage {
             id: 1,
-            on_cpu_ns: vec![1_500_000_000, 0],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_500_000_000, 0]),
         },
         Usage {
             id: 2,
-            on_cpu_ns: vec![0, 600_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[0, 600_000_000]),
         },
     ];
     let energy = vec![DomainEnergy {
@@ -271,11 +271,11 @@ fn a_calibrated_wall_scales_each_consumer_and_keeps_static_power_idle() {
     let usage = vec![
         Usage {
             id: 1,
-            on_cpu_ns: vec![1_500_000_000, 0],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_500_000_000, 0]),
         },
         Usage {
             id: 2,
-            on_cpu_ns: vec![0, 600_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[0, 600_000_000]),
         },
     ];
     // 1 J per package, wall = 1.5 × 2 J + 10 J static.
@@ -481,7 +481,7 @@ fn energy_of_a_package_the_tracker_does_not_know_is_unattributed() {
     }];
     let usage = vec![Usage {
         id: 1,
-        on_cpu_ns: vec![1],
+        on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1]),
     }];
     let energy = vec![e(Domain::Package, Some(5), 1_000)];
     let shares = attribute(&Interval {
@@ -513,11 +513,11 @@ fn static_interval(
     let usage = [
         Usage {
             id: 1,
-            on_cpu_ns: vec![1_500_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_500_000_000]),
         },
         Usage {
             id: 2,
-            on_cpu_ns: vec![500_000_000],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[500_000_000]),
         },
     ];
     let statics: Vec<StaticEnergy> = static_uj
@@ -587,7 +587,7 @@ fn a_consumers_energy_does_not_depend_on_its_neighbour() {
     }];
     let usage = [Usage {
         id: 1,
-        on_cpu_ns: vec![1_500_000_000],
+        on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_500_000_000]),
     }];
     let statics = [StaticEnergy {
         domain: Domain::Package,

@@ -16,7 +16,7 @@ pub(crate) mod vm;
 use crate::hash::IntMap;
 use std::path::PathBuf;
 
-use crate::tracker::{CpuSample, TaskEvent, TaskTime};
+use crate::tracker::{CpuSample, PackageNs, TaskEvent, TaskTime, comm_to_string};
 
 /// Parent lookup for processes that started before wattprof.
 pub(crate) trait ProcMeta {
@@ -262,10 +262,10 @@ pub(crate) struct ProcessTable<M: ProcMeta> {
     pending: IntMap<u32, PendingFork>,
     totals: GroupTotals,
     unmatched_forks: u64,
-    interval: IntMap<u64, Vec<u64>>,
+    interval: IntMap<u64, PackageNs>,
     /// This interval's time per process and cgroup, where a process had
     /// time in more than one.
-    interval_cgroups: IntMap<u64, Vec<(u64, u64)>>,
+    interval_cgroups: IntMap<u64, CgroupSplit>,
     samples: u64,
     exited_at: IntMap<u64, u64>,
     /// Exited processes forgotten since the last [`ProcessTable::take_forgotten`]:
@@ -302,11 +302,38 @@ pub(crate) struct IntervalUsage {
     /// cgroup v2 id.
     pub(crate) cgroup_id: u64,
     /// Nanoseconds per dense package index.
-    pub(crate) on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: PackageNs,
     /// Time of this interval spent in other cgroups than `cgroup_id`
     /// (cgroup v2 id, ns): cgroups the process was moved out of during the
     /// interval, or of threads in other cgroups. Usually empty.
     pub(crate) other_cgroups_ns: Vec<(u64, u64)>,
+}
+
+/// A process's time per cgroup over an interval (cgroup v2 id, ns): one
+/// cgroup held inline, as nearly always, so the interval allocates
+/// nothing for it; more after a move, or with threads in several.
+#[derive(Debug, Default)]
+struct CgroupSplit {
+    first: Option<(u64, u64)>,
+    more: Vec<(u64, u64)>,
+}
+
+impl CgroupSplit {
+    /// `ns` more in `cgroup`.
+    fn add(&mut self, cgroup: u64, ns: u64) {
+        match &mut self.first {
+            None => self.first = Some((cgroup, ns)),
+            Some((c, n)) if *c == cgroup => *n += ns,
+            Some(_) => match self.more.iter_mut().find(|(c, _)| *c == cgroup) {
+                Some(entry) => entry.1 += ns,
+                None => self.more.push((cgroup, ns)),
+            },
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
+    }
 }
 
 /// Forks whose task never showed up are dropped after this long.
@@ -446,11 +473,14 @@ impl<M: ProcMeta> ProcessTable<M> {
                 let p = self.records.get(&id)?;
                 let other_cgroups_ns = self
                     .interval_cgroups
-                    .remove(&id)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|(cgroup, ns)| *cgroup != p.cgroup_id && *ns > 0)
-                    .collect();
+                    .get(&id)
+                    .map(|split| {
+                        split
+                            .iter()
+                            .filter(|(cgroup, ns)| *cgroup != p.cgroup_id && *ns > 0)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 Some(IntervalUsage {
                     id,
                     pid: p.pid,
@@ -570,33 +600,35 @@ impl<M: ProcMeta> ProcessTable<M> {
         let Some(rec) = self.records.get_mut(&id) else {
             return;
         };
-        for (acc, ns) in rec.on_cpu_ns.iter_mut().zip(&t.on_cpu_ns) {
+        for (acc, ns) in rec.on_cpu_ns.iter_mut().zip(t.on_cpu_ns.iter()) {
             *acc += ns;
         }
         rec.cgroup_id = t.cgroup_id;
         let iv = self
             .interval
             .entry(id)
-            .or_insert_with(|| vec![0; t.on_cpu_ns.len()]);
-        for (acc, ns) in iv.iter_mut().zip(&t.on_cpu_ns) {
+            .or_insert_with(|| PackageNs::zeros(t.on_cpu_ns.len()));
+        for (acc, ns) in iv.iter_mut().zip(t.on_cpu_ns.iter()) {
             *acc += ns;
         }
         let total = t.total_ns();
         // A second cgroup in one interval (a move, or threads in different
         // cgroups): keep the time per cgroup.
-        let split = self.interval_cgroups.entry(id).or_default();
-        match split.iter_mut().find(|(c, _)| *c == t.cgroup_id) {
-            Some(entry) => entry.1 += total,
-            None => split.push((t.cgroup_id, total)),
-        }
+        self.interval_cgroups
+            .entry(id)
+            .or_default()
+            .add(t.cgroup_id, total);
         match rec.role {
             Role::Tree => self.totals.tree_ns += total,
             Role::Profiler => self.totals.profiler_ns += total,
             Role::Other => self.totals.other_ns += total,
         }
         if t.tid == t.tgid {
-            if !t.comm.is_empty() && rec.comm != t.comm {
-                rec.comm.clone_from(&t.comm);
+            // Named again only when the name changed (an exec seen first
+            // here): this runs for every task every interval.
+            let end = t.comm.iter().position(|b| *b == 0).unwrap_or(t.comm.len());
+            if end > 0 && rec.comm.as_bytes() != &t.comm[..end] {
+                rec.comm = comm_to_string(&t.comm);
             }
             if let Some(exit) = t.exit_ns {
                 rec.exit_ns = Some(exit);

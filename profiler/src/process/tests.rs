@@ -33,8 +33,8 @@ fn the_trees_command_lines_are_read_and_others_only_when_asked() {
     let task = |tgid: u32| TaskTime {
         tid: tgid,
         tgid,
-        comm: "w".into(),
-        on_cpu_ns: vec![1_000],
+        comm: crate::tracker::comm_bytes("w"),
+        on_cpu_ns: crate::tracker::PackageNs::from_slice(&[1_000]),
         exit_ns: None,
         cgroup_id: 0,
     };
@@ -130,8 +130,8 @@ fn task(tid: u32, tgid: u32, ns: u64, exit: Option<u64>, comm: &str) -> TaskTime
         tid,
         tgid,
         cgroup_id: 1,
-        comm: comm.into(),
-        on_cpu_ns: vec![ns, 0],
+        comm: crate::tracker::comm_bytes(comm),
+        on_cpu_ns: crate::tracker::PackageNs::from_slice(&[ns, 0]),
         exit_ns: exit,
     }
 }

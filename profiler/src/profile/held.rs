@@ -47,7 +47,7 @@ impl Held {
             if ns.len() < u.on_cpu_ns.len() {
                 ns.resize(u.on_cpu_ns.len(), 0);
             }
-            for (h, n) in ns.iter_mut().zip(&u.on_cpu_ns) {
+            for (h, n) in ns.iter_mut().zip(u.on_cpu_ns.iter()) {
                 *h += n;
             }
         }
@@ -174,7 +174,10 @@ impl HeldReads {
             let mut usage: Vec<Usage> = h
                 .usage
                 .into_iter()
-                .map(|(id, on_cpu_ns)| Usage { id, on_cpu_ns })
+                .map(|(id, on_cpu_ns)| Usage {
+                    id,
+                    on_cpu_ns: crate::tracker::PackageNs::from_slice(&on_cpu_ns),
+                })
                 .collect();
             usage.sort_unstable_by_key(|u| u.id);
             // The static figure over the whole span the read covers.
@@ -245,7 +248,7 @@ mod tests {
     fn usage(id: ConsumerId, ns: u64) -> Usage {
         Usage {
             id,
-            on_cpu_ns: vec![ns],
+            on_cpu_ns: crate::tracker::PackageNs::from_slice(&[ns]),
         }
     }
 

@@ -130,7 +130,7 @@ impl Profile {
             .iter()
             .map(|u| attribution::Usage {
                 id: u.id,
-                on_cpu_ns: u.on_cpu_ns.clone(),
+                on_cpu_ns: u.on_cpu_ns,
             })
             .collect();
         let mut shares = attribution::attribute(&Interval {
@@ -351,7 +351,7 @@ impl Profile {
                     pid: p.pid,
                     role: p.role,
                     cgroup_id: p.cgroup_id,
-                    on_cpu_ns: vec![0; self.package_ids.len().max(1)],
+                    on_cpu_ns: crate::tracker::PackageNs::zeros(self.package_ids.len().max(1)),
                     other_cgroups_ns: Vec::new(),
                 });
             }

@@ -217,8 +217,8 @@ impl Rig {
                     tid: *pid,
                     tgid: *pid,
                     cgroup_id: *cgroup_id,
-                    comm: format!("p{pid}"),
-                    on_cpu_ns: vec![*ns],
+                    comm: crate::tracker::comm_bytes(&format!("p{pid}")),
+                    on_cpu_ns: crate::tracker::PackageNs::from_slice(&[*ns]),
                     exit_ns: self.exiting.contains(pid).then_some(self.at_ns - 1),
                 })
                 .collect(),

@@ -44,7 +44,7 @@ fn usage(id: ConsumerId, role: Role, cgroup_id: u64, ns: u64) -> IntervalUsage {
         pid: id as u32,
         role,
         cgroup_id,
-        on_cpu_ns: vec![ns],
+        on_cpu_ns: crate::tracker::PackageNs::from_slice(&[ns]),
         other_cgroups_ns: Vec::new(),
     }
 }

@@ -15,6 +15,8 @@ mod switch;
 mod sys;
 pub(crate) mod tracefs;
 
+use profiler_common::{COMM_LEN, MAX_SOCKETS};
+
 pub(crate) use ebpf::{
     EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig,
 };
@@ -108,6 +110,68 @@ pub(crate) struct CpuTimes {
     pub(crate) over_ns: u64,
 }
 
+/// Nanoseconds per dense package index, for the machine's packages: a
+/// fixed array that reads as a slice of its packages' entries, so a
+/// task's or process's time per interval is no allocation.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PackageNs {
+    ns: [u64; MAX_SOCKETS],
+    len: u8,
+}
+
+impl PackageNs {
+    /// Zero on each of `packages` packages (at most `MAX_SOCKETS`).
+    pub(crate) fn zeros(packages: usize) -> Self {
+        Self {
+            ns: [0; MAX_SOCKETS],
+            len: packages.min(MAX_SOCKETS) as u8,
+        }
+    }
+
+    /// The first `MAX_SOCKETS` entries of `ns`.
+    pub(crate) fn from_slice(ns: &[u64]) -> Self {
+        let mut p = Self::zeros(ns.len());
+        let n = p.len();
+        p.copy_from_slice(&ns[..n]);
+        p
+    }
+}
+
+impl std::ops::Deref for PackageNs {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        &self.ns[..usize::from(self.len)]
+    }
+}
+
+impl std::ops::DerefMut for PackageNs {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        &mut self.ns[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for PackageNs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq<Vec<u64>> for PackageNs {
+    fn eq(&self, other: &Vec<u64>) -> bool {
+        **self == **other
+    }
+}
+
+/// `name` as the kernel keeps a task's name (cut to 15 bytes,
+/// NUL-padded), for tests that make samples.
+#[cfg(test)]
+pub(crate) fn comm_bytes(name: &str) -> [u8; COMM_LEN] {
+    let mut c = [0; COMM_LEN];
+    let n = name.len().min(COMM_LEN - 1);
+    c[..n].copy_from_slice(&name.as_bytes()[..n]);
+    c
+}
+
 /// One thread's on-CPU time over an interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TaskTime {
@@ -117,10 +181,11 @@ pub(crate) struct TaskTime {
     pub(crate) tgid: u32,
     /// cgroup v2 id at its last context switch.
     pub(crate) cgroup_id: u64,
-    /// Task name.
-    pub(crate) comm: String,
+    /// Task name, as the kernel keeps it (NUL-padded; [`comm_to_string`]
+    /// makes it a name where one is needed).
+    pub(crate) comm: [u8; COMM_LEN],
     /// Nanoseconds on CPU in this interval, per dense package index.
-    pub(crate) on_cpu_ns: Vec<u64>,
+    pub(crate) on_cpu_ns: PackageNs,
     /// Monotonic time (ns) of its exit, if it exited.
     pub(crate) exit_ns: Option<u64>,
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
-use super::{TaskTime, comm_to_string};
+use super::{PackageNs, TaskTime};
 
 /// Where an observation came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,8 +199,8 @@ impl ThreadLedger {
                     tid,
                     tgid: t.tgid,
                     cgroup_id: t.cgroup_id,
-                    comm: comm_to_string(&t.comm),
-                    on_cpu_ns: t.pending[..packages].to_vec(),
+                    comm: t.comm,
+                    on_cpu_ns: PackageNs::from_slice(&t.pending[..packages]),
                     exit_ns: if newly_exited { t.exit_ns } else { None },
                 });
                 // Time on packages beyond `packages` cannot happen: the
@@ -300,14 +300,27 @@ mod tests {
         let (a, tid, c) = obs(5, 1, 100);
         see(&mut l, tid, c, a, Seen::Exit { ts_ns: 40 });
         let out = l.finish(false);
-        assert_eq!((out[0].on_cpu_ns.clone(), out[0].exit_ns), (vec![100], Some(40)));
-        assert_eq!(l.awaiting_free().collect::<Vec<_>>(), vec![5], "looked up next");
+        assert_eq!(
+            (out[0].on_cpu_ns.to_vec(), out[0].exit_ns),
+            (vec![100], Some(40))
+        );
+        assert_eq!(
+            l.awaiting_free().collect::<Vec<_>>(),
+            vec![5],
+            "looked up next"
+        );
         // The next read finds the entry with its final slice: only that.
         let (b, ..) = obs(5, 1, 130);
         see(&mut l, tid, c, b, Seen::Map { dead: true });
         let out = l.finish(false);
-        assert_eq!((out[0].on_cpu_ns.clone(), out[0].exit_ns), (vec![30], None));
-        assert!(see(&mut l, tid, c, b, Seen::Map { dead: true }), "free it now");
+        assert_eq!(
+            (out[0].on_cpu_ns.to_vec(), out[0].exit_ns),
+            (vec![30], None)
+        );
+        assert!(
+            see(&mut l, tid, c, b, Seen::Map { dead: true }),
+            "free it now"
+        );
         l.freed(tid, c, 99);
         assert!(l.finish(false).is_empty());
         assert!(l.is_empty());

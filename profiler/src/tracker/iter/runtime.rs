@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
 use crate::hash::{IntMap, IntSet};
-use crate::tracker::{TaskTime, comm_to_string};
+use crate::tracker::{PackageNs, TaskTime};
 
 /// How long after an exit its free may take before the thread is counted
 /// as settled from the exit's reading (the free comes an RCU grace period
@@ -497,8 +497,8 @@ impl RuntimeLedger {
                         tid: t.tid,
                         tgid: t.tgid,
                         cgroup_id,
-                        comm: comm_to_string(&t.comm),
-                        on_cpu_ns: ns[..packages].to_vec(),
+                        comm: t.comm,
+                        on_cpu_ns: PackageNs::from_slice(&ns[..packages]),
                         exit_ns: exit_ns.take(),
                     });
                 }
@@ -507,8 +507,8 @@ impl RuntimeLedger {
                         tid: t.tid,
                         tgid: t.tgid,
                         cgroup_id: t.cgroup_id,
-                        comm: comm_to_string(&t.comm),
-                        on_cpu_ns: vec![0; packages],
+                        comm: t.comm,
+                        on_cpu_ns: PackageNs::zeros(packages),
                         exit_ns: Some(exit),
                     });
                 }
@@ -672,7 +672,7 @@ mod tests {
         let out = l.finish(2000, false);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].on_cpu_ns, vec![600, 0]);
-        assert_eq!(out[0].comm, "worker");
+        assert_eq!(crate::tracker::comm_to_string(&out[0].comm), "worker");
         assert_eq!(l.take_cpu_busy(), vec![0, 600, 0, 0]);
     }
 
@@ -818,7 +818,11 @@ mod tests {
         let out = l.finish(read + 5, false);
         assert_eq!(out.iter().map(TaskTime::total_ns).sum::<u64>(), 700);
         assert_eq!(out.iter().filter(|t| t.exit_ns.is_some()).count(), 1);
-        assert_eq!(out[0].comm, "worker", "named from its free");
+        assert_eq!(
+            crate::tracker::comm_to_string(&out[0].comm),
+            "worker",
+            "named from its free"
+        );
         // Born before tracking and never seen: none of it is the profile's.
         let mut l = ledger();
         l.full_read_done(read);
