@@ -6,8 +6,17 @@ use crate::hash::IntMap;
 use crate::model::MemoryReport;
 use crate::process::ProcFs;
 
-/// Shortest time between two memory reads of one process.
+/// Shortest time between two memory reads of one process in `run` (the
+/// tree's peaks).
 const MEMORY_EVERY_NS: u64 = 1_000_000_000;
+
+/// Shortest time between two memory reads of one process in `monitor`:
+/// `smaps_rollup` walks the process's page tables, and at one read a
+/// second per top row those walks were two thirds of a quiet host's
+/// monitor CPU (`perf`, 2026-11-28: `smaps_account`, `smaps_pte_range`,
+/// `show_smaps_rollup`). A top row's memory moves slowly; its row shows
+/// the last reading in between.
+const MEMORY_EVERY_NS_RATIONED: u64 = 10_000_000_000;
 
 /// Most memory reads a second, all processes together: with a changing
 /// top 10 at 100 ms, a read per process per second was still 100
@@ -44,8 +53,9 @@ impl Memory {
     /// exited, or never read). A process is read at most once a second
     /// (`smaps_rollup` walks its page tables), showing its last reading
     /// in between; with `rationed` (`monitor`, whose top rows change from
-    /// interval to interval) also at most [`MEMORY_READS_PER_S`] reads in
-    /// all, those read longest ago (or never) first. The peaks take each
+    /// interval to interval) at most every 10 s
+    /// ([`MEMORY_EVERY_NS_RATIONED`]), and at most [`MEMORY_READS_PER_S`]
+    /// reads in all, those read longest ago (or never) first. The peaks take each
     /// reading and the GPU memory.
     pub(crate) fn read(
         &mut self,
@@ -54,10 +64,15 @@ impl Memory {
         rationed: bool,
         at_ns: u64,
     ) -> Vec<Option<crate::process::Memory>> {
+        let every = if rationed {
+            MEMORY_EVERY_NS_RATIONED
+        } else {
+            MEMORY_EVERY_NS
+        };
         let due = |read: &IntMap<ConsumerId, (u64, Option<crate::process::Memory>)>,
                    id: ConsumerId| {
             read.get(&id)
-                .is_none_or(|(t, _)| at_ns.saturating_sub(*t) >= MEMORY_EVERY_NS)
+                .is_none_or(|(t, _)| at_ns.saturating_sub(*t) >= every)
         };
         let mut may_read: Vec<ConsumerId> = Vec::new();
         if rationed {

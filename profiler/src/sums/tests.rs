@@ -139,7 +139,7 @@ fn cgroups_not_run_for_two_minutes_fold_into_their_path_and_their_sums_stay() {
 }
 
 #[test]
-fn memory_is_read_at_most_once_a_second_and_monitor_reads_at_most_20_a_second() {
+fn memory_is_read_at_most_once_a_second_and_monitor_reads_each_every_10_s_at_most_20_a_second() {
     let dir = temp_dir("memory");
     let smaps = |pid: u32, pss_kb: u64| {
         let d = dir.join(pid.to_string());
@@ -193,6 +193,15 @@ fn memory_is_read_at_most_once_a_second_and_monitor_reads_at_most_20_a_second() 
     // The next second reads the 9 it could not, before any read again.
     let got = m.read(&rows, &procfs, true, 6_000_000_000);
     assert_eq!(got.iter().filter(|g| g.is_some()).count(), 29);
+    // Each is read again only 10 s after its last read: until then its
+    // last reading, though the file changed.
+    smaps(2, 700);
+    let pss = |got: &[Option<crate::process::Memory>]| got[1].map(|g| g.pss_bytes);
+    let got = m.read(&rows, &procfs, true, 14_999_000_000);
+    assert_eq!(pss(&got), Some(100 * 1024));
+    let got = m.read(&rows, &procfs, true, 15_000_000_000);
+    assert_eq!(pss(&got), Some(700 * 1024));
+    assert_eq!(m.peak(2).peak_pss_bytes, 700 * 1024);
     m.forget(|id| id != 1);
     assert_eq!(m.peak(1), crate::model::MemoryReport::default());
     let _ = std::fs::remove_dir_all(&dir);
