@@ -53,6 +53,10 @@ pub enum Which {
         /// Paired rounds with --baseline.
         #[arg(long, default_value_t = 6)]
         rounds: usize,
+        /// With --baseline, only these states (comma-separated: quiet,
+        /// idle-threads, wakers-1s, wakers-100ms); all four by default.
+        #[arg(long, value_delimiter = ',')]
+        states: Vec<String>,
     },
     /// Heap allocations per interval of `wattprof monitor` in steady
     /// state while PROCESSES processes wake every 50 ms, counted by the
@@ -196,8 +200,9 @@ pub fn run(which: Which) -> Result<()> {
             processes,
             baseline,
             rounds,
+            states,
         } => match baseline {
-            Some(old) => monitor_against(&old, seconds, processes, rounds),
+            Some(old) => monitor_against(&old, seconds, processes, rounds, &states),
             None => monitor(seconds, processes),
         },
         Which::Scrape {
@@ -913,6 +918,8 @@ fn monitor(seconds: u64, processes: usize) -> Result<()> {
 /// A state of the machine the monitor is measured in: its interval, and
 /// the helper load (`xtask bench HELPER N SECONDS`) running meanwhile.
 struct MonitorState {
+    /// Its name for `--states`.
+    name: &'static str,
     label: String,
     interval: &'static str,
     load: Option<(&'static str, usize)>,
@@ -923,21 +930,25 @@ struct MonitorState {
 fn monitor_states(processes: usize) -> Vec<MonitorState> {
     vec![
         MonitorState {
+            name: "quiet",
             label: "quiet host".into(),
             interval: "1s",
             load: None,
         },
         MonitorState {
+            name: "idle-threads",
             label: "10,000 idle threads".into(),
             interval: "1s",
             load: Some(("idle-threads", 10_000)),
         },
         MonitorState {
+            name: "wakers-1s",
             label: format!("{processes} wakers"),
             interval: "1s",
             load: Some(("busy-procs", processes)),
         },
         MonitorState {
+            name: "wakers-100ms",
             label: format!("{processes} wakers"),
             interval: "100ms",
             load: Some(("busy-procs", processes)),
@@ -957,7 +968,26 @@ struct Paired {
 /// alternating, so drift and warm-up fall on both alike); prints each
 /// round's CPU, and per state the medians with their ranges and the
 /// median of the paired ratios with its range, as a table.
-fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) -> Result<()> {
+fn monitor_against(
+    old: &Path,
+    seconds: u64,
+    processes: usize,
+    rounds: usize,
+    only: &[String],
+) -> Result<()> {
+    let all = monitor_states(processes);
+    if let Some(bad) = only
+        .iter()
+        .find(|o| !all.iter().any(|s| s.name == o.as_str()))
+    {
+        bail!(
+            "--states: no state `{bad}`; the states are quiet, idle-threads, wakers-1s, wakers-100ms"
+        );
+    }
+    let states: Vec<MonitorState> = all
+        .into_iter()
+        .filter(|s| only.is_empty() || only.iter().any(|o| o == s.name))
+        .collect();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the monitor benchmark loads eBPF: run it as root");
@@ -978,7 +1008,7 @@ fn monitor_against(old: &Path, seconds: u64, processes: usize, rounds: usize) ->
         old.display()
     );
     let mut rows = Vec::new();
-    for state in monitor_states(processes) {
+    for state in states {
         let paired = monitor_state(&state, &new, old, &xtask, seconds, rounds)?;
         rows.push((state, paired));
     }
