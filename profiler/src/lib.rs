@@ -61,7 +61,7 @@
 //! that schema pins, and, on the parsed sources, that each field of a
 //! recorded type is model's own, standard, or written through its form.
 
-/// Says that the running unit test is skipped, and why: one line,
+/// Prints that the running unit test is skipped, and why: one line,
 /// `skipping: <test>: <reason>` (libtest names each test's thread after
 /// the test), which `cargo xtask test` counts once, as skipped.
 #[cfg(test)]

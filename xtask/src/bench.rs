@@ -525,8 +525,8 @@ fn print_base(name: &str, rounds: usize, base: &[f64], what: &str) -> f64 {
     median
 }
 
-/// The median of the round-by-round ratios `times / base`, and it said
-/// with its 95% CI and IQR.
+/// The median of the round-by-round ratios `times / base`, and a line
+/// giving it with its 95% CI and IQR.
 fn paired_ratio(times: &[f64], base: &[f64]) -> (f64, String) {
     let mut ratios: Vec<f64> = times.iter().zip(base).map(|(t, b)| t / b).collect();
     ratios.sort_by(f64::total_cmp);

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use crate::{run_cmd, workspace_root};
 
 /// The nightly the committed object was built with. Another nightly may
-/// produce different bytes; the build says so instead of failing.
+/// produce different bytes; the build warns instead of failing.
 pub const PINNED_NIGHTLY: &str = "rustc 1.97.0-nightly (e50aa6fba 2026-05-19)";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PACKAGES: &[&str] = &[

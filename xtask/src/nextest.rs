@@ -296,7 +296,7 @@ running 1 test
         let mut c = Counts::default();
         c.add_junit(JUNIT).expect("parses");
         assert_eq!((c.passed, c.failed), (1, 2));
-        // Said twice (stdout and stderr), counted once, name stripped.
+        // Printed twice (stdout and stderr), counted once, name stripped.
         assert_eq!(c.skipped["wattprof-tests::energy: t::skip"], "needs root");
         assert_eq!(c.skipped["nx: t::ignored"], "ignored");
         assert_eq!(c.skipped.len(), 2);

@@ -260,12 +260,12 @@ const SAVE_LEARNED_EVERY_NS: u64 = 600_000_000_000;
 
 impl MonitorLoop<'_> {
     /// Writes what was learned of the static power into the host power
-    /// model (said once if it fails; monitoring goes on).
+    /// model (warned about once on stderr if it fails; monitoring goes on).
     fn save_learned(&mut self, profile: &mut Profile) {
         self.say_saved(profile.save_learned());
     }
 
-    /// Says how writing the host power model went (a failure once).
+    /// Prints how writing the host power model went (a failure once).
     fn say_saved(&mut self, saved: Result<Option<std::path::PathBuf>, String>) {
         match saved {
             Ok(Some(path)) if self.learned_save_failed => {

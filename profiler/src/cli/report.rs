@@ -170,7 +170,7 @@ fn print_out(text: &str) -> anyhow::Result<()> {
 
 fn write_files(args: &ReportArgs, l: &Loaded) -> anyhow::Result<()> {
     let plot_err = |e: report::plot::PlotError| fail(e.to_string());
-    // What was written is said even when a later output fails.
+    // What was written is printed even when a later output fails.
     struct Said(Vec<String>);
     impl Drop for Said {
         fn drop(&mut self) {

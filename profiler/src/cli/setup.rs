@@ -218,7 +218,7 @@ pub(super) fn tracker_facts(
 
 /// An error (exit status 125) when an output stopped early, a full disk
 /// under `--jsonl` or `--csv-intervals`: what was written before stays
-/// valid, and the failure was said when it happened.
+/// valid, and the failure was warned about on stderr when it happened.
 pub(super) fn outputs_complete(report: &crate::model::RunReport) -> anyhow::Result<()> {
     match report.profiler.output_errors.as_slice() {
         [] => Ok(()),

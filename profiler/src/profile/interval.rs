@@ -21,11 +21,11 @@ use crate::tracker::CpuSample;
 
 use crate::sources::nvml::statics::SETTLE_NS;
 
-/// GPU holders no process matched, remembered so each is said once.
+/// GPU holders no process matched, remembered so each is reported once.
 const MAX_UNMAPPED: usize = 4096;
 
 impl Profile {
-    /// Says when the wall clock jumped (`date -s`, a VM resumed, NTP
+    /// Warns when the wall clock jumped (`date -s`, a VM resumed, NTP
     /// stepping it): intervals are timed on the monotonic clock, which does
     /// not jump, and timestamps are the start's wall-clock time plus
     /// monotonic time, so they do not jump either; the report says it did.
@@ -192,8 +192,8 @@ impl Profile {
         self.forget_gone(sample.at_ns);
     }
 
-    /// The eBPF programs' own word on a full map or ring (aya-log): said
-    /// as it happens, and kept in the recording's problems.
+    /// The eBPF programs' own word on a full map or ring (aya-log): printed
+    /// on stderr as it happens, and kept in the recording's problems.
     fn say_kernel_log(&mut self, sample: &CpuSample) {
         for m in &sample.kernel_log {
             let p = format!("eBPF: {m}");
@@ -234,7 +234,7 @@ impl Profile {
     /// alone: never by what `/proc` in wattprof's own PID namespace shows
     /// (in a container, pid 42 there can be another process than the
     /// host's 42). A holder the tracker does not know (another namespace's
-    /// view, or it ended) keeps its share unattributed, said once.
+    /// view, or it ended) keeps its share unattributed, reported once.
     ///
     /// When the last holders have gone, the power takes up to a second to
     /// settle to idle (an H200's did): for [`SETTLE_NS`] after they were
@@ -252,7 +252,7 @@ impl Profile {
                 if self.table.id_of(p.pid).is_none() && self.unmapped_gpu_pids.insert(p.pid) {
                     if self.unmapped_gpu_pids.len() > MAX_UNMAPPED {
                         // A daemon's set stays bounded: an old pid may be
-                        // said again, never grow it without end.
+                        // reported again, never grow it without end.
                         self.unmapped_gpu_pids.clear();
                         self.unmapped_gpu_pids.insert(p.pid);
                     }

@@ -101,7 +101,7 @@ pub(crate) struct Profile {
     /// had not come).
     unlisted_at_end: crate::hash::IntSet<u32>,
     /// GPU holders (NVML's host pids) that are no process the tracker
-    /// knows, each said once (bounded: see `interval::MAX_UNMAPPED`).
+    /// knows, each reported once (bounded: see `interval::MAX_UNMAPPED`).
     unmapped_gpu_pids: crate::hash::IntSet<u32>,
     /// Each GPU's last holders (known to the table, with their SM
     /// weights) and when they were last seen: the power settling after

@@ -171,7 +171,7 @@ impl Profile {
         record
     }
 
-    /// Hands the record to every sink, and keeps what they had to say.
+    /// Hands the record to every sink, and keeps the problems they raise.
     pub(super) fn write_record(&mut self, record: IntervalRecord) {
         self.each_sink(|s, totals| s.interval(&record, totals));
         let problems: Vec<String> = self

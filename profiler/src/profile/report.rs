@@ -62,7 +62,7 @@ pub(crate) struct Finished {
     /// The run document (without its intervals).
     pub(crate) report: RunReport,
     /// What was written, one line each (`report written to FILE`), to be
-    /// said after the run's table.
+    /// printed after the run's table.
     pub(crate) said: Vec<String>,
     /// Outputs that could not be written, one line each.
     pub(crate) failed: Vec<String>,

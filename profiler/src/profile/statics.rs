@@ -28,7 +28,8 @@ pub(crate) struct StaticsConfig {
     /// Where it was read from.
     pub(crate) host_path: Option<PathBuf>,
     /// Why the model at the default place was not used (bad, or made on
-    /// another machine): said, and the profile goes on without it.
+    /// another machine): reported (on stderr and in the recording's
+    /// `problems`), and the profile goes on without it.
     pub(crate) ignored: Option<String>,
     /// Where `monitor` puts what it learns (the model's path; none with
     /// `--host-model none`).
@@ -69,8 +70,8 @@ impl StaticsConfig {
                 packages,
             }),
             // A given file must be right; the default one is this host's
-            // business (a cloned image, a changed VM): said, not fatal, and
-            // left as it is (a monitor writes nothing over it).
+            // business (a cloned image, a changed VM): reported, not fatal,
+            // and left as it is (a monitor writes nothing over it).
             Err(e) if given.is_none() => Ok(Self {
                 share,
                 ignored: Some(format!(
@@ -89,8 +90,8 @@ impl StaticsConfig {
 /// part of less).
 const MIN_LEARN_NS: u64 = 50_000_000;
 
-/// A static figure beyond the measured energy is said when it exceeds it
-/// by more than this share (counter noise over a short interval is well
+/// A static figure beyond the measured energy is reported when it exceeds
+/// it by more than this share (counter noise over a short interval is well
 /// under it)...
 const CUT_SAID_SHARE: f64 = 0.05;
 /// ...and by more than this (µJ).
@@ -103,9 +104,9 @@ pub(crate) struct Statics {
     powers: StaticPowers,
     /// The figures of the last interval.
     last: Vec<StaticFigure>,
-    /// Domains whose cut static figure was said.
+    /// Domains whose cut static figure was reported.
     said_cut: Vec<(Domain, Option<u32>)>,
-    /// Problems to say at the first interval.
+    /// Problems to report at the first interval.
     pending: Vec<String>,
     /// The host model read, where `monitor` merges what it learns.
     host: Option<HostModel>,
@@ -392,7 +393,7 @@ impl Statics {
     }
 
     /// Problems the interval's shares raise: a static figure well above
-    /// what was measured (said once per domain).
+    /// what was measured (reported once per domain).
     pub(crate) fn problems(&mut self, shares: &[DomainShare]) -> Vec<String> {
         let mut out = std::mem::take(&mut self.pending);
         // A GPU's counter steps every 20-100 ms: an interval under a step

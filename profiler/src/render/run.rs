@@ -269,7 +269,7 @@ fn run_notes(s: &mut String, r: &RunReport) {
         );
     }
     // A thread whose free record never came is counted to its exit (at
-    // most a scheduler tick short): said, as the loss it stands for.
+    // most a scheduler tick short): noted, as the loss it stands for.
     if p.settled_from_exit > 0 || p.vanished_threads > 0 {
         let _ = writeln!(
             s,

@@ -132,7 +132,7 @@ fn power_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, l: &Loaded) -> Result<
         .iter()
         .flat_map(|iv| series.iter().map(move |&(d, p)| power(iv, d, p)))
         .fold(1.0f64, f64::max);
-    // Said as it is: a model's estimate is never headed "measured".
+    // Titled as it is: a model's estimate is never headed "measured".
     let estimated = l.summary.domains.iter().filter(|d| d.estimated).count();
     let title = match estimated {
         0 => "Measured power per domain",
@@ -440,7 +440,7 @@ fn html_groups(h: &mut String, s: &Summary) {
     );
 }
 
-/// The energy readers, each said estimated where it is a model.
+/// The energy readers, each labelled estimated where it is a model.
 fn html_readers(h: &mut String, s: &Summary) {
     if s.readers.is_empty() {
         return;

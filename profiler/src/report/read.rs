@@ -157,7 +157,7 @@ fn check_version(path: &Path, probe: &Probe) -> Result<(), ReadError> {
 
 /// serde's words on one line: control characters (a name with a newline)
 /// become spaces, and a stream line's "line 1" is dropped (the line number
-/// is said).
+/// is in the message).
 fn one_line(e: impl std::fmt::Display, in_line: bool) -> String {
     let mut text: String = e
         .to_string()
@@ -179,7 +179,7 @@ fn bad(path: &Path, line: Option<usize>, e: impl std::fmt::Display) -> ReadError
 }
 
 /// Reads `path`: a recording, a stream, or a stream cut short (every
-/// complete line is read, and the cut is said).
+/// complete line is read, and where it was cut is reported).
 pub(crate) fn read(path: &Path) -> Result<File, ReadError> {
     let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
         path: path.to_path_buf(),
@@ -226,7 +226,7 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<File, ReadError> {
         detail: format!("not UTF-8 text: {e}"),
     })?;
     // One parse of a large document; only a failed one is parsed again,
-    // shallowly, to say what the file is instead.
+    // shallowly, to tell the user what the file is instead.
     let mut report: RunReport = match serde_json::from_str(text) {
         Ok(r) => r,
         Err(e) => {

@@ -326,8 +326,8 @@ pub(crate) fn interval_rows(
 /// A per-interval CSV being written (`--csv-intervals`): rows are written
 /// as each interval ends, an interval's rows in one `write`, so a killed
 /// wattprof leaves every interval it finished. A failed write (a full
-/// disk) stops it, said once, and cuts off what it wrote in part; the rest
-/// of the profile goes on.
+/// disk) stops it, with one warning on stderr, and cuts off what it wrote
+/// in part; the rest of the profile goes on.
 #[derive(Debug)]
 pub(crate) struct IntervalCsv {
     file: std::fs::File,

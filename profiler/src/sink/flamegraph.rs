@@ -95,7 +95,7 @@ pub(crate) fn default_domain(ledger: &StackLedger) -> &'static str {
 }
 
 /// The energy flame graph of `domain` (an interactive SVG: hover for a
-/// frame's joules, click to zoom, Ctrl-F to search); `what` is said in
+/// frame's joules, click to zoom, Ctrl-F to search); `what` is shown in
 /// the title (the command, or "monitor").
 pub(crate) fn svg(ledger: &StackLedger, domain: &str, what: &str) -> std::io::Result<Vec<u8>> {
     let lines = folded_lines(ledger, Some(domain));
@@ -168,7 +168,7 @@ impl FlameGraph {
     }
 }
 
-/// Puts `bytes` in place as `option`'s file: what to say, or why not.
+/// Puts `bytes` in place as `option`'s file: the line to print, or why not.
 fn commit(
     out: PendingOutput,
     option: &str,

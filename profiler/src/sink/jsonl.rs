@@ -54,9 +54,10 @@ impl Jsonl {
 
     /// Writes one record as a single `write` of a whole line, so a killed
     /// wattprof leaves complete lines only (but for, at worst, the last).
-    /// A failed write (a full disk) stops the stream, said once: a line
-    /// written in part is cut off, so the file still ends with its last
-    /// complete record, and the final report is still written.
+    /// A failed write (a full disk) stops the stream, with one warning on
+    /// stderr: a line written in part is cut off, so the file still ends
+    /// with its last complete record, and the final report is still
+    /// written.
     pub(crate) fn write(&mut self, record: &impl Serialize) {
         if self.failed.is_some() {
             return;

@@ -89,7 +89,7 @@ pub(crate) trait Sink {
     fn window(&mut self, _window: &WindowReport) {}
     /// The end: the run document (its `intervals` empty: a sink that
     /// wants them keeps them as they pass). Per file written, the line to
-    /// say after the run's table (`report written to FILE`), or why it
+    /// print after the run's table (`report written to FILE`), or why it
     /// could not be written. Every sink's end is tried whatever another's
     /// did.
     fn finish(&mut self, _report: &RunReport, _totals: &Totals<'_>) -> Vec<Result<String, String>> {
@@ -100,7 +100,7 @@ pub(crate) trait Sink {
     fn failure(&self) -> Option<&str> {
         None
     }
-    /// A problem to keep in the run's report (said once, as it begins).
+    /// A problem to keep in the run's report (reported once, as it begins).
     fn take_problem(&mut self) -> Option<String> {
         None
     }

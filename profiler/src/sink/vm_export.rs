@@ -191,8 +191,8 @@ impl VmExport {
 
     /// Writes every VM's counters: `sums` from the profile; `dram` when
     /// the host measures DRAM; `estimated` when the host's own CPU energy
-    /// is a model's (the guest then says so). A VM seen for the first time
-    /// gets its tree.
+    /// is a model's (the guest is then told so). A VM seen for the first
+    /// time gets its tree.
     pub(crate) fn write(
         &mut self,
         sums: &BTreeMap<String, VmSum>,
@@ -227,8 +227,8 @@ impl VmExport {
 }
 
 /// `monitor --vm-export`: every VM's counters brought up to date after
-/// each interval. A failed write is said once, and tried again each
-/// interval; monitoring goes on.
+/// each interval. A failed write is warned about once on stderr, and
+/// tried again each interval; monitoring goes on.
 pub(crate) struct VmExportSink {
     export: VmExport,
     failed: bool,

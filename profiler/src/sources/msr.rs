@@ -117,7 +117,7 @@ const PERMISSION_FIX: &str = "run wattprof as root, or grant it CAP_SYS_RAWIO an
      CAP_DAC_READ_SEARCH (the msr devices are root-only, and the driver checks CAP_SYS_RAWIO)";
 
 /// Opens a CPU's MSR device: missing (the module not loaded, or modprobe
-/// failed) and not permitted each said with its fix.
+/// failed) and not permitted each reported with its fix.
 fn open_device(path: &std::path::Path, modprobe_failed: bool) -> Result<File, SourceError> {
     File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound if modprobe_failed => SourceError::unsupported(

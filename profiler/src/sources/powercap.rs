@@ -140,7 +140,7 @@ fn zone_domain(
 
 impl Powercap {
     /// Finds every zone under `sys`. Zones whose counter cannot be read are
-    /// left out (`registry` says why when none is left);
+    /// left out (`registry` reports why when none is left);
     /// no readable zone at all is [`SourceError::NotSupported`]. `cpuinfo`
     /// (the text of `/proc/cpuinfo`) tells AMD, whose `core` zone is left
     /// out.
@@ -266,8 +266,8 @@ impl Source for Powercap {
         "powercap"
     }
 
-    /// A zone that vanished, came back, or came back restarted: said once
-    /// when it happens, not at every read.
+    /// A zone that vanished, came back, or came back restarted: reported
+    /// once when it happens, not at every read.
     fn take_problems(&mut self) -> Vec<String> {
         std::mem::take(&mut self.said)
     }
@@ -576,7 +576,7 @@ mod tests {
             energy(&pc.read().expect("back"), Domain::Dram, Some(0)),
             Some(100)
         );
-        // Gone for longer than a wrap may take: 0, and said.
+        // Gone for longer than a wrap may take: 0, and reported.
         std::fs::remove_dir_all(&dram).expect("remove");
         pc.read().expect("other zones");
         for z in &mut pc.zones {

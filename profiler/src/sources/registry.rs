@@ -135,8 +135,8 @@ pub(crate) struct Readers {
     seen: Vec<DomainKey>,
     /// Those whose last read failed.
     missed: Vec<DomainKey>,
-    /// Per source, the problems of its last read (said when they began),
-    /// and whether it failed as a whole.
+    /// Per source, the problems of its last read (reported when they
+    /// began), and whether it failed as a whole.
     said: Vec<(Vec<String>, bool)>,
     /// Domains unread at the last rebase: their next read is a new
     /// starting point.
@@ -236,9 +236,10 @@ fn open_cpu(
     Ok((None, reasons))
 }
 
-/// With no CPU counter: the power model `--power-model` chooses (said, with
-/// why no counter works), or none (said, with what would give one). A
-/// model asked for by name that cannot be used is an error.
+/// With no CPU counter: the power model `--power-model` chooses (listed in
+/// the readers, with why no counter works), or none (listed as missing,
+/// with what would give one). A model asked for by name that cannot be
+/// used is an error.
 fn open_estimate(
     cfg: &ReaderConfig,
     sys: &SysRoot,
@@ -288,8 +289,9 @@ fn open_estimate(
     }
 }
 
-/// NVIDIA GPUs through NVML, sampled between reads, each said with how
-/// its energy is read; `None` (said) without a driver.
+/// NVIDIA GPUs through NVML, sampled between reads, each listed in the
+/// readers with how its energy is read; `None` (listed as missing)
+/// without a driver.
 fn open_gpus(
     cfg: &ReaderConfig,
     used: &mut Vec<ReaderUse>,
@@ -408,7 +410,7 @@ impl Readers {
     pub(crate) fn rebase(&mut self) {
         let _ = self.read_counters(false);
         self.problems.clear();
-        // Problems still there are said again in the profile.
+        // Problems still there are reported again in the profile.
         self.said.clear();
         // A domain that cannot be read now has no starting point: its
         // first good read reaches back before it, and is dropped.
@@ -501,8 +503,9 @@ impl Readers {
             }
             out.gpus.extend(s.take_gpu_readings());
             lines.extend(s.take_problems());
-            // Each line is said when it starts, not at every read while it
-            // lasts; a reader whose failure ends says so.
+            // Each line is reported when it starts, not at every read while
+            // it lasts; a reader whose failure ends reports that it reads
+            // again.
             let (before, failed_before) = std::mem::take(&mut said[i]);
             for line in &lines {
                 if !before.contains(line) {
@@ -723,11 +726,11 @@ mod tests {
         assert_eq!(r.energy[0].energy_uj, 5);
         assert!(r.caught_up.is_empty());
         // Unreadable when a profile begins: its first read back reaches
-        // before the start, and is dropped (said); then fresh.
+        // before the start, and is dropped (reported); then fresh.
         flaky(&mut readers, 200, true);
         readers.rebase();
         assert!(readers.take_problems().iter().any(|p| p.contains("begins")));
-        // Still failing: not missed (no time is held for it), said once.
+        // Still failing: not missed (no time is held for it), reported once.
         let r = readers.read_counters(false);
         assert!(r.missed.is_empty(), "{r:?}");
         assert_eq!(readers.take_problems().len(), 1);

@@ -19,8 +19,8 @@
 //! 3. **The shipped model's idle term**: the vCPU model's static part is
 //!    vCPUs × its idle watts. (The TDP model has none: all dynamic.)
 //! 4. **The lowest power seen** on this host so far: an upper bound (the
-//!    load never went to zero, perhaps), said so, with the hint to run
-//!    `wattprof calibrate`.
+//!    load never went to zero, perhaps), reported as such, with the hint to
+//!    run `wattprof calibrate`.
 
 use serde::{Deserialize, Serialize};
 

@@ -445,8 +445,8 @@ impl Source for Wattmeter {
     }
 
     /// A read, then the last line as complete even without its newline
-    /// (the log has ended). A failed read still counts that line, and says
-    /// why in [`Source::take_problems`].
+    /// (the log has ended). A failed read still counts that line, and
+    /// reports why in [`Source::take_problems`].
     fn read_last(&mut self) -> Result<Vec<DomainEnergy>, SourceError> {
         let read = self.read();
         let rest = self.finish();

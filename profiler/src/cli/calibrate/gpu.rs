@@ -3,10 +3,10 @@
 //! from its energy counter, written per GPU UUID into the host power
 //! model. A context is opened through the CUDA driver API
 //! ([`Cuda`]), so no PyTorch is needed; where none can be opened the idle
-//! figure is still kept and the reason said.
+//! figure is still kept and the reason reported.
 //!
 //! A GPU that another process holds or works on while a figure is taken
-//! gives no figure (the power would not be what the figure says): said,
+//! gives no figure (the power would not be what the figure says): reported,
 //! with the pid.
 
 use std::collections::BTreeMap;
@@ -191,7 +191,8 @@ fn phase(
 ) -> PhaseResult {
     // Per GPU: the energy since the first counter step counted, and the
     // time from that step to the last one seen (or why there is none);
-    // every GPU asked for has an entry, so one that never answers is said.
+    // every GPU asked for has an entry, so one that never answers is
+    // reported.
     let mut state: BTreeMap<u32, Result<Steps, String>> = indices
         .iter()
         .map(|i| (*i, Err("it gave no reading".to_string())))

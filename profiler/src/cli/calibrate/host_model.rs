@@ -231,8 +231,8 @@ fn cpu_fits(args: &CalibrateArgs) -> anyhow::Result<Result<Vec<DomainFit>, Strin
 
 /// Each domain's staircase fitted as static + k x busy CPUs, printed;
 /// a fit that is no power law (a negative term, a poor R^2 on a varying
-/// domain) is refused and said. No points (the first of the readers'
-/// `problems` says why) or none fitted is an error.
+/// domain) is refused and reported on stderr. No points (the first of
+/// the readers' `problems` says why) or none fitted is an error.
 fn fit_points(
     points: PointsByDomain,
     reader: &str,

@@ -1,4 +1,4 @@
-//! What NVML needs in a container, said when it cannot load there.
+//! What NVML needs in a container: the fix given when it cannot load there.
 
 /// In a container (seen from the root `root`), what the NVIDIA container
 /// toolkit was not asked for: `None` outside one.

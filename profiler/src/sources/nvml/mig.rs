@@ -13,7 +13,7 @@
 //!   × the instance's SMs ([`InstanceBasis::Activity`]), where the GPU
 //!   supports GPM and both samples of the interval are sane;
 //! - otherwise by each instance's compute slices, among the instances
-//!   whose processes hold a context ([`InstanceBasis::Slices`], said);
+//!   whose processes hold a context ([`InstanceBasis::Slices`], reported);
 //! - within an instance, equally among its processes: NVML gives no
 //!   per-process utilization under MIG, and GPM none per process.
 
@@ -93,7 +93,7 @@ impl Raw {
     }
 
     /// The MIG devices (compute instances) of the GPU `parent`, in slot
-    /// order, and the slots that failed (each skipped, said); an empty
+    /// order, and the slots that failed (each skipped, reported); an empty
     /// slot is no device (the driver answers NOT_FOUND for it).
     pub(crate) fn mig_devices(
         &self,
@@ -292,7 +292,7 @@ pub(crate) struct GpmState {
 /// the processes NVML lists in each (with their memory, also returned by
 /// pid), and its GPU instance's SM utilization from GPM since the last
 /// read (sampled once per GPU instance; the first read gives none).
-/// `None` where they cannot be listed (said): the holders then share
+/// `None` where they cannot be listed (reported): the holders then share
 /// equally, as before MIG was understood.
 pub(super) fn mig_instances(
     nvml: &Nvml,
@@ -396,7 +396,7 @@ pub(super) fn mig_instances(
 }
 
 /// Each instance's SM utilization from GPM, one sample per GPU instance;
-/// a failure said (the instances are then weighed by compute slices).
+/// a failure reported (the instances are then weighed by compute slices).
 fn gpm_activity(
     raw: &Arc<Raw>,
     parent: nvml_wrapper_sys::bindings::nvmlDevice_t,

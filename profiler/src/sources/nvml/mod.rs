@@ -4,8 +4,8 @@
 //! (older GPUs answer `NVML_ERROR_NOT_SUPPORTED`; a container or a driver
 //! may answer NO_PERMISSION, FUNCTION_NOT_FOUND or lack the symbol), energy
 //! is integrated from power readings (trapezoids between reads), marked
-//! estimated and said. Each read also takes utilization, memory and each
-//! process's SM share and memory.
+//! estimated and reported. Each read also takes utilization, memory and
+//! each process's SM share and memory.
 //!
 //! NVML is read as it behaves, not as documented:
 //! - NVML returns of each process only its newest sample, so the samples
@@ -117,7 +117,7 @@ pub struct GpuReading {
     /// How it was obtained.
     pub method: GpuEnergyMethod,
     /// Power draw now (W; on Ampere and later, the driver's mean over the
-    /// last second). `None`: the read failed (said).
+    /// last second). `None`: the read failed (reported).
     pub power_w: Option<f64>,
     /// GPU utilization, percent (`None`: not available, e.g. MIG).
     pub util_pct: Option<u32>,
@@ -161,7 +161,7 @@ pub struct MigInstance {
     pub sm_util_pct: Option<f64>,
     /// The processes NVML lists in it.
     pub pids: Vec<u32>,
-    /// Its process list was read (`false`: it failed, said).
+    /// Its process list was read (`false`: it failed, reported).
     pub listed: bool,
 }
 
@@ -188,7 +188,7 @@ pub struct GpuInfo {
 pub(crate) const CARRY_SHARES: Duration = Duration::from_secs(2);
 
 /// Past this long lost, a GPU's counter is started afresh when it answers
-/// again (its energy meanwhile is not divided: said); within it, the
+/// again (its energy meanwhile is not divided: reported); within it, the
 /// next read's energy covers the time it was lost.
 const LOST_CATCH_UP: Duration = Duration::from_secs(60);
 
@@ -207,7 +207,7 @@ struct Gpu {
     listed_before: Vec<u32>,
     /// The latest sampled shares (pid → SM %), and when.
     shares: Option<(Instant, HashMap<u32, f64>)>,
-    /// Failures going on, by what failed: said when they begin and end.
+    /// Failures going on, by what failed: reported when they begin and end.
     failing: BTreeMap<&'static str, String>,
     /// MIG: whether GPM answers, and each GPU instance's last sample.
     gpm: Option<HashMap<u32, mig::GpmState>>,
@@ -302,8 +302,8 @@ fn init_error(e: NvmlError) -> SourceError {
 }
 
 /// One GPU by index: its energy counter, or power integrated where the
-/// counter cannot be read (said); `None` (said) when it has no handle or
-/// gives neither.
+/// counter cannot be read (reported); `None` (reported) when it has no
+/// handle or gives neither.
 fn open_gpu(nvml: &Nvml, index: u32, problems: &mut Vec<(u32, String)>) -> Option<Gpu> {
     let device = match nvml.device_by_index(index) {
         Ok(d) => d,
@@ -516,7 +516,7 @@ impl Source for NvmlGpus {
         let readings = self.read_gpus();
         if readings.is_empty() {
             // No GPU gave a reading: the read failed, whether or not its
-            // lines were said already (each stays for `take_problems`).
+            // lines were reported already (each stays for `take_problems`).
             let mut all: Vec<String> = self
                 .problems
                 .iter()

@@ -1,6 +1,6 @@
 //! One GPU's read: its energy, power, utilization and memory, the
 //! per-process samples since the last read made into shares, the process
-//! list, and on a MIG GPU its instances; every failure said when it
+//! list, and on a MIG GPU its instances; every failure reported when it
 //! begins and ends.
 
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use super::{
     now_epoch_us, nvml_err, sampler, sanitise,
 };
 
-/// Reads one GPU; `None` when it gave no reading this time (said): its
+/// Reads one GPU; `None` when it gave no reading this time (reported): its
 /// energy counter, its device figures, the per-process samples since the
 /// last read, who holds a context (the list, MPS clients, MIG instances),
 /// and from those each holder's share.
@@ -163,7 +163,7 @@ struct Counted<'n> {
 }
 
 /// Reads the energy counter (or integrates power): `None` when the GPU is
-/// lost or the read failed (said; the next good read covers this
+/// lost or the read failed (reported; the next good read covers this
 /// interval). A GPU that answers again after more than
 /// [`LOST_CATCH_UP`] gives no energy for the time it was lost.
 fn read_counter<'n>(
@@ -186,7 +186,7 @@ fn read_counter<'n>(
     let (device, power, mut energy_uj) = match read {
         Err(Miss::Lost) => {
             lost.get_or_insert_with(Instant::now);
-            // The same line every read: said once while it lasts.
+            // The same line every read: reported once while it lasts.
             said.out.push((
                 index,
                 "lost (GPU_IS_LOST): tried again every read".to_string(),
@@ -232,7 +232,7 @@ fn read_counter<'n>(
     })
 }
 
-/// One device figure: said when it starts failing and when it answers
+/// One device figure: reported when it starts failing and when it answers
 /// again.
 fn answer<T>(
     said: &mut Said<'_>,
@@ -261,12 +261,13 @@ struct Taken {
     last_seen: u64,
     /// Processes the sampler saw listed between the reads.
     between: std::collections::HashSet<u32>,
-    /// Samples left out past what is kept (said after the samples' sanity).
+    /// Samples left out past what is kept (reported after the samples'
+    /// sanity).
     trimmed: usize,
 }
 
 /// Fetches the newest samples (a count race retried) and takes what the
-/// sampler fetched meanwhile; says the processes listed between reads
+/// sampler fetched meanwhile; reports the processes listed between reads
 /// that were left out.
 fn take_samples(
     device: &Device<'_>,
@@ -302,7 +303,7 @@ fn take_samples(
 }
 
 /// The driver's process list: who holds a context, with its memory
-/// (`None` when the list failed, said: the processes with samples are
+/// (`None` when the list failed, reported: the processes with samples are
 /// then the holders).
 fn list_holders(
     device: &Device<'_>,
@@ -367,7 +368,7 @@ fn add_mps_clients(
     }
 }
 
-/// Says whether per-process samples could be fetched, and under MIG how
+/// Reports whether per-process samples could be fetched, and under MIG how
 /// the energy is divided instead.
 fn say_samples(
     fetched: &Result<(), NvmlError>,
@@ -428,8 +429,8 @@ fn gone_holders(
 type LastShares = Option<(Instant, HashMap<u32, f64>)>;
 
 /// Each holder's SM share from the samples since the last read (those
-/// of unknown processes, repeats and impossible figures left out, said),
-/// or carried ([`carry_shares`]); moves the read floor on.
+/// of unknown processes, repeats and impossible figures left out,
+/// reported), or carried ([`carry_shares`]); moves the read floor on.
 fn shares_of(
     taken: &Taken,
     listed: Option<&HashMap<u32, u64>>,

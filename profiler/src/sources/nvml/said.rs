@@ -1,9 +1,9 @@
-//! Problems of one GPU said when they begin and when they end.
+//! Problems of one GPU, reported when they begin and when they end.
 
 use std::collections::BTreeMap;
 
-/// Problems said by [`super::NvmlGpus`]: a failure is a line when it begins and
-/// when it ends.
+/// Problems reported by [`super::NvmlGpus`]: a failure is a line when it
+/// begins and when it ends.
 pub(super) struct Said<'a> {
     pub(super) index: u32,
     pub(super) failing: &'a mut BTreeMap<&'static str, String>,

@@ -37,7 +37,7 @@ pub(crate) const LOOK_BACK_US: u64 = 1_000_000;
 /// How many times a count race (INSUFFICIENT_SIZE) is retried in a call.
 const RACE_RETRIES: u32 = 3;
 
-/// Samples kept for one read at most, the newest (said when more came):
+/// Samples kept for one read at most, the newest (reported when more came):
 /// 4 processes sampled 6 times a second (the driver's fastest) for an
 /// hour, `--interval`'s longest.
 const KEEP: usize = 86_400;
@@ -63,7 +63,8 @@ pub(crate) struct Pending {
     /// late they are published.
     pub(crate) listed_between: std::collections::HashSet<u32>,
     /// Processes listed between reads past [`LISTED_BETWEEN`]: not kept
-    /// (their samples are dropped as a non-holder's), counted to be said.
+    /// (their samples are dropped as a non-holder's), counted to be
+    /// reported.
     pub(crate) between_dropped: u64,
 }
 
@@ -159,7 +160,7 @@ pub(crate) struct Sampler {
 impl Sampler {
     /// Starts fetching `gpus` (NVML index, its pending samples) every
     /// `every`. Its failures are left to the read's own fetch, which
-    /// meets them too and says them.
+    /// meets them too and reports them.
     pub(crate) fn start(
         nvml: Arc<Nvml>,
         gpus: Vec<(u32, Arc<Mutex<Pending>>)>,

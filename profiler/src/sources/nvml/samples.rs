@@ -236,7 +236,7 @@ mod tests {
         let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, 0, 10);
         assert_eq!(c.shares.get(&7), Some(&20.0));
         assert_eq!(c.pid0, 1);
-        // Samples of a process that has just ended: dropped, not said.
+        // Samples of a process that has just ended: dropped, not reported.
         let c = sanitise(&[s(7, 5, 20), s(8, 5, 20)], Some(&[7]), 0, 10);
         assert_eq!((c.not_listed, c.discarded()), (1, None));
         let c = sanitise(&[s(7, 5, 20)], Some(&[7]), 0, 10);

@@ -30,7 +30,7 @@
 //! an idle GPU into 2 s pieces and keeping the lowest read 75.8 W for
 //! 77.5 W), while a stretch still settling from a load (higher) loses to a
 //! later one. Both figures are upper bounds (the GPU may never have been
-//! at rest), said so as `lowest_seen`.
+//! at rest), recorded as `lowest_seen`.
 //!
 //! **The host power model** keeps each GPU's figures by UUID ([`GpuFit`]):
 //! `wattprof calibrate` measures them (idle with no context, held with a
@@ -39,7 +39,7 @@
 //! opens its context before a stretch could teach anything is charged
 //! its held and dynamic energy, not the idle power too. They compete with
 //! what the profile learns by the same rule (the lowest upper bound), and
-//! the source of each figure in use is said ([`GpuStatics::sources`]).
+//! the source of each figure in use is recorded ([`GpuStatics::sources`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -132,7 +132,7 @@ struct Figure {
 impl Figure {
     /// A figure of the host model: `w` measured over `secs`; `measured`:
     /// by `calibrate` (a learned entry is an upper bound like any learned
-    /// figure, and is said as one).
+    /// figure, and is reported as one).
     fn of_model(w: f64, secs: f64, measured: bool) -> Option<Self> {
         (w.is_finite() && w >= 0.0).then(|| Self {
             w,

@@ -1,5 +1,5 @@
-//! The eBPF programs' own log lines (aya-log): full maps and rings, said
-//! by the kernel side and read here.
+//! The eBPF programs' own log lines (aya-log): full maps and rings,
+//! reported by the kernel side and read here.
 
 /// What the eBPF programs log through aya-log (`AYA_LOGS`): their own
 /// account of a full map or ring, kept until the next sample hands it to

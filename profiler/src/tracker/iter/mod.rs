@@ -456,8 +456,8 @@ mod tests {
         let busy: Vec<u64> = cpus.iter().map(|c| c.busy_ns).collect();
         assert_eq!(busy, vec![100, 100, 0, 0]);
         assert_eq!(carry, vec![40, 0, 0, 0]);
-        // Said on the package's first CPU: the time its interval's energy
-        // did not cover.
+        // Recorded on the package's first CPU: the time its interval's
+        // energy did not cover.
         let over: Vec<u64> = cpus.iter().map(|c| c.over_ns).collect();
         assert_eq!(over, vec![40, 0, 0, 0]);
         // Every CPU closes in every interval, and the package's busy over
