@@ -41,7 +41,7 @@ pub(crate) struct EnergyArgs {
     #[arg(long)]
     pub(crate) cmdline: bool,
 
-    /// Say each energy reader's whole detail in the final table: why it
+    /// Print each energy reader's whole detail in the final table: why it
     /// is used, the power model's source, why the others are not.
     #[arg(long, short)]
     pub(crate) verbose: bool,

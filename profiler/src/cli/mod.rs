@@ -65,8 +65,8 @@ pub(crate) struct TrackerArgs {
     /// (exit, migration between packages, cgroup move): nothing runs at
     /// context switches (Linux 5.8+ with BTF). `switch` charges every
     /// context switch (kernels without BTF; it costs every program on the
-    /// machine ~0.5 us per switch). `auto` takes `iter` where it loads and
-    /// says why not otherwise.
+    /// machine ~0.5 us per switch). `auto` takes `iter` where it loads,
+    /// else `switch`, and prints why.
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) tracker: crate::tracker::TrackerChoice,
 

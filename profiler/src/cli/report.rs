@@ -23,7 +23,7 @@ pub(crate) use super::EXIT_USAGE;
     Exit status: 0; 1 when a file cannot be read back or written (one line says why); 2 for\n    options that do not go together.")]
 pub(crate) struct ReportArgs {
     /// A recording (`--output`), a `--jsonl` stream, or a stream cut short
-    /// (every complete line is read, and the cut is said). Give two to
+    /// (every complete line is read, and where it was cut is printed). Give two to
     /// compare: the first is the baseline.
     #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
     pub(crate) files: Vec<PathBuf>,
