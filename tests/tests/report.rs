@@ -64,6 +64,20 @@ fn record(dir: &Path, name: &str, extra: &[&str], cmd: &[&str]) -> (PathBuf, Pat
     (rec, stream, v)
 }
 
+/// A `report --json` summary `s` of `recording` has its command's exit
+/// code 0, and as many processes and intervals.
+fn same_counts(s: &Value, recording: &Value) {
+    assert_eq!(s["command"]["exit_code"], 0);
+    assert_eq!(
+        s["processes"].as_array().map(Vec::len),
+        recording["processes"].as_array().map(Vec::len)
+    );
+    assert_eq!(
+        s["intervals"].as_u64(),
+        recording["intervals"].as_array().map(|v| v.len() as u64)
+    );
+}
+
 fn close(a: f64, b: f64, what: &str) {
     assert!(
         (a - b).abs() <= 1e-6 + 1e-9 * b.abs(),
@@ -131,15 +145,7 @@ fn report_reads_a_recording_a_stream_and_a_cut_stream_to_their_own_totals() {
         assert_eq!(s["group_energy"], e["groups"]);
         assert_eq!(s["group_times"], recording["groups"]);
         assert_eq!(s["windows"], recording["windows"]);
-        assert_eq!(s["command"]["exit_code"], 0);
-        assert_eq!(
-            s["processes"].as_array().map(Vec::len),
-            recording["processes"].as_array().map(Vec::len)
-        );
-        assert_eq!(
-            s["intervals"].as_u64(),
-            recording["intervals"].as_array().map(|v| v.len() as u64)
-        );
+        same_counts(&s, &recording);
         assert!(s["cut"].is_null());
     }
     assert_eq!(report_json(&[&rec])["format"], "recording");
@@ -271,15 +277,7 @@ fn recordings_of_schema_5_and_6_read_to_their_own_totals() {
         assert_eq!(s["readers"], e["readers"], "schema {schema}");
         assert_eq!(s["host"]["gpus"], recording["host"]["gpus"]);
         assert_eq!(s["host"]["gpus"][0]["method"], "energy_counter");
-        assert_eq!(s["command"]["exit_code"], 0);
-        assert_eq!(
-            s["processes"].as_array().map(Vec::len),
-            recording["processes"].as_array().map(Vec::len)
-        );
-        assert_eq!(
-            s["intervals"].as_u64(),
-            recording["intervals"].as_array().map(|v| v.len() as u64)
-        );
+        same_counts(&s, &recording);
         // The people's table reads them too, GPU included.
         let text = String::from_utf8_lossy(&report_ok(&[&file]).stdout).into_owned();
         assert!(text.contains("gpu 0"), "schema {schema}:\n{text}");

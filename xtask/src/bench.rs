@@ -447,6 +447,19 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// `v`'s median and range, `{median} ({min}-{max})` with `digits`
+/// decimals (`v` in any order, not empty).
+fn median_range(v: &[f64], digits: usize) -> String {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    format!(
+        "{:.digits$} ({:.digits$}-{:.digits$})",
+        quantile(&v, 0.5),
+        v[0],
+        v[v.len() - 1]
+    )
+}
+
 /// Runs `cmd` with no tracker, the switch tracker and the iterator tracker
 /// (and, with `baseline`, that build's switch tracker) in each of `rounds`
 /// rounds (the order rotating, so drift and warm-up fall on all alike),
@@ -1012,30 +1025,18 @@ fn monitor_against(
         let paired = monitor_state(&state, &new, old, &xtask, seconds, rounds)?;
         rows.push((state, paired));
     }
-    let sorted = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v
-    };
     println!(
-        "\n| state | interval | this build, median (range) | baseline, median (range) | \
-         paired ratio, median (range) |\n| --- | --- | --- | --- | --- |"
+        "\n| state | interval | this build, ms/s, median (range) | baseline, ms/s, median \
+         (range) | paired ratio, median (range) |\n| --- | --- | --- | --- | --- |"
     );
     for (state, p) in rows {
-        let (r, n, o) = (sorted(&p.ratios), sorted(&p.news), sorted(&p.olds));
         println!(
-            "| {} | {} | {:.3} ms/s ({:.3}-{:.3}) | {:.3} ms/s ({:.3}-{:.3}) | {:.3} ({:.3}-{:.3}) |",
+            "| {} | {} | {} | {} | {} |",
             state.label,
             state.interval,
-            quantile(&n, 0.5),
-            n[0],
-            n[n.len() - 1],
-            quantile(&o, 0.5),
-            o[0],
-            o[o.len() - 1],
-            quantile(&r, 0.5),
-            r[0],
-            r[r.len() - 1]
+            median_range(&p.news, 3),
+            median_range(&p.olds, 3),
+            median_range(&p.ratios, 3)
         );
     }
     Ok(())
@@ -1163,14 +1164,10 @@ fn allocs(
     let _ = load.kill();
     let _ = load.wait();
     for (i, (name, _)) in builds.iter().enumerate() {
-        let mut v = per[i].clone();
-        v.sort_by(f64::total_cmp);
         println!(
-            "{name}: monitor --interval {interval} with {processes} wakers: {:.1} allocations per \
-             interval in steady state, median of {rounds} (range {:.1}-{:.1})",
-            quantile(&v, 0.5),
-            v[0],
-            v[v.len() - 1]
+            "{name}: monitor --interval {interval} with {processes} wakers: {} allocations per \
+             interval in steady state, median (range) of {rounds}",
+            median_range(&per[i], 1)
         );
     }
     Ok(())
