@@ -447,6 +447,17 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// The median of sorted `v` (the mean of the two middle values for an
+/// even count).
+fn median(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n.is_multiple_of(2) {
+        f64::midpoint(v[n / 2 - 1], v[n / 2])
+    } else {
+        v[n / 2]
+    }
+}
+
 /// `v`'s median and range, `{median} ({min}-{max})` with `digits`
 /// decimals (`v` in any order, not empty).
 fn median_range(v: &[f64], digits: usize) -> String {
@@ -454,10 +465,52 @@ fn median_range(v: &[f64], digits: usize) -> String {
     v.sort_by(f64::total_cmp);
     format!(
         "{:.digits$} ({:.digits$}-{:.digits$})",
-        quantile(&v, 0.5),
+        median(&v),
         v[0],
         v[v.len() - 1]
     )
+}
+
+/// A helper load (`xtask bench HELPER N SECONDS`) in its own process
+/// group: dropping it kills the whole group (`busy-procs`' N forked
+/// children too, which a kill of the helper alone would leave running
+/// into the next measurement), on early returns as well.
+struct Load {
+    child: std::process::Child,
+}
+
+impl Load {
+    /// Starts `helper` with `n` for `seconds`, and waits `settle_s` for
+    /// it to start.
+    fn start(xtask: &Path, helper: &str, n: usize, seconds: u64, settle_s: u64) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(xtask)
+            .args(["bench", helper, &n.to_string(), &seconds.to_string()])
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("start the {helper} load"))?;
+        std::thread::sleep(std::time::Duration::from_secs(settle_s));
+        Ok(Self { child })
+    }
+
+    /// Fails when the load already ended: its duration was too short for
+    /// the measurements, which would then run without it.
+    fn check(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("the benchmark's load ended early ({status}): the measurements outlasted it");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.child.id()) {
+            // SAFETY: signalling the process group this guard started.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
+    }
 }
 
 /// Runs `cmd` with no tracker, the switch tracker and the iterator tracker
@@ -1053,22 +1106,16 @@ fn monitor_state(
 ) -> Result<Paired> {
     // Each measurement: 2 s settle, `seconds`, 1 s to end.
     let per_run = seconds + 3;
+    // Long enough for every round and its start-up; killed with its
+    // children when this state is done.
     let mut load = match state.load {
-        Some((helper, n)) => {
-            let child = Command::new(xtask)
-                .args(["bench", helper, &n.to_string()])
-                // Long enough for every round and its start-up; they end
-                // on their own, so the next state starts without them.
-                .arg((per_run * 2 * rounds as u64 + 4 * rounds as u64 + 10).to_string())
-                .spawn()?;
-            // Let them all start.
-            std::thread::sleep(std::time::Duration::from_secs(if n > 5_000 {
-                4
-            } else {
-                1
-            }));
-            Some(child)
-        }
+        Some((helper, n)) => Some(Load::start(
+            xtask,
+            helper,
+            n,
+            per_run * 2 * rounds as u64 + 4 * rounds as u64 + 10,
+            if n > 5_000 { 4 } else { 1 },
+        )?),
         None => None,
     };
     let mut p = Paired {
@@ -1100,10 +1147,10 @@ fn monitor_state(
         p.olds.push(o / 1e6);
         p.ratios.push(n / o.max(1.0));
     }
-    if let Some(mut l) = load.take() {
-        let _ = l.kill();
-        let _ = l.wait();
+    if let Some(l) = load.as_mut() {
+        l.check()?;
     }
+    drop(load);
     Ok(p)
 }
 
@@ -1140,11 +1187,13 @@ fn allocs(
         builds.push(("baseline", old));
     }
     let rounds = rounds.max(1);
-    let mut load = Command::new(&xtask)
-        .args(["bench", "busy-procs", &processes.to_string()])
-        .arg(((short + long + 4) * rounds as u64 * builds.len() as u64 + 10).to_string())
-        .spawn()?;
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut load = Load::start(
+        &xtask,
+        "busy-procs",
+        processes,
+        (short + long + 4) * rounds as u64 * builds.len() as u64 + 10,
+        1,
+    )?;
     let mut per: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
     for r in 0..rounds {
         for k in 0..builds.len() {
@@ -1152,7 +1201,10 @@ fn allocs(
             let (name, bin) = builds[i];
             let (a0, n0) = counted_run(bin, &preload, interval, short)?;
             let (a1, n1) = counted_run(bin, &preload, interval, long)?;
-            let rate = (a1 as f64 - a0 as f64) / (n1 as f64 - n0 as f64).max(1.0);
+            if n1 <= n0 {
+                bail!("{name}: the {long} s run recorded {n1} intervals, the {short} s run {n0}");
+            }
+            let rate = (a1 as f64 - a0 as f64) / (n1 - n0) as f64;
             println!(
                 "  round {}: {name}: {a0} allocations over {n0} intervals, {a1} over {n1}: \
                  {rate:.1} per interval",
@@ -1161,8 +1213,8 @@ fn allocs(
             per[i].push(rate);
         }
     }
-    let _ = load.kill();
-    let _ = load.wait();
+    load.check()?;
+    drop(load);
     for (i, (name, _)) in builds.iter().enumerate() {
         println!(
             "{name}: monitor --interval {interval} with {processes} wakers: {} allocations per \
@@ -1181,11 +1233,27 @@ fn counted_run(
     interval: &str,
     seconds: u64,
 ) -> Result<(u64, u64)> {
-    let dir = std::env::temp_dir();
-    let out = dir.join("wattprof-bench-allocs.json");
-    let count = dir.join("wattprof-bench-allocs.count");
-    let _ = std::fs::remove_file(&count);
-    let status = Command::new(wattprof)
+    // A directory of this run's own (the bench runs as root; fixed names
+    // in /tmp could be links), removed at the end.
+    let dir = std::env::temp_dir().join(format!("wattprof-bench-allocs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let got = counted_run_in(&dir, wattprof, preload, interval, seconds);
+    let _ = std::fs::remove_dir_all(&dir);
+    got
+}
+
+/// [`counted_run`] with its files in `dir`.
+fn counted_run_in(
+    dir: &Path,
+    wattprof: &Path,
+    preload: &Path,
+    interval: &str,
+    seconds: u64,
+) -> Result<(u64, u64)> {
+    let out = dir.join("recording.json");
+    let count = dir.join("count");
+    let mut child = Command::new(wattprof)
         .args([
             "monitor",
             "--cpu-tdp",
@@ -1201,12 +1269,15 @@ fn counted_run(
         .env("ALLOC_COUNT_FILE", &count)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .status()?;
+        .spawn()?;
+    // Each process writes `count.PID` (wattprof's children, `modprobe`,
+    // inherit the preload): this one's is wattprof's.
+    let count = dir.join(format!("count.{}", child.id()));
+    let status = child.wait()?;
     if !status.success() {
         bail!("wattprof monitor failed: {status}");
     }
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out)?)?;
-    let _ = std::fs::remove_file(&out);
     let intervals = report
         .pointer("/intervals")
         .and_then(serde_json::Value::as_array)

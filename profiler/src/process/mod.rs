@@ -16,7 +16,7 @@ pub(crate) mod vm;
 use crate::hash::IntMap;
 use std::path::PathBuf;
 
-use crate::tracker::{CpuSample, PackageNs, TaskEvent, TaskTime, comm_to_string};
+use crate::tracker::{CpuSample, PackageNs, TaskEvent, TaskTime, comm_is, comm_to_string};
 
 /// Parent lookup for processes that started before wattprof.
 pub(crate) trait ProcMeta {
@@ -626,8 +626,7 @@ impl<M: ProcMeta> ProcessTable<M> {
         if t.tid == t.tgid {
             // Named again only when the name changed (an exec seen first
             // here): this runs for every task every interval.
-            let end = t.comm.iter().position(|b| *b == 0).unwrap_or(t.comm.len());
-            if end > 0 && rec.comm.as_bytes() != &t.comm[..end] {
+            if t.comm[0] != 0 && !comm_is(&rec.comm, &t.comm) {
                 rec.comm = comm_to_string(&t.comm);
             }
             if let Some(exit) = t.exit_ns {

@@ -113,7 +113,7 @@ pub(crate) struct CpuTimes {
 /// Nanoseconds per dense package index, for the machine's packages: a
 /// fixed array that reads as a slice of its packages' entries, so a
 /// task's or process's time per interval is no allocation.
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PackageNs {
     ns: [u64; MAX_SOCKETS],
     len: u8,
@@ -122,6 +122,8 @@ pub(crate) struct PackageNs {
 impl PackageNs {
     /// Zero on each of `packages` packages (at most `MAX_SOCKETS`).
     pub(crate) fn zeros(packages: usize) -> Self {
+        // `topology` refuses machines with more packages.
+        debug_assert!(packages <= MAX_SOCKETS, "{packages} packages");
         Self {
             ns: [0; MAX_SOCKETS],
             len: packages.min(MAX_SOCKETS) as u8,
@@ -309,9 +311,54 @@ pub(crate) fn comm_to_string(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+/// Whether `name` is what [`comm_to_string`] makes of `comm`, without
+/// making it (this runs for every task every interval). A name the kernel
+/// cut inside a character ends in an invalid sequence, which both read
+/// as U+FFFD.
+pub(crate) fn comm_is(name: &str, comm: &[u8]) -> bool {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    let mut rest = name;
+    for chunk in comm[..end].utf8_chunks() {
+        let Some(r) = rest.strip_prefix(chunk.valid()) else {
+            return false;
+        };
+        rest = r;
+        if !chunk.invalid().is_empty() {
+            let Some(r) = rest.strip_prefix('\u{FFFD}') else {
+                return false;
+            };
+            rest = r;
+        }
+    }
+    rest.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::kernel_memory_estimate;
+    use super::{comm_is, comm_to_string, kernel_memory_estimate};
+
+    #[test]
+    fn a_name_compares_as_its_string_would_cut_or_not() {
+        // The kernel keeps 15 bytes: the `и` is cut in two.
+        let mut raw = [0u8; 16];
+        raw[..15].copy_from_slice(&"xЖурнал-ик".as_bytes()[..15]);
+        let cut = "xЖурнал-";
+        assert_eq!(comm_to_string(&raw), format!("{cut}\u{FFFD}"));
+        for comm in [
+            &raw[..],
+            b"bash\0\0\0\0\0\0\0\0\0\0\0\0",
+            b"sixteen-bytes-xx",
+            b"\0",
+        ] {
+            let name = comm_to_string(comm);
+            assert!(comm_is(&name, comm), "{name:?}");
+            assert!(!comm_is(&format!("{name}x"), comm));
+            let mut shorter = name.chars();
+            shorter.next_back();
+            assert!(name.is_empty() || !comm_is(shorter.as_str(), comm));
+        }
+        assert!(!comm_is(cut, &raw), "a cut name is not its valid prefix");
+    }
 
     #[test]
     fn kernel_memory_on_a_256_cpu_machine_with_32768_threads_is_under_64_mib() {

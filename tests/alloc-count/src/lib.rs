@@ -4,8 +4,11 @@
 //! and hands it to glibc's own (`__libc_*`, which glibc exports for
 //! exactly this). Any binary is measured as it is, a baseline build too.
 //!
-//! At exit it writes `allocations <N>\nfrees <N>\n` to the file named by
-//! `ALLOC_COUNT_FILE` (nothing without it). `cargo xtask bench allocs`
+//! At exit it writes `allocations <N>\nfrees <N>\n` to `$ALLOC_COUNT_FILE.PID`
+//! (nothing without the variable; the pid, because children inherit the
+//! preload too). A `realloc` counts as an allocation (a grown buffer is
+//! one), and the free inside a moving `realloc` is not counted: `frees` is
+//! not `allocations`' counterpart. `cargo xtask bench allocs`
 //! runs `wattprof monitor` for two lengths and divides the difference by
 //! the intervals between them: the steady state's allocations per
 //! interval, start-up taken out.
@@ -123,9 +126,10 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 
 /// Writes the counts at exit (run by the dynamic loader's `.fini_array`).
 extern "C" fn report() {
-    let Some(path) = std::env::var_os("ALLOC_COUNT_FILE") else {
+    let Some(mut path) = std::env::var_os("ALLOC_COUNT_FILE") else {
         return;
     };
+    path.push(format!(".{}", std::process::id()));
     let text = format!(
         "allocations {}\nfrees {}\n",
         ALLOCATIONS.load(Ordering::Relaxed),
