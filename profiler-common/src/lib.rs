@@ -71,6 +71,13 @@ pub struct CpuState {
     pub socket: u32,
     /// `CPU_FLAG_*` bits, set by userspace.
     pub flags: u32,
+    /// Kernel address of the task the last context switch put on this CPU
+    /// (0: unknown, or its counter could not be read).
+    pub in_task: u64,
+    /// That task's `se.sum_exec_runtime` when it came on, plus what
+    /// flushes have charged since: a task first seen at the end of its
+    /// slice is charged the scheduler's figure for it, not wall time.
+    pub in_sum_ns: u64,
 }
 
 /// `CpuState::flags`: a context switch may open the CPU's window. Set only

@@ -26,8 +26,9 @@ pub struct TaskStats {
     pub cgroup_id: u64,
     /// `se.sum_exec_runtime` at the last reading (see `TASK_FLAG_BASELINE`).
     pub sum_exec_seen: u64,
-    /// Time charged by flushes since that reading; the next context switch
-    /// charges the scheduler's figure minus this.
+    /// Time charged by flushes beyond the scheduler's figure so far: the
+    /// next context switch charges the scheduler's figure minus this, and
+    /// what that figure does not cover stays owed to later switches.
     pub provisional_ns: u64,
     /// The read epoch in which the thread was last announced in `ACTIVE`.
     pub epoch: u64,

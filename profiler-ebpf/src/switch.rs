@@ -12,8 +12,11 @@
 //! Time that cannot be recorded (`TASKS` full) goes to the CPU's `lost_ns`.
 //! Userspace closes slices still in progress before each read with a flush
 //! program run on every CPU through `BPF_PROG_TEST_RUN`; a flush charges
-//! wall time provisionally, and the task's next switch settles the
-//! difference with the scheduler's figure.
+//! wall time provisionally, and the task's next switches settle the
+//! difference with the scheduler's figure (an excess is repaid from later
+//! slices). Without BTF the slices are wall time between switches, which
+//! includes time a hypervisor stole from the CPU (the scheduler's clock
+//! leaves it out under `CONFIG_PARAVIRT_TIME_ACCOUNTING`).
 
 use aya_ebpf::{
     EbpfContext,
@@ -72,6 +75,7 @@ pub fn wattprof_sched_switch(ctx: RawTracePointContext) -> i32 {
         Charge::Switch
     };
     charge(&ctx, kind);
+    switched_in(&ctx);
     0
 }
 
@@ -80,7 +84,28 @@ pub fn wattprof_sched_switch(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn wattprof_sched_switch_legacy(ctx: RawTracePointContext) -> i32 {
     charge(&ctx, Charge::Switch);
+    switched_in(&ctx);
     0
+}
+
+/// Notes the task a switch puts on the CPU (argument 2, `next`) and its
+/// scheduler counter, for a first sight of it at the end of its slice
+/// (see `delta_of`).
+#[inline(always)]
+fn switched_in(ctx: &RawTracePointContext) {
+    let Some(cpu) = CPUS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: see `charge`.
+    let cpu = unsafe { &mut *cpu };
+    let next: u64 = ctx.arg(2);
+    match sum_exec(next) {
+        Some(sum) if next != 0 => {
+            cpu.in_task = next;
+            cpu.in_sum_ns = sum;
+        }
+        _ => cpu.in_task = 0,
+    }
 }
 
 /// Never attached: run on one CPU by userspace (`BPF_F_TEST_RUN_ON_CPU`) in
@@ -127,6 +152,10 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     }
     let wall = now.wrapping_sub(cpu.last_ns);
     cpu.last_ns = now;
+    if kind == Charge::Flush {
+        // Whoever runs, this much of the slice is charged now.
+        cpu.in_sum_ns = cpu.in_sum_ns.wrapping_add(wall);
+    }
 
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
@@ -182,7 +211,8 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     };
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
-    let delta = delta_of(task, task_ptr, kind, wall);
+    let since_in = (cpu.in_task == task_ptr).then_some(cpu.in_sum_ns);
+    let delta = delta_of(task, task_ptr, kind, wall, since_in);
     task.on_cpu_ns[socket] += delta;
     cpu.busy_ns += delta;
 
@@ -218,9 +248,20 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
 /// The task's new on-CPU time for this charge: the scheduler's own
 /// counter where it has a baseline for the task, else the `wall` time of
 /// the slice just ended (provisional at a flush, settled at the next
-/// switch).
+/// switch). `since_in` is the task's counter when this CPU's last switch
+/// put it on (advanced by what flushes charged since), where that switch
+/// was seen: a task first seen at a switch (an entry retired because its
+/// tid moved to another task, as when a non-leader thread calls execve)
+/// is charged the scheduler's figure for its slice, which leaves out time
+/// a hypervisor stole.
 #[inline(always)]
-fn delta_of(task: &mut TaskStats, task_ptr: u64, kind: Charge, wall: u64) -> u64 {
+fn delta_of(
+    task: &mut TaskStats,
+    task_ptr: u64,
+    kind: Charge,
+    wall: u64,
+    since_in: Option<u64>,
+) -> u64 {
     match sum_exec(task_ptr) {
         // A counter below the baseline cannot be this task's: time it.
         Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
@@ -228,26 +269,37 @@ fn delta_of(task: &mut TaskStats, task_ptr: u64, kind: Charge, wall: u64) -> u64
                 task.provisional_ns += wall;
                 wall
             } else {
+                // Wall time at a flush can exceed the scheduler's figure
+                // (time stolen by a hypervisor is in the one, not the
+                // other): the excess stays owed and is taken from the
+                // task's next slices, so the total converges on the
+                // scheduler's instead of keeping each excess.
                 let exact = sum - task.sum_exec_seen;
                 let settled = exact.saturating_sub(task.provisional_ns);
                 task.sum_exec_seen = sum;
-                task.provisional_ns = 0;
+                task.provisional_ns = task.provisional_ns.saturating_sub(exact);
                 settled
             }
         }
         Some(sum) => {
-            // First sight of a task older than tracking: this slice is
-            // timed. At a switch the counter is current, so later slices
-            // are the scheduler's; at a flush it is stale by up to a tick,
-            // so the baseline waits for the next switch (timed from here).
+            // First sight (a task older than tracking, or a fresh entry
+            // for a tid that moved to this task): at a switch the counter
+            // is current, so this slice is the scheduler's figure since
+            // the task came on where that switch was seen (else timed),
+            // and so are later slices; at a flush the counter is stale by
+            // up to a tick, so this part is timed and the baseline waits
+            // for the next switch.
             task.provisional_ns = 0;
             if kind == Charge::Flush {
                 task.flags &= !TASK_FLAG_BASELINE;
-            } else {
-                task.sum_exec_seen = sum;
-                task.flags |= TASK_FLAG_BASELINE;
+                return wall;
             }
-            wall
+            task.sum_exec_seen = sum;
+            task.flags |= TASK_FLAG_BASELINE;
+            match since_in {
+                Some(from) => sum.saturating_sub(from),
+                None => wall,
+            }
         }
         None => wall,
     }

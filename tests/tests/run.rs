@@ -196,7 +196,7 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
         );
         assert!(
             measured <= truth + truth / 2_000,
-            "{}: counted twice? {err}",
+            "{}: counted twice? wattprof {measured} ns, wait4 {truth} ns",
             t["name"]
         );
         assert!(err < allowed, "{}: error {err}", t["name"]);
@@ -349,7 +349,10 @@ fn kernel_memory_matches_the_documented_formula() {
 
 /// execve from a non-leader thread: the kernel gives that thread the
 /// leader's tid and the dying leader the thread's. Each thread's time must
-/// still be its own, counted once.
+/// still be its own, counted once. The switch tracker retires the entry
+/// whose tid moved and charges the thread's slice from the scheduler's
+/// counter at its switch-in: timed as wall, it was 0-22 ms over wait4 (time
+/// the hypervisor stole), against 1 us in 16 runs now.
 fn exec_from_thread(extra: &[&str]) {
     let run = wattprof_run(extra, &[&testload(), "thread-exec"]);
     assert!(run.output.status.success(), "{}", run.stderr());
@@ -361,7 +364,7 @@ fn exec_from_thread(extra: &[&str]) {
         "exec from a thread: wattprof {measured} ns, wait4 rusage {ns} ns, error {:.4}%",
         err * 100.0
     );
-    assert!(err < 0.01, "error {err}");
+    assert!(err < 0.0005, "error {err}");
     assert_eq!(
         u(run.report(), "/machine/attributed_ns"),
         u(run.report(), "/machine/busy_ns")
@@ -375,6 +378,12 @@ fn exec_from_a_non_leader_thread_keeps_each_threads_time() {
 }
 
 #[test]
+fn exec_from_a_non_leader_thread_on_the_switch_tracker() {
+    require_ebpf!();
+    exec_from_thread(&["--tracker", "switch"]);
+}
+
+#[test]
 fn exec_from_a_non_leader_thread_on_the_exit_tracepoint_path() {
     require_ebpf!();
     exec_from_thread(&["--legacy-exit-tracking"]);
@@ -385,20 +394,40 @@ fn exec_from_a_non_leader_thread_on_the_exit_tracepoint_path() {
 #[test]
 fn switch_timing_path_for_kernels_without_btf() {
     require_ebpf!();
-    let run = wattprof_run(&["--switch-timing"], &[&testload(), "burn", "2", "1.0"]);
+    let (run, not_task) = wattprof_tests::run_measuring_not_task(
+        &["--switch-timing"],
+        &[&testload(), "burn", "2", "1.0"],
+    );
     assert!(run.output.status.success(), "{}", run.stderr());
     let report = run.report();
     assert_eq!(report["profiler"]["task_clock"], "switch_timing");
     let truth = &run.stdout_json()[0];
     let pid = u(truth, "/pid");
-    let measured = subtree_ns(report, pid);
-    let err = rel_err(measured, u(truth, "/schedstat_ns"));
-    eprintln!("switch timing: burner error {:.4}%", err * 100.0);
-    // Slices timed between context switches differ from the scheduler's
-    // own clock by the switch path at each preemption: 0.1% on a quiet
-    // VM, 0.52% with a CPU burner beside the test (a preemption every
-    // tick), so 1.5%; a mis-charged slice is tens of percent.
-    assert!(err < 0.015, "error {err}");
+    let measured = subtree_ns(report, pid) as f64;
+    let schedstat = u(truth, "/schedstat_ns") as f64;
+    // Wall time between switches holds what the scheduler's clock leaves
+    // out: time stolen by the hypervisor (this VM's kernel has
+    // CONFIG_PARAVIRT_TIME_ACCOUNTING) and, where accounted, interrupts.
+    // /proc/stat counts them in whole ticks, so up to a tick per CPU more.
+    let counted = not_task.iter().sum::<u64>() as f64;
+    let left_out = counted + (not_task.len() as u64 * wattprof_tests::tick_ns()) as f64;
+    eprintln!(
+        "switch timing: wattprof {measured} ns, schedstat {schedstat} ns ({:+.4}%), \
+         {} involuntary switches; interrupt, softirq and steal time over the run \
+         {:.1} ms plus a tick per CPU",
+        (measured / schedstat - 1.0) * 100.0,
+        truth["involuntary_switches"],
+        counted / 1e6
+    );
+    // Beyond that, slices differ from the scheduler's clock by the switch
+    // path at each preemption: 0.05-0.1% in runs without steal, under a
+    // CPU burner beside the test too, so 0.5%; a mis-charged slice is tens
+    // of percent.
+    assert!(measured > schedstat * 0.995, "short of schedstat");
+    assert!(
+        measured < schedstat * 1.005 + left_out,
+        "over schedstat by more than the time stolen"
+    );
     for cpu in report["machine"]["per_cpu"].as_array().expect("per_cpu") {
         let tiled = u(cpu, "/busy_ns") + u(cpu, "/idle_task_ns") + u(cpu, "/lost_ns");
         assert_eq!(tiled, u(cpu, "/window_ns"), "cpu {cpu}");
@@ -514,8 +543,14 @@ fn threads_whose_free_is_missed_are_settled_from_their_exit_once() {
     // got 1 s of CPU in its 2 s, against 0.08-0.3 ms quiet; allow 2 ms,
     // a thousandth of what counting it twice would add), and at most a
     // tick (4 ms at HZ=250) short.
-    assert!(measured < schedstat + 2_000_000, "counted twice?");
-    assert!(measured + 4_000_000 >= schedstat, "more than a tick short");
+    assert!(
+        measured < schedstat + 2_000_000,
+        "counted twice? wattprof {measured} ns, schedstat {schedstat} ns"
+    );
+    assert!(
+        measured + 4_000_000 >= schedstat,
+        "more than a tick short: wattprof {measured} ns, schedstat {schedstat} ns"
+    );
     assert!(
         run.stderr().contains("their time is counted to their exit"),
         "{}",

@@ -28,8 +28,10 @@ pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_task
         entries * (48 + 8 + value) + entries.next_power_of_two() * 16 + possible_cpus * 640
     };
     let ring = |bytes: u64| bytes + bytes / 4096 * 8 + 4096 * 2 + 4096 * 5;
-    let common =
-        ring(u64::from(profiler_common::DEFAULT_RING_BYTES)) + possible_cpus * 80 + 320 + 320;
+    let common = ring(u64::from(profiler_common::DEFAULT_RING_BYTES))
+        + possible_cpus * std::mem::size_of::<profiler_common::CpuState>() as u64
+        + 320
+        + 320;
     match tracker {
         TrackerKind::Switch => {
             hash(max_tasks, std::mem::size_of::<TaskStats>() as u64)
