@@ -10,7 +10,8 @@
 //! [`iter`] the iterator tracker, [`stacks`] the stack sampler. What both
 //! trackers send (fork, exec and exit records, the per-CPU state) is at
 //! the root.
-#![no_std]
+// Tested on the host, with std (`cargo test -p profiler-common`).
+#![cfg_attr(not(test), no_std)]
 
 pub mod iter;
 pub mod stacks;
@@ -78,6 +79,9 @@ pub struct CpuState {
     /// flushes have charged since: a task first seen at the end of its
     /// slice is charged the scheduler's figure for it, not wall time.
     pub in_sum_ns: u64,
+    /// 1 when that counter was 0: the task had never run (a fork's child
+    /// on its first slice), so it may claim the entry its fork made.
+    pub in_fresh: u64,
 }
 
 /// `CpuState::flags`: a context switch may open the CPU's window. Set only

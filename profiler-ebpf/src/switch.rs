@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use aya_log_ebpf::warn;
-use profiler_common::switch::{TASK_DEAD, TASK_FLAG_BASELINE, TASK_FLAG_DEAD, TaskStats};
+use profiler_common::switch::{Owner, TASK_DEAD, TASK_FLAG_DEAD, TaskStats, owner};
 use profiler_common::{COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, EVENT_EXIT, MAX_SOCKETS};
 
 use crate::{ACTIVE, CPUS, EPOCH, TASKS, emit_totals, retire};
@@ -90,7 +90,7 @@ pub fn wattprof_sched_switch_legacy(ctx: RawTracePointContext) -> i32 {
 
 /// Notes the task a switch puts on the CPU (argument 2, `next`) and its
 /// scheduler counter, for a first sight of it at the end of its slice
-/// (see `delta_of`).
+/// (see `TaskStats::settle`).
 #[inline(always)]
 fn switched_in(ctx: &RawTracePointContext) {
     let Some(cpu) = CPUS.get_ptr_mut(0) else {
@@ -103,6 +103,7 @@ fn switched_in(ctx: &RawTracePointContext) {
         Some(sum) if next != 0 => {
             cpu.in_task = next;
             cpu.in_sum_ns = sum;
+            cpu.in_fresh = u64::from(sum == 0);
         }
         _ => cpu.in_task = 0,
     }
@@ -147,6 +148,11 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
         if kind == Charge::Flush || cpu.flags & CPU_FLAG_SWITCH_OPENS != 0 {
             cpu.first_ns = now;
             cpu.last_ns = now;
+            // A counter noted before the window opened would charge time
+            // from before it: the running task's first slice is timed.
+            if kind == Charge::Flush {
+                cpu.in_task = 0;
+            }
         }
         return;
     }
@@ -173,13 +179,19 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
         // SAFETY: a task is `current` on one CPU at a time, so only this
         // program updates its entry now; userspace only reads it.
         let entry = unsafe { &mut *entry };
-        if entry.task_ptr == 0 {
-            entry.task_ptr = task_ptr;
-        } else if entry.task_ptr != task_ptr {
-            // The tid now belongs to another task: retire the old entry
-            // with its totals, then start this task's own.
-            retire(ctx, tid, entry, now, cpu);
-            found = None;
+        let fresh = (cpu.in_task == task_ptr).then_some(cpu.in_fresh != 0);
+        match owner(entry.task_ptr, task_ptr, fresh) {
+            Owner::Own => {}
+            Owner::Claim => entry.task_ptr = task_ptr,
+            // A fork's entry that no task claimed holds no time.
+            Owner::Retire if entry.task_ptr == 0 => {
+                let _ = TASKS.remove(tid);
+                found = None;
+            }
+            Owner::Retire => {
+                retire(ctx, tid, entry, now, cpu);
+                found = None;
+            }
         }
     }
     let task = match found {
@@ -212,7 +224,7 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
     let since_in = (cpu.in_task == task_ptr).then_some(cpu.in_sum_ns);
-    let delta = delta_of(task, task_ptr, kind, wall, since_in);
+    let delta = task.settle(sum_exec(task_ptr), kind == Charge::Flush, wall, since_in);
     task.on_cpu_ns[socket] += delta;
     cpu.busy_ns += delta;
 
@@ -242,65 +254,5 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
             let _ = TASKS.remove(tid);
         }
         // Otherwise the flagged entry stays for userspace to read and free.
-    }
-}
-
-/// The task's new on-CPU time for this charge: the scheduler's own
-/// counter where it has a baseline for the task, else the `wall` time of
-/// the slice just ended (provisional at a flush, settled at the next
-/// switch). `since_in` is the task's counter when this CPU's last switch
-/// put it on (advanced by what flushes charged since), where that switch
-/// was seen: a task first seen at a switch (an entry retired because its
-/// tid moved to another task, as when a non-leader thread calls execve)
-/// is charged the scheduler's figure for its slice, which leaves out time
-/// a hypervisor stole.
-#[inline(always)]
-fn delta_of(
-    task: &mut TaskStats,
-    task_ptr: u64,
-    kind: Charge,
-    wall: u64,
-    since_in: Option<u64>,
-) -> u64 {
-    match sum_exec(task_ptr) {
-        // A counter below the baseline cannot be this task's: time it.
-        Some(sum) if task.flags & TASK_FLAG_BASELINE != 0 && sum >= task.sum_exec_seen => {
-            if kind == Charge::Flush {
-                task.provisional_ns += wall;
-                wall
-            } else {
-                // Wall time at a flush can exceed the scheduler's figure
-                // (time stolen by a hypervisor is in the one, not the
-                // other): the excess stays owed and is taken from the
-                // task's next slices, so the total converges on the
-                // scheduler's instead of keeping each excess.
-                let exact = sum - task.sum_exec_seen;
-                let settled = exact.saturating_sub(task.provisional_ns);
-                task.sum_exec_seen = sum;
-                task.provisional_ns = task.provisional_ns.saturating_sub(exact);
-                settled
-            }
-        }
-        Some(sum) => {
-            // First sight (a task older than tracking, or a fresh entry
-            // for a tid that moved to this task): at a switch the counter
-            // is current, so this slice is the scheduler's figure since
-            // the task came on where that switch was seen (else timed),
-            // and so are later slices; at a flush the counter is stale by
-            // up to a tick, so this part is timed and the baseline waits
-            // for the next switch.
-            task.provisional_ns = 0;
-            if kind == Charge::Flush {
-                task.flags &= !TASK_FLAG_BASELINE;
-                return wall;
-            }
-            task.sum_exec_seen = sum;
-            task.flags |= TASK_FLAG_BASELINE;
-            match since_in {
-                Some(from) => sum.saturating_sub(from),
-                None => wall,
-            }
-        }
-        None => wall,
     }
 }

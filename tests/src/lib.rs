@@ -771,6 +771,18 @@ pub fn not_task_total_ns() -> u64 {
         * tick_ns()
 }
 
+/// All CPUs' steal time so far (`/proc/stat`'s `cpu` line, summed in ns
+/// before it is cut to ticks: less than a tick short), ns.
+pub fn steal_total_ns() -> u64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|x| x.parse::<u64>().ok())
+        .unwrap_or(0)
+        * tick_ns()
+}
+
 /// `wattprof run`, and each CPU's interrupt, softirq and steal time over it.
 pub fn run_measuring_not_task(extra: &[&str], cmd: &[&str]) -> (Run, Vec<u64>) {
     let before = not_task_ns();

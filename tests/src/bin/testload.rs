@@ -10,7 +10,7 @@
 //!                                          `spawn 2000` at once; prints one JSON line
 //!                                          per program with its wait4 rusage
 //! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
-//! wattprof-testload thread-exec            runs `exec-from-thread` and prints its
+//! wattprof-testload thread-exec [MS]       runs `exec-from-thread MS` and prints its
 //!                                          wait4 rusage
 //! wattprof-testload cpu SECONDS            burns SECONDS of its own CPU time;
 //!                                          prints {"pid", "schedstat_ns"}
@@ -22,9 +22,10 @@
 //!                                          burning MS ms of its own CPU time on each,
 //!                                          ROUNDS times; prints {"pid", "cpu_ns":
 //!                                          [on CPU 0, on CPU 1]} by its own clock
-//! wattprof-testload exec-from-thread       the leader burns 300 ms, then a second
-//!                                          thread burns 100 ms and execs `burn 0.5 1.0`
-//!                                          (the kernel swaps the two threads' tids)
+//! wattprof-testload exec-from-thread [MS]  the leader burns 300 ms, then a second
+//!                                          thread burns MS ms (100; 0: none) and execs
+//!                                          `burn 0.5 1.0` (the kernel swaps the two
+//!                                          threads' tids)
 //! ```
 
 use std::process::Command;
@@ -171,8 +172,8 @@ fn main() {
             std::process::exit(status.code().unwrap_or(1));
         }
         Some("orchestrate") => orchestrate(me),
-        Some("thread-exec") => thread_exec(me),
-        Some("exec-from-thread") => exec_from_thread(me),
+        Some("thread-exec") => thread_exec(me, args.get(2).map_or("100", String::as_str)),
+        Some("exec-from-thread") => exec_from_thread(me, num(2, 100.0)),
         Some("migrate") => migrate(num(2, 5.0) as usize, num(3, 100.0)),
         Some("threads") => threads(num(2, 1000.0) as usize, num(3, 10.0)),
         _ => {
@@ -200,10 +201,10 @@ fn window(name: &str, seconds: f64) {
     );
 }
 
-/// Runs `exec-from-thread` and prints its wait4 CPU time.
-fn thread_exec(me: &str) {
+/// Runs `exec-from-thread THREAD_MS` and prints its wait4 CPU time.
+fn thread_exec(me: &str, thread_ms: &str) {
     let child = Command::new(me)
-        .arg("exec-from-thread")
+        .args(["exec-from-thread", thread_ms])
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("spawn");
@@ -215,13 +216,14 @@ fn thread_exec(me: &str) {
     );
 }
 
-/// Burns 0.3 s, then a second thread burns 0.1 s and execs a burner.
-fn exec_from_thread(me: &str) {
+/// Burns 0.3 s, then a second thread burns `thread_ms` (0: it execs in
+/// its first slice, before anything charged it) and execs a burner.
+fn exec_from_thread(me: &str, thread_ms: f64) {
     use std::os::unix::process::CommandExt;
     spin_for(Duration::from_millis(300));
     let me = me.to_string();
     let t = std::thread::spawn(move || {
-        spin_for(Duration::from_millis(100));
+        spin_for(Duration::from_secs_f64(thread_ms / 1000.0));
         let err = Command::new(&me).args(["burn", "0.5", "1.0"]).exec();
         panic!("exec failed: {err}");
     });

@@ -12,12 +12,13 @@ use crate::topology::SysRoot;
 /// figures of `/proc/<pid>/fdinfo`).
 ///
 /// The switch tracker:
-/// - `TASKS`, a preallocated hash map: `max_tasks` elements of 184 bytes
-///   (48-byte element header, 8-byte key slot, 128-byte [`TaskStats`]),
+/// - `TASKS`, a preallocated hash map: `max_tasks` elements of 192 bytes
+///   (48-byte element header, 8-byte key slot, 136-byte [`TaskStats`]),
 ///   16 bytes per bucket (`max_tasks` rounded up to a power of two), and
 ///   one spare element and free-list per CPU (about 640 bytes);
 /// - `EVENTS` and `ACTIVE` ring buffers: their size plus their page tables;
-/// - `CPUS`: 80 bytes per CPU; `EPOCH`: one page-sized array.
+/// - `CPUS`: one [`profiler_common::CpuState`] (104 bytes) per CPU; `EPOCH`:
+///   one page-sized array.
 ///
 /// The iterator tracker keeps `TASKS` and `ACTIVE` at their minimum and
 /// instead has `LAST`, a preallocated hash map of `max_tasks` elements of
