@@ -11,6 +11,7 @@ use profiler_common::iter::{
 };
 
 mod runtime;
+mod thread;
 
 use runtime::{Kind, Reading, RuntimeLedger};
 
