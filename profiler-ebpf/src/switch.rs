@@ -30,7 +30,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use profiler_common::switch::{Owner, TASK_DEAD, TASK_FLAG_DEAD, TaskStats, owner};
-use profiler_common::{COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, EVENT_EXIT, MAX_SOCKETS};
+use profiler_common::{
+    COMM_LEN, CPU_FLAG_CLOSED, CPU_FLAG_SWITCH_OPENS, CpuState, EVENT_EXIT, MAX_SOCKETS,
+};
 
 use crate::{ACTIVE, CPUS, EPOCH, TASKS, emit_totals, retire};
 
@@ -174,52 +176,9 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: helper without preconditions.
     let task_ptr = unsafe { bpf_get_current_task() };
-    let mut found = TASKS.get_ptr_mut(tid);
-    if let Some(entry) = found {
-        // SAFETY: a task is `current` on one CPU at a time, so only this
-        // program updates its entry now; userspace only reads it.
-        let entry = unsafe { &mut *entry };
-        let fresh = (cpu.in_task == task_ptr).then_some(cpu.in_fresh != 0);
-        match owner(entry.task_ptr, task_ptr, fresh) {
-            Owner::Own => {}
-            Owner::Claim => entry.task_ptr = task_ptr,
-            // A fork's entry that no task claimed holds no time.
-            Owner::Retire if entry.task_ptr == 0 => {
-                let _ = TASKS.remove(tid);
-                found = None;
-            }
-            Owner::Retire => {
-                retire(ctx, tid, entry, now, cpu);
-                found = None;
-            }
-        }
-    }
-    let task = match found {
-        // SAFETY: as above.
-        Some(task) => unsafe { &mut *task },
-        None => {
-            let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
-            let fresh = TaskStats::new(now, cgroup_id, task_ptr, 0, comm);
-            if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
-                if cpu.lost_ns == 0 {
-                    warn!(
-                        ctx,
-                        "TASKS is full: thread {} is not tracked, so its time is counted as lost on this CPU (raise --max-tasks)",
-                        tid
-                    );
-                }
-                cpu.lost_ns += wall;
-                return;
-            }
-            match TASKS.get_ptr_mut(tid) {
-                // SAFETY: as above.
-                Some(task) => unsafe { &mut *task },
-                None => {
-                    cpu.lost_ns += wall;
-                    return;
-                }
-            }
-        }
+    let Some(task) = entry_of(ctx, tid, task_ptr, cgroup_id, now, cpu) else {
+        cpu.lost_ns += wall;
+        return;
     };
     task.tgid = (pid_tgid >> 32) as u32;
     task.cgroup_id = cgroup_id;
@@ -255,4 +214,59 @@ fn charge<C: EbpfContext>(ctx: &C, kind: Charge) {
         }
         // Otherwise the flagged entry stays for userspace to read and free.
     }
+}
+
+/// The entry of the task at `task_ptr` under `tid`: its own, a fork's it
+/// claims, or a new one (an entry of another task is retired first).
+/// `None` when `TASKS` is full.
+#[inline(always)]
+fn entry_of<C: EbpfContext>(
+    ctx: &C,
+    tid: u32,
+    task_ptr: u64,
+    cgroup_id: u64,
+    now: u64,
+    cpu: &mut CpuState,
+) -> Option<&'static mut TaskStats> {
+    let mut found = TASKS.get_ptr_mut(tid);
+    if let Some(entry) = found {
+        // SAFETY: a task is `current` on one CPU at a time, so only this
+        // program updates its entry now; userspace only reads it.
+        let entry = unsafe { &mut *entry };
+        let fresh = (cpu.in_task == task_ptr).then_some(cpu.in_fresh != 0);
+        match owner(entry.task_ptr, task_ptr, fresh) {
+            Owner::Own => {}
+            Owner::Claim => entry.task_ptr = task_ptr,
+            // A fork's entry that no task claimed holds no time.
+            Owner::Retire if entry.task_ptr == 0 => {
+                let _ = TASKS.remove(tid);
+                found = None;
+            }
+            Owner::Retire => {
+                retire(ctx, tid, entry, now, cpu);
+                found = None;
+            }
+        }
+    }
+    let task = match found {
+        // SAFETY: as above.
+        Some(task) => unsafe { &mut *task },
+        None => {
+            let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+            let fresh = TaskStats::new(now, cgroup_id, task_ptr, 0, comm);
+            if TASKS.insert(tid, fresh, BPF_NOEXIST.into()).is_err() {
+                if cpu.lost_ns == 0 {
+                    warn!(
+                        ctx,
+                        "TASKS is full: thread {} is not tracked, so its time is counted as lost on this CPU (raise --max-tasks)",
+                        tid
+                    );
+                }
+                return None;
+            }
+            // SAFETY: as above.
+            TASKS.get_ptr_mut(tid).map(|task| unsafe { &mut *task })?
+        }
+    };
+    Some(task)
 }
