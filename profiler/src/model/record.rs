@@ -356,6 +356,9 @@ pub(crate) struct HeaderRecord {
 pub(crate) struct ProcessRow {
     /// Process id.
     pub(crate) pid: u32,
+    /// Its parent at fork, where known (absent in older streams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ppid: Option<u32>,
     /// Name.
     pub(crate) comm: String,
     /// On-CPU time (ns).

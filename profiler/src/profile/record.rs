@@ -61,12 +61,11 @@ impl Profile {
         for ((i, mem), m) in selected.into_iter().zip(memory).zip(&memory_rows) {
             let u = &usage[i];
             let e = energy.get(&u.id).copied().unwrap_or_default();
+            let process = self.table.by_id(u.id);
             rows.push(ProcessRow {
                 pid: u.pid,
-                comm: self
-                    .table
-                    .by_id(u.id)
-                    .map_or_else(|| format!("[{}]", u.pid), crate::process::Process::name),
+                ppid: process.and_then(|p| p.ppid),
+                comm: process.map_or_else(|| format!("[{}]", u.pid), crate::process::Process::name),
                 on_cpu_ns: u.on_cpu_ns.iter().sum(),
                 package_j: joules(e.package_uj),
                 core_j: joules(e.core_uj),
