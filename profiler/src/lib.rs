@@ -25,11 +25,11 @@
 //! - [`sums`] adds up what a profile measures: per domain and consumer,
 //!   group, cgroup and container, VM, memory, CPU; `report` sums a cut
 //!   stream with it too;
-//! - [`render`] draws tables for people: the run's table, monitor's
-//!   screen, `wattprof sources`;
+//! - [`render`] draws for people: the run's table, `top`'s live screen
+//!   (its state and keys too, with no I/O), `wattprof sources`;
 //! - [`sink`] is every output of a running profile behind one trait: the
 //!   stream, the interval CSV, the recording, codecarbon's row, the
-//!   exporter's snapshot, the screen, the VM export, the flame graph;
+//!   exporter's snapshot, `top`'s terminal, the VM export, the flame graph;
 //! - [`report`] reads recordings back, and draws its summaries and
 //!   comparisons with `render`'s pieces;
 //! - [`profile`] is the session (begin, tick, finish): each interval the
@@ -46,9 +46,10 @@
 //! differ in their scope (the command's tree, or the machine's top
 //! processes), in what the recording keeps of each interval (all of it,
 //! or its machine figures), in the sinks only `monitor` adds (the
-//! exporter's snapshot, the screen, the VM export) and in their loop hooks
-//! (`run`: the window socket and the command's end; `monitor`: a deadline,
-//! signals, saving what it learned).
+//! exporter's snapshot, `top`'s screen, the VM export) and in their loop
+//! hooks (`run`: the window socket and the command's end; `monitor`: a
+//! deadline, signals, saving what it learned, and for `top` the keys and
+//! the interval they set). `top` is `monitor` with its screen.
 //!
 //! The unit tests in `layering.rs` hold the order on the parsed sources
 //! (every `use` and every path in code, `crate::`, `super::` and `self::`

@@ -233,6 +233,11 @@ fn prepare() -> Result<Result<std::path::PathBuf>> {
         "util-linux",
         "the capabilities-only tests",
     );
+    ensure_package(
+        "/usr/bin/tmux",
+        "tmux",
+        "`wattprof top`'s tests (a real terminal, driven by keys)",
+    );
     // containerd first: dockerd uses a containerd that answers on the
     // default socket, and a socket file left by one that was killed (no
     // daemon behind it) made dockerd fail to start, skipping the Docker

@@ -10,6 +10,7 @@ pub(crate) mod run;
 pub(crate) mod setup;
 pub(crate) mod sources;
 pub(crate) mod stacks;
+pub(crate) mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -128,6 +129,9 @@ pub(crate) enum Command {
     Run(run::RunArgs),
     /// Watch the whole machine: energy per process and per cgroup, until Ctrl-C.
     Monitor(monitor::MonitorArgs),
+    /// The whole machine live, in the terminal: each process's power and
+    /// energy, sorted, as a tree, grouped by container or cgroup, filtered.
+    Top(top::TopArgs),
     /// List the energy readers: which work here, and why the others do not.
     Sources(sources::SourcesArgs),
     /// Read a recording or stream back: totals, what it holds, two runs
@@ -144,6 +148,7 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::execute(args),
         Command::Monitor(args) => monitor::execute(args),
+        Command::Top(args) => top::execute(args),
         Command::Sources(args) => sources::execute(args),
         Command::Report(args) => report::execute(args),
         Command::Calibrate(args) => calibrate::execute(args),

@@ -17,20 +17,24 @@ use super::setup::{
 };
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::{Ending, Profile, Scope};
-use crate::render::By;
+use crate::render::top::Grouping;
 use crate::sink::recording::Keep;
-use crate::sink::screen::Screen;
 use crate::sink::snapshot::{Exporter, Published};
+use crate::sink::top::{Shared, TopSink};
 use crate::sink::vm_export::VmExportSink;
 use crate::tracker::{EbpfTracker, monotonic_ns};
+
+/// Rows per interval when `top` shows them: every process that ran, up
+/// to this many.
+const TOP_ROWS: usize = 10_000;
 
 /// Arguments of `wattprof monitor`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  sudo wattprof monitor\n  \
         sudo wattprof monitor --interval 5s --jsonl /var/log/wattprof.jsonl\n  \
         sudo wattprof monitor --pid 4242 --duration 10m --output night.json\n\n\
-        In a terminal the table is redrawn every interval; otherwise nothing is printed \
-        until the end. Ctrl-C, SIGTERM or SIGHUP end it and write the summary.")]
+        Nothing is printed until the end (`wattprof top` is the live screen). Ctrl-C, \
+        SIGTERM or SIGHUP end it and write the summary.")]
 pub(crate) struct MonitorArgs {
     /// How often energy is read and attributed (e.g. 1s, 100ms).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
@@ -45,9 +49,9 @@ pub(crate) struct MonitorArgs {
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) top: u32,
 
-    /// What the live screen's rows are.
+    /// What `wattprof top`'s rows are at the start (`g` changes it).
     #[arg(long, value_enum, default_value = "process")]
-    pub(crate) by: By,
+    pub(crate) by: Grouping,
 
     /// Stop after this long (e.g. 30s, 2h) instead of at Ctrl-C.
     #[arg(long, value_parser = parse_duration)]
@@ -105,6 +109,17 @@ pub(crate) struct MonitorArgs {
 
 /// Runs `wattprof monitor`.
 pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
+    if std::io::stderr().is_terminal() {
+        eprintln!(
+            "wattprof: monitoring the machine; Ctrl-C ends it and prints the summary \
+             (`wattprof top` shows it live)"
+        );
+    }
+    session(args, None)
+}
+
+/// The monitor session: `monitor`'s, or `top`'s with its `screen`.
+pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Result<i32> {
     check_pids(&args.pid)?;
     let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
@@ -129,8 +144,13 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         &args.energy,
         carbon,
         Scope::Machine {
-            // The exporter's top processes come from the interval's rows.
-            top: args.top.max(args.prometheus_top) as usize,
+            // The exporter's top processes come from the interval's rows;
+            // `top` shows every process that ran.
+            top: if screen.is_some() {
+                TOP_ROWS
+            } else {
+                args.top.max(args.prometheus_top) as usize
+            },
             pids: args.pid.clone(),
         },
         streams,
@@ -138,7 +158,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     let start_ns = tracker.start_ns();
     // monitor's outputs beyond the streams it shares with run, each a
     // sink: the flame graph, each VM's counters, the exporter's snapshot,
-    // the screen.
+    // `top`'s screen.
     if let Some(s) = stack_outputs {
         s.start(&mut profile)?;
         profile.add_sink(Box::new(s.sink()));
@@ -148,12 +168,8 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
     }
     // Serves until monitor ends.
     let _exporter = serve_prometheus(&args, web_config, &mut profile)?;
-    if std::io::stdout().is_terminal() {
-        profile.add_sink(Box::new(Screen::new(
-            std::io::stdout(),
-            args.top as usize,
-            args.by,
-        )));
+    if let Some(screen) = &screen {
+        profile.add_sink(Box::new(TopSink(screen.clone())));
     }
     profile.write_header("monitor", tracker.kind(), None, start_unix_ns);
     let interval_ns = args.interval.as_nanos() as u64;
@@ -162,6 +178,7 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         end_ns: args.duration.map(|d| start_ns + d.as_nanos() as u64),
         learned_saved_ns: start_ns,
         learned_save_failed: false,
+        screen: screen.clone(),
     };
     sample_until(
         &mut profile,
@@ -169,6 +186,10 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
         &mut Ticker::new(start_ns, interval_ns),
         &mut hooks,
     )?;
+    if let Some(screen) = &screen {
+        // The summary goes to the normal screen.
+        screen.borrow_mut().restore();
+    }
     profile.tick(&mut tracker, true)?;
     let mut learned = profile.learned_to_save();
     let finished = profile.finish(Ending {
@@ -249,6 +270,8 @@ fn serve_prometheus(
 struct MonitorLoop<'a> {
     stop: &'a AtomicBool,
     end_ns: Option<u64>,
+    /// `top`'s screen: its keys end the loop or change the interval.
+    screen: Option<Shared>,
     /// When what was learned of the static power was last written to the
     /// host power model (monotonic ns), and whether that write failed.
     learned_saved_ns: u64,
@@ -290,7 +313,16 @@ impl MonitorLoop<'_> {
 
 impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     fn fds(&self) -> Vec<std::os::fd::RawFd> {
-        Vec::new()
+        // `top` wakes on a key.
+        self.screen
+            .as_ref()
+            .map_or_else(Vec::new, |_| vec![libc::STDIN_FILENO])
+    }
+
+    fn interval_ns(&self) -> Option<u64> {
+        self.screen
+            .as_ref()
+            .map(|s| s.borrow().interval_ms() * 1_000_000)
     }
 
     fn max_sleep_ms(&self, now_ns: u64) -> i32 {
@@ -315,6 +347,12 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     }
 
     fn woke(&mut self, _: &[bool], _: &mut Profile, _: &mut EbpfTracker) -> anyhow::Result<bool> {
+        // Every wake-up: a resize interrupts the sleep without input.
+        if let Some(screen) = &self.screen
+            && screen.borrow_mut().input()
+        {
+            return Ok(true);
+        }
         Ok(self.done(monotonic_ns()))
     }
 }

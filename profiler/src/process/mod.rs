@@ -64,6 +64,22 @@ pub(crate) fn short_args(argv: &[String]) -> Option<String> {
     Some(s)
 }
 
+/// `uid`'s login name, from the password database (`getpwuid_r`).
+pub(crate) fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: a zeroed passwd is a valid out-parameter.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: valid pointers, and the buffer's true length.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() || pwd.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r wrote a NUL-terminated name into `buf`, alive here.
+    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// [`ProcMeta`] over a procfs mount.
 #[derive(Clone, Debug)]
 pub(crate) struct ProcFs {
@@ -138,6 +154,14 @@ impl ProcFs {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The uid that owns `pid` (`/proc/PID`'s owner), if it is alive.
+    pub(crate) fn owner(&self, pid: u32) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.root.join(pid.to_string()))
+            .ok()
+            .map(|m| m.uid())
     }
 
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).

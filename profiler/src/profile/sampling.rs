@@ -48,6 +48,14 @@ impl Ticker {
         true
     }
 
+    /// Ticks every `interval_ns` from now on: the next tick is the last
+    /// one plus the new period (at once if that has passed).
+    pub(crate) fn set_interval(&mut self, interval_ns: u64) {
+        let interval_ns = interval_ns.max(1);
+        self.next_ns = self.next_ns - self.interval_ns + interval_ns;
+        self.interval_ns = interval_ns;
+    }
+
     /// Time left until the next tick.
     pub(crate) fn until(&self, now_ns: u64) -> Duration {
         Duration::from_nanos(self.next_ns.saturating_sub(now_ns))
@@ -67,6 +75,11 @@ pub(crate) trait Hooks<S> {
     /// The longest sleep from `now_ns` (a deadline, a flag to look at).
     fn max_sleep_ms(&self, _now_ns: u64) -> i32 {
         MAX_SLEEP_MS
+    }
+    /// The interval from now on, where the caller changes it (`top`'s
+    /// `+` and `-`).
+    fn interval_ns(&self) -> Option<u64> {
+        None
     }
     /// After each interval closed on a tick.
     fn after_interval(&mut self, profile: &mut Profile, now_ns: u64) -> anyhow::Result<()>;
@@ -92,6 +105,9 @@ pub(crate) fn sample_until<S: CpuSampler + EventRing, H: Hooks<S>>(
         let now = monotonic_ns();
         if hooks.done(now) {
             return Ok(());
+        }
+        if let Some(ns) = hooks.interval_ns().filter(|ns| *ns != ticker.interval_ns) {
+            ticker.set_interval(ns);
         }
         if ticker.due(now) {
             profile.tick(sampler, false)?;
@@ -165,5 +181,20 @@ mod tests {
         assert_eq!(t.until(1_420).as_nanos(), 80);
         assert!(!t.due(1_499));
         assert!(t.due(1_500));
+    }
+
+    #[test]
+    fn a_new_interval_counts_from_the_last_tick() {
+        let mut t = Ticker::new(0, 1_000);
+        assert!(t.due(1_000));
+        t.set_interval(200);
+        assert!(!t.due(1_199));
+        assert!(t.due(1_200));
+        t.set_interval(5_000);
+        assert!(!t.due(6_199));
+        assert!(t.due(6_200));
+        // Shorter than the time since the last tick: due at once.
+        t.set_interval(100);
+        assert!(t.due(6_700));
     }
 }

@@ -1,12 +1,11 @@
-//! Tables for people: the run's table (run.rs), monitor's screen
-//! (monitor.rs), `wattprof sources` (sources.rs), and the pieces they and
+//! Tables for people: the run's table (run.rs), `top`'s live screen
+//! (top/), `wattprof sources` (sources.rs), and the pieces they and
 //! `report`'s views share (the energy part, named sums, labels).
 
-mod monitor;
 mod run;
 mod sources;
+pub(crate) mod top;
 
-pub(crate) use monitor::{By, render_monitor_frame};
 pub(crate) use run::{Rows, args_cell, render_run_table};
 pub(crate) use sources::render as render_sources;
 

@@ -3,7 +3,7 @@
 //! and windows as they happen, the run document at the end), with a view
 //! of its sums so far ([`Totals`]), and a sink writes what it is for: the
 //! stream, the interval CSV, the recording, codecarbon's emissions row,
-//! the exporter's snapshot, the live screen, each VM's powercap tree, the
+//! the exporter's snapshot, `top`'s screen, each VM's powercap tree, the
 //! flame graph.
 
 pub(crate) mod csv;
@@ -11,9 +11,9 @@ pub(crate) mod flamegraph;
 pub(crate) mod jsonl;
 pub(crate) mod prometheus;
 pub(crate) mod recording;
-pub(crate) mod screen;
 pub(crate) mod snapshot;
 pub(crate) mod spill;
+pub(crate) mod top;
 pub(crate) mod vm_export;
 
 use crate::attribution::stacks::StackLedger;

@@ -169,25 +169,6 @@ fn the_exporter_s_snapshot_is_published_at_the_header_and_at_most_once_a_second(
 }
 
 #[test]
-fn the_screen_draws_each_interval_in_one_write() {
-    let mut out = Vec::new();
-    {
-        let mut screen = screen::Screen::new(&mut out, 1, crate::render::By::Process);
-        let mut f = Fixture::new();
-        f.last_ns = 3_000_000_000;
-        screen.interval(&record(3_000_000_000), &f.totals());
-    }
-    let text = String::from_utf8(out).expect("UTF-8");
-    assert!(text.starts_with("\x1b[H\x1b[2J"), "{text:?}");
-    assert!(
-        text.contains("wattprof monitor  3 s  package 0: 30.0 W"),
-        "{text}"
-    );
-    // `top` rows: the first process only.
-    assert!(text.contains("p11") && !text.contains("p12"), "{text}");
-}
-
-#[test]
 fn the_vm_export_asks_for_vm_sums_and_writes_each_vm_s_counter() {
     let dir = temp_dir("vm");
     let export = vm_export::VmExport::create(&dir).expect("export");

@@ -1,0 +1,449 @@
+//! Drawing `top`'s screen with ratatui: the header (each domain's power,
+//! static, idle and unattributed, the machine's power over the last
+//! minutes), the table, and the key line; help and a process's details
+//! over it. No I/O: the frame is the terminal's, or a test buffer.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Flex, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::symbols::Marker;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{
+    Axis, Block, Borders, Cell, Chart, Clear, Dataset, GraphType, Paragraph, Row as TableRow,
+    Table, Wrap,
+};
+
+use super::keys::KEYS;
+use super::{Column, Grouping, Mode, Row, TableLayout, Top};
+
+/// Block characters of a sparkline, lowest first.
+const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+/// Width of the process table's columns (the command takes the rest).
+fn width(c: Column) -> Constraint {
+    match c {
+        Column::Pid => Constraint::Length(7),
+        Column::User => Constraint::Length(7),
+        Column::CpuPct => Constraint::Length(5),
+        Column::CpuW | Column::DramW | Column::GpuW => Constraint::Length(6),
+        Column::SmPct => Constraint::Length(4),
+        Column::Energy => Constraint::Length(8),
+        Column::Power => Constraint::Length(9),
+        Column::Command => Constraint::Min(8),
+    }
+}
+
+/// Draws the whole screen, and notes where the table went (for the mouse).
+pub(crate) fn draw(f: &mut Frame<'_>, top: &mut Top) {
+    let area = f.area();
+    let header_lines = 2 + u16::from(!top.domains.is_empty());
+    let chart_h = if area.height >= 30 { 6 } else { 0 };
+    let [head, chart, table, keys] = Layout::vertical([
+        Constraint::Length(header_lines),
+        Constraint::Length(chart_h),
+        Constraint::Min(3),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    f.render_widget(Paragraph::new(header(top)), head);
+    if chart_h > 0 {
+        draw_chart(f, top, chart);
+    }
+    match top.grouping {
+        Grouping::Process => draw_processes(f, top, table),
+        _ => draw_groups(f, top, table),
+    }
+    f.render_widget(Paragraph::new(key_line(top)), keys);
+    match top.mode.clone() {
+        Mode::Help => draw_help(f, area),
+        Mode::Details(pid) => draw_details(f, top, pid, area),
+        _ => {}
+    }
+}
+
+fn heading_style(top: &Top) -> Style {
+    if top.color {
+        Style::new().fg(Color::Black).bg(Color::Cyan)
+    } else {
+        Style::new().add_modifier(Modifier::REVERSED)
+    }
+}
+
+/// The first lines: what the screen shows, then each domain's power.
+fn header(top: &Top) -> Vec<Line<'static>> {
+    let mut state = format!(
+        "wattprof top  {:.1} s  interval {}  {}  sort {}{}",
+        top.elapsed_s,
+        interval_text(top.interval_ms),
+        top.grouping.name(),
+        top.sort.title(),
+        if top.descending { " ↓" } else { " ↑" },
+    );
+    if top.tree {
+        state.push_str("  tree");
+    }
+    if !top.filter.is_empty() {
+        state.push_str(&format!("  filter \"{}\"", top.filter));
+    }
+    if let Some(u) = &top.user_filter {
+        state.push_str(&format!("  user {u}"));
+    }
+    let mut lines = vec![Line::from(state)];
+    if top.paused {
+        lines[0].spans.push(Span::styled(
+            "  PAUSED",
+            Style::new().add_modifier(Modifier::BOLD),
+        ));
+    }
+    if top.domains.is_empty() {
+        lines.push(Line::from(
+            "(no energy figures yet; without a reader see `wattprof sources`)",
+        ));
+        return lines;
+    }
+    let mut power = String::new();
+    let mut rest = String::new();
+    let (mut idle, mut unattributed) = (0.0, 0.0);
+    for d in &top.domains {
+        power.push_str(&format!(
+            "{}: {:.1} W{}{}  ",
+            d.name,
+            d.power_w,
+            d.static_w
+                .map_or_else(String::new, |s| format!(" (static {s:.1})")),
+            if d.estimated { " estimated" } else { "" },
+        ));
+        idle += d.idle_w;
+        unattributed += d.unattributed_w;
+    }
+    rest.push_str(&format!(
+        "idle {idle:.1} W  unattributed {unattributed:.1} W"
+    ));
+    lines.push(Line::from(power.trim_end().to_string()));
+    lines.push(Line::from(rest));
+    lines
+}
+
+fn interval_text(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
+}
+
+/// The machine's power (package, DRAM and GPU) over the last minutes.
+fn draw_chart(f: &mut Frame<'_>, top: &Top, area: Rect) {
+    let points = top.machine_power();
+    let Some(((t0, _), (t1, _))) = points.first().zip(points.last()) else {
+        return;
+    };
+    let max = points.iter().map(|(_, w)| *w).fold(1.0_f64, f64::max) * 1.1;
+    let data = [Dataset::default()
+        .marker(Marker::Braille)
+        .graph_type(GraphType::Line)
+        .data(&points)];
+    let chart = Chart::new(data.to_vec())
+        .block(
+            Block::new()
+                .borders(Borders::TOP)
+                .title(format!("machine power, last {:.0} s (W)", t1 - t0)),
+        )
+        .x_axis(Axis::default().bounds([*t0, t1.max(t0 + 1.0)]))
+        .y_axis(
+            Axis::default()
+                .bounds([0.0, max])
+                .labels(["0".to_string(), format!("{max:.0}")]),
+        );
+    f.render_widget(chart, area);
+}
+
+fn draw_processes(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
+    let rows = top.shown();
+    let body = area.height.saturating_sub(1);
+    fit_selection(top, rows.len(), body);
+    let columns: Vec<Constraint> = Column::ALL.iter().map(|c| width(*c)).collect();
+    let heading = TableRow::new(Column::ALL.iter().map(|c| {
+        let (read, estimated) = top.column_read(*c);
+        let mut t = c.title().to_string();
+        if read && estimated {
+            t.push('~');
+        }
+        if *c == top.sort {
+            t.push(if top.descending { '↓' } else { '↑' });
+        }
+        Cell::from(t)
+    }))
+    .style(heading_style(top));
+    let max_w = rows.iter().map(Row::power_w).fold(0.0_f64, f64::max);
+    let lines: Vec<TableRow<'_>> = rows
+        .iter()
+        .enumerate()
+        .skip(top.offset)
+        .take(body as usize)
+        .map(|(i, r)| {
+            let row = TableRow::new(process_cells(top, r, max_w));
+            if i == top.selected {
+                row.style(Style::new().add_modifier(Modifier::REVERSED))
+            } else {
+                row
+            }
+        })
+        .collect();
+    let table = Table::new(lines, columns.clone())
+        .header(heading)
+        .flex(Flex::Start)
+        .column_spacing(1);
+    f.render_widget(table, area);
+    let xs = Layout::horizontal(columns)
+        .flex(Flex::Start)
+        .spacing(1)
+        .split(Rect::new(area.x, 0, area.width, 1));
+    top.layout = Some(TableLayout {
+        heading_y: area.y,
+        first_row_y: area.y + 1,
+        rows: body,
+        columns: Column::ALL
+            .iter()
+            .zip(xs.iter())
+            .map(|(c, r)| (*c, r.x, r.x + r.width))
+            .collect(),
+    });
+}
+
+/// Keeps the selection on screen.
+fn fit_selection(top: &mut Top, n: usize, body: u16) {
+    let body = usize::from(body.max(1));
+    top.selected = top.selected.min(n.saturating_sub(1));
+    if top.selected < top.offset {
+        top.offset = top.selected;
+    } else if top.selected >= top.offset + body {
+        top.offset = top.selected + 1 - body;
+    }
+    top.offset = top.offset.min(n.saturating_sub(body.min(n)));
+}
+
+fn process_cells(top: &Top, r: &Row, max_w: f64) -> Vec<Cell<'static>> {
+    let w = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+    // In the tree, a row's figures are its own and everything under it.
+    let (cpu, power, energy) = (r.cpu_pct, r.power_w(), r.energy_j);
+    let command = if top.tree {
+        format!("{}{}", tree_prefix(r.depth), r.comm)
+    } else {
+        r.comm.clone()
+    };
+    vec![
+        Cell::from(r.pid.to_string()),
+        Cell::from(r.user.clone()),
+        Cell::from(format!("{cpu:.1}")),
+        Cell::from(w(r.cpu_w)),
+        Cell::from(w(r.dram_w)),
+        Cell::from(w(r.gpu_w)),
+        Cell::from(
+            r.sm_pct
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
+        ),
+        Cell::from(format!("{energy:.1}")),
+        Cell::from(format!(
+            "{:<5}{}",
+            format!("{power:.1}"),
+            sparkline(&top.history(r.pid), max_w, 4)
+        )),
+        Cell::from(command),
+    ]
+}
+
+fn tree_prefix(depth: usize) -> String {
+    if depth == 0 {
+        String::new()
+    } else {
+        format!("{}└─ ", "  ".repeat(depth - 1))
+    }
+}
+
+/// The last values as `width` block characters (each the mean of its
+/// share of them), scaled to `max`.
+pub(crate) fn sparkline(values: &[f64], max: f64, width: usize) -> String {
+    if values.is_empty() || width == 0 {
+        return String::new();
+    }
+    let per = values.len().div_ceil(width);
+    values
+        .chunks(per)
+        .map(|c| {
+            let mean = c.iter().sum::<f64>() / c.len() as f64;
+            let level = if max > 0.0 {
+                ((mean / max) * (BARS.len() - 1) as f64).round() as usize
+            } else {
+                0
+            };
+            BARS[level.min(BARS.len() - 1)]
+        })
+        .collect()
+}
+
+fn draw_groups(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
+    let rows = top.shown_groups();
+    let body = area.height.saturating_sub(1);
+    fit_selection(top, rows.len(), body);
+    let title = match top.grouping {
+        Grouping::Container => "CONTAINER / UNIT",
+        _ => "CGROUP",
+    };
+    let heading = TableRow::new(["CPU%", "POWER W", "ENERGY J", title]).style(heading_style(top));
+    let lines: Vec<TableRow<'_>> = rows
+        .iter()
+        .enumerate()
+        .skip(top.offset)
+        .take(body as usize)
+        .map(|(i, g)| {
+            let row = TableRow::new([
+                format!("{:.1}", g.cpu_pct),
+                format!("{:.2}", g.power_w),
+                format!("{:.1}", g.energy_j),
+                g.name.clone(),
+            ]);
+            if i == top.selected {
+                row.style(Style::new().add_modifier(Modifier::REVERSED))
+            } else {
+                row
+            }
+        })
+        .collect();
+    let widths = [
+        Constraint::Length(6),
+        Constraint::Length(8),
+        Constraint::Length(10),
+        Constraint::Min(10),
+    ];
+    f.render_widget(
+        Table::new(lines, widths)
+            .header(heading)
+            .flex(Flex::Start)
+            .column_spacing(1),
+        area,
+    );
+    top.layout = Some(TableLayout {
+        heading_y: area.y,
+        first_row_y: area.y + 1,
+        rows: body,
+        columns: Vec::new(),
+    });
+    if rows.is_empty() {
+        let note = Rect::new(area.x, area.y + 1, area.width, 1.min(area.height));
+        f.render_widget(
+            Paragraph::new(format!(
+                "(no {} have used the CPU yet)",
+                top.grouping.name()
+            )),
+            note,
+        );
+    }
+}
+
+fn key_line(top: &Top) -> Line<'static> {
+    let keys = [
+        ("F1", "Help"),
+        ("F3", "Search"),
+        ("F5", "Tree"),
+        ("F6", "Sort"),
+        ("g", "Group"),
+        ("u", "User"),
+        ("Z", "Pause"),
+        ("+-", "Interval"),
+        ("F10", "Quit"),
+    ];
+    let mut spans = Vec::new();
+    for (k, what) in keys {
+        spans.push(Span::styled(k, Style::new().add_modifier(Modifier::BOLD)));
+        spans.push(Span::styled(format!("{what} "), heading_style(top)));
+    }
+    match &top.mode {
+        Mode::Filter(t) => Line::from(format!("filter (Enter keeps, Esc clears): {t}_")),
+        Mode::User(t) => Line::from(format!("user (Enter keeps, empty: everyone): {t}_")),
+        _ => Line::from(spans),
+    }
+}
+
+/// A box in the middle of `area`, at most `w` by `h`.
+fn centered(area: Rect, w: u16, h: u16) -> Rect {
+    let w = w.min(area.width);
+    let h = h.min(area.height);
+    Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    )
+}
+
+fn draw_help(f: &mut Frame<'_>, area: Rect) {
+    let mut lines: Vec<Line<'_>> = KEYS
+        .iter()
+        .map(|(k, what)| Line::from(format!("{k:<28} {what}")))
+        .collect();
+    lines.push(Line::from(""));
+    lines.push(Line::from(
+        "Figures: each interval's, as the --jsonl stream holds them; ENERGY J since top \
+         began; ~ estimated, - no reader. Static power is the CPUs' power when idle, \
+         shared by the time each process held them; the rest is dynamic. Any key: back.",
+    ));
+    let r = centered(area, 96, lines.len() as u16 + 4);
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" wattprof top: keys ")),
+        r,
+    );
+}
+
+fn draw_details(f: &mut Frame<'_>, top: &Top, pid: u32, area: Rect) {
+    let mut lines: Vec<Line<'_>> = Vec::new();
+    match top.row(pid) {
+        Some(r) => {
+            lines.push(Line::from(format!(
+                "{} (pid {}), user {}",
+                r.comm, r.pid, r.user
+            )));
+            lines.push(Line::from(format!("lineage: {}", top.lineage(pid))));
+            lines.push(Line::from(format!("cgroup: {}", top.cgroup_of(pid))));
+            lines.push(Line::from(""));
+            let dur = top.interval_s.max(1e-9);
+            lines.push(Line::from(format!(
+                "last interval: CPU {:.1}%, {:.2} W: static {:.2} W (its share of the \
+                 CPUs' static power, by time held), dynamic {:.2} W",
+                r.cpu_pct,
+                r.interval_j / dur,
+                r.static_j / dur,
+                (r.interval_j - r.static_j).max(0.0) / dur
+            )));
+            let w = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2} W"));
+            lines.push(Line::from(format!(
+                "  CPU package {}  DRAM {}  GPU {}  SM {}",
+                w(r.cpu_w),
+                w(r.dram_w),
+                w(r.gpu_w),
+                r.sm_pct
+                    .map_or_else(|| "-".to_string(), |v| format!("{v:.0}%"))
+            )));
+            lines.push(Line::from(format!("since top began: {:.2} J", r.energy_j)));
+            lines.push(Line::from(
+                "windows: opened under `wattprof run` (WATTPROF_SOCKET); see its report",
+            ));
+        }
+        None => lines.push(Line::from(format!(
+            "pid {pid} is not in the last interval's rows (it exited)"
+        ))),
+    }
+    lines.push(Line::from(""));
+    lines.push(Line::from("Any key: back."));
+    let r = centered(area, 100, lines.len() as u16 + 2);
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" process ")),
+        r,
+    );
+}

@@ -1,0 +1,342 @@
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{
+    Event, KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
+};
+
+use super::*;
+use crate::attribution::{Basis, DomainUj};
+use crate::model::record::{DomainRow, GroupRows, IntervalPower, ProcessRow};
+use crate::sources::DomainKey;
+
+/// A second of 30 W on package 0 and the rows `(pid, ppid, comm, J)`.
+fn record(t_s: u64, rows: &[(u32, Option<u32>, &str, f64)]) -> IntervalRecord {
+    IntervalRecord {
+        t_ns: t_s * 1_000_000_000,
+        duration_ns: 1_000_000_000,
+        busy_ns: 1_000_000_000,
+        domains: vec![DomainRow::from_uj(
+            &DomainUj {
+                measured_uj: 30_000_000,
+                attributed_uj: 30_000_000,
+                ..DomainUj::empty(DomainKey::new(Domain::Package, Some(0)), Basis::CpuTime)
+            },
+            None,
+            1_000_000_000,
+            |power_w| IntervalPower {
+                power_w,
+                covers_ns: None,
+            },
+        )],
+        gpus: Vec::new(),
+        groups: GroupRows::default(),
+        processes: Some(
+            rows.iter()
+                .map(|(pid, ppid, comm, j)| ProcessRow {
+                    pid: *pid,
+                    ppid: *ppid,
+                    comm: (*comm).to_string(),
+                    on_cpu_ns: (*j * 1e8) as u64,
+                    package_j: *j,
+                    ..ProcessRow::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// A `/proc` with no processes: every owner is unknown (`?`).
+fn top() -> Top {
+    Top::new(
+        1000,
+        Grouping::Process,
+        false,
+        ProcFs::at(std::env::temp_dir().join("wattprof-no-proc")),
+    )
+}
+
+const FAMILY: &[(u32, Option<u32>, &str, f64)] = &[
+    (10, Some(1), "parent", 1.0),
+    (11, Some(10), "child-a", 4.0),
+    (12, Some(10), "child-b", 2.0),
+    (13, Some(11), "grandchild", 3.0),
+    (20, Some(1), "other", 5.0),
+];
+
+fn key(c: KeyCode) -> Event {
+    Event::Key(KeyEvent::new(c, KeyModifiers::NONE))
+}
+
+fn pids(t: &Top) -> Vec<u32> {
+    t.shown().iter().map(|r| r.pid).collect()
+}
+
+/// The screen as text, `w` by `h`.
+fn screen(t: &mut Top, w: u16, h: u16) -> String {
+    let mut term = Terminal::new(TestBackend::new(w, h)).expect("test terminal");
+    term.draw(|f| draw(f, t)).expect("draw");
+    let buf = term.backend().buffer().clone();
+    (0..h)
+        .map(|y| {
+            (0..w)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn rows_are_the_record_s_figures_sorted_by_power() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    assert_eq!(pids(&t), vec![20, 11, 13, 12, 10]);
+    let r = t.row(11).expect("row");
+    assert_eq!(r.cpu_w, Some(4.0), "J over the interval's seconds");
+    assert_eq!((r.dram_w, r.gpu_w), (None, None), "no reader: no figure");
+    assert!((r.cpu_pct - 40.0).abs() < 1e-9);
+    t.interval(&record(2, FAMILY), &[], &[]);
+    assert_eq!(t.row(11).map(|r| r.energy_j), Some(8.0), "since top began");
+    assert_eq!(t.history(11), vec![4.0, 4.0]);
+}
+
+#[test]
+fn sorting_follows_the_keys_and_a_second_press_turns_it_round() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Char('N')));
+    assert_eq!(pids(&t), vec![10, 11, 12, 13, 20], "PID, ascending");
+    t.event(&key(KeyCode::Char('I')));
+    assert_eq!(pids(&t), vec![20, 13, 12, 11, 10]);
+    t.sort_by(Column::Command);
+    assert_eq!(pids(&t), vec![11, 12, 13, 20, 10], "A to Z");
+    t.sort_by(Column::Command);
+    assert_eq!(pids(&t), vec![10, 20, 13, 12, 11], "again: Z to A");
+    // F6 steps to the next column.
+    t.event(&key(KeyCode::F(6)));
+    assert_eq!(t.sort, Column::Pid, "after the last column, the first");
+}
+
+#[test]
+fn the_tree_puts_children_under_parents_with_subtree_totals() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Char('t')));
+    let rows = t.shown();
+    let order: Vec<(u32, usize)> = rows.iter().map(|r| (r.pid, r.depth)).collect();
+    // Siblings in the sort's order of their subtrees' sums: the parent's
+    // 10 W before the other's 5.
+    assert_eq!(order, vec![(10, 0), (11, 1), (13, 2), (12, 1), (20, 0)]);
+    let parent = rows[0].subtree.expect("subtotal");
+    assert_eq!(
+        parent.power_w,
+        1.0 + 4.0 + 2.0 + 3.0,
+        "its own and all under it"
+    );
+    assert_eq!(rows[0].cpu_w, Some(10.0), "the row shows the sums");
+    assert_eq!(rows[1].subtree.map(|s| s.power_w), Some(7.0));
+    assert_eq!(rows[2].subtree.map(|s| s.power_w), Some(3.0));
+    let text = screen(&mut t, 120, 20);
+    assert!(text.contains("└─ child-a"), "{text}");
+}
+
+#[test]
+fn a_parent_loop_is_shown_not_lost() {
+    let rows = [(1, Some(2), "a", 1.0), (2, Some(1), "b", 1.0)];
+    let mut t = top();
+    t.interval(&record(1, &rows), &[], &[]);
+    t.tree = true;
+    assert_eq!(t.shown().len(), 2);
+}
+
+#[test]
+fn the_filter_hides_what_does_not_match_and_esc_clears_it() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Char('/')));
+    for c in "child".chars() {
+        t.event(&key(KeyCode::Char(c)));
+    }
+    assert_eq!(pids(&t), vec![11, 13, 12], "applies as it is typed");
+    t.event(&key(KeyCode::Enter));
+    assert_eq!(t.mode, Mode::Table);
+    assert_eq!(pids(&t), vec![11, 13, 12], "kept");
+    t.event(&key(KeyCode::Char('/')));
+    t.event(&key(KeyCode::Esc));
+    assert_eq!(pids(&t).len(), 5, "cleared");
+    // A pid matches too.
+    t.filter = "20".into();
+    assert_eq!(pids(&t), vec![20]);
+}
+
+#[test]
+fn the_user_filter_shows_one_user_s_processes() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Char('u')));
+    for c in "nobody".chars() {
+        t.event(&key(KeyCode::Char(c)));
+    }
+    t.event(&key(KeyCode::Enter));
+    assert!(pids(&t).is_empty(), "no process here is nobody's");
+    t.event(&key(KeyCode::Char('u')));
+    t.event(&key(KeyCode::Backspace));
+    for _ in 0..10 {
+        t.event(&key(KeyCode::Backspace));
+    }
+    t.event(&key(KeyCode::Enter));
+    assert_eq!(pids(&t).len(), 5, "empty: everyone's");
+}
+
+#[test]
+fn paused_the_rows_stay_and_energy_goes_on() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Char('Z')));
+    t.interval(&record(2, &[(99, None, "new", 9.0)]), &[], &[]);
+    assert_eq!(pids(&t).len(), 5, "the screen stays");
+    t.event(&key(KeyCode::Char('Z')));
+    t.interval(&record(3, FAMILY), &[], &[]);
+    assert_eq!(t.row(20).map(|r| r.energy_j), Some(10.0));
+}
+
+#[test]
+fn plus_and_minus_step_the_interval_within_its_range() {
+    let mut t = top();
+    t.event(&key(KeyCode::Char('+')));
+    assert_eq!(t.interval_ms, 2_000);
+    for _ in 0..20 {
+        t.event(&key(KeyCode::Char('-')));
+    }
+    assert_eq!(t.interval_ms, 100);
+    for _ in 0..20 {
+        t.event(&key(KeyCode::Char('+')));
+    }
+    assert_eq!(t.interval_ms, 30_000);
+}
+
+#[test]
+fn quit_help_and_details() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    assert_eq!(t.event(&key(KeyCode::Char('h'))), Outcome::Redraw);
+    assert!(screen(&mut t, 100, 30).contains("tree: children under their parent"));
+    assert_eq!(t.event(&key(KeyCode::Char('x'))), Outcome::Redraw);
+    assert_eq!(t.mode, Mode::Table);
+    t.event(&key(KeyCode::Down));
+    t.event(&key(KeyCode::Enter));
+    assert_eq!(t.mode, Mode::Details(11));
+    let text = screen(&mut t, 110, 30);
+    assert!(text.contains("child-a (pid 11)"), "{text}");
+    assert!(
+        text.contains("lineage: child-a (11) <- parent (10) <- 1"),
+        "{text}"
+    );
+    t.event(&key(KeyCode::Esc));
+    assert_eq!(t.event(&key(KeyCode::Char('q'))), Outcome::Quit);
+    assert_eq!(t.event(&key(KeyCode::F(10))), Outcome::Quit);
+    let ctrl_c = Event::Key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    assert_eq!(t.event(&ctrl_c), Outcome::Quit);
+}
+
+#[test]
+fn the_screen_fits_80_by_24_and_shows_the_header_and_rows() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    let text = screen(&mut t, 80, 24);
+    assert!(text.contains("package 0: 30.0 W"), "{text}");
+    assert!(text.contains("POWER 1m↓"), "{text}");
+    assert!(text.contains("grandchild"), "{text}");
+    assert!(text.contains("F10Quit"), "{text}");
+    // The power column is the row's figure, then its last minute.
+    assert!(text.contains("5.0  █"), "{text}");
+    assert!(!text.contains("grandchi "), "the command has room: {text}");
+}
+
+#[test]
+fn a_click_on_a_heading_sorts_by_it_and_on_a_row_selects_it() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    screen(&mut t, 120, 24);
+    let layout = t.layout.clone().expect("drawn");
+    let (_, x0, _) = layout
+        .columns
+        .iter()
+        .find(|(c, ..)| *c == Column::Pid)
+        .copied()
+        .expect("pid column");
+    let click = |row, column| {
+        Event::Mouse(MouseEvent {
+            kind: MouseEventKind::Down(MouseButton::Left),
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+    };
+    t.event(&click(layout.heading_y, x0));
+    assert_eq!(t.sort, Column::Pid);
+    t.event(&click(layout.first_row_y + 2, x0));
+    assert_eq!(t.selected_pid(), Some(12));
+}
+
+#[test]
+fn an_empty_name_is_shown_as_the_pid() {
+    let mut t = top();
+    t.interval(&record(1, &[(7, None, "", 1.0)]), &[], &[]);
+    assert_eq!(t.row(7).map(|r| r.comm.as_str()), Some("[7]"));
+}
+
+#[test]
+fn groups_show_power_from_their_energy_so_far() {
+    let mut t = Top::new(
+        1000,
+        Grouping::Cgroup,
+        false,
+        ProcFs::at(std::env::temp_dir().join("wattprof-no-proc")),
+    );
+    let cg = |j: f64, ns: u64| CgroupReport {
+        path: "/system.slice/x.service".into(),
+        id: 5,
+        on_cpu_ns: ns,
+        energy: crate::model::EnergyJ {
+            total_j: j,
+            ..crate::model::EnergyJ::default()
+        },
+    };
+    t.interval(&record(1, FAMILY), &[], &[cg(10.0, 100)]);
+    t.interval(&record(2, FAMILY), &[], &[cg(13.0, 500_000_100)]);
+    let g = &t.shown_groups()[0];
+    assert_eq!((g.power_w, g.energy_j), (3.0, 13.0));
+    assert!((g.cpu_pct - 50.0).abs() < 1e-9);
+    assert!(screen(&mut t, 80, 24).contains("/system.slice/x.service"));
+}
+
+#[test]
+fn sparklines_scale_to_the_largest_row() {
+    assert_eq!(super::draw::sparkline(&[0.0, 5.0, 10.0], 10.0, 3), "▁▅█");
+    assert_eq!(
+        super::draw::sparkline(&[1.0; 10], 2.0, 5).chars().count(),
+        5
+    );
+    assert_eq!(super::draw::sparkline(&[], 1.0, 5), "");
+}
+
+#[test]
+fn the_tree_reaches_parents_that_did_not_run_through_proc() {
+    // /proc knows pid 5, a shell asleep (no row), parent of 11 and 12.
+    let dir = std::env::temp_dir().join(format!("wattprof-top-proc-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("5")).expect("fixture");
+    std::fs::write(dir.join("5/stat"), "5 (sh) S 1 5 5 0").expect("stat");
+    std::fs::write(dir.join("5/comm"), "sh\n").expect("comm");
+    let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
+    let rows = [(11, Some(5), "a", 2.0), (12, Some(5), "b", 1.0)];
+    t.interval(&record(1, &rows), &[], &[]);
+    assert_eq!(pids(&t), vec![11, 12], "flat: only what ran");
+    t.tree = true;
+    let shown = t.shown();
+    let order: Vec<(u32, usize)> = shown.iter().map(|r| (r.pid, r.depth)).collect();
+    assert_eq!(order, vec![(5, 0), (11, 1), (12, 1)]);
+    assert_eq!(shown[0].comm, "sh");
+    assert_eq!(shown[0].subtree.map(|s| s.power_w), Some(3.0));
+    let _ = std::fs::remove_dir_all(dir);
+}
