@@ -19,7 +19,8 @@ struct Screen {
 
 impl Screen {
     /// `wattprof top` on the fixture RAPL at 500 ms, streaming to
-    /// `stream.jsonl` in its directory, in a 140x40 terminal.
+    /// `stream.jsonl` in its directory, in a 140x100 terminal (room for
+    /// the tree of a loaded machine).
     fn start(extra: &[&str]) -> Option<Self> {
         if !Path::new("/usr/bin/tmux").exists() {
             wattprof_tests::say_skip("tmux is not installed (apt-get install tmux)");
@@ -212,19 +213,35 @@ fn keys_sort_filter_and_tree_the_rows() {
     s.keys(&["I"]);
     let down = pids(&s.capture());
     assert!(down.windows(2).all(|w| w[0] > w[1]), "{down:?}");
-    // The filter: only the burners.
+    // The filter: only burners (an earlier test's may still show in the
+    // interval it exited in), ours among them.
+    let ours: Vec<u32> = String::from_utf8_lossy(
+        &Command::new("pgrep")
+            .args(["-P", &load.id().to_string()])
+            .output()
+            .expect("pgrep")
+            .stdout,
+    )
+    .split_whitespace()
+    .filter_map(|p| p.parse().ok())
+    .collect();
+    assert_eq!(ours.len(), 2, "the shell's two burners");
     s.keys(&["/", "wp-burn", "Enter"]);
     let text = s.capture();
     let shown = rows(&text);
-    assert_eq!(shown.len(), 2, "{text}");
     assert!(
         shown
             .iter()
             .all(|r| r.last().is_some_and(|c| c == "wp-burn")),
         "{text}"
     );
-    // The tree: the shell's row holds its own figures and its children's.
-    s.keys(&["Escape", "/", "Escape", "t"]);
+    assert!(
+        ours.iter().all(|p| pids(&text).contains(p)),
+        "{ours:?}: {text}"
+    );
+    // The tree, by power: the shell's row holds its own figures and its
+    // children's.
+    s.keys(&["Escape", "/", "Escape", "W", "t"]);
     let shell = load.id();
     let text = s.wait_for("the shell over its burners", |t| {
         t.lines()
@@ -403,4 +420,66 @@ fn grouping_by_container_shows_a_real_docker_container_by_name() {
     let text = s.wait_for("the container's busy row", |t| cpu_of(t) > 20.0);
     assert!(text.contains("CONTAINER / UNIT"), "{text}");
     assert!(text.contains(&format!("docker {name} (")), "named: {text}");
+}
+
+#[test]
+fn without_root_top_says_so_and_gives_the_terminal_back() {
+    // Root only to become nobody; no eBPF is loaded.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/tmux").exists() {
+        wattprof_tests::say_skip("needs root (to run as nobody) and tmux");
+        return;
+    }
+    let bin = wattprof_tests::executable_by_others(&wattprof_bin());
+    let name = format!("wattprof-top-nobody-{}", std::process::id());
+    let cmd = format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups {} top; echo EXIT=$?; sleep 600",
+        bin.path.display()
+    );
+    assert!(tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &name,
+        "-x",
+        "200",
+        "-y",
+        "20",
+        &cmd
+    ]));
+    let capture = || {
+        let out = Command::new("tmux")
+            // -J: a wrapped line is one line.
+            .args(["capture-pane", "-p", "-J", "-t", &name])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let t0 = Instant::now();
+    let mut text = capture();
+    while !text.contains("EXIT=") && t0.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(200));
+        text = capture();
+    }
+    let alternate = Command::new("tmux")
+        .args(["display-message", "-p", "-t", &name, "#{alternate_on}"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let _ = tmux(&["kill-session", "-t", &name]);
+    assert!(text.contains("EXIT=125"), "{text}");
+    let said: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("EXIT="))
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(said.len(), 1, "one line: {text}");
+    assert!(
+        said[0].contains("missing CAP_BPF and CAP_PERFMON") && said[0].contains("root"),
+        "{text}"
+    );
+    assert_eq!(
+        alternate.ok().as_deref(),
+        Some("0"),
+        "the normal screen: {text}"
+    );
 }

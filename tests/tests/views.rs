@@ -501,38 +501,12 @@ fn workers_are_told_apart_by_command_line_and_no_reader_is_one_way_everywhere() 
 fn no_view_calls_an_estimate_measured_the_live_screen_flame_graph_and_prometheus_included() {
     require_ebpf!();
     let dir = tempfile_dir();
-    // The live screen needs a terminal: `script` gives it one.
-    let port = wattprof_tests::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let monitor = format!(
-        "{} monitor --duration 3s --interval 500ms --host-model none --no-gpu \
-         --energy-sysfs=/nonexistent --prometheus {addr}",
-        wattprof_bin().display()
-    );
-    let screen_file = dir.join("screen");
-    let mut screen = Command::new("script")
-        .args(["-qfec", &monitor, "/dev/null"])
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&screen_file).expect("screen file"))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("script(1)");
-    // Scraped while it runs, however slow a loaded machine makes its start.
-    let mut metrics = None;
-    let status = loop {
-        if let Some(status) = screen.try_wait().expect("wait") {
-            break status;
-        }
-        if metrics.is_none()
-            && let Some((200, body)) = wattprof_tests::http_get(&addr, "/metrics")
-            && body.contains("wattprof_energy_joules_total{")
-        {
-            metrics = Some(body);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let seen = std::fs::read_to_string(&screen_file).unwrap_or_default();
-    assert!(status.success(), "{seen}");
+    // The live screen (`top`) needs a terminal: tmux gives it one.
+    if !std::path::Path::new("/usr/bin/tmux").exists() {
+        wattprof_tests::say_skip("tmux is not installed (apt-get install tmux)");
+        return;
+    }
+    let (seen, ended, metrics) = top_on_the_vcpu_model();
     let metrics = metrics.unwrap_or_else(|| panic!("no /metrics with energy; screen:\n{seen}"));
     // Prometheus: the reader says estimated; no series for a domain with
     // no reader.
@@ -546,22 +520,22 @@ fn no_view_calls_an_estimate_measured_the_live_screen_flame_graph_and_prometheus
             "a series for a domain with no reader: {l}"
         );
     }
-    // The live screen: its header says estimated; no reader is `-`.
-    let frame = seen
-        .split("\x1b[2J")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no live screen:\n{seen}"));
-    let header = frame.lines().next().unwrap_or_default();
-    assert!(header.contains("(estimated)"), "{header}");
-    // Every process row (a pid first, a CPU% third).
-    let rows: Vec<&str> = frame
+    // The live screen: the domain's line says estimated, its column is
+    // marked `~`; no reader is `-`.
+    assert!(
+        seen.lines().nth(1).is_some_and(|l| l.contains("estimated")),
+        "no live screen, or its header does not say estimated:\n{seen}\n{ended}"
+    );
+    assert!(seen.contains("CPU W~"), "{seen}");
+    // Every process row (a pid first): PID USER CPU% CPU-W DRAM-W GPU-W ...
+    let rows: Vec<&str> = seen
         .lines()
         .filter(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            w.len() >= 6 && w[0].parse::<u32>().is_ok() && w[2].ends_with('%')
+            w.len() >= 10 && w[0].parse::<u32>().is_ok()
         })
         .collect();
-    assert!(!rows.is_empty(), "no process row on the screen:\n{frame}");
+    assert!(!rows.is_empty(), "no process row on the screen:\n{seen}");
     for row in rows {
         let w: Vec<&str> = row.split_whitespace().collect();
         assert_eq!((w[4], w[5]), ("-", "-"), "DRAM W and GPU W: {row}");
@@ -598,6 +572,7 @@ fn no_view_calls_an_estimate_measured_the_live_screen_flame_graph_and_prometheus
     // Everything a person reads: no "measured" said of an estimate.
     for (view, text) in [
         ("screen", &seen),
+        ("summary", &ended),
         ("table", &table),
         ("flame graph", &graph),
     ] {
@@ -607,4 +582,60 @@ fn no_view_calls_an_estimate_measured_the_live_screen_flame_graph_and_prometheus
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `wattprof top` on the vCPU model (no RAPL) with its exporter, in a
+/// tmux terminal for 4 s: its last full screen, what it printed after, and
+/// a scrape with energy in it (if one came).
+fn top_on_the_vcpu_model() -> (String, String, Option<String>) {
+    let port = wattprof_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let top = format!(
+        "{} top --duration 4s --interval 500ms --host-model none --no-gpu \
+         --energy-sysfs=/nonexistent --prometheus {addr}; echo EXIT=$?; sleep 600",
+        wattprof_bin().display()
+    );
+    let session = format!("wattprof-views-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "30",
+        &top,
+    ]);
+    // Scraped and read while it runs, however slow a loaded machine makes
+    // its start.
+    let (mut metrics, mut seen) = (None, String::new());
+    let t0 = std::time::Instant::now();
+    let ended = loop {
+        let pane = tmux(&["capture-pane", "-p", "-t", &session]);
+        if pane.contains("EXIT=") {
+            break pane;
+        }
+        if pane.contains("COMMAND") && pane.lines().count() > 5 {
+            seen.clone_from(&pane);
+        }
+        if metrics.is_none()
+            && let Some((200, body)) = wattprof_tests::http_get(&addr, "/metrics")
+            && body.contains("wattprof_energy_joules_total{")
+        {
+            metrics = Some(body);
+        }
+        assert!(t0.elapsed().as_secs() < 60, "top did not end:\n{pane}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    tmux(&["kill-session", "-t", &session]);
+    assert!(ended.contains("EXIT=0"), "{ended}");
+    (seen, ended, metrics)
 }

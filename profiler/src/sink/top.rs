@@ -4,11 +4,14 @@
 //! terminal is restored on quit, on the signals that end the profile
 //! (the loop ends, then [`TopScreen::restore`]), on an error (drop), and on
 //! a panic (a hook run before the default one). A terminal that hangs up
-//! (its window closed) ends `top` as SIGHUP would.
+//! (its window closed) ends `top` as SIGHUP would. While it draws, stderr
+//! goes to a file and is written out when the terminal is given back, so
+//! that no warning tears the screen.
 
 use std::cell::RefCell;
 use std::io::Stdout;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use ratatui::Terminal;
@@ -32,8 +35,66 @@ pub(crate) struct TopScreen {
     quit: bool,
 }
 
+/// stderr as it was while `top` holds it elsewhere (-1: not held).
+static SAVED_STDERR: AtomicI32 = AtomicI32::new(-1);
+/// The unlinked file that holds what was written to stderr meanwhile.
+static HELD_STDERR: AtomicI32 = AtomicI32::new(-1);
+
+/// Sends stderr to an unlinked file while `top` draws: a warning written
+/// on the terminal would tear the screen. What it holds is written out
+/// when the terminal is given back.
+fn hold_stderr() -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let file = tempfile::tempfile()?.into_raw_fd();
+    // SAFETY: dup of the process's own stderr.
+    let saved = unsafe { libc::dup(libc::STDERR_FILENO) };
+    // SAFETY: both are open descriptors of this process.
+    if saved < 0 || unsafe { libc::dup2(file, libc::STDERR_FILENO) } < 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing descriptors this function opened.
+        unsafe {
+            libc::close(file);
+            if saved >= 0 {
+                libc::close(saved);
+            }
+        }
+        return Err(e);
+    }
+    HELD_STDERR.store(file, Ordering::SeqCst);
+    SAVED_STDERR.store(saved, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Gives stderr back and writes out what it held. Safe to call more than
+/// once, and from the panic hook.
+fn give_back_stderr() {
+    let saved = SAVED_STDERR.swap(-1, Ordering::SeqCst);
+    let held = HELD_STDERR.swap(-1, Ordering::SeqCst);
+    if saved < 0 {
+        return;
+    }
+    // SAFETY: `saved` and `held` are descriptors `hold_stderr` opened and
+    // only this function (which took them out of the statics) closes.
+    unsafe {
+        libc::dup2(saved, libc::STDERR_FILENO);
+        libc::close(saved);
+        if held >= 0 {
+            libc::lseek(held, 0, libc::SEEK_SET);
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = libc::read(held, buf.as_mut_ptr().cast(), buf.len());
+                if n <= 0 || libc::write(libc::STDERR_FILENO, buf.as_ptr().cast(), n as usize) < 0 {
+                    break;
+                }
+            }
+            libc::close(held);
+        }
+    }
+}
+
 /// Puts the terminal back as it was: a normal screen, cooked input, the
-/// cursor shown, the mouse released. Safe to call more than once.
+/// cursor shown, the mouse released, stderr on it with what it said
+/// meanwhile. Safe to call more than once.
 fn restore_terminal() {
     let _ = terminal::disable_raw_mode();
     let _ = execute!(
@@ -42,6 +103,7 @@ fn restore_terminal() {
         terminal::LeaveAlternateScreen,
         cursor::Show
     );
+    give_back_stderr();
 }
 
 impl TopScreen {
@@ -53,7 +115,11 @@ impl TopScreen {
             restore_terminal();
             previous(info);
         }));
-        terminal::enable_raw_mode()?;
+        hold_stderr()?;
+        if let Err(e) = terminal::enable_raw_mode() {
+            give_back_stderr();
+            return Err(e);
+        }
         let mut out = std::io::stdout();
         if let Err(e) = execute!(
             out,
