@@ -58,6 +58,22 @@ pub enum Which {
         #[arg(long, value_delimiter = ',')]
         states: Vec<String>,
     },
+    /// `wattprof top`'s own CPU time against `monitor` with no screen, at
+    /// 1 s with PROCESSES processes that each run briefly every 50 ms: the
+    /// two take turns ROUNDS times (top in a 160x50 tmux terminal), and
+    /// the medians of the paired differences (in % of one core) and of
+    /// the paired ratios are printed with their ranges.
+    Top {
+        /// Paired rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Seconds each measurement lasts (after a 2 s settle).
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        /// Processes waking every 50 ms.
+        #[arg(long, default_value_t = 1000)]
+        processes: usize,
+    },
     /// Heap allocations per interval of `wattprof monitor` in steady
     /// state while PROCESSES processes wake every 50 ms, counted by the
     /// `alloc-count` preload (so a baseline build is counted the same
@@ -226,6 +242,11 @@ pub fn run(which: Which) -> Result<()> {
             baseline.as_deref(),
         ),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
+        Which::Top {
+            rounds,
+            seconds,
+            processes,
+        } => top(rounds, seconds, processes),
         Which::Isolation {
             rounds,
             seconds,
@@ -937,6 +958,114 @@ fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u6
         .and_then(serde_json::Value::as_array)
         .map_or(0, Vec::len) as u64;
     Ok((rate, seen))
+}
+
+/// `wattprof top`'s CPU per second of wall time, in a tmux terminal,
+/// with the options [`monitor_cpu`] gives `monitor`.
+fn top_cpu(wattprof: &Path, seconds: u64) -> Result<f64> {
+    const SETTLE_S: u64 = 2;
+    let out = std::env::temp_dir().join("wattprof-bench-top.json");
+    let _ = std::fs::remove_file(&out);
+    let name = format!("wattprof-bench-top-{}", std::process::id());
+    let tmux = |args: &[&str]| -> Result<String> {
+        let o = Command::new("tmux").args(args).output()?;
+        if !o.status.success() {
+            bail!(
+                "tmux {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    // `exec`: the pane's process is wattprof itself.
+    let cmd = format!(
+        "exec {} top --cpu-tdp 100 --no-gpu --interval 1s --duration {}s --output {}",
+        wattprof.display(),
+        SETTLE_S + seconds + 1,
+        out.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &name,
+        "-x",
+        "160",
+        "-y",
+        "50",
+        &cmd,
+    ])?;
+    let pid: u32 = tmux(&["display-message", "-p", "-t", &name, "#{pane_pid}"])?
+        .parse()
+        .context("the pane's pid")?;
+    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
+    let (c0, t0) = (process_cpu_ns(pid), Instant::now());
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let (c1, t1) = (process_cpu_ns(pid), Instant::now());
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = tmux(&["kill-session", "-t", &name]);
+    if !out.exists() {
+        bail!("wattprof top wrote no recording (did it start? run it in a terminal to see)");
+    }
+    let _ = std::fs::remove_file(&out);
+    Ok((c1 - c0) as f64 / (t1 - t0).as_secs_f64())
+}
+
+/// `top` against `monitor` (no screen), taking turns, under `processes`
+/// wakers: what the screen costs.
+fn top(rounds: usize, seconds: u64, processes: usize) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the top benchmark loads eBPF: run it as root");
+    }
+    if !Path::new("/usr/bin/tmux").exists() {
+        bail!("the top benchmark runs top in tmux: apt-get install tmux");
+    }
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    print_machine();
+    let span = rounds as u64 * 2 * (seconds + 6) + 30;
+    let mut load = Load::start(&xtask, "busy-procs", processes, span, 2)?;
+    let (mut tops, mut monitors) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate who goes first, so drift falls on both alike.
+        let (t, m) = if round % 2 == 0 {
+            let t = top_cpu(&wattprof, seconds)?;
+            (t, monitor_cpu(&wattprof, "1s", seconds)?.0)
+        } else {
+            let m = monitor_cpu(&wattprof, "1s", seconds)?.0;
+            (top_cpu(&wattprof, seconds)?, m)
+        };
+        load.check()?;
+        println!(
+            "round {}: top {:.3} ms/s, monitor {:.3} ms/s",
+            round + 1,
+            t / 1e6,
+            m / 1e6
+        );
+        tops.push(t);
+        monitors.push(m);
+    }
+    let diff: Vec<f64> = tops
+        .iter()
+        .zip(&monitors)
+        .map(|(t, m)| (t - m) / 1e7)
+        .collect();
+    let ratio: Vec<f64> = tops.iter().zip(&monitors).map(|(t, m)| t / m).collect();
+    println!(
+        "top against monitor at 1 s with {processes} wakers, {rounds} paired rounds of {seconds} s: \
+         the screen costs {} % of one core (median, range), paired ratio {}; \
+         top {} ms/s, monitor {} ms/s",
+        median_range(&diff, 3),
+        median_range(&ratio, 3),
+        median_range(&tops.iter().map(|t| t / 1e6).collect::<Vec<_>>(), 2),
+        median_range(&monitors.iter().map(|m| m / 1e6).collect::<Vec<_>>(), 2),
+    );
+    Ok(())
 }
 
 fn monitor(seconds: u64, processes: usize) -> Result<()> {

@@ -152,6 +152,7 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
                 args.top.max(args.prometheus_top) as usize
             },
             pids: args.pid.clone(),
+            memory_top: args.top as usize,
         },
         streams,
     )?;

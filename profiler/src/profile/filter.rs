@@ -100,7 +100,7 @@ impl Profile {
                     u.role == Role::Profiler || self.wanted(u.id, u.cgroup_id)
                 })
                 .collect(),
-            Scope::Machine { top, pids } => {
+            Scope::Machine { top, pids, .. } => {
                 // Most energy, then most CPU time, then first seen.
                 let key = |i: &usize| {
                     let u = &usage[*i];

@@ -44,6 +44,8 @@ pub(crate) enum Scope {
         top: usize,
         /// Only these pids and their descendants (empty: all).
         pids: Vec<u32>,
+        /// Rows, those with the most energy, whose memory is read.
+        memory_top: usize,
     },
 }
 

@@ -54,10 +54,19 @@ impl Profile {
         // `run` reads every process of its tree; `monitor`, whose top rows
         // change from interval to interval, is rationed.
         let rationed = matches!(self.cfg.scope, Scope::Machine { .. });
+        // `monitor` and `top` read the memory of the `--top` rows with the
+        // most energy only (`top` has a row for every process that ran: a
+        // page-table walk each would cost more than the rest of its work).
+        let read_for = match &self.cfg.scope {
+            Scope::Machine { memory_top, .. } => (*memory_top).min(memory_rows.len()),
+            Scope::Tree => memory_rows.len(),
+        };
         let memory = self
             .sums
             .memory
-            .read(&memory_rows, &self.procfs, rationed, at_ns);
+            .read(&memory_rows[..read_for], &self.procfs, rationed, at_ns)
+            .into_iter()
+            .chain(std::iter::repeat(None));
         for ((i, mem), m) in selected.into_iter().zip(memory).zip(&memory_rows) {
             let u = &usage[i];
             let e = energy.get(&u.id).copied().unwrap_or_default();

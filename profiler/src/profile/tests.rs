@@ -163,6 +163,7 @@ impl Rig {
         let scope = Scope::Machine {
             top: 10,
             pids: Vec::new(),
+            memory_top: 10,
         };
         let rig = Self::new(tag, scope, keep, Filter::default());
         let docker = rig
@@ -523,6 +524,7 @@ fn filters_choose_the_reported_processes_and_energy_still_divides_over_all() {
     let scope = Scope::Machine {
         top: 10,
         pids: Vec::new(),
+        memory_top: 10,
     };
     let mut rig = Rig::new("filter", scope, Some(Keep::All), filter);
     let cron = rig.cgroup("system.slice/cron.service");
@@ -698,6 +700,7 @@ fn the_keep_policy_decides_what_the_recording_holds() {
     let scope = || Scope::Machine {
         top: 10,
         pids: Vec::new(),
+        memory_top: 10,
     };
     for (keep, want) in [
         (Some(Keep::All), Some(true)),
@@ -734,6 +737,7 @@ fn monitor_rows_are_the_top_processes_by_energy_in_order() {
     let scope = Scope::Machine {
         top: 2,
         pids: Vec::new(),
+        memory_top: 2,
     };
     let mut rig = Rig::new("top", scope, Some(Keep::All), Filter::default());
     let user = rig.cgroup("user.slice");
