@@ -19,9 +19,21 @@ struct Screen {
 
 impl Screen {
     /// `wattprof top` on the fixture RAPL at 500 ms, streaming to
-    /// `stream.jsonl` in its directory, in a 140x100 terminal (room for
-    /// the tree of a loaded machine).
+    /// `stream.jsonl` in its directory, in a 140x40 terminal, once its
+    /// first rows are drawn.
     fn start(extra: &[&str]) -> Option<Self> {
+        let s = Self::start_sized(&[], extra, 140, 40)?;
+        s.wait_for("the first rows", |t| {
+            t.contains("COMMAND") && t.contains("package 0")
+        });
+        Some(s)
+    }
+
+    /// `wattprof top` in a `w` x `h` terminal, with `env` (`NAME=value`)
+    /// in its environment. When it ends, the pane shows `EXIT=` its
+    /// status, then `STTY:` the terminal's line discipline as `stty -a`
+    /// has it.
+    fn start_sized(env: &[&str], extra: &[&str], w: u16, h: u16) -> Option<Self> {
         if !Path::new("/usr/bin/tmux").exists() {
             wattprof_tests::say_skip("tmux is not installed (apt-get install tmux)");
             return None;
@@ -31,7 +43,8 @@ impl Screen {
         let name = format!("wattprof-top-{}", std::process::id());
         let stream = dir.join("stream.jsonl");
         let mut cmd = format!(
-            "env WATTPROF_HOST_MODEL=none {} top {} --no-gpu --interval 500ms --jsonl {}",
+            "env WATTPROF_HOST_MODEL=none {} {} top {} --no-gpu --interval 500ms --jsonl {}",
+            env.join(" "),
             wattprof_bin().display(),
             rapl.arg(),
             stream.display()
@@ -40,8 +53,12 @@ impl Screen {
             cmd.push(' ');
             cmd.push_str(a);
         }
-        // The exit status and what was printed after are kept on screen.
-        let cmd = format!("{cmd}; echo EXIT=$?; sleep 600");
+        // The exit status, what was printed after and the terminal's
+        // modes are kept on screen.
+        let cmd = format!(
+            "{cmd}; echo EXIT=$?; echo STTY: $(stty -a | tr ' ;' '\\n\\n' | \
+             grep -xE -- '-?(icanon|echo|isig|icrnl|opost)'); sleep 600"
+        );
         let _ = tmux(&["kill-session", "-t", &name]);
         let ok = tmux(&[
             "new-session",
@@ -49,21 +66,17 @@ impl Screen {
             "-s",
             &name,
             "-x",
-            "140",
+            &w.to_string(),
             "-y",
-            "40",
+            &h.to_string(),
             &cmd,
         ]);
         assert!(ok, "tmux new-session");
-        let s = Self {
+        Some(Self {
             name,
             dir,
             _rapl: rapl,
-        };
-        s.wait_for("the first rows", |t| {
-            t.contains("COMMAND") && t.contains("package 0")
-        });
-        Some(s)
+        })
     }
 
     fn capture(&self) -> String {
@@ -74,12 +87,48 @@ impl Screen {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Types `keys` (what they do is waited for with [`Screen::wait_for`]).
     fn keys(&self, keys: &[&str]) {
         for k in keys {
             assert!(tmux(&["send-keys", "-t", &self.name, k]), "send-keys {k}");
         }
-        // A key is taken within the loop's longest sleep (200 ms).
-        std::thread::sleep(Duration::from_millis(400));
+    }
+
+    /// Waits for `top` to end, and checks the terminal is as it was: the
+    /// normal screen, the cursor shown, the mouse let go, and `stty`'s
+    /// canonical mode, echo and signals on. Returns the screen.
+    fn ended_and_restored(&self, status: &str) -> String {
+        let text = self.wait_for("the exit and stty", |t| t.contains("STTY:"));
+        assert!(text.contains(&format!("EXIT={status}")), "{text}");
+        assert_eq!(
+            self.pane("#{alternate_on}"),
+            "0",
+            "the normal screen: {text}"
+        );
+        assert_eq!(self.pane("#{cursor_flag}"), "1", "the cursor: {text}");
+        assert_eq!(self.pane("#{mouse_any_flag}"), "0", "the mouse: {text}");
+        let stty: Vec<&str> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("STTY:"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        for mode in ["icanon", "echo", "isig", "icrnl", "opost"] {
+            assert!(stty.contains(&mode), "{mode} is on again: {stty:?}");
+        }
+        text
+    }
+
+    /// The pid of `wattprof` under the pane's shell.
+    fn wattprof_pid(&self) -> String {
+        let pane = self.pane("#{pane_pid}");
+        let out = Command::new("pgrep")
+            .args(["-P", &pane, "-f", "wattprof"])
+            .output()
+            .expect("pgrep");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(!pid.is_empty(), "wattprof under the pane's shell");
+        pid
     }
 
     /// Waits up to 15 s for the screen to satisfy `ok`.
@@ -208,10 +257,10 @@ fn keys_sort_filter_and_tree_the_rows() {
     s.wait_for("the burners", |t| t.matches("wp-burn").count() >= 2);
     // By PID, ascending; `I` turns it round.
     s.keys(&["N"]);
-    let up = pids(&s.capture());
+    let up = pids(&s.wait_for("sort by PID", |t| t.contains("sort PID ↑")));
     assert!(up.len() > 3 && up.windows(2).all(|w| w[0] < w[1]), "{up:?}");
     s.keys(&["I"]);
-    let down = pids(&s.capture());
+    let down = pids(&s.wait_for("the order turned", |t| t.contains("sort PID ↓")));
     assert!(down.windows(2).all(|w| w[0] > w[1]), "{down:?}");
     // The filter: only burners (an earlier test's may still show in the
     // interval it exited in), ours among them.
@@ -227,7 +276,9 @@ fn keys_sort_filter_and_tree_the_rows() {
     .collect();
     assert_eq!(ours.len(), 2, "the shell's two burners");
     s.keys(&["/", "wp-burn", "Enter"]);
-    let text = s.capture();
+    let text = s.wait_for("the filter kept", |t| {
+        t.contains("filter \"wp-burn\"") && t.contains("F10Quit")
+    });
     let shown = rows(&text);
     assert!(
         shown
@@ -244,8 +295,10 @@ fn keys_sort_filter_and_tree_the_rows() {
     s.keys(&["Escape", "/", "Escape", "W", "t"]);
     let shell = load.id();
     let text = s.wait_for("the shell over its burners", |t| {
-        t.lines()
-            .any(|l| l.trim_start().starts_with(&format!("{shell} ")))
+        t.contains("  tree")
+            && !t.contains("filter \"")
+            && t.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{shell} ")))
     });
     let all = rows(&text);
     let at = all
@@ -278,8 +331,7 @@ fn the_screen_s_figures_are_the_stream_s_for_the_same_interval() {
     };
     s.wait_for("the burners", |t| t.matches("wp-burn").count() >= 2);
     s.keys(&["Z"]);
-    let text = s.capture();
-    assert!(text.contains("PAUSED"), "{text}");
+    let text = s.wait_for("the pause", |t| t.contains("PAUSED"));
     // The interval shown: the header's time since the start.
     let shown_s: f64 = text
         .lines()
@@ -325,12 +377,8 @@ fn quitting_gives_the_terminal_back_and_prints_the_summary() {
     );
     assert_eq!(s.pane("#{mouse_any_flag}"), "1", "and takes the mouse");
     s.keys(&["q"]);
-    let text = s.wait_for("the exit", |t| t.contains("EXIT="));
-    assert!(text.contains("EXIT=0"), "{text}");
+    let text = s.ended_and_restored("0");
     assert!(text.contains("busy CPU time"), "the summary: {text}");
-    assert_eq!(s.pane("#{alternate_on}"), "0", "the normal screen is back");
-    assert_eq!(s.pane("#{cursor_flag}"), "1", "the cursor is shown");
-    assert_eq!(s.pane("#{mouse_any_flag}"), "0", "the mouse is let go");
     // The stream was completed, not cut.
     let stream = s.stream();
     assert!(stream.iter().any(|r| r["type"] == "interval"));
@@ -342,24 +390,121 @@ fn sigterm_gives_the_terminal_back_too() {
     let Some(s) = Screen::start(&[]) else {
         return;
     };
-    let pid = s.pane("#{pane_pid}");
-    // The pane runs the shell; wattprof is its child.
-    let out = Command::new("pgrep")
-        .args(["-P", &pid, "-f", "wattprof"])
-        .output()
-        .expect("pgrep");
-    let wattprof = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!wattprof.is_empty(), "wattprof under the pane's shell");
+    let wattprof = s.wattprof_pid();
     assert!(
         Command::new("kill")
             .args(["-TERM", &wattprof])
             .status()
             .is_ok()
     );
-    let text = s.wait_for("the exit", |t| t.contains("EXIT="));
-    assert!(text.contains("EXIT=0"), "{text}");
-    assert_eq!(s.pane("#{alternate_on}"), "0");
-    assert_eq!(s.pane("#{cursor_flag}"), "1");
+    s.ended_and_restored("0");
+}
+
+#[test]
+fn a_panic_gives_the_terminal_back_and_its_message_is_seen() {
+    require_ebpf!();
+    // A debug build panics once top has drawn for a second, when told to.
+    let Some(s) = Screen::start_sized(&["WATTPROF_TEST_PANIC=top"], &[], 140, 40) else {
+        return;
+    };
+    let text = s.ended_and_restored("101");
+    assert!(
+        text.contains("WATTPROF_TEST_PANIC=top"),
+        "the panic's message, on the normal screen: {text}"
+    );
+}
+
+#[test]
+fn a_second_sigterm_while_the_summary_is_written_still_gives_the_terminal_back() {
+    require_ebpf!();
+    // A debug build told so holds an interval for 10 s (a hung GPU read)
+    // once it has drawn for a second, and says when it begins.
+    let hung = tempfile_dir().join("hung");
+    let env = format!("WATTPROF_TEST_HANG={}", hung.display());
+    let Some(s) = Screen::start_sized(&[&env], &[], 140, 40) else {
+        return;
+    };
+    let t0 = Instant::now();
+    while !hung.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the interval never hung"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let wattprof = s.wattprof_pid();
+    // The first asks the loop to end (it cannot: the interval hangs); the
+    // second ends wattprof at once.
+    for _ in 0..2 {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &wattprof])
+                .status()
+                .is_ok()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    s.ended_and_restored("130");
+    let _ = std::fs::remove_dir_all(hung.parent().expect("its directory"));
+}
+
+#[test]
+fn a_resize_redraws_to_the_new_size_down_to_a_few_cells() {
+    require_ebpf!();
+    let Some(s) = Screen::start(&[]) else {
+        return;
+    };
+    let resize = |w: u16, h: u16| {
+        assert!(tmux(&[
+            "resize-window",
+            "-t",
+            &s.name,
+            "-x",
+            &w.to_string(),
+            "-y",
+            &h.to_string()
+        ]));
+    };
+    resize(80, 24);
+    let text = s.wait_for("80x24", |t| {
+        t.lines().count() <= 24 && t.contains("F10Quit") && t.contains("COMMAND")
+    });
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    resize(24, 3);
+    s.wait_for("a note that it is too small", |t| t.contains("too small"));
+    resize(140, 40);
+    s.wait_for("the table again", |t| {
+        t.contains("COMMAND") && t.contains("package 0")
+    });
+    s.keys(&["q"]);
+    s.ended_and_restored("0");
+}
+
+#[test]
+fn a_terminal_that_hangs_up_ends_top_with_its_stream_whole() {
+    require_ebpf!();
+    let Some(s) = Screen::start(&[]) else {
+        return;
+    };
+    let wattprof = s.wattprof_pid();
+    // The window closes: the pty hangs up under wattprof.
+    assert!(tmux(&["kill-session", "-t", &s.name]));
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{wattprof}")).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "wattprof {wattprof} still runs after its terminal hung up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = std::fs::read_to_string(s.dir.join("stream.jsonl")).expect("the stream");
+    assert!(text.ends_with('\n'), "the last line is whole");
+    assert!(
+        text.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok()),
+        "every line is a record"
+    );
+    assert!(s.stream().iter().any(|r| r["type"] == "interval"));
 }
 
 #[test]

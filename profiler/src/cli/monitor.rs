@@ -133,9 +133,20 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
-        // driver, a stalled disk) ends wattprof at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
-            .context("cannot install signal handlers")?;
+        // driver, a stalled disk) ends wattprof at once, giving `top`'s
+        // terminal back first.
+        let again = stop.clone();
+        // SAFETY: the action loads an atomic and makes async-signal-safe
+        // calls only (`restore_in_signal`, `_exit`).
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                if again.load(Ordering::SeqCst) {
+                    crate::sink::top::restore_in_signal();
+                    signal_hook::low_level::exit(130);
+                }
+            })
+        }
+        .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let cfg = args.tracker.config();
@@ -347,10 +358,17 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
         self.stop.load(Ordering::Relaxed) || self.end_ns.is_some_and(|e| now_ns >= e)
     }
 
-    fn woke(&mut self, _: &[bool], _: &mut Profile, _: &mut EbpfTracker) -> anyhow::Result<bool> {
+    fn woke(
+        &mut self,
+        ready: &[bool],
+        _: &mut Profile,
+        _: &mut EbpfTracker,
+    ) -> anyhow::Result<bool> {
         // Every wake-up: a resize interrupts the sleep without input.
         if let Some(screen) = &self.screen
-            && screen.borrow_mut().input()
+            && screen
+                .borrow_mut()
+                .input(ready.first().copied().unwrap_or(false))
         {
             return Ok(true);
         }

@@ -384,6 +384,20 @@ pub(crate) struct ProcessRow {
     pub(crate) uss_bytes: Option<u64>,
     /// GPU memory (bytes).
     pub(crate) gpu_memory_bytes: u64,
+    /// What only the live screen uses; never recorded (default when a row
+    /// is read back).
+    #[serde(skip)]
+    pub(crate) live: LiveRow,
+}
+
+/// A process row's figures that `top` shows and the stream does not hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct LiveRow {
+    /// The profile's id of this process: a pid reused by another process
+    /// gets a new one (0: not known).
+    pub(crate) id: u64,
+    /// The static part of its package, DRAM and GPU energy (J).
+    pub(crate) static_j: [f64; 3],
 }
 
 impl ProcessRow {

@@ -156,12 +156,12 @@ impl ProcFs {
             .unwrap_or_default()
     }
 
-    /// The uid that owns `pid` (`/proc/PID`'s owner), if it is alive.
-    pub(crate) fn owner(&self, pid: u32) -> Option<u32> {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(self.root.join(pid.to_string()))
-            .ok()
-            .map(|m| m.uid())
+    /// The effective uid of `pid` (`Uid:` in `/proc/PID/status`, as `ps`
+    /// shows it), if it is alive. Not `/proc/PID`'s owner: that is root
+    /// for a process that made itself undumpable.
+    pub(crate) fn effective_uid(&self, pid: u32) -> Option<u32> {
+        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
+        parse_effective_uid(&text)
     }
 
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).
@@ -176,6 +176,13 @@ impl ProcFs {
             std::fs::read_to_string(self.root.join(pid.to_string()).join("smaps_rollup")).ok()?;
         parse_smaps_rollup(&text)
     }
+}
+
+/// The effective uid in a `/proc/PID/status` text (`Uid:` real,
+/// effective, saved, filesystem).
+fn parse_effective_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl Process {

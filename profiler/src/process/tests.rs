@@ -309,3 +309,18 @@ fn time_in_two_cgroups_in_one_interval_is_kept_per_cgroup() {
     let usage = t.apply(&sample(20, vec![], vec![moved(9, 5)]));
     assert!(usage[0].other_cgroups_ns.is_empty());
 }
+
+#[test]
+fn the_user_is_the_effective_uid_in_status() {
+    let status = "Name:\tsudo\nUmask:\t0022\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n";
+    assert_eq!(parse_effective_uid(status), Some(0), "effective, not real");
+    assert_eq!(parse_effective_uid("Name:\tx\n"), None);
+    assert_eq!(parse_effective_uid("Uid:\t1000\n"), None, "cut short");
+    // A live one: this test's own.
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(
+        ProcFs::at("/proc".into()).effective_uid(std::process::id()),
+        Some(me)
+    );
+}

@@ -5,7 +5,8 @@ use super::{Profile, Scope};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
 use crate::model::record::{
-    DomainRow, GpuRow, GroupRow, GroupRows, InstanceRow, IntervalPower, IntervalRecord, ProcessRow,
+    DomainRow, GpuRow, GroupRow, GroupRows, InstanceRow, IntervalPower, IntervalRecord, LiveRow,
+    ProcessRow,
 };
 use crate::process::{IntervalUsage, Role};
 use crate::sources::DomainKey;
@@ -84,6 +85,14 @@ impl Profile {
                 pss_bytes: mem.map(|m| m.pss_bytes),
                 uss_bytes: mem.map(|m| m.uss_bytes),
                 gpu_memory_bytes: m.gpu_bytes,
+                live: LiveRow {
+                    id: u.id,
+                    static_j: [
+                        joules(e.package_static_uj),
+                        joules(e.dram_static_uj),
+                        joules(e.gpu_static_uj),
+                    ],
+                },
             });
         }
     }

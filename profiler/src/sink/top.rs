@@ -1,18 +1,22 @@
 //! `wattprof top`'s terminal: each interval goes into the screen's state
 //! (`render::top`) and is drawn; keys and the mouse come in through
-//! [`TopScreen::input`], which `top`'s loop calls whenever it wakes. The
-//! terminal is restored on quit, on the signals that end the profile
-//! (the loop ends, then [`TopScreen::restore`]), on an error (drop), and on
-//! a panic (a hook run before the default one). A terminal that hangs up
-//! (its window closed) ends `top` as SIGHUP would. While it draws, stderr
-//! goes to a file and is written out when the terminal is given back, so
-//! that no warning tears the screen.
+//! [`TopScreen::input`], which `top`'s loop calls when stdin is readable
+//! or a resize may be waiting. The terminal is restored once, whichever
+//! comes first: quit, the signals that end the profile (the loop ends,
+//! then [`TopScreen::restore`]), an error (drop), a panic on the main
+//! thread (a hook run before the default one), or a second signal while
+//! the summary is written ([`restore_in_signal`], async-signal-safe,
+//! before `_exit(130)`). A terminal that hangs up (its window closed) ends
+//! `top` as SIGHUP would. While it draws, stderr goes to a file and is
+//! written out when the terminal is given back, so that no warning tears
+//! the screen.
 
 use std::cell::RefCell;
 use std::io::Stdout;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
@@ -33,7 +37,20 @@ pub(crate) struct TopScreen {
     restored: bool,
     /// The user asked to quit.
     quit: bool,
+    /// When the terminal's events were last read: a resize (no input on
+    /// stdin) is looked for this often.
+    last_input: Instant,
 }
+
+/// How often events are read when stdin has nothing: a resize is seen
+/// within this.
+const RESIZE_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether `top` holds the terminal (raw, alternate screen): whoever
+/// gives it back first clears it, so it is restored once.
+static HELD: AtomicBool = AtomicBool::new(false);
+/// The terminal's settings before raw mode, for [`restore_in_signal`].
+static SAVED_TERMIOS: OnceLock<libc::termios> = OnceLock::new();
 
 /// stderr as it was while `top` holds it elsewhere (-1: not held).
 static SAVED_STDERR: AtomicI32 = AtomicI32::new(-1);
@@ -94,8 +111,11 @@ fn give_back_stderr() {
 
 /// Puts the terminal back as it was: a normal screen, cooked input, the
 /// cursor shown, the mouse released, stderr on it with what it said
-/// meanwhile. Safe to call more than once.
+/// meanwhile. Only the first call does it.
 fn restore_terminal() {
+    if !HELD.swap(false, Ordering::SeqCst) {
+        return;
+    }
     let _ = terminal::disable_raw_mode();
     let _ = execute!(
         std::io::stdout(),
@@ -106,20 +126,52 @@ fn restore_terminal() {
     give_back_stderr();
 }
 
+/// Gives the terminal back from a signal handler, as
+/// [`restore_terminal`] does, with async-signal-safe calls only (atomics,
+/// `write`, `tcsetattr`, `dup2`, `read`, `close`): a second SIGINT, SIGTERM
+/// or SIGHUP ends wattprof at once, and must not leave a raw terminal.
+pub(crate) fn restore_in_signal() {
+    if !HELD.swap(false, Ordering::SeqCst) {
+        return;
+    }
+    // Mouse off (each mode crossterm turns on), normal screen, cursor on.
+    const UNDO: &[u8] =
+        b"\x1b[?1006l\x1b[?1015l\x1b[?1003l\x1b[?1002l\x1b[?1000l\x1b[?1049l\x1b[?25h";
+    // SAFETY: write and tcsetattr on this process's descriptors, from a
+    // termios saved before raw mode; both are async-signal-safe.
+    unsafe {
+        libc::write(libc::STDOUT_FILENO, UNDO.as_ptr().cast(), UNDO.len());
+        if let Some(t) = SAVED_TERMIOS.get() {
+            libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, t);
+        }
+    }
+    give_back_stderr();
+}
+
 impl TopScreen {
     /// Takes the terminal (alternate screen, raw input, mouse) for `top`.
     pub(crate) fn open(top: Top) -> std::io::Result<Self> {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            // The message must land on a usable terminal.
-            restore_terminal();
+            // The message must land on a usable terminal; a panic on
+            // another thread does not end `top`, which goes on drawing.
+            if std::thread::current().name() == Some("main") {
+                restore_terminal();
+            }
             previous(info);
         }));
+        // SAFETY: a zeroed termios is valid for tcgetattr to fill.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: stdin is a descriptor of this process; `saved` is ours.
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } == 0 {
+            let _ = SAVED_TERMIOS.set(saved);
+        }
         hold_stderr()?;
         if let Err(e) = terminal::enable_raw_mode() {
             give_back_stderr();
             return Err(e);
         }
+        HELD.store(true, Ordering::SeqCst);
         let mut out = std::io::stdout();
         if let Err(e) = execute!(
             out,
@@ -137,6 +189,7 @@ impl TopScreen {
             terminal: Some(terminal),
             restored: false,
             quit: false,
+            last_input: Instant::now(),
         };
         screen.redraw();
         Ok(screen)
@@ -154,8 +207,14 @@ impl TopScreen {
     }
 
     /// Takes every key, mouse and resize event waiting, and draws once if
-    /// any changed the screen. Returns whether the user quit.
-    pub(crate) fn input(&mut self) -> bool {
+    /// any changed the screen; `stdin_ready`: the loop saw input. Without
+    /// it, events are read at most every [`RESIZE_EVERY`] (a resize comes
+    /// as a signal, not as input). Returns whether the user quit.
+    pub(crate) fn input(&mut self, stdin_ready: bool) -> bool {
+        if !stdin_ready && self.last_input.elapsed() < RESIZE_EVERY {
+            return self.quit;
+        }
+        self.last_input = Instant::now();
         if terminal_gone() {
             // Its window closed: end as on SIGHUP, drawing nothing more
             // (and not trying to show a cursor on it when dropped).
@@ -164,7 +223,7 @@ impl TopScreen {
             self.quit = true;
             return true;
         }
-        let mut redraw = false;
+        let (mut redraw, mut repaint) = (false, false);
         while !self.quit && event::poll(Duration::ZERO).unwrap_or(false) {
             let Ok(ev) = event::read() else {
                 break;
@@ -172,10 +231,17 @@ impl TopScreen {
             match self.top.event(&ev) {
                 Outcome::Quit => self.quit = true,
                 Outcome::Redraw => redraw = true,
+                Outcome::Repaint => repaint = true,
                 Outcome::Same => {}
             }
         }
-        if redraw && !self.quit {
+        if repaint
+            && !self.quit
+            && let Some(terminal) = &mut self.terminal
+        {
+            let _ = terminal.clear();
+        }
+        if (redraw || repaint) && !self.quit {
             self.redraw();
         }
         self.quit
@@ -230,6 +296,32 @@ impl Sink for TopSink {
             Grouping::Cgroup => (Vec::new(), totals.cgroup_reports(None)),
         };
         screen.top.interval(record, &containers, &cgroups);
-        screen.redraw();
+        // Paused, the screen does not change.
+        if !screen.top.paused {
+            screen.redraw();
+        }
+        #[cfg(debug_assertions)]
+        test_faults(screen.top.elapsed_s);
+    }
+}
+
+/// Debug builds only, for the tests of what happens to the terminal,
+/// once `top` has drawn for a second: `WATTPROF_TEST_PANIC=top` panics
+/// (a bug), and `WATTPROF_TEST_HANG=FILE` creates FILE and then holds the
+/// interval for 10 s (a hung GPU read), once.
+#[cfg(debug_assertions)]
+fn test_faults(elapsed_s: f64) {
+    if elapsed_s < 1.0 {
+        return;
+    }
+    if std::env::var_os("WATTPROF_TEST_PANIC").is_some_and(|v| v == "top") {
+        panic!("WATTPROF_TEST_PANIC=top: a panic while top draws");
+    }
+    if let Some(file) = std::env::var_os("WATTPROF_TEST_HANG") {
+        // SAFETY: the tests run top single-threaded at this point; no
+        // other thread reads the environment.
+        unsafe { std::env::remove_var("WATTPROF_TEST_HANG") };
+        let _ = std::fs::write(file, b"hung\n");
+        std::thread::sleep(Duration::from_secs(10));
     }
 }

@@ -14,7 +14,7 @@ use ratatui::widgets::{
 };
 
 use super::keys::KEYS;
-use super::{Column, Grouping, Mode, Row, TableLayout, Top};
+use super::{Column, Grouping, Mode, Row, TableLayout, Top, counted};
 
 /// Block characters of a sparkline, lowest first.
 const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
@@ -34,8 +34,15 @@ fn width(c: Column) -> Constraint {
 }
 
 /// Draws the whole screen, and notes where the table went (for the mouse).
+/// Any size, down to one cell: what does not fit is left out.
 pub(crate) fn draw(f: &mut Frame<'_>, top: &mut Top) {
     let area = f.area();
+    if area.height < 4 || area.width < 20 {
+        // Too small for a table: say so, where there is a line for it.
+        f.render_widget(Paragraph::new("wattprof top: too small"), area);
+        top.layout = None;
+        return;
+    }
     let header_lines = 2 + u16::from(!top.domains.is_empty());
     let chart_h = if area.height >= 30 { 6 } else { 0 };
     let [head, chart, table, keys] = Layout::vertical([
@@ -49,10 +56,12 @@ pub(crate) fn draw(f: &mut Frame<'_>, top: &mut Top) {
     if chart_h > 0 {
         draw_chart(f, top, chart);
     }
-    match top.grouping {
+    let n = top.row_count();
+    fit_selection(top, n, table.height.saturating_sub(1));
+    top.layout = Some(match top.grouping {
         Grouping::Process => draw_processes(f, top, table),
         _ => draw_groups(f, top, table),
-    }
+    });
     f.render_widget(Paragraph::new(key_line(top)), keys);
     match top.mode.clone() {
         Mode::Help => draw_help(f, area),
@@ -113,8 +122,12 @@ fn header(top: &Top) -> Vec<Line<'static>> {
                 .map_or_else(String::new, |s| format!(" (static {s:.1})")),
             if d.estimated { " estimated" } else { "" },
         ));
-        idle += d.idle_w;
-        unattributed += d.unattributed_w;
+        // Core is part of package: the machine's idle and unattributed
+        // are package's, DRAM's and the GPUs'.
+        if counted(d.domain) {
+            idle += d.idle_w;
+            unattributed += d.unattributed_w;
+        }
     }
     rest.push_str(&format!(
         "idle {idle:.1} W  unattributed {unattributed:.1} W"
@@ -158,10 +171,9 @@ fn draw_chart(f: &mut Frame<'_>, top: &Top, area: Rect) {
     f.render_widget(chart, area);
 }
 
-fn draw_processes(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
+fn draw_processes(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
     let rows = top.shown();
     let body = area.height.saturating_sub(1);
-    fit_selection(top, rows.len(), body);
     let columns: Vec<Constraint> = Column::ALL.iter().map(|c| width(*c)).collect();
     let heading = TableRow::new(Column::ALL.iter().map(|c| {
         let (read, estimated) = top.column_read(*c);
@@ -175,7 +187,7 @@ fn draw_processes(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
         Cell::from(t)
     }))
     .style(heading_style(top));
-    let max_w = rows.iter().map(Row::power_w).fold(0.0_f64, f64::max);
+    let max_w = rows.iter().map(|r| r.fig.power_w()).fold(0.0_f64, f64::max);
     let lines: Vec<TableRow<'_>> = rows
         .iter()
         .enumerate()
@@ -199,7 +211,7 @@ fn draw_processes(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
         .flex(Flex::Start)
         .spacing(1)
         .split(Rect::new(area.x, 0, area.width, 1));
-    top.layout = Some(TableLayout {
+    TableLayout {
         heading_y: area.y,
         first_row_y: area.y + 1,
         rows: body,
@@ -208,7 +220,7 @@ fn draw_processes(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
             .zip(xs.iter())
             .map(|(c, r)| (*c, r.x, r.x + r.width))
             .collect(),
-    });
+    }
 }
 
 /// Keeps the selection on screen.
@@ -226,7 +238,9 @@ fn fit_selection(top: &mut Top, n: usize, body: u16) {
 fn process_cells(top: &Top, r: &Row, max_w: f64) -> Vec<Cell<'static>> {
     let w = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
     // In the tree, a row's figures are its own and everything under it.
-    let (cpu, power, energy) = (r.cpu_pct, r.power_w(), r.energy_j);
+    let fig = &r.fig;
+    let (cpu, power) = (fig.cpu_pct, fig.power_w());
+    let history: Vec<f64> = top.history(r.pid).collect();
     let command = if top.tree {
         format!("{}{}", tree_prefix(r.depth), r.comm)
     } else {
@@ -236,21 +250,33 @@ fn process_cells(top: &Top, r: &Row, max_w: f64) -> Vec<Cell<'static>> {
         Cell::from(r.pid.to_string()),
         Cell::from(r.user.clone()),
         Cell::from(format!("{cpu:.1}")),
-        Cell::from(w(r.cpu_w)),
-        Cell::from(w(r.dram_w)),
-        Cell::from(w(r.gpu_w)),
+        Cell::from(w(fig.cpu_w)),
+        Cell::from(w(fig.dram_w)),
+        Cell::from(w(fig.gpu_w)),
         Cell::from(
-            r.sm_pct
+            fig.sm_pct
                 .map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
         ),
-        Cell::from(format!("{energy:.1}")),
+        Cell::from(energy_text(fig.energy_j)),
         Cell::from(format!(
             "{:<5}{}",
             format!("{power:.1}"),
-            sparkline(&top.history(r.pid), max_w, 4)
+            sparkline(&history, max_w, 4)
         )),
         Cell::from(command),
     ]
+}
+
+/// Joules in at most 8 characters: `9999.9`, then kJ (`12.3k`), MJ,
+/// GJ (a long training run reaches GJ): the first scale under 10,000.
+pub(crate) fn energy_text(j: f64) -> String {
+    const SCALES: [(f64, &str); 4] = [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "G")];
+    let (div, suffix) = SCALES
+        .iter()
+        .copied()
+        .find(|(div, _)| j.abs() / div < 1e4)
+        .unwrap_or(SCALES[3]);
+    format!("{:.1}{suffix}", j / div)
 }
 
 fn tree_prefix(depth: usize) -> String {
@@ -282,10 +308,9 @@ pub(crate) fn sparkline(values: &[f64], max: f64, width: usize) -> String {
         .collect()
 }
 
-fn draw_groups(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
+fn draw_groups(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
     let rows = top.shown_groups();
     let body = area.height.saturating_sub(1);
-    fit_selection(top, rows.len(), body);
     let title = match top.grouping {
         Grouping::Container => "CONTAINER / UNIT",
         _ => "CGROUP",
@@ -300,7 +325,7 @@ fn draw_groups(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
             let row = TableRow::new([
                 format!("{:.1}", g.cpu_pct),
                 format!("{:.2}", g.power_w),
-                format!("{:.1}", g.energy_j),
+                energy_text(g.energy_j),
                 g.name.clone(),
             ]);
             if i == top.selected {
@@ -323,14 +348,8 @@ fn draw_groups(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
             .column_spacing(1),
         area,
     );
-    top.layout = Some(TableLayout {
-        heading_y: area.y,
-        first_row_y: area.y + 1,
-        rows: body,
-        columns: Vec::new(),
-    });
-    if rows.is_empty() {
-        let note = Rect::new(area.x, area.y + 1, area.width, 1.min(area.height));
+    if rows.is_empty() && area.height >= 2 {
+        let note = Rect::new(area.x, area.y + 1, area.width, 1);
         f.render_widget(
             Paragraph::new(format!(
                 "(no {} have used the CPU yet)",
@@ -339,12 +358,18 @@ fn draw_groups(f: &mut Frame<'_>, top: &mut Top, area: Rect) {
             note,
         );
     }
+    TableLayout {
+        heading_y: area.y,
+        first_row_y: area.y + 1,
+        rows: body,
+        columns: Vec::new(),
+    }
 }
 
 fn key_line(top: &Top) -> Line<'static> {
     let keys = [
         ("F1", "Help"),
-        ("F3", "Search"),
+        ("F4", "Filter"),
         ("F5", "Tree"),
         ("F6", "Sort"),
         ("g", "Group"),
@@ -377,73 +402,108 @@ fn centered(area: Rect, w: u16, h: u16) -> Rect {
     )
 }
 
+/// A bordered box over the middle of `area`, at most `w` wide and as
+/// tall as its wrapped text (cut where the terminal is shorter).
+fn popup(f: &mut Frame<'_>, area: Rect, title: &str, lines: Vec<Line<'static>>, w: u16) {
+    let w = w.min(area.width);
+    let text = Paragraph::new(lines)
+        .wrap(Wrap { trim: false })
+        .block(Block::bordered().title(format!(" {title} ")));
+    let h = u16::try_from(text.line_count(w)).unwrap_or(u16::MAX);
+    let r = centered(area, w, h);
+    f.render_widget(Clear, r);
+    f.render_widget(text, r);
+}
+
 fn draw_help(f: &mut Frame<'_>, area: Rect) {
-    let mut lines: Vec<Line<'_>> = KEYS
+    let mut lines: Vec<Line<'static>> = KEYS
         .iter()
         .map(|(k, what)| Line::from(format!("{k:<28} {what}")))
         .collect();
     lines.push(Line::from(""));
     lines.push(Line::from(
         "Figures: each interval's, as the --jsonl stream holds them; ENERGY J since top \
-         began; ~ estimated, - no reader. Static power is the CPUs' power when idle, \
-         shared by the time each process held them; the rest is dynamic. Any key: back.",
+         began (k, M, G: thousands, millions, billions of J); ~ estimated, - no reader. \
+         Static power is each domain's power when idle, shared by the time each process \
+         held it; the rest is dynamic. Any key: back.",
     ));
-    let r = centered(area, 96, lines.len() as u16 + 4);
-    f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: false })
-            .block(Block::bordered().title(" wattprof top: keys ")),
-        r,
-    );
+    popup(f, area, "wattprof top: keys", lines, 100);
 }
 
-fn draw_details(f: &mut Frame<'_>, top: &Top, pid: u32, area: Rect) {
-    let mut lines: Vec<Line<'_>> = Vec::new();
-    match top.row(pid) {
-        Some(r) => {
-            lines.push(Line::from(format!(
-                "{} (pid {}), user {}",
-                r.comm, r.pid, r.user
-            )));
-            lines.push(Line::from(format!("lineage: {}", top.lineage(pid))));
-            lines.push(Line::from(format!("cgroup: {}", top.cgroup_of(pid))));
-            lines.push(Line::from(""));
-            let dur = top.interval_s.max(1e-9);
-            lines.push(Line::from(format!(
-                "last interval: CPU {:.1}%, {:.2} W: static {:.2} W (its share of the \
-                 CPUs' static power, by time held), dynamic {:.2} W",
-                r.cpu_pct,
-                r.interval_j / dur,
-                r.static_j / dur,
-                (r.interval_j - r.static_j).max(0.0) / dur
-            )));
-            let w = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2} W"));
-            lines.push(Line::from(format!(
-                "  CPU package {}  DRAM {}  GPU {}  SM {}",
-                w(r.cpu_w),
-                w(r.dram_w),
-                w(r.gpu_w),
-                r.sm_pct
-                    .map_or_else(|| "-".to_string(), |v| format!("{v:.0}%"))
-            )));
-            lines.push(Line::from(format!("since top began: {:.2} J", r.energy_j)));
-            lines.push(Line::from(
-                "windows: opened under `wattprof run` (WATTPROF_SOCKET); see its report",
-            ));
+fn draw_details(f: &mut Frame<'_>, top: &mut Top, pid: u32, area: Rect) {
+    let lines = details(top, pid);
+    popup(f, area, "process", lines, 100);
+}
+
+/// What the details box says of `pid`.
+fn details(top: &mut Top, pid: u32) -> Vec<Line<'static>> {
+    let mut lines: Vec<Line<'static>> = Vec::new();
+    let Some(r) = top.row(pid).cloned() else {
+        lines.push(Line::from(if top.alive(pid) {
+            format!("pid {pid} did not run in the last interval")
+        } else {
+            format!("pid {pid} has exited")
+        }));
+        lines.push(Line::from("Any key: back."));
+        return lines;
+    };
+    lines.push(Line::from(format!(
+        "{} (pid {}), user {}",
+        r.comm, r.pid, r.user
+    )));
+    lines.push(Line::from(format!("lineage: {}", top.lineage(pid))));
+    let (cgroup, container) = top.cgroup_of(pid);
+    lines.push(Line::from(format!("cgroup: {cgroup}")));
+    lines.push(Line::from(format!(
+        "container or unit: {}",
+        container.as_deref().unwrap_or("none")
+    )));
+    lines.push(Line::from(""));
+    if r.asleep {
+        lines.push(Line::from(
+            "asleep: it did not run in the last interval (shown as the parent of rows that did)",
+        ));
+    } else {
+        let fig = &r.fig;
+        let dur = top.interval_s.max(1e-9);
+        lines.push(Line::from(format!(
+            "last interval{}: CPU {:.1}%, {:.2} W, of which static {:.2} W and dynamic {:.2} W",
+            if r.subtree { ", with all under it" } else { "" },
+            fig.cpu_pct,
+            fig.interval_j / dur,
+            fig.static_total_j() / dur,
+            (fig.interval_j - fig.static_total_j()).max(0.0) / dur
+        )));
+        let domains = [
+            ("CPU package", fig.cpu_w, fig.static_j[0]),
+            ("DRAM", fig.dram_w, fig.static_j[1]),
+            ("GPU", fig.gpu_w, fig.static_j[2]),
+        ];
+        for (name, w, static_j) in domains {
+            let text = match w {
+                Some(w) => {
+                    let s = static_j / dur;
+                    format!(
+                        "  {name:<12} {w:>8.2} W: static {s:.2} W, dynamic {:.2} W",
+                        (w - s).max(0.0)
+                    )
+                }
+                None => format!("  {name:<12}        - (no reader)"),
+            };
+            lines.push(Line::from(text));
         }
-        None => lines.push(Line::from(format!(
-            "pid {pid} is not in the last interval's rows (it exited)"
-        ))),
+        if let Some(sm) = fig.sm_pct {
+            lines.push(Line::from(format!("  GPU SM {sm:.0}%")));
+        }
     }
+    lines.push(Line::from(format!(
+        "since top began: {} J",
+        energy_text(r.fig.energy_j)
+    )));
+    lines.push(Line::from(
+        "windows: opened under `wattprof run` (WATTPROF_SOCKET); its report lists them",
+    ));
     lines.push(Line::from(""));
     lines.push(Line::from("Any key: back."));
-    let r = centered(area, 100, lines.len() as u16 + 2);
-    f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: false })
-            .block(Block::bordered().title(" process ")),
-        r,
-    );
+    lines
 }

@@ -1,7 +1,9 @@
 //! What each key and mouse action does to the screen. The keys are
-//! htop's where htop has one (F1 help, F3 and `/` search, F4 and `\`
-//! filter, F5 and `t` tree, F6 and `<` `>` sort, `u` user, `Z` pause, F10
-//! and `q` quit); what htop lacks has a letter of its own.
+//! htop's where htop has one (F1 help, F4 and `\` filter, F5 and `t`
+//! tree, F6 and `<` `>` sort, `u` user, `Z` pause, F10 and `q` quit;
+//! htop's search, F3 and `/`, filters here too); what htop lacks has a
+//! letter of its own. Ctrl and Alt chords are not keys of `top`, but for
+//! Ctrl-C (quit) and Ctrl-L (draw again).
 
 use ratatui::crossterm::event::{
     Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
@@ -16,6 +18,8 @@ pub(crate) enum Outcome {
     Same,
     /// Draw again.
     Redraw,
+    /// Clear the terminal and draw it all again (Ctrl-L).
+    Repaint,
     /// Leave `top`.
     Quit,
 }
@@ -38,8 +42,8 @@ pub(crate) const KEYS: &[(&str, &str)] = &[
     ),
     ("g", "group: processes, containers and units, cgroups"),
     (
-        "F4 \\ /",
-        "filter by command or PID (Enter keeps it, Esc clears it)",
+        "F3 F4 / \\",
+        "filter by command or PID as you type (Enter keeps it, Esc clears it)",
     ),
     ("u", "show one user's processes (empty: everyone's)"),
     ("Enter", "the selected process's details (Esc back)"),
@@ -63,17 +67,30 @@ pub(crate) fn keys_help() -> String {
 impl Top {
     /// Applies a terminal event.
     pub(crate) fn event(&mut self, ev: &Event) -> Outcome {
-        match ev {
+        let outcome = match ev {
             Event::Key(k) if k.kind != KeyEventKind::Release => self.key(*k),
             Event::Mouse(m) => self.mouse(*m),
-            Event::Resize(..) => Outcome::Redraw,
+            Event::Resize(..) => return Outcome::Redraw,
             _ => Outcome::Same,
+        };
+        if outcome == Outcome::Redraw {
+            // The view follows what the key changed.
+            self.refresh();
         }
+        outcome
     }
 
     fn key(&mut self, k: KeyEvent) -> Outcome {
-        if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
-            return Outcome::Quit;
+        if k.modifiers
+            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+        {
+            // Ctrl-C quits and Ctrl-L draws again; no other chord is a
+            // key of `top` (Alt-q is not q).
+            return match k.code {
+                KeyCode::Char('c') if k.modifiers == KeyModifiers::CONTROL => Outcome::Quit,
+                KeyCode::Char('l') if k.modifiers == KeyModifiers::CONTROL => Outcome::Repaint,
+                _ => Outcome::Same,
+            };
         }
         match self.mode.clone() {
             Mode::Filter(text) => self.typing(k, text, true),
@@ -114,7 +131,7 @@ impl Top {
             }
             _ => return Outcome::Same,
         }
-        self.selected = 0;
+        self.select(0);
         self.offset = 0;
         Outcome::Redraw
     }
@@ -152,6 +169,8 @@ impl Top {
                 self.grouping = self.grouping.next();
                 self.selected = 0;
                 self.offset = 0;
+                self.refresh();
+                self.select(0);
             }
             KeyCode::F(3 | 4) | KeyCode::Char('/' | '\\') => {
                 self.mode = Mode::Filter(self.filter.clone());
@@ -164,8 +183,8 @@ impl Top {
                 None => return Outcome::Same,
             },
             KeyCode::Char('Z' | 'z' | ' ') => self.paused = !self.paused,
-            KeyCode::Char('+' | '=') => self.step_interval(1),
-            KeyCode::Char('-' | '_') => self.step_interval(-1),
+            KeyCode::Char('+' | '=') => self.step_interval(true),
+            KeyCode::Char('-' | '_') => self.step_interval(false),
             KeyCode::Esc => {
                 self.filter.clear();
                 self.user_filter = None;
@@ -189,24 +208,26 @@ impl Top {
         self.sort_by_fresh(Column::ALL[(at + by).rem_euclid(n) as usize]);
     }
 
-    fn step_interval(&mut self, by: isize) {
-        let at = INTERVALS_MS
-            .iter()
-            .position(|ms| *ms >= self.interval_ms)
-            .unwrap_or(INTERVALS_MS.len() - 1) as isize;
-        let to = (at + by).clamp(0, INTERVALS_MS.len() as isize - 1) as usize;
-        self.interval_ms = INTERVALS_MS[to];
+    /// The next longer (`longer`) or shorter interval of the list; from
+    /// one between two of them (`--interval 1500ms`), the nearest that way.
+    fn step_interval(&mut self, longer: bool) {
+        let now = self.interval_ms;
+        let to = if longer {
+            INTERVALS_MS.iter().find(|ms| **ms > now)
+        } else {
+            INTERVALS_MS.iter().rev().find(|ms| **ms < now)
+        };
+        if let Some(ms) = to {
+            self.interval_ms = *ms;
+        }
     }
 
     fn move_by(&mut self, by: isize) {
         let n = self.row_count();
-        if n == 0 {
-            self.selected = 0;
-            return;
-        }
-        self.selected = (self.selected as isize)
+        let to = (self.selected as isize)
             .saturating_add(by)
-            .clamp(0, n as isize - 1) as usize;
+            .clamp(0, (n as isize - 1).max(0));
+        self.select(to as usize);
     }
 
     fn mouse(&mut self, m: MouseEvent) -> Outcome {
@@ -233,7 +254,7 @@ impl Top {
                     if at >= self.row_count() {
                         return Outcome::Same;
                     }
-                    self.selected = at;
+                    self.select(at);
                 } else {
                     return Outcome::Same;
                 }

@@ -92,12 +92,20 @@ fn rows_are_the_record_s_figures_sorted_by_power() {
     t.interval(&record(1, FAMILY), &[], &[]);
     assert_eq!(pids(&t), vec![20, 11, 13, 12, 10]);
     let r = t.row(11).expect("row");
-    assert_eq!(r.cpu_w, Some(4.0), "J over the interval's seconds");
-    assert_eq!((r.dram_w, r.gpu_w), (None, None), "no reader: no figure");
-    assert!((r.cpu_pct - 40.0).abs() < 1e-9);
+    assert_eq!(r.fig.cpu_w, Some(4.0), "J over the interval's seconds");
+    assert_eq!(
+        (r.fig.dram_w, r.fig.gpu_w),
+        (None, None),
+        "no reader: no figure"
+    );
+    assert!((r.fig.cpu_pct - 40.0).abs() < 1e-9);
     t.interval(&record(2, FAMILY), &[], &[]);
-    assert_eq!(t.row(11).map(|r| r.energy_j), Some(8.0), "since top began");
-    assert_eq!(t.history(11), vec![4.0, 4.0]);
+    assert_eq!(
+        t.row(11).map(|r| r.fig.energy_j),
+        Some(8.0),
+        "since top began"
+    );
+    assert_eq!(t.history(11).collect::<Vec<_>>(), vec![4.0, 4.0]);
 }
 
 #[test]
@@ -109,8 +117,10 @@ fn sorting_follows_the_keys_and_a_second_press_turns_it_round() {
     t.event(&key(KeyCode::Char('I')));
     assert_eq!(pids(&t), vec![20, 13, 12, 11, 10]);
     t.sort_by(Column::Command);
+    t.refresh();
     assert_eq!(pids(&t), vec![11, 12, 13, 20, 10], "A to Z");
     t.sort_by(Column::Command);
+    t.refresh();
     assert_eq!(pids(&t), vec![10, 20, 13, 12, 11], "again: Z to A");
     // F6 steps to the next column.
     t.event(&key(KeyCode::F(6)));
@@ -127,15 +137,15 @@ fn the_tree_puts_children_under_parents_with_subtree_totals() {
     // Siblings in the sort's order of their subtrees' sums: the parent's
     // 10 W before the other's 5.
     assert_eq!(order, vec![(10, 0), (11, 1), (13, 2), (12, 1), (20, 0)]);
-    let parent = rows[0].subtree.expect("subtotal");
+    assert!(rows[0].subtree);
     assert_eq!(
-        parent.power_w,
+        rows[0].fig.power_w(),
         1.0 + 4.0 + 2.0 + 3.0,
         "its own and all under it"
     );
-    assert_eq!(rows[0].cpu_w, Some(10.0), "the row shows the sums");
-    assert_eq!(rows[1].subtree.map(|s| s.power_w), Some(7.0));
-    assert_eq!(rows[2].subtree.map(|s| s.power_w), Some(3.0));
+    assert_eq!(rows[0].fig.cpu_w, Some(10.0), "the row shows the sums");
+    assert_eq!(rows[1].fig.power_w(), 7.0);
+    assert_eq!(rows[2].fig.power_w(), 3.0);
     let text = screen(&mut t, 120, 20);
     assert!(text.contains("└─ child-a"), "{text}");
 }
@@ -146,6 +156,7 @@ fn a_parent_loop_is_shown_not_lost() {
     let mut t = top();
     t.interval(&record(1, &rows), &[], &[]);
     t.tree = true;
+    t.refresh();
     assert_eq!(t.shown().len(), 2);
 }
 
@@ -166,6 +177,7 @@ fn the_filter_hides_what_does_not_match_and_esc_clears_it() {
     assert_eq!(pids(&t).len(), 5, "cleared");
     // A pid matches too.
     t.filter = "20".into();
+    t.refresh();
     assert_eq!(pids(&t), vec![20]);
 }
 
@@ -197,7 +209,7 @@ fn paused_the_rows_stay_and_energy_goes_on() {
     assert_eq!(pids(&t).len(), 5, "the screen stays");
     t.event(&key(KeyCode::Char('Z')));
     t.interval(&record(3, FAMILY), &[], &[]);
-    assert_eq!(t.row(20).map(|r| r.energy_j), Some(10.0));
+    assert_eq!(t.row(20).map(|r| r.fig.energy_j), Some(10.0));
 }
 
 #[test]
@@ -333,10 +345,229 @@ fn the_tree_reaches_parents_that_did_not_run_through_proc() {
     t.interval(&record(1, &rows), &[], &[]);
     assert_eq!(pids(&t), vec![11, 12], "flat: only what ran");
     t.tree = true;
+    t.refresh();
     let shown = t.shown();
     let order: Vec<(u32, usize)> = shown.iter().map(|r| (r.pid, r.depth)).collect();
     assert_eq!(order, vec![(5, 0), (11, 1), (12, 1)]);
     assert_eq!(shown[0].comm, "sh");
-    assert_eq!(shown[0].subtree.map(|s| s.power_w), Some(3.0));
+    assert!(shown[0].asleep);
+    assert_eq!(shown[0].fig.power_w(), 3.0);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `record`, with the profile's id for each row (a reused pid has
+/// another).
+fn record_ids(t_s: u64, rows: &[(u32, u64, &str, f64)]) -> IntervalRecord {
+    let plain: Vec<(u32, Option<u32>, &str, f64)> = rows
+        .iter()
+        .map(|(pid, _, c, j)| (*pid, None, *c, *j))
+        .collect();
+    let mut r = record(t_s, &plain);
+    for (row, (_, id, ..)) in r.processes.iter_mut().flatten().zip(rows) {
+        row.live.id = *id;
+    }
+    r
+}
+
+#[test]
+fn a_reused_pid_starts_again_and_a_sleeper_keeps_its_energy() {
+    // /proc lists 5 (asleep for minutes) and not 6 (exited).
+    let dir = std::env::temp_dir().join(format!("wattprof-top-seen-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("5")).expect("fixture");
+    let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
+    t.interval(
+        &record_ids(1, &[(5, 50, "sleeper", 2.0), (6, 60, "gone", 3.0)]),
+        &[],
+        &[],
+    );
+    t.interval(&record_ids(2, &[(7, 70, "w", 1.0)]), &[], &[]);
+    // Same pid, same name, another process: its energy starts again.
+    t.interval(&record_ids(3, &[(7, 71, "w", 1.0)]), &[], &[]);
+    assert_eq!(t.row(7).map(|r| r.fig.energy_j), Some(1.0));
+    for s in 4..300 {
+        t.interval(&record_ids(s, &[(7, 71, "w", 1.0)]), &[], &[]);
+    }
+    t.interval(
+        &record_ids(300, &[(5, 50, "sleeper", 2.0), (6, 61, "gone", 3.0)]),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        t.row(5).map(|r| r.fig.energy_j),
+        Some(4.0),
+        "slept 298 s, kept"
+    );
+    assert_eq!(
+        t.row(6).map(|r| r.fig.energy_j),
+        Some(3.0),
+        "exited, forgotten"
+    );
+    assert_eq!(
+        t.row(7).map(|r| r.fig.energy_j),
+        None,
+        "did not run: no row"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn every_size_down_to_one_cell_draws_in_every_view() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    let views: [&dyn Fn(&mut Top); 6] = [
+        &|t| t.mode = Mode::Table,
+        &|t| t.mode = Mode::Help,
+        &|t| t.mode = Mode::Details(11),
+        &|t| t.mode = Mode::Filter("chi".into()),
+        &|t| {
+            t.mode = Mode::Table;
+            t.grouping = Grouping::Cgroup;
+            t.refresh();
+        },
+        &|t| {
+            t.grouping = Grouping::Process;
+            t.tree = true;
+            t.refresh();
+        },
+    ];
+    for set in views {
+        set(&mut t);
+        for w in [1, 2, 5, 19, 20, 21, 40, 80] {
+            for h in [1, 2, 3, 4, 5, 6, 12, 24] {
+                let _ = screen(&mut t, w, h);
+            }
+        }
+    }
+    assert!(screen(&mut t, 30, 2).contains("too small"));
+}
+
+#[test]
+fn help_and_details_boxes_hold_all_their_text_at_80_by_24() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.mode = Mode::Help;
+    let text = screen(&mut t, 80, 24);
+    assert!(text.contains("Any key: back."), "{text}");
+    assert!(text.contains("F10 q Ctrl-C"), "{text}");
+    t.mode = Mode::Details(11);
+    let text = screen(&mut t, 80, 24);
+    assert!(text.contains("Any key: back."), "{text}");
+    assert!(text.contains("CPU package"), "{text}");
+    assert!(text.contains("static 0.00 W, dynamic 4.00 W"), "{text}");
+}
+
+#[test]
+fn details_of_a_parent_that_did_not_run_and_of_a_process_gone() {
+    let dir = std::env::temp_dir().join(format!("wattprof-top-asleep-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("5")).expect("fixture");
+    std::fs::write(dir.join("5/stat"), "5 (sh) S 1 5 5 0").expect("stat");
+    std::fs::write(dir.join("5/comm"), "sh\n").expect("comm");
+    std::fs::write(
+        dir.join("5/cgroup"),
+        "0::/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+    )
+    .expect("cgroup");
+    let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
+    t.interval(&record(1, &[(11, Some(5), "a", 2.0)]), &[], &[]);
+    t.event(&key(KeyCode::Char('t')));
+    assert_eq!(
+        t.selected_pid(),
+        Some(11),
+        "the selection stays on its process"
+    );
+    t.event(&key(KeyCode::Up));
+    assert_eq!(
+        t.selected_pid(),
+        Some(5),
+        "the sleeping parent heads the tree"
+    );
+    t.event(&key(KeyCode::Enter));
+    let text = screen(&mut t, 110, 30);
+    assert!(text.contains("asleep: it did not run"), "{text}");
+    assert!(text.contains("lineage: sh (5) <- 1"), "{text}");
+    assert!(text.contains("docker 0123456789ab"), "{text}");
+    t.mode = Mode::Details(99);
+    assert!(screen(&mut t, 110, 30).contains("pid 99 has exited"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_selection_stays_on_its_process_when_the_rows_move() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    t.event(&key(KeyCode::Down));
+    assert_eq!(t.selected_pid(), Some(11));
+    // 11 now uses the least: it moves to the bottom, the selection too.
+    let mut later = FAMILY.to_vec();
+    later[1].3 = 0.5;
+    t.interval(&record(2, &later), &[], &[]);
+    assert_eq!(t.selected_pid(), Some(11));
+    assert_eq!(t.selected, 4);
+}
+
+#[test]
+fn chords_are_not_keys_but_ctrl_c_and_ctrl_l() {
+    let mut t = top();
+    t.interval(&record(1, FAMILY), &[], &[]);
+    let chord = |c, m| Event::Key(KeyEvent::new(KeyCode::Char(c), m));
+    assert_eq!(t.event(&chord('q', KeyModifiers::ALT)), Outcome::Same);
+    assert_eq!(t.event(&chord('z', KeyModifiers::CONTROL)), Outcome::Same);
+    assert!(!t.paused);
+    assert_eq!(
+        t.event(&chord('l', KeyModifiers::CONTROL)),
+        Outcome::Repaint
+    );
+    // Upper case comes with Shift: still a key.
+    assert_eq!(t.event(&chord('N', KeyModifiers::SHIFT)), Outcome::Redraw);
+    assert_eq!(t.sort, Column::Pid);
+}
+
+#[test]
+fn from_an_interval_between_steps_plus_and_minus_go_to_the_nearest() {
+    let mut t = Top::new(
+        1500,
+        Grouping::Process,
+        false,
+        ProcFs::at("/nonexistent".into()),
+    );
+    t.event(&key(KeyCode::Char('+')));
+    assert_eq!(t.interval_ms, 2_000);
+    let mut t = Top::new(
+        1500,
+        Grouping::Process,
+        false,
+        ProcFs::at("/nonexistent".into()),
+    );
+    t.event(&key(KeyCode::Char('-')));
+    assert_eq!(t.interval_ms, 1_000);
+}
+
+#[test]
+fn energy_is_scaled_to_fit_its_column() {
+    use super::draw::energy_text;
+    assert_eq!(energy_text(0.0), "0.0");
+    assert_eq!(energy_text(9_999.9), "9999.9");
+    assert_eq!(energy_text(12_345.0), "12.3k");
+    assert_eq!(energy_text(98_765_432.0), "98.8M");
+    assert_eq!(energy_text(3.2e12), "3200.0G");
+    for j in [1.0, 1e4, 1e5, 1e7, 1e9, 1e11, 9e12] {
+        assert!(energy_text(j).len() <= 8, "{j}: {}", energy_text(j));
+    }
+}
+
+#[test]
+fn the_header_s_idle_and_unattributed_leave_core_out() {
+    let mut t = top();
+    let mut r = record(1, FAMILY);
+    let mut core = r.domains[0];
+    core.domain = Domain::Core;
+    r.domains[0].idle_j = 2.0;
+    core.idle_j = 1.5;
+    r.domains.push(core);
+    t.interval(&r, &[], &[]);
+    let text = screen(&mut t, 120, 24);
+    assert!(
+        text.contains("idle 2.0 W"),
+        "core is part of package: {text}"
+    );
 }
