@@ -101,27 +101,28 @@ impl Profile {
                 })
                 .collect(),
             Scope::Machine { top, pids, .. } => {
-                // Most energy, then most CPU time, then first seen.
-                let key = |i: &usize| {
-                    let u = &usage[*i];
-                    (
-                        std::cmp::Reverse((
-                            energy.get(&u.id).map_or(0, EnergyBy::total_uj),
-                            u.on_cpu_ns.iter().sum::<u64>(),
-                        )),
-                        *i,
-                    )
-                };
-                let mut v: Vec<usize> = all.collect();
+                // Most energy, then most CPU time, then first seen; each
+                // key made once (`top` orders a thousand rows each
+                // interval).
+                let mut v: Vec<(std::cmp::Reverse<(u64, u64)>, usize)> = usage
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| {
+                        let energy = energy.get(&u.id).map_or(0, EnergyBy::total_uj);
+                        let cpu = u.on_cpu_ns.iter().sum::<u64>();
+                        (std::cmp::Reverse((energy, cpu)), i)
+                    })
+                    .collect();
                 let filtered = !pids.is_empty() || !self.cfg.filter.is_empty();
                 if !filtered && v.len() > *top {
                     // Only the top ones are ordered: O(n), not O(n log n),
                     // with thousands of processes each interval.
-                    v.select_nth_unstable_by_key(*top, key);
+                    v.select_nth_unstable(*top);
                     v.truncate(*top);
                 }
-                v.sort_unstable_by_key(key);
+                v.sort_unstable();
                 v.into_iter()
+                    .map(|(_, i)| i)
                     .filter(|i| self.wanted(usage[*i].id, usage[*i].cgroup_id))
                     .take(*top)
                     .collect()

@@ -9,8 +9,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{
-    Axis, Block, Borders, Cell, Chart, Clear, Dataset, GraphType, Paragraph, Row as TableRow,
-    Table, Wrap,
+    Axis, Block, Borders, Chart, Clear, Dataset, GraphType, Paragraph, Row as TableRow, Table, Wrap,
 };
 
 use super::keys::KEYS;
@@ -171,11 +170,23 @@ fn draw_chart(f: &mut Frame<'_>, top: &Top, area: Rect) {
     f.render_widget(chart, area);
 }
 
+/// The process table: each row is one line of text in the columns'
+/// places (a `Table` widget built ten cells per row, each its own text,
+/// lines and spans: most of what a frame cost).
 fn draw_processes(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
     let rows = top.shown();
     let body = area.height.saturating_sub(1);
     let columns: Vec<Constraint> = Column::ALL.iter().map(|c| width(*c)).collect();
-    let heading = TableRow::new(Column::ALL.iter().map(|c| {
+    let xs = Layout::horizontal(columns)
+        .flex(Flex::Start)
+        .spacing(1)
+        .split(Rect::new(area.x, 0, area.width, 1));
+    let places: Vec<(Column, u16, u16)> = Column::ALL
+        .iter()
+        .zip(xs.iter())
+        .map(|(c, r)| (*c, r.x, r.x + r.width))
+        .collect();
+    let heading = Column::ALL.iter().map(|c| {
         let (read, estimated) = top.column_read(*c);
         let mut t = c.title().to_string();
         if read && estimated {
@@ -184,43 +195,55 @@ fn draw_processes(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
         if *c == top.sort {
             t.push(if top.descending { '↓' } else { '↑' });
         }
-        Cell::from(t)
-    }))
-    .style(heading_style(top));
+        t
+    });
+    let mut lines = vec![Line::styled(
+        in_places(area.x, &places, heading),
+        heading_style(top),
+    )];
     let max_w = rows.iter().map(|r| r.fig.power_w()).fold(0.0_f64, f64::max);
-    let lines: Vec<TableRow<'_>> = rows
-        .iter()
-        .enumerate()
-        .skip(top.offset)
-        .take(body as usize)
-        .map(|(i, r)| {
-            let row = TableRow::new(process_cells(top, r, max_w));
-            if i == top.selected {
-                row.style(Style::new().add_modifier(Modifier::REVERSED))
-            } else {
-                row
-            }
-        })
-        .collect();
-    let table = Table::new(lines, columns.clone())
-        .header(heading)
-        .flex(Flex::Start)
-        .column_spacing(1);
-    f.render_widget(table, area);
-    let xs = Layout::horizontal(columns)
-        .flex(Flex::Start)
-        .spacing(1)
-        .split(Rect::new(area.x, 0, area.width, 1));
+    lines.extend(
+        rows.iter()
+            .enumerate()
+            .skip(top.offset)
+            .take(body as usize)
+            .map(|(i, r)| {
+                let text = in_places(area.x, &places, process_cells(top, r, max_w).into_iter());
+                if i == top.selected {
+                    Line::styled(text, Style::new().add_modifier(Modifier::REVERSED))
+                } else {
+                    Line::raw(text)
+                }
+            }),
+    );
+    f.render_widget(Paragraph::new(lines), area);
     TableLayout {
         heading_y: area.y,
         first_row_y: area.y + 1,
         rows: body,
-        columns: Column::ALL
-            .iter()
-            .zip(xs.iter())
-            .map(|(c, r)| (*c, r.x, r.x + r.width))
-            .collect(),
+        columns: places,
     }
+}
+
+/// Texts, one per column, each at its column's place (cut to its width;
+/// every text here is one cell per character) as one line.
+fn in_places(
+    x0: u16,
+    places: &[(Column, u16, u16)],
+    texts: impl Iterator<Item = String>,
+) -> String {
+    let mut line = String::with_capacity(usize::from(places.last().map_or(0, |p| p.2 - x0)));
+    let mut at = 0usize;
+    for ((_, from, to), text) in places.iter().zip(texts) {
+        let (from, to) = (usize::from(from - x0), usize::from(to - x0));
+        line.extend(std::iter::repeat_n(' ', from.saturating_sub(at)));
+        at = at.max(from);
+        for c in text.chars().take(to - from) {
+            line.push(c);
+            at += 1;
+        }
+    }
+    line
 }
 
 /// Keeps the selection on screen.
@@ -235,7 +258,7 @@ fn fit_selection(top: &mut Top, n: usize, body: u16) {
     top.offset = top.offset.min(n.saturating_sub(body.min(n)));
 }
 
-fn process_cells(top: &Top, r: &Row, max_w: f64) -> Vec<Cell<'static>> {
+fn process_cells(top: &Top, r: &Row, max_w: f64) -> [String; 10] {
     let w = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
     // In the tree, a row's figures are its own and everything under it.
     let fig = &r.fig;
@@ -244,26 +267,24 @@ fn process_cells(top: &Top, r: &Row, max_w: f64) -> Vec<Cell<'static>> {
     let command = if top.tree {
         format!("{}{}", tree_prefix(r.depth), r.comm)
     } else {
-        r.comm.clone()
+        r.comm.to_string()
     };
-    vec![
-        Cell::from(r.pid.to_string()),
-        Cell::from(r.user.clone()),
-        Cell::from(format!("{cpu:.1}")),
-        Cell::from(w(fig.cpu_w)),
-        Cell::from(w(fig.dram_w)),
-        Cell::from(w(fig.gpu_w)),
-        Cell::from(
-            fig.sm_pct
-                .map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
-        ),
-        Cell::from(energy_text(fig.energy_j)),
-        Cell::from(format!(
+    [
+        r.pid.to_string(),
+        r.user.to_string(),
+        format!("{cpu:.1}"),
+        w(fig.cpu_w),
+        w(fig.dram_w),
+        w(fig.gpu_w),
+        fig.sm_pct
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
+        energy_text(fig.energy_j),
+        format!(
             "{:<5}{}",
             format!("{power:.1}"),
             sparkline(&history, max_w, 4)
-        )),
-        Cell::from(command),
+        ),
+        command,
     ]
 }
 

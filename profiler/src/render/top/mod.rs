@@ -328,26 +328,20 @@ impl Top {
     pub(crate) fn refresh(&mut self) {
         match self.grouping {
             Grouping::Process => {
-                let mut rows: Vec<Row> = {
-                    let needle = self.filter.to_lowercase();
-                    self.rows
-                        .iter()
-                        .filter(|r| self.passes(r, &needle))
-                        .cloned()
-                        .collect()
-                };
-                if self.tree {
+                let needle = self.filter.to_lowercase();
+                let passing = self.rows.iter().filter(|r| self.passes(r, &needle));
+                if !self.tree {
+                    self.view = self.sorted(passing);
+                } else {
+                    let mut rows: Vec<Row> = passing.cloned().collect();
                     // With the parents that did not run, unless a filter
                     // is on (which shows only what matches).
                     if self.filter.is_empty() && self.user_filter.is_none() {
                         let ghosts = self.ancestors.rows(&self.rows, &mut self.seen);
                         rows.extend(ghosts);
                     }
-                    rows = tree::tree_order(rows, |a, b| self.compare(a, b));
-                } else {
-                    rows.sort_by(|a, b| self.compare(a, b));
+                    self.view = tree::tree_order(rows, |a, b| self.compare(a, b));
                 }
-                self.view = rows;
                 self.view_groups.clear();
             }
             _ => {
@@ -404,7 +398,38 @@ impl Top {
     /// lower case).
     fn passes(&self, r: &Row, needle: &str) -> bool {
         (needle.is_empty() || r.comm.to_lowercase().contains(needle) || r.pid.to_string() == needle)
-            && self.user_filter.as_ref().is_none_or(|u| r.user == *u)
+            && self.user_filter.as_ref().is_none_or(|u| *r.user == **u)
+    }
+
+    /// `rows` in the chosen order. A figure column's key is taken once per
+    /// row, not per comparison (a thousand rows each interval); the pid
+    /// breaks ties, so an unstable sort is as good.
+    fn sorted<'a>(&self, rows: impl Iterator<Item = &'a Row>) -> Vec<Row> {
+        let f = |x: Option<f64>| x.unwrap_or(-1.0);
+        let key = |r: &Row| -> Option<f64> {
+            let x = &r.fig;
+            Some(match self.sort {
+                Column::Pid | Column::User | Column::Command => return None,
+                Column::CpuPct => x.cpu_pct,
+                Column::CpuW => f(x.cpu_w),
+                Column::DramW => f(x.dram_w),
+                Column::GpuW => f(x.gpu_w),
+                Column::SmPct => f(x.sm_pct),
+                Column::Energy => x.energy_j,
+                Column::Power => x.power_w(),
+            })
+        };
+        let mut keyed: Vec<(f64, &Row)> = rows.map(|r| (key(r).unwrap_or(0.0), r)).collect();
+        if key(&Row::default()).is_some() {
+            keyed.sort_unstable_by(|(ka, a), (kb, b)| {
+                let by = ka.total_cmp(kb);
+                let by = if self.descending { by.reverse() } else { by };
+                by.then(a.pid.cmp(&b.pid))
+            });
+        } else {
+            keyed.sort_unstable_by(|(_, a), (_, b)| self.compare(a, b));
+        }
+        keyed.into_iter().map(|(_, r)| r.clone()).collect()
     }
 
     /// The order of two rows under the chosen column; pid breaks ties.

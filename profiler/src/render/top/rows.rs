@@ -4,7 +4,9 @@
 //! rows from their sums so far.
 
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 
+use crate::hash::IntMap;
 use crate::model::record::{IntervalRecord, ProcessRow};
 use crate::model::unread::Read;
 use crate::model::{CgroupReport, ContainerReport};
@@ -83,13 +85,14 @@ impl Figures {
     }
 }
 
-/// One process row as shown.
-#[derive(Clone, Debug, PartialEq)]
+/// One process row as shown. Its texts are shared with what is kept of
+/// the process: the view copies a thousand rows per interval.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Row {
     pub(crate) pid: u32,
     pub(crate) ppid: Option<u32>,
-    pub(crate) user: String,
-    pub(crate) comm: String,
+    pub(crate) user: Rc<str>,
+    pub(crate) comm: Rc<str>,
     pub(crate) fig: Figures,
     /// It did not run: a parent the tree shows, read from `/proc`.
     pub(crate) asleep: bool,
@@ -116,25 +119,25 @@ pub(crate) struct GroupRow {
 #[derive(Clone, Debug)]
 pub(super) struct Users {
     procfs: ProcFs,
-    names: HashMap<u32, String>,
+    names: IntMap<u32, Rc<str>>,
 }
 
 impl Users {
     pub(super) fn new(procfs: ProcFs) -> Self {
         Self {
             procfs,
-            names: HashMap::new(),
+            names: IntMap::default(),
         }
     }
 
     /// The login name of `uid` (the number where it has none), `?` where
     /// the process was gone before it was read.
-    pub(super) fn name(&mut self, uid: Option<u32>) -> String {
+    pub(super) fn name(&mut self, uid: Option<u32>) -> Rc<str> {
         match uid {
             Some(uid) => self
                 .names
                 .entry(uid)
-                .or_insert_with(|| user_name(uid).unwrap_or_else(|| uid.to_string()))
+                .or_insert_with(|| user_name(uid).unwrap_or_else(|| uid.to_string()).into())
                 .clone(),
             None => "?".into(),
         }
@@ -151,7 +154,9 @@ impl Users {
 pub(super) struct Kept {
     /// The profile's id of the process (a reused pid has another).
     id: u64,
-    uid: Option<u32>,
+    user: Rc<str>,
+    /// Its name as shown (`[PID]` where it has none).
+    comm: Rc<str>,
     pub(super) energy_j: f64,
     /// Total power per interval, oldest first, over the last minute:
     /// (seconds since the start, W).
@@ -163,7 +168,7 @@ pub(super) struct Kept {
 /// The processes `top` has seen, by pid.
 #[derive(Debug)]
 pub(super) struct Seen {
-    pub(super) kept: HashMap<u32, Kept>,
+    pub(super) kept: IntMap<u32, Kept>,
     pub(super) users: Users,
     intervals: u32,
 }
@@ -171,7 +176,7 @@ pub(super) struct Seen {
 impl Seen {
     pub(super) fn new(procfs: ProcFs) -> Self {
         Self {
-            kept: HashMap::new(),
+            kept: IntMap::default(),
             users: Users::new(procfs),
             intervals: 0,
         }
@@ -181,7 +186,7 @@ impl Seen {
     pub(super) fn rows(&mut self, record: &IntervalRecord, read: Read) -> Vec<Row> {
         let dur_s = record.duration_s();
         let t_s = record.t_ns as f64 / 1e9;
-        let mut sm: HashMap<u32, f64> = HashMap::new();
+        let mut sm: IntMap<u32, f64> = IntMap::default();
         for g in &record.gpus {
             for p in g.processes.iter().flatten() {
                 *sm.entry(p.pid).or_default() += p.sm_util_pct;
@@ -196,10 +201,19 @@ impl Seen {
             let kept = self.kept.entry(p.pid).or_default();
             if kept.id != p.live.id || kept.power.is_empty() {
                 // First seen, or another process with this pid.
+                let uid = self.users.uid_of(p.pid);
                 *kept = Kept {
                     id: p.live.id,
-                    uid: self.users.uid_of(p.pid),
+                    user: self.users.name(uid),
                     ..Kept::default()
+                };
+            }
+            if *kept.comm != *p.comm || kept.comm.is_empty() {
+                // Named at first sight, and again after an exec.
+                kept.comm = if p.comm.is_empty() {
+                    format!("[{}]", p.pid).into()
+                } else {
+                    p.comm.as_str().into()
                 };
             }
             kept.absent = 0;
@@ -208,17 +222,12 @@ impl Seen {
             while kept.power.front().is_some_and(|(t, _)| t_s - t > SPARK_S) {
                 kept.power.pop_front();
             }
-            let (energy_j, uid) = (kept.energy_j, kept.uid);
-            let fig = figures(p, read, dur_s, sm.get(&p.pid).copied(), energy_j);
+            let fig = figures(p, read, dur_s, sm.get(&p.pid).copied(), kept.energy_j);
             rows.push(Row {
                 pid: p.pid,
                 ppid: p.ppid,
-                user: self.users.name(uid),
-                comm: if p.comm.is_empty() {
-                    format!("[{}]", p.pid)
-                } else {
-                    p.comm.clone()
-                },
+                user: kept.user.clone(),
+                comm: kept.comm.clone(),
                 fig,
                 asleep: false,
                 depth: 0,
@@ -243,12 +252,14 @@ impl Seen {
     }
 
     /// The user of a process that has no row (it did not run).
-    pub(super) fn user_of(&mut self, pid: u32) -> String {
-        let uid = match self.kept.get(&pid) {
-            Some(k) => k.uid,
-            None => self.users.uid_of(pid),
-        };
-        self.users.name(uid)
+    pub(super) fn user_of(&mut self, pid: u32) -> Rc<str> {
+        match self.kept.get(&pid) {
+            Some(k) => k.user.clone(),
+            None => {
+                let uid = self.users.uid_of(pid);
+                self.users.name(uid)
+            }
+        }
     }
 }
 

@@ -295,7 +295,7 @@ fn a_click_on_a_heading_sorts_by_it_and_on_a_row_selects_it() {
 fn an_empty_name_is_shown_as_the_pid() {
     let mut t = top();
     t.interval(&record(1, &[(7, None, "", 1.0)]), &[], &[]);
-    assert_eq!(t.row(7).map(|r| r.comm.as_str()), Some("[7]"));
+    assert_eq!(t.row(7).map(|r| &*r.comm), Some("[7]"));
 }
 
 #[test]
@@ -349,7 +349,7 @@ fn the_tree_reaches_parents_that_did_not_run_through_proc() {
     let shown = t.shown();
     let order: Vec<(u32, usize)> = shown.iter().map(|r| (r.pid, r.depth)).collect();
     assert_eq!(order, vec![(5, 0), (11, 1), (12, 1)]);
-    assert_eq!(shown[0].comm, "sh");
+    assert_eq!(&*shown[0].comm, "sh");
     assert!(shown[0].asleep);
     assert_eq!(shown[0].fig.power_w(), 3.0);
     let _ = std::fs::remove_dir_all(dir);

@@ -62,7 +62,7 @@ impl Ancestors {
                     pid,
                     ppid,
                     user: seen.user_of(pid),
-                    comm,
+                    comm: comm.into(),
                     fig: Figures {
                         energy_j: seen.kept.get(&pid).map_or(0.0, |k| k.energy_j),
                         ..r.fig.none_like()
@@ -88,7 +88,7 @@ impl Ancestors {
                 break;
             }
             let (ppid, comm) = match rows.iter().find(|r| r.pid == p) {
-                Some(r) => (r.ppid, Some(r.comm.clone())),
+                Some(r) => (r.ppid, Some(r.comm.to_string())),
                 None => match self.of(p) {
                     Some((ppid, comm)) => (ppid, Some(comm)),
                     None => (None, None),
@@ -152,9 +152,9 @@ pub(super) fn tree_order(
         r.subtree = true;
     }
     let by = |a: &usize, b: &usize| cmp(&rows[*a], &rows[*b]);
-    roots.sort_by(by);
+    roots.sort_unstable_by(by);
     for list in children.values_mut() {
-        list.sort_by(by);
+        list.sort_unstable_by(by);
     }
     let order = preorder(&roots, &children, rows.len());
     let mut rows: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
