@@ -60,9 +60,10 @@ pub enum Which {
     },
     /// `wattprof top`'s own CPU time against `monitor` with no screen, at
     /// 1 s with PROCESSES processes that each run briefly every 50 ms: the
-    /// two take turns ROUNDS times (top in a 160x50 tmux terminal), and
-    /// the medians of the paired differences (in % of one core) and of
-    /// the paired ratios are printed with their ranges.
+    /// two run side by side, over the same seconds, ROUNDS times (top in
+    /// a 160x50 tmux terminal), and the medians of the paired differences
+    /// (in % of one core) and of the paired ratios are printed with their
+    /// ranges.
     Top {
         /// Paired rounds.
         #[arg(long, default_value_t = 5)]
@@ -960,12 +961,18 @@ fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u6
     Ok((rate, seen))
 }
 
-/// `wattprof top`'s CPU per second of wall time, in a tmux terminal,
-/// with the options [`monitor_cpu`] gives `monitor`.
-fn top_cpu(wattprof: &Path, seconds: u64) -> Result<f64> {
+/// `wattprof top`'s and `monitor`'s CPU per second of wall time, run at
+/// once over the same seconds (the VM's noise falls on both alike):
+/// `top` in a 160x50 tmux terminal, `monitor` with no screen, each with
+/// the options [`monitor_cpu`] gives `monitor`.
+fn top_and_monitor_cpu(wattprof: &Path, seconds: u64) -> Result<(f64, f64)> {
     const SETTLE_S: u64 = 2;
-    let out = std::env::temp_dir().join("wattprof-bench-top.json");
-    let _ = std::fs::remove_file(&out);
+    let dir = std::env::temp_dir();
+    let (top_out, monitor_out) = (
+        dir.join("wattprof-bench-top.json"),
+        dir.join("wattprof-bench-top-monitor.json"),
+    );
+    let _ = std::fs::remove_file(&top_out);
     let name = format!("wattprof-bench-top-{}", std::process::id());
     let tmux = |args: &[&str]| -> Result<String> {
         let o = Command::new("tmux").args(args).output()?;
@@ -978,12 +985,12 @@ fn top_cpu(wattprof: &Path, seconds: u64) -> Result<f64> {
         }
         Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
+    let duration = format!("{}s", SETTLE_S + seconds + 1);
     // `exec`: the pane's process is wattprof itself.
     let cmd = format!(
-        "exec {} top --cpu-tdp 100 --no-gpu --interval 1s --duration {}s --output {}",
+        "exec {} top --cpu-tdp 100 --no-gpu --interval 1s --duration {duration} --output {}",
         wattprof.display(),
-        SETTLE_S + seconds + 1,
-        out.display()
+        top_out.display()
     );
     tmux(&[
         "new-session",
@@ -996,26 +1003,66 @@ fn top_cpu(wattprof: &Path, seconds: u64) -> Result<f64> {
         "50",
         &cmd,
     ])?;
-    let pid: u32 = tmux(&["display-message", "-p", "-t", &name, "#{pane_pid}"])?
-        .parse()
-        .context("the pane's pid")?;
+    let monitor = Command::new(wattprof)
+        .args([
+            "monitor",
+            "--cpu-tdp",
+            "100",
+            "--no-gpu",
+            "--interval",
+            "1s",
+        ])
+        .args(["--duration", &duration])
+        .arg("--output")
+        .arg(&monitor_out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let pid: Result<u32> = tmux(&["display-message", "-p", "-t", &name, "#{pane_pid}"])
+        .and_then(|p| p.parse().context("the pane's pid"));
+    let (mut monitor, pid) = match (monitor, pid) {
+        (Ok(m), Ok(p)) => (m, p),
+        (m, p) => {
+            let _ = tmux(&["kill-session", "-t", &name]);
+            if let Ok(mut m) = m {
+                let _ = m.kill();
+                let _ = m.wait();
+            }
+            p?;
+            bail!("wattprof monitor did not start");
+        }
+    };
     std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
-    let (c0, t0) = (process_cpu_ns(pid), Instant::now());
+    let (t0, m0, w0) = (
+        process_cpu_ns(pid),
+        process_cpu_ns(monitor.id()),
+        Instant::now(),
+    );
     std::thread::sleep(std::time::Duration::from_secs(seconds));
-    let (c1, t1) = (process_cpu_ns(pid), Instant::now());
+    let (t1, m1, w1) = (
+        process_cpu_ns(pid),
+        process_cpu_ns(monitor.id()),
+        Instant::now(),
+    );
+    let status = monitor.wait()?;
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
     while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let _ = tmux(&["kill-session", "-t", &name]);
-    if !out.exists() {
+    if !status.success() {
+        bail!("wattprof monitor failed: {status}");
+    }
+    if !top_out.exists() {
         bail!("wattprof top wrote no recording (did it start? run it in a terminal to see)");
     }
-    let _ = std::fs::remove_file(&out);
-    Ok((c1 - c0) as f64 / (t1 - t0).as_secs_f64())
+    let _ = std::fs::remove_file(&top_out);
+    let _ = std::fs::remove_file(&monitor_out);
+    let wall = (w1 - w0).as_secs_f64();
+    Ok(((t1 - t0) as f64 / wall, (m1 - m0) as f64 / wall))
 }
 
-/// `top` against `monitor` (no screen), taking turns, under `processes`
+/// `top` against `monitor` (no screen), side by side, under `processes`
 /// wakers: what the screen costs.
 fn top(rounds: usize, seconds: u64, processes: usize) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -1028,18 +1075,11 @@ fn top(rounds: usize, seconds: u64, processes: usize) -> Result<()> {
     let wattprof = wattprof_release()?;
     let xtask = workspace_root().join("target/release/xtask");
     print_machine();
-    let span = rounds as u64 * 2 * (seconds + 6) + 30;
+    let span = rounds as u64 * (seconds + 8) + 30;
     let mut load = Load::start(&xtask, "busy-procs", processes, span, 2)?;
     let (mut tops, mut monitors) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        // Alternate who goes first, so drift falls on both alike.
-        let (t, m) = if round % 2 == 0 {
-            let t = top_cpu(&wattprof, seconds)?;
-            (t, monitor_cpu(&wattprof, "1s", seconds)?.0)
-        } else {
-            let m = monitor_cpu(&wattprof, "1s", seconds)?.0;
-            (top_cpu(&wattprof, seconds)?, m)
-        };
+        let (t, m) = top_and_monitor_cpu(&wattprof, seconds)?;
         load.check()?;
         println!(
             "round {}: top {:.3} ms/s, monitor {:.3} ms/s",
