@@ -17,7 +17,6 @@ use super::setup::{
 };
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::{Ending, Profile, Scope};
-use crate::render::top::Grouping;
 use crate::sink::recording::Keep;
 use crate::sink::snapshot::{Exporter, Published};
 use crate::sink::top::{Shared, TopSink};
@@ -45,13 +44,13 @@ pub(crate) struct MonitorArgs {
     #[arg(long, value_name = "PID", value_delimiter = ',')]
     pub(crate) pid: Vec<u32>,
 
-    /// Processes shown per interval (and kept per interval in the JSONL).
+    /// Processes reported one by one per interval, those with the most
+    /// energy: in the summary and the --jsonl stream, and the ones whose
+    /// memory (PSS) is read. `wattprof top` shows and streams every
+    /// process that ran; there, this is only how many have their memory
+    /// read.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) top: u32,
-
-    /// What `wattprof top`'s rows are at the start (`g` changes it).
-    #[arg(long, value_enum, default_value = "process")]
-    pub(crate) by: Grouping,
 
     /// Stop after this long (e.g. 30s, 2h) instead of at Ctrl-C.
     #[arg(long, value_parser = parse_duration)]

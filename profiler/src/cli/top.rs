@@ -7,15 +7,21 @@ use std::rc::Rc;
 
 use super::Fatal;
 use super::monitor::{MonitorArgs, session};
-use crate::render::top::Top;
+use crate::render::top::{Grouping, Top};
 use crate::sink::top::TopScreen;
 
-/// Arguments of `wattprof top`: those of `monitor`.
+/// Arguments of `wattprof top`: those of `monitor`, and what the rows
+/// are at the start.
 #[derive(clap::Args, Debug)]
 #[command(after_help = top_help())]
 pub(crate) struct TopArgs {
     #[command(flatten)]
     pub(crate) monitor: MonitorArgs,
+
+    /// What the rows are at the start: processes, containers and systemd
+    /// units, or cgroups (`g` goes round them).
+    #[arg(long, value_enum, default_value = "process")]
+    pub(crate) by: Grouping,
 }
 
 fn top_help() -> String {
@@ -42,7 +48,7 @@ pub(crate) fn execute(args: TopArgs) -> anyhow::Result<i32> {
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let top = Top::new(
         m.interval.as_millis() as u64,
-        m.by,
+        args.by,
         color,
         crate::process::ProcFs::real(),
     );
