@@ -257,11 +257,15 @@ fn keys_sort_filter_and_tree_the_rows() {
     s.wait_for("the burners", |t| t.matches("wp-burn").count() >= 2);
     // By PID, ascending; `I` turns it round.
     s.keys(&["N"]);
-    let up = pids(&s.wait_for("sort by PID", |t| t.contains("sort PID ↑")));
-    assert!(up.len() > 3 && up.windows(2).all(|w| w[0] < w[1]), "{up:?}");
+    s.wait_for("rows by PID, ascending", |t| {
+        let up = pids(t);
+        t.contains("sort PID ↑") && up.len() > 3 && up.windows(2).all(|w| w[0] < w[1])
+    });
     s.keys(&["I"]);
-    let down = pids(&s.wait_for("the order turned", |t| t.contains("sort PID ↓")));
-    assert!(down.windows(2).all(|w| w[0] > w[1]), "{down:?}");
+    s.wait_for("the order turned", |t| {
+        let down = pids(t);
+        t.contains("sort PID ↓") && down.len() > 3 && down.windows(2).all(|w| w[0] > w[1])
+    });
     // The filter: only burners (an earlier test's may still show in the
     // interval it exited in), ours among them.
     let ours: Vec<u32> = String::from_utf8_lossy(

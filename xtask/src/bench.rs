@@ -1059,6 +1059,11 @@ fn top_and_monitor_cpu(wattprof: &Path, seconds: u64) -> Result<(f64, f64)> {
     let _ = std::fs::remove_file(&top_out);
     let _ = std::fs::remove_file(&monitor_out);
     let wall = (w1 - w0).as_secs_f64();
+    // The threads alive at each read: one that ended between would make
+    // a sum fall; that round is refused rather than a wrap taken.
+    if t1 < t0 || m1 < m0 {
+        bail!("a wattprof thread ended during the measurement: run again");
+    }
     Ok(((t1 - t0) as f64 / wall, (m1 - m0) as f64 / wall))
 }
 

@@ -148,6 +148,8 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
         .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
+    // `top` held them back while it took the terminal.
+    crate::sink::top::unblock_ending_signals();
     let cfg = args.tracker.config();
     let (mut tracker, mut profile, start_unix_ns) = start_profile(
         &cfg,

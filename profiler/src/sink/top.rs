@@ -5,11 +5,14 @@
 //! comes first: quit, the signals that end the profile (the loop ends,
 //! then [`TopScreen::restore`]), an error (drop), a panic on the main
 //! thread (a hook run before the default one), or a second signal while
-//! the summary is written ([`restore_in_signal`], async-signal-safe,
-//! before `_exit(130)`). A terminal that hangs up (its window closed) ends
-//! `top` as SIGHUP would. While it draws, stderr goes to a file and is
-//! written out when the terminal is given back, so that no warning tears
-//! the screen.
+//! the first is handled ([`restore_in_signal`], async-signal-safe, before
+//! `_exit(130)`). SIGINT, SIGTERM and SIGHUP are blocked from when the
+//! terminal is taken until their handlers are in place
+//! ([`unblock_ending_signals`]) and while it is given back. A terminal
+//! that hangs up (its window closed) ends `top` as SIGHUP would, with
+//! nothing more written to it. While it draws, stderr goes to a file and
+//! is written out where stderr went when the terminal is given back (or
+//! hangs up), so that no warning tears the screen.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -114,6 +117,9 @@ fn give_back_stderr() {
 /// cursor shown, the mouse released, stderr on it with what it said
 /// meanwhile. Only the first call does it.
 fn restore_terminal() {
+    // A second signal meanwhile would find the terminal no longer held
+    // and exit before it is given back: it waits until this is done.
+    let _blocked = BlockedSignals::new();
     if !HELD.swap(false, Ordering::SeqCst) {
         return;
     }
@@ -125,6 +131,55 @@ fn restore_terminal() {
         cursor::Show
     );
     give_back_stderr();
+}
+
+/// SIGINT, SIGTERM and SIGHUP held back while this lives (on this
+/// thread: the one the handlers run on is the main one, which restores).
+struct BlockedSignals(libc::sigset_t);
+
+impl BlockedSignals {
+    fn new() -> Self {
+        // SAFETY: sigset_t is plain data; the calls fill it and swap this
+        // thread's mask, keeping the old one to put back.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            Self(old)
+        }
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: puts back the mask `new` saved.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP from when `top` takes the terminal
+/// until the session's handlers are in place ([`unblock_ending_signals`]):
+/// one arriving between would end wattprof with the terminal raw.
+fn block_ending_signals() {
+    std::mem::forget(BlockedSignals::new());
+}
+
+/// Lets SIGINT, SIGTERM and SIGHUP in again, once their handlers are
+/// installed (one that came meanwhile is handled now).
+pub(crate) fn unblock_ending_signals() {
+    // SAFETY: as in `BlockedSignals::new`, unblocking instead.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Gives the terminal back from a signal handler, as
@@ -167,6 +222,7 @@ impl TopScreen {
         if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } == 0 {
             let _ = SAVED_TERMIOS.set(saved);
         }
+        block_ending_signals();
         hold_stderr()?;
         if let Err(e) = terminal::enable_raw_mode() {
             give_back_stderr();
@@ -219,8 +275,12 @@ impl TopScreen {
         self.last_input = Instant::now();
         if terminal_gone() {
             // Its window closed: end as on SIGHUP, drawing nothing more
-            // (and not trying to show a cursor on it when dropped).
+            // (and not trying to show a cursor on it when dropped); what
+            // stderr held, and the summary after, go where stderr went.
             std::mem::forget(self.terminal.take());
+            if HELD.swap(false, Ordering::SeqCst) {
+                give_back_stderr();
+            }
             self.restored = true;
             self.quit = true;
             return true;

@@ -225,8 +225,11 @@ fn draw_processes(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
     }
 }
 
-/// Texts, one per column, each at its column's place (cut to its width;
-/// every text here is one cell per character) as one line.
+/// Texts, one per column, each at its column's place as one line, cut
+/// to its width by characters (a wide character in a name shifts the
+/// rest of its row; the command, last, is cut at the screen's edge).
+/// Control characters become `?`: a process names itself, and its name
+/// must not reach the terminal as an escape sequence.
 fn in_places(
     x0: u16,
     places: &[(Column, u16, u16)],
@@ -239,7 +242,7 @@ fn in_places(
         line.extend(std::iter::repeat_n(' ', from.saturating_sub(at)));
         at = at.max(from);
         for c in text.chars().take(to - from) {
-            line.push(c);
+            line.push(if c.is_control() { '?' } else { c });
             at += 1;
         }
     }
@@ -344,10 +347,12 @@ fn draw_groups(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
         .take(body as usize)
         .map(|(i, g)| {
             let row = TableRow::new([
-                format!("{:.1}", g.cpu_pct),
-                format!("{:.2}", g.power_w),
+                g.cpu_pct
+                    .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
+                g.power_w
+                    .map_or_else(|| "-".to_string(), |w| format!("{w:.2}")),
                 energy_text(g.energy_j),
-                g.name.clone(),
+                printable(&g.name),
             ]);
             if i == top.selected {
                 row.style(Style::new().add_modifier(Modifier::REVERSED))
@@ -423,17 +428,27 @@ fn centered(area: Rect, w: u16, h: u16) -> Rect {
     )
 }
 
+/// Text with its control characters shown as `?` (names and paths come
+/// from processes, which choose them).
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// A bordered box over the middle of `area`, at most `w` wide and as
-/// tall as its wrapped text (cut where the terminal is shorter).
+/// tall as its text wrapped inside the border (cut where the terminal is
+/// shorter).
 fn popup(f: &mut Frame<'_>, area: Rect, title: &str, lines: Vec<Line<'static>>, w: u16) {
     let w = w.min(area.width);
-    let text = Paragraph::new(lines)
-        .wrap(Wrap { trim: false })
-        .block(Block::bordered().title(format!(" {title} ")));
-    let h = u16::try_from(text.line_count(w)).unwrap_or(u16::MAX);
+    let text = Paragraph::new(lines).wrap(Wrap { trim: false });
+    // Counted at the width inside the border, where it is drawn.
+    let h = u16::try_from(text.line_count(w.saturating_sub(2)))
+        .unwrap_or(u16::MAX)
+        .saturating_add(2);
     let r = centered(area, w, h);
     f.render_widget(Clear, r);
-    f.render_widget(text, r);
+    f.render_widget(text.block(Block::bordered().title(format!(" {title} "))), r);
 }
 
 fn draw_help(f: &mut Frame<'_>, area: Rect) {
@@ -468,17 +483,20 @@ fn details(top: &mut Top, pid: u32) -> Vec<Line<'static>> {
         lines.push(Line::from("Any key: back."));
         return lines;
     };
-    lines.push(Line::from(format!(
+    lines.push(Line::from(printable(&format!(
         "{} (pid {}), user {}",
         r.comm, r.pid, r.user
-    )));
-    lines.push(Line::from(format!("lineage: {}", top.lineage(pid))));
+    ))));
+    lines.push(Line::from(printable(&format!(
+        "lineage: {}",
+        top.lineage(pid)
+    ))));
     let (cgroup, container) = top.cgroup_of(pid);
-    lines.push(Line::from(format!("cgroup: {cgroup}")));
-    lines.push(Line::from(format!(
+    lines.push(Line::from(printable(&format!("cgroup: {cgroup}"))));
+    lines.push(Line::from(printable(&format!(
         "container or unit: {}",
         container.as_deref().unwrap_or("none")
-    )));
+    ))));
     lines.push(Line::from(""));
     if r.asleep {
         lines.push(Line::from(

@@ -2,8 +2,9 @@
 //! htop's where htop has one (F1 help, F4 and `\` filter, F5 and `t`
 //! tree, F6 and `<` `>` sort, `u` user, `Z` pause, F10 and `q` quit;
 //! htop's search, F3 and `/`, filters here too); what htop lacks has a
-//! letter of its own. Ctrl and Alt chords are not keys of `top`, but for
-//! Ctrl-C (quit) and Ctrl-L (draw again).
+//! letter of its own. Ctrl chords are not keys of `top`, but for Ctrl-C
+//! (quit), Ctrl-L (draw again) and Ctrl-H (Backspace); Alt-x is Esc then
+//! x, as terminals send it.
 
 use ratatui::crossterm::event::{
     Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
@@ -81,14 +82,29 @@ impl Top {
     }
 
     fn key(&mut self, k: KeyEvent) -> Outcome {
+        if k.modifiers == KeyModifiers::ALT {
+            // A terminal sends Alt-x as Esc then x, and so does Esc typed
+            // just before x (crossterm cannot tell them apart): both
+            // keys, in that order.
+            let esc = self.key(KeyEvent::new(KeyCode::Esc, KeyModifiers::NONE));
+            let then = self.key(KeyEvent::new(k.code, KeyModifiers::NONE));
+            return match (esc, then) {
+                (Outcome::Quit, _) | (_, Outcome::Quit) => Outcome::Quit,
+                (Outcome::Same, Outcome::Same) => Outcome::Same,
+                _ => Outcome::Redraw,
+            };
+        }
         if k.modifiers
             .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
         {
-            // Ctrl-C quits and Ctrl-L draws again; no other chord is a
-            // key of `top` (Alt-q is not q).
+            // Ctrl-C quits, Ctrl-L draws again, Ctrl-H is Backspace (as
+            // some terminals send it); no other chord is a key of `top`.
             return match k.code {
                 KeyCode::Char('c') if k.modifiers == KeyModifiers::CONTROL => Outcome::Quit,
                 KeyCode::Char('l') if k.modifiers == KeyModifiers::CONTROL => Outcome::Repaint,
+                KeyCode::Char('h') if k.modifiers == KeyModifiers::CONTROL => {
+                    self.key(KeyEvent::new(KeyCode::Backspace, KeyModifiers::NONE))
+                }
                 _ => Outcome::Same,
             };
         }
@@ -167,6 +183,8 @@ impl Top {
             KeyCode::F(5) | KeyCode::Char('t') => self.tree = !self.tree,
             KeyCode::Char('g') => {
                 self.grouping = self.grouping.next();
+                // Its power comes from two intervals seen in this view.
+                self.group_before.clear();
                 self.selected = 0;
                 self.offset = 0;
                 self.refresh();

@@ -184,7 +184,7 @@ pub(crate) struct Top {
     /// Machine power (W) by seconds since the start.
     machine: VecDeque<(f64, f64)>,
     /// Each group's energy at the previous interval, for its power.
-    group_before: HashMap<String, (f64, u64)>,
+    pub(super) group_before: HashMap<String, (f64, u64)>,
     /// The rows as shown (filtered, sorted, in tree order), rebuilt when
     /// an interval arrives or a key changes the view.
     view: Vec<Row>,
@@ -352,9 +352,9 @@ impl Top {
                     .filter(|g| needle.is_empty() || g.name.to_lowercase().contains(&needle))
                     .cloned()
                     .collect();
+                let w = |g: &GroupRow| g.power_w.unwrap_or(-1.0);
                 rows.sort_by(|a, b| {
-                    b.power_w
-                        .total_cmp(&a.power_w)
+                    w(b).total_cmp(&w(a))
                         .then(b.energy_j.total_cmp(&a.energy_j))
                         .then(a.name.cmp(&b.name))
                 });

@@ -106,10 +106,11 @@ pub(crate) struct Row {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct GroupRow {
     pub(crate) name: String,
-    /// CPU over the last interval (% of one CPU).
-    pub(crate) cpu_pct: f64,
-    /// Power over the last interval (W).
-    pub(crate) power_w: f64,
+    /// CPU over the last interval (% of one CPU), and power (W): from
+    /// its sums at this interval and the one before, so `None` in the
+    /// first interval the group is on screen.
+    pub(crate) cpu_pct: Option<f64>,
+    pub(crate) power_w: Option<f64>,
     /// Energy since the profile began (J).
     pub(crate) energy_j: f64,
 }
@@ -272,19 +273,16 @@ fn figures(p: &ProcessRow, read: Read, dur_s: f64, sm: Option<f64>, energy_j: f6
         dram_w: watts(Domain::Dram, p.dram_j),
         gpu_w: watts(Domain::Gpu, p.gpu_j),
         sm_pct: read.has(Domain::Gpu).then(|| sm.unwrap_or(0.0)),
-        static_j: if p.live == Default::default() {
-            // A row from elsewhere than a live profile: the total only.
-            [p.static_j, 0.0, 0.0]
-        } else {
-            p.live.static_j
-        },
+        static_j: p.live.static_j,
         interval_j: p.total_j(),
         energy_j,
     }
 }
 
 /// Containers and units, or cgroups, with their power over the interval
-/// (from their energy so far against `before`, which this updates).
+/// (from their energy so far against `before`, which this updates; the
+/// caller empties it when the grouping changes, since the sums it holds
+/// are then from another time).
 pub(super) fn group_rows(
     grouping: Grouping,
     containers: &[ContainerReport],
@@ -313,12 +311,12 @@ pub(super) fn group_rows(
     let rows = named
         .into_iter()
         .map(|(name, ns, j)| {
-            let (j0, ns0) = before.get(&name).copied().unwrap_or((j, ns));
+            let was = before.get(&name).copied();
             now.insert(name.clone(), (j, ns));
             GroupRow {
                 name,
-                cpu_pct: 100.0 * ns.saturating_sub(ns0) as f64 / 1e9 / dur_s,
-                power_w: (j - j0).max(0.0) / dur_s,
+                cpu_pct: was.map(|(_, ns0)| 100.0 * ns.saturating_sub(ns0) as f64 / 1e9 / dur_s),
+                power_w: was.map(|(j0, _)| (j - j0).max(0.0) / dur_s),
                 energy_j: j,
             }
         })

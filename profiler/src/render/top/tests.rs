@@ -316,11 +316,23 @@ fn groups_show_power_from_their_energy_so_far() {
         },
     };
     t.interval(&record(1, FAMILY), &[], &[cg(10.0, 100)]);
+    assert_eq!(t.shown_groups()[0].power_w, None, "one sum: no power yet");
     t.interval(&record(2, FAMILY), &[], &[cg(13.0, 500_000_100)]);
     let g = &t.shown_groups()[0];
-    assert_eq!((g.power_w, g.energy_j), (3.0, 13.0));
-    assert!((g.cpu_pct - 50.0).abs() < 1e-9);
+    assert_eq!((g.power_w, g.energy_j), (Some(3.0), 13.0));
+    assert!((g.cpu_pct.expect("cpu") - 50.0).abs() < 1e-9);
     assert!(screen(&mut t, 80, 24).contains("/system.slice/x.service"));
+    // Away to processes and back ten minutes later: the sums then are
+    // not divided by one interval.
+    t.event(&key(KeyCode::Char('g')));
+    t.interval(&record(3, FAMILY), &[], &[cg(14.0, 600_000_000)]);
+    t.event(&key(KeyCode::Char('g')));
+    t.event(&key(KeyCode::Char('g')));
+    assert_eq!(t.grouping, Grouping::Cgroup);
+    t.interval(&record(600, FAMILY), &[], &[cg(900.0, 900_000_000_000)]);
+    assert_eq!(t.shown_groups()[0].power_w, None);
+    t.interval(&record(601, FAMILY), &[], &[cg(902.0, 900_500_000_000)]);
+    assert_eq!(t.shown_groups()[0].power_w, Some(2.0));
 }
 
 #[test]
@@ -388,7 +400,9 @@ fn a_reused_pid_starts_again_and_a_sleeper_keeps_its_energy() {
         t.interval(&record_ids(s, &[(7, 71, "w", 1.0)]), &[], &[]);
     }
     t.interval(
-        &record_ids(300, &[(5, 50, "sleeper", 2.0), (6, 61, "gone", 3.0)]),
+        // 6 again with its old id, as if it had never gone: only the
+        // prune can have forgotten it.
+        &record_ids(300, &[(5, 50, "sleeper", 2.0), (6, 60, "gone", 3.0)]),
         &[],
         &[],
     );
@@ -449,11 +463,29 @@ fn help_and_details_boxes_hold_all_their_text_at_80_by_24() {
     let text = screen(&mut t, 80, 24);
     assert!(text.contains("Any key: back."), "{text}");
     assert!(text.contains("F10 q Ctrl-C"), "{text}");
+    // 11's 4 J over the second: 1 J of it the package's static share.
+    let mut r = record(2, FAMILY);
+    for p in r.processes.iter_mut().flatten().filter(|p| p.pid == 11) {
+        p.live.static_j = [1.0, 0.0, 0.0];
+    }
+    t.interval(&r, &[], &[]);
     t.mode = Mode::Details(11);
     let text = screen(&mut t, 80, 24);
     assert!(text.contains("Any key: back."), "{text}");
-    assert!(text.contains("CPU package"), "{text}");
-    assert!(text.contains("static 0.00 W, dynamic 4.00 W"), "{text}");
+    assert!(
+        text.contains("CPU package      4.00 W: static 1.00 W, dynamic 3.00 W"),
+        "{text}"
+    );
+    assert!(
+        text.contains("of which static 1.00 W and dynamic 3.00 W"),
+        "{text}"
+    );
+    // A path as long as a Docker scope's still leaves the last line in.
+    t.mode = Mode::Details(12);
+    for w in [60, 100, 120] {
+        let text = screen(&mut t, w, 30);
+        assert!(text.contains("Any key: back."), "{w}: {text}");
+    }
 }
 
 #[test]
@@ -506,13 +538,26 @@ fn the_selection_stays_on_its_process_when_the_rows_move() {
 }
 
 #[test]
-fn chords_are_not_keys_but_ctrl_c_and_ctrl_l() {
+fn chords_are_not_keys_but_ctrl_c_l_h_and_alt_is_esc_first() {
     let mut t = top();
     t.interval(&record(1, FAMILY), &[], &[]);
     let chord = |c, m| Event::Key(KeyEvent::new(KeyCode::Char(c), m));
-    assert_eq!(t.event(&chord('q', KeyModifiers::ALT)), Outcome::Same);
     assert_eq!(t.event(&chord('z', KeyModifiers::CONTROL)), Outcome::Same);
     assert!(!t.paused);
+    // Esc then `/` typed quickly arrive as Alt-/: the filter is cleared,
+    // then its box opens.
+    t.filter = "child".into();
+    t.event(&chord('/', KeyModifiers::ALT));
+    assert_eq!(
+        (t.filter.as_str(), &t.mode),
+        ("", &Mode::Filter(String::new()))
+    );
+    t.event(&key(KeyCode::Char('a')));
+    t.event(&key(KeyCode::Char('b')));
+    // Ctrl-H is Backspace, as some terminals send it.
+    t.event(&chord('h', KeyModifiers::CONTROL));
+    assert_eq!(t.filter, "a");
+    t.event(&key(KeyCode::Esc));
     assert_eq!(
         t.event(&chord('l', KeyModifiers::CONTROL)),
         Outcome::Repaint
@@ -570,4 +615,23 @@ fn the_header_s_idle_and_unattributed_leave_core_out() {
         text.contains("idle 2.0 W"),
         "core is part of package: {text}"
     );
+}
+
+#[test]
+fn a_name_s_control_characters_never_reach_the_terminal() {
+    let mut t = top();
+    t.interval(
+        &record(1, &[(7, None, "\u{1b}]52;c;eA==\u{7}x", 1.0)]),
+        &[],
+        &[],
+    );
+    let text = screen(&mut t, 100, 24);
+    assert!(text.contains("?]52;c;eA==?x"), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text}"
+    );
+    t.event(&key(KeyCode::Enter));
+    let text = screen(&mut t, 100, 24);
+    assert!(text.contains("?]52;c;eA==?x (pid 7)"), "{text}");
 }
