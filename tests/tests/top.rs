@@ -185,6 +185,18 @@ impl Drop for Screen {
     }
 }
 
+/// Whether the wattprof tested is this build's debug binary (the fault
+/// hooks are in debug builds only); says why it skips when not.
+fn debug_build() -> bool {
+    if std::env::var_os("WATTPROF_BIN").is_some() {
+        wattprof_tests::say_skip(
+            "WATTPROF_BIN may be a release build, which has no fault hooks (WATTPROF_TEST_*)",
+        );
+        return false;
+    }
+    true
+}
+
 fn tmux(args: &[&str]) -> bool {
     Command::new("tmux")
         .args(args)
@@ -407,6 +419,9 @@ fn sigterm_gives_the_terminal_back_too() {
 #[test]
 fn a_panic_gives_the_terminal_back_and_its_message_is_seen() {
     require_ebpf!();
+    if !debug_build() {
+        return;
+    }
     // A debug build panics once top has drawn for a second, when told to.
     let Some(s) = Screen::start_sized(&["WATTPROF_TEST_PANIC=top"], &[], 140, 40) else {
         return;
@@ -421,6 +436,9 @@ fn a_panic_gives_the_terminal_back_and_its_message_is_seen() {
 #[test]
 fn a_second_sigterm_while_the_summary_is_written_still_gives_the_terminal_back() {
     require_ebpf!();
+    if !debug_build() {
+        return;
+    }
     // A debug build told so holds an interval for 10 s (a hung GPU read)
     // once it has drawn for a second, and says when it begins.
     let hung = tempfile_dir().join("hung");

@@ -164,6 +164,20 @@ impl ProcFs {
         parse_effective_uid(&text)
     }
 
+    /// When `pid` started (clock ticks since boot, `/proc/PID/stat`'s 22nd
+    /// field): with the pid, it names one process, where a pid alone may
+    /// be another's by now.
+    pub(crate) fn start_ticks(&self, pid: u32) -> Option<u64> {
+        let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
+        // After the name (in parentheses, anything in it): state is the
+        // 3rd field, so the 22nd is the 20th after it.
+        stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(19)?
+            .parse()
+            .ok()
+    }
+
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).
     pub(crate) fn cgroup(&self, pid: u32) -> String {
         std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).unwrap_or_default()

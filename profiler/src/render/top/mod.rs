@@ -405,51 +405,47 @@ impl Top {
     /// row, not per comparison (a thousand rows each interval); the pid
     /// breaks ties, so an unstable sort is as good.
     fn sorted<'a>(&self, rows: impl Iterator<Item = &'a Row>) -> Vec<Row> {
-        let f = |x: Option<f64>| x.unwrap_or(-1.0);
-        let key = |r: &Row| -> Option<f64> {
-            let x = &r.fig;
-            Some(match self.sort {
-                Column::Pid | Column::User | Column::Command => return None,
-                Column::CpuPct => x.cpu_pct,
-                Column::CpuW => f(x.cpu_w),
-                Column::DramW => f(x.dram_w),
-                Column::GpuW => f(x.gpu_w),
-                Column::SmPct => f(x.sm_pct),
-                Column::Energy => x.energy_j,
-                Column::Power => x.power_w(),
-            })
-        };
-        let mut keyed: Vec<(f64, &Row)> = rows.map(|r| (key(r).unwrap_or(0.0), r)).collect();
-        if key(&Row::default()).is_some() {
-            keyed.sort_unstable_by(|(ka, a), (kb, b)| {
-                let by = ka.total_cmp(kb);
-                let by = if self.descending { by.reverse() } else { by };
-                by.then(a.pid.cmp(&b.pid))
-            });
-        } else {
-            keyed.sort_unstable_by(|(_, a), (_, b)| self.compare(a, b));
-        }
+        let mut keyed: Vec<(Option<f64>, &Row)> = rows.map(|r| (self.sort_key(r), r)).collect();
+        keyed.sort_unstable_by(|(ka, a), (kb, b)| self.order(*ka, a, *kb, b));
         keyed.into_iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// The chosen column's figure in `r`, `None` for a text column (PID
+    /// too: it sorts as a number of its own). A domain with no reader
+    /// sorts below 0.
+    fn sort_key(&self, r: &Row) -> Option<f64> {
+        let f = |x: Option<f64>| x.unwrap_or(-1.0);
+        let x = &r.fig;
+        Some(match self.sort {
+            Column::Pid | Column::User | Column::Command => return None,
+            Column::CpuPct => x.cpu_pct,
+            Column::CpuW => f(x.cpu_w),
+            Column::DramW => f(x.dram_w),
+            Column::GpuW => f(x.gpu_w),
+            Column::SmPct => f(x.sm_pct),
+            Column::Energy => x.energy_j,
+            Column::Power => x.power_w(),
+        })
+    }
+
+    /// The order of two rows under the chosen column, given their keys
+    /// ([`Top::sort_key`]); pid breaks ties.
+    fn order(&self, ka: Option<f64>, a: &Row, kb: Option<f64>, b: &Row) -> std::cmp::Ordering {
+        let by = match (ka, kb) {
+            (Some(x), Some(y)) => x.total_cmp(&y),
+            _ => match self.sort {
+                Column::User => a.user.cmp(&b.user),
+                Column::Command => a.comm.cmp(&b.comm),
+                _ => a.pid.cmp(&b.pid),
+            },
+        };
+        let by = if self.descending { by.reverse() } else { by };
+        by.then(a.pid.cmp(&b.pid))
     }
 
     /// The order of two rows under the chosen column; pid breaks ties.
     fn compare(&self, a: &Row, b: &Row) -> std::cmp::Ordering {
-        let f = |x: Option<f64>| x.unwrap_or(-1.0);
-        let (x, y) = (&a.fig, &b.fig);
-        let by = match self.sort {
-            Column::Pid => a.pid.cmp(&b.pid),
-            Column::User => a.user.cmp(&b.user),
-            Column::Command => a.comm.cmp(&b.comm),
-            Column::CpuPct => x.cpu_pct.total_cmp(&y.cpu_pct),
-            Column::CpuW => f(x.cpu_w).total_cmp(&f(y.cpu_w)),
-            Column::DramW => f(x.dram_w).total_cmp(&f(y.dram_w)),
-            Column::GpuW => f(x.gpu_w).total_cmp(&f(y.gpu_w)),
-            Column::SmPct => f(x.sm_pct).total_cmp(&f(y.sm_pct)),
-            Column::Energy => x.energy_j.total_cmp(&y.energy_j),
-            Column::Power => x.power_w().total_cmp(&y.power_w()),
-        };
-        let by = if self.descending { by.reverse() } else { by };
-        by.then(a.pid.cmp(&b.pid))
+        self.order(self.sort_key(a), a, self.sort_key(b), b)
     }
 
     /// The last minute of `pid`'s total power, oldest first.

@@ -155,7 +155,10 @@ impl Users {
 pub(super) struct Kept {
     /// The profile's id of the process (a reused pid has another).
     id: u64,
-    user: Rc<str>,
+    /// When it started, as `/proc` says: a parent that did not run is
+    /// known by it (it has no id then).
+    start: Option<u64>,
+    pub(super) user: Rc<str>,
     /// Its name as shown (`[PID]` where it has none).
     comm: Rc<str>,
     pub(super) energy_j: f64,
@@ -205,6 +208,7 @@ impl Seen {
                 let uid = self.users.uid_of(p.pid);
                 *kept = Kept {
                     id: p.live.id,
+                    start: self.users.procfs.start_ticks(p.pid),
                     user: self.users.name(uid),
                     ..Kept::default()
                 };
@@ -252,15 +256,19 @@ impl Seen {
             .retain(|pid, k| k.absent < PRUNE_EVERY || procfs.lists(*pid));
     }
 
-    /// The user of a process that has no row (it did not run).
-    pub(super) fn user_of(&mut self, pid: u32) -> Rc<str> {
-        match self.kept.get(&pid) {
-            Some(k) => k.user.clone(),
-            None => {
-                let uid = self.users.uid_of(pid);
-                self.users.name(uid)
-            }
-        }
+    /// What is kept of `pid` if it is the process that started at
+    /// `start` (a parent that did not run this interval).
+    pub(super) fn kept_of(&self, pid: u32, start: Option<u64>) -> Option<&Kept> {
+        self.kept
+            .get(&pid)
+            .filter(|k| start.is_some() && k.start == start)
+    }
+
+    /// The user of a process that has no row (it did not run), read
+    /// from `/proc`.
+    pub(super) fn user_from_proc(&mut self, pid: u32) -> Rc<str> {
+        let uid = self.users.uid_of(pid);
+        self.users.name(uid)
     }
 }
 

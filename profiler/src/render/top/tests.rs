@@ -635,3 +635,52 @@ fn a_name_s_control_characters_never_reach_the_terminal() {
     let text = screen(&mut t, 100, 24);
     assert!(text.contains("?]52;c;eA==?x (pid 7)"), "{text}");
 }
+
+#[test]
+fn a_sleeping_parent_shows_its_own_energy_not_that_of_an_earlier_process_with_its_pid() {
+    let dir = std::env::temp_dir().join(format!("wattprof-top-reuse-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("5")).expect("fixture");
+    // /proc/5/stat with its start time (the 22nd field) `start`.
+    let stat = |comm: &str, start: u64| {
+        std::fs::write(
+            dir.join("5/stat"),
+            format!("5 ({comm}) S 1 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0"),
+        )
+        .expect("stat");
+        std::fs::write(dir.join("5/comm"), format!("{comm}\n")).expect("comm");
+    };
+    let with_ids = |t_s, rows: &[(u32, Option<u32>, &str, f64)]| {
+        let mut r = record(t_s, rows);
+        for p in r.processes.iter_mut().flatten() {
+            p.live.id = u64::from(p.pid) * 10;
+        }
+        r
+    };
+    for (start_then, shown) in [(100, 50.0), (200, 0.0)] {
+        stat("make", 100);
+        let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
+        t.interval(
+            &with_ids(1, &[(5, Some(1), "make", 50.0), (11, Some(5), "a", 1.0)]),
+            &[],
+            &[],
+        );
+        // 5 sleeps now: the same process (start 100), or make exited and
+        // a shell got its pid (start 200).
+        stat(if start_then == 100 { "make" } else { "bash" }, start_then);
+        t.tree = true;
+        t.interval(&with_ids(2, &[(11, Some(5), "a", 1.0)]), &[], &[]);
+        let five = t
+            .shown()
+            .iter()
+            .find(|r| r.pid == 5)
+            .expect("the parent")
+            .clone();
+        assert!(five.asleep);
+        assert_eq!(
+            five.fig.energy_j - 2.0,
+            shown,
+            "start {start_then}: its subtree less a's"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

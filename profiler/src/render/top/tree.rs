@@ -3,6 +3,7 @@
 //! its real parent), and a process's lineage.
 
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 use super::rows::{Figures, Row, Seen};
 use crate::process::{ProcFs, ProcMeta};
@@ -10,12 +11,24 @@ use crate::process::{ProcFs, ProcMeta};
 /// A parent chain is a few levels; the bound stops a loop in `/proc`.
 const MAX_DEPTH: usize = 64;
 
-/// The parents that had no row, read once each from `/proc`: (their
-/// parent, name), `None` where it was gone.
+/// A parent that had no row, as `/proc` showed it.
+#[derive(Clone, Debug)]
+struct Asleep {
+    ppid: Option<u32>,
+    comm: Rc<str>,
+    /// When it started: what `top` kept of this pid is its only if it
+    /// started then (the pid may be another's by now).
+    start: Option<u64>,
+    /// Its user, read once.
+    user: Option<Rc<str>>,
+}
+
+/// The parents that had no row, read once each from `/proc`, `None`
+/// where it was gone.
 #[derive(Debug)]
 pub(super) struct Ancestors {
     procfs: ProcFs,
-    known: HashMap<u32, Option<(Option<u32>, String)>>,
+    known: HashMap<u32, Option<Asleep>>,
 }
 
 impl Ancestors {
@@ -26,17 +39,20 @@ impl Ancestors {
         }
     }
 
-    /// `pid`'s parent and name, from `/proc` the first time.
-    fn of(&mut self, pid: u32) -> Option<(Option<u32>, String)> {
+    /// `pid` as `/proc` shows it, read the first time.
+    fn of(&mut self, pid: u32) -> Option<&mut Asleep> {
         let procfs = &self.procfs;
         self.known
             .entry(pid)
             .or_insert_with(|| {
-                procfs
-                    .comm_of(pid)
-                    .map(|comm| (procfs.parent_of(pid), comm))
+                procfs.comm_of(pid).map(|comm| Asleep {
+                    ppid: procfs.parent_of(pid),
+                    comm: comm.into(),
+                    start: procfs.start_ticks(pid),
+                    user: None,
+                })
             })
-            .clone()
+            .as_mut()
     }
 
     /// Rows for the parents that have none (they did not run), up to pid
@@ -55,16 +71,27 @@ impl Ancestors {
                 if !added.insert(pid) {
                     break;
                 }
-                let Some((ppid, comm)) = self.of(pid) else {
+                let Some(asleep) = self.of(pid) else {
                     break;
                 };
+                // What was kept of it, if it ran before: only if this pid
+                // is still that process.
+                let kept = seen.kept_of(pid, asleep.start);
+                let energy_j = kept.map_or(0.0, |k| k.energy_j);
+                let user = match (kept, &asleep.user) {
+                    (Some(k), _) => k.user.clone(),
+                    (None, Some(u)) => u.clone(),
+                    (None, None) => seen.user_from_proc(pid),
+                };
+                asleep.user = Some(user.clone());
+                let (ppid, comm) = (asleep.ppid, asleep.comm.clone());
                 ghosts.push(Row {
                     pid,
                     ppid,
-                    user: seen.user_of(pid),
-                    comm: comm.into(),
+                    user,
+                    comm,
                     fig: Figures {
-                        energy_j: seen.kept.get(&pid).map_or(0.0, |k| k.energy_j),
+                        energy_j,
                         ..r.fig.none_like()
                     },
                     asleep: true,
@@ -90,7 +117,7 @@ impl Ancestors {
             let (ppid, comm) = match rows.iter().find(|r| r.pid == p) {
                 Some(r) => (r.ppid, Some(r.comm.to_string())),
                 None => match self.of(p) {
-                    Some((ppid, comm)) => (ppid, Some(comm)),
+                    Some(a) => (a.ppid, Some(a.comm.to_string())),
                     None => (None, None),
                 },
             };
