@@ -933,26 +933,38 @@ fn busy_procs(n: usize, seconds: u64) -> Result<()> {
     Ok(())
 }
 
+/// `wattprof monitor` as the benchmarks run it: no RAPL here (a 100 W
+/// CPU model), no GPU, its recording to `out`, quiet.
+fn monitor_command(wattprof: &Path, interval: &str, duration: &str, out: &Path) -> Command {
+    let mut cmd = Command::new(wattprof);
+    cmd.args([
+        "monitor",
+        "--cpu-tdp",
+        "100",
+        "--no-gpu",
+        "--interval",
+        interval,
+    ])
+    .args(["--duration", duration])
+    .arg("--output")
+    .arg(out)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    cmd
+}
+
 /// wattprof monitor's CPU per second of wall time, from its threads'
 /// schedstat, over `seconds` after a 2 s settle.
 fn monitor_cpu(wattprof: &Path, interval: &str, seconds: u64) -> Result<(f64, u64)> {
     const SETTLE_S: u64 = 2;
     let out = std::env::temp_dir().join("wattprof-bench-monitor.json");
-    let child = Command::new(wattprof)
-        .args([
-            "monitor",
-            "--cpu-tdp",
-            "100",
-            "--no-gpu",
-            "--interval",
-            interval,
-        ])
-        .args(["--duration", &format!("{}s", SETTLE_S + seconds + 1)])
-        .arg("--output")
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+    let child = monitor_command(
+        wattprof,
+        interval,
+        &format!("{}s", SETTLE_S + seconds + 1),
+        &out,
+    )
+    .spawn()?;
     let (rate, report) = steady_cpu(child, SETTLE_S, seconds, &out).context("wattprof monitor")?;
     let seen = report
         .pointer("/intervals")
@@ -1003,21 +1015,7 @@ fn top_and_monitor_cpu(wattprof: &Path, seconds: u64) -> Result<(f64, f64)> {
         "50",
         &cmd,
     ])?;
-    let monitor = Command::new(wattprof)
-        .args([
-            "monitor",
-            "--cpu-tdp",
-            "100",
-            "--no-gpu",
-            "--interval",
-            "1s",
-        ])
-        .args(["--duration", &duration])
-        .arg("--output")
-        .arg(&monitor_out)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+    let monitor = monitor_command(wattprof, "1s", &duration, &monitor_out).spawn();
     let pid: Result<u32> = tmux(&["display-message", "-p", "-t", &name, "#{pane_pid}"])
         .and_then(|p| p.parse().context("the pane's pid"));
     let (mut monitor, pid) = match (monitor, pid) {

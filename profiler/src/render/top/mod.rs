@@ -156,10 +156,12 @@ pub(crate) struct DomainLine {
     pub(crate) estimated: bool,
 }
 
-/// What the selection holds on to when the rows move.
+/// What the selection holds on to when the rows move: a process (its
+/// pid, and the profile's id for it: a pid reused by another process is
+/// not the one selected), or a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Anchor {
-    Pid(u32),
+    Process { pid: u32, id: u64 },
     Group(String),
 }
 
@@ -363,7 +365,9 @@ impl Top {
             }
         }
         let found = match &self.anchor {
-            Some(Anchor::Pid(pid)) => self.view.iter().position(|r| r.pid == *pid),
+            Some(Anchor::Process { pid, id }) => {
+                self.view.iter().position(|r| r.pid == *pid && r.id == *id)
+            }
             Some(Anchor::Group(name)) => self.view_groups.iter().position(|g| g.name == *name),
             None => None,
         };
@@ -375,7 +379,10 @@ impl Top {
         let n = self.row_count();
         self.selected = at.min(n.saturating_sub(1));
         self.anchor = match self.grouping {
-            Grouping::Process => self.view.get(self.selected).map(|r| Anchor::Pid(r.pid)),
+            Grouping::Process => self.view.get(self.selected).map(|r| Anchor::Process {
+                pid: r.pid,
+                id: r.id,
+            }),
             _ => self
                 .view_groups
                 .get(self.selected)
@@ -490,7 +497,7 @@ impl Top {
     /// The selected process, in the process view.
     pub(crate) fn selected_pid(&self) -> Option<u32> {
         match (&self.anchor, self.grouping) {
-            (Some(Anchor::Pid(pid)), Grouping::Process) => Some(*pid),
+            (Some(Anchor::Process { pid, .. }), Grouping::Process) => Some(*pid),
             _ => None,
         }
     }

@@ -90,6 +90,8 @@ impl Figures {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Row {
     pub(crate) pid: u32,
+    /// The profile's id of the process (0 for a parent that did not run).
+    pub(crate) id: u64,
     pub(crate) ppid: Option<u32>,
     pub(crate) user: Rc<str>,
     pub(crate) comm: Rc<str>,
@@ -230,6 +232,7 @@ impl Seen {
             let fig = figures(p, read, dur_s, sm.get(&p.pid).copied(), kept.energy_j);
             rows.push(Row {
                 pid: p.pid,
+                id: p.live.id,
                 ppid: p.ppid,
                 user: kept.user.clone(),
                 comm: kept.comm.clone(),

@@ -535,6 +535,19 @@ fn the_selection_stays_on_its_process_when_the_rows_move() {
     t.interval(&record(2, &later), &[], &[]);
     assert_eq!(t.selected_pid(), Some(11));
     assert_eq!(t.selected, 4);
+    // Another process takes pid 11 (a new id) and uses the most: the
+    // selection does not follow the pid to it; it stays at its place.
+    let mut reused = record(3, &later);
+    for p in reused.processes.iter_mut().flatten() {
+        if p.pid == 11 {
+            p.live.id = 99;
+            p.package_j = 9.0;
+        }
+    }
+    t.interval(&reused, &[], &[]);
+    assert_eq!(t.shown()[0].pid, 11, "the new 11 heads the rows");
+    assert_eq!(t.selected, 4, "the selection stays where the old 11 was");
+    assert_ne!(t.selected_pid(), Some(11));
 }
 
 #[test]

@@ -87,6 +87,7 @@ impl Ancestors {
                 let (ppid, comm) = (asleep.ppid, asleep.comm.clone());
                 ghosts.push(Row {
                     pid,
+                    id: 0,
                     ppid,
                     user,
                     comm,
