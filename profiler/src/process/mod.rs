@@ -203,12 +203,27 @@ impl Process {
     /// Its name for people: `comm`, or `[PID]` where none could be had (a
     /// process gone before it was named), never empty.
     pub(crate) fn name(&self) -> String {
+        let mut name = String::new();
+        self.write_name(&mut name);
+        name
+    }
+
+    /// Writes [`Self::name`] at the end of `out` (which keeps its
+    /// allocation: the rows of every interval are written over).
+    pub(crate) fn write_name(&self, out: &mut String) {
         if self.comm.is_empty() {
-            format!("[{}]", self.pid)
+            unnamed(self.pid, out);
         } else {
-            self.comm.clone()
+            out.push_str(&self.comm);
         }
     }
+}
+
+/// The name of a process that has none: `[PID]`, written at the end of
+/// `out`.
+pub(crate) fn unnamed(pid: u32, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "[{pid}]");
 }
 
 impl ProcMeta for ProcFs {

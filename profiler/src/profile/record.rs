@@ -68,14 +68,23 @@ impl Profile {
             .read(&memory_rows[..read_for], &self.procfs, rationed, at_ns)
             .into_iter()
             .chain(std::iter::repeat(None));
+        // The last interval's names are written over, not freed and
+        // allocated again: `top` has a row for every process that ran.
+        let mut names: Vec<String> = rows.drain(..).map(|r| r.comm).collect();
         for ((i, mem), m) in selected.into_iter().zip(memory).zip(&memory_rows) {
             let u = &usage[i];
             let e = energy.get(&u.id).copied().unwrap_or_default();
             let process = self.table.by_id(u.id);
+            let mut comm = names.pop().unwrap_or_default();
+            comm.clear();
+            match process {
+                Some(p) => p.write_name(&mut comm),
+                None => crate::process::unnamed(u.pid, &mut comm),
+            }
             rows.push(ProcessRow {
                 pid: u.pid,
                 ppid: process.and_then(|p| p.ppid),
-                comm: process.map_or_else(|| format!("[{}]", u.pid), crate::process::Process::name),
+                comm,
                 on_cpu_ns: u.on_cpu_ns.iter().sum(),
                 package_j: joules(e.package_uj),
                 core_j: joules(e.core_uj),
@@ -112,7 +121,6 @@ impl Profile {
         } = *b;
         let mut record = self.last.take().unwrap_or_default();
         let mut rows = record.processes.take().unwrap_or_default();
-        rows.clear();
         self.process_rows(usage, energy, read, sample.at_ns, &mut rows);
         record.domains.clear();
         record.domains.extend(shares.iter().map(|s| {

@@ -23,12 +23,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
-use ratatui::backend::CrosstermBackend;
+use ratatui::backend::{Backend, CrosstermBackend};
+use ratatui::buffer::Buffer;
 use ratatui::crossterm::{cursor, event, execute, terminal};
 
 use super::{Sink, Totals};
 use crate::model::record::IntervalRecord;
-use crate::render::top::{Grouping, Outcome, Top, draw};
+use crate::render::top::{Grouping, Outcome, Top, draw, frame_updates};
 
 /// The screen, shared by the sink (intervals) and the loop (input).
 pub(crate) type Shared = Rc<RefCell<TopScreen>>;
@@ -38,6 +39,9 @@ pub(crate) struct TopScreen {
     top: Top,
     /// `None` once the terminal hung up.
     terminal: Option<Terminal<CrosstermBackend<BufWriter<File>>>>,
+    /// What the terminal shows: the last frame drawn (ratatui's own copy
+    /// is not used; see [`Self::redraw`]).
+    shown: Buffer,
     restored: bool,
     /// The user asked to quit.
     quit: bool,
@@ -245,6 +249,7 @@ impl TopScreen {
         let mut screen = Self {
             top,
             terminal: Some(terminal),
+            shown: Buffer::default(),
             restored: false,
             quit: false,
             last_input: Instant::now(),
@@ -254,14 +259,45 @@ impl TopScreen {
     }
 
     /// Draws the screen now (a failed write is tried again next time).
+    ///
+    /// As ratatui's `Terminal::draw` does (resize, draw into its buffer,
+    /// write the cells that changed), but the cells that changed are
+    /// found by [`frame_updates`], which does not measure the width of
+    /// every ASCII cell, against [`Self::shown`]. The cursor stays hidden
+    /// (hidden when the terminal was taken).
     pub(crate) fn redraw(&mut self) {
         if self.restored {
             return;
         }
-        let top = &mut self.top;
-        if let Some(terminal) = &mut self.terminal {
-            let _ = terminal.draw(|f| draw(f, top));
+        let Some(terminal) = &mut self.terminal else {
+            return;
+        };
+        // A new size clears the screen (and ratatui's buffers).
+        if terminal.autoresize().is_err() {
+            return;
         }
+        draw(&mut terminal.get_frame(), &mut self.top);
+        let mut next = std::mem::take(terminal.current_buffer_mut());
+        if self.shown.area != next.area {
+            self.shown = Buffer::empty(next.area);
+        }
+        let written = {
+            let updates = frame_updates(&self.shown, &next);
+            let backend = terminal.backend_mut();
+            backend
+                .draw(updates.into_iter())
+                .and_then(|()| Backend::flush(backend))
+        };
+        if written.is_ok() {
+            std::mem::swap(&mut self.shown, &mut next);
+        } else {
+            // Not known what reached the screen: the next frame is
+            // written whole, over a cleared screen.
+            let _ = terminal.clear();
+            self.shown = Buffer::empty(next.area);
+        }
+        next.reset();
+        *terminal.current_buffer_mut() = next;
     }
 
     /// Takes every key, mouse and resize event waiting, and draws once if
@@ -301,7 +337,9 @@ impl TopScreen {
             && !self.quit
             && let Some(terminal) = &mut self.terminal
         {
+            // Cleared: what was shown is gone, the next frame is whole.
             let _ = terminal.clear();
+            self.shown.reset();
         }
         if (redraw || repaint) && !self.quit {
             self.redraw();

@@ -4,6 +4,7 @@
 //! over it. No I/O: the frame is the terminal's, or a test buffer.
 
 use ratatui::Frame;
+use ratatui::buffer::{Buffer, Cell};
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
@@ -197,26 +198,26 @@ fn draw_processes(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
         }
         t
     });
-    let mut lines = vec![Line::styled(
-        in_places(area.x, &places, heading),
+    let buf = f.buffer_mut();
+    put_line(
+        buf,
+        area,
+        area.y,
+        &in_places(area.x, &places, heading),
         heading_style(top),
-    )];
-    let max_w = rows.iter().map(|r| r.fig.power_w()).fold(0.0_f64, f64::max);
-    lines.extend(
-        rows.iter()
-            .enumerate()
-            .skip(top.offset)
-            .take(body as usize)
-            .map(|(i, r)| {
-                let text = in_places(area.x, &places, process_cells(top, r, max_w).into_iter());
-                if i == top.selected {
-                    Line::styled(text, Style::new().add_modifier(Modifier::REVERSED))
-                } else {
-                    Line::raw(text)
-                }
-            }),
     );
-    f.render_widget(Paragraph::new(lines), area);
+    let max_w = rows.iter().map(|r| r.fig.power_w()).fold(0.0_f64, f64::max);
+    for (y, (i, r)) in (area.y + 1..area.bottom())
+        .zip(rows.iter().enumerate().skip(top.offset).take(body as usize))
+    {
+        let text = in_places(area.x, &places, process_cells(top, r, max_w).into_iter());
+        let style = if i == top.selected {
+            Style::new().add_modifier(Modifier::REVERSED)
+        } else {
+            Style::new()
+        };
+        put_line(buf, area, y, &text, style);
+    }
     TableLayout {
         heading_y: area.y,
         first_row_y: area.y + 1,
@@ -247,6 +248,60 @@ fn in_places(
         }
     }
     line
+}
+
+/// Writes one line of the table at row `y` of `area`, cut at its right
+/// edge, in `style` across the whole width (as a `Paragraph` of one line
+/// would). A line of one-column characters (ASCII, arrows, box and block
+/// characters: every line of the table but a name in another script)
+/// goes straight into the cells: ratatui's general path splits it into
+/// graphemes and measures each, a fifth of what a frame cost.
+fn put_line(buf: &mut Buffer, area: Rect, y: u16, text: &str, style: Style) {
+    if y >= area.bottom() {
+        return;
+    }
+    buf.set_style(Rect::new(area.x, y, area.width, 1), style);
+    if text.chars().all(one_column) {
+        for (x, c) in (area.x..area.right()).zip(text.chars()) {
+            buf[(x, y)].set_char(c);
+        }
+    } else {
+        buf.set_stringn(area.x, y, text, usize::from(area.width), Style::new());
+    }
+}
+
+/// What changed between two frames, as ratatui's `Buffer::diff` finds it
+/// (the same cells, in the same order: a test holds the two together),
+/// with a cell of one printable ASCII byte taken as one column without
+/// measuring it. ratatui measures three Unicode widths per cell, and on a
+/// 160x50 screen that was the largest part of a frame's cost.
+pub(crate) fn frame_updates<'a>(prev: &Buffer, next: &'a Buffer) -> Vec<(u16, u16, &'a Cell)> {
+    fn width(c: &Cell) -> usize {
+        match c.symbol().as_bytes() {
+            [b] if (0x20..0x7f).contains(b) => 1,
+            _ => unicode_width::UnicodeWidthStr::width(c.symbol()),
+        }
+    }
+    let mut updates = Vec::new();
+    // As ratatui: cells a wide character before them covered, or uncovers.
+    let (mut invalidated, mut to_skip) = (0usize, 0usize);
+    for (i, (cur, old)) in next.content.iter().zip(&prev.content).enumerate() {
+        if !cur.skip && (cur != old || invalidated > 0) && to_skip == 0 {
+            let (x, y) = next.pos_of(i);
+            updates.push((x, y, cur));
+        }
+        let w = width(cur);
+        to_skip = w.saturating_sub(1);
+        invalidated = w.max(width(old)).max(invalidated).saturating_sub(1);
+    }
+    updates
+}
+
+/// A character that takes one column wherever it is shown: printable
+/// ASCII, and the arrows, box-drawing and block characters the table
+/// uses.
+fn one_column(c: char) -> bool {
+    matches!(c, ' '..='~' | '\u{2190}'..='\u{21FF}' | '\u{2500}'..='\u{259F}')
 }
 
 /// Keeps the selection on screen.

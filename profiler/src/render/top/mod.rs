@@ -22,7 +22,7 @@ mod tree;
 
 use std::collections::{HashMap, VecDeque};
 
-pub(crate) use draw::draw;
+pub(crate) use draw::{draw, frame_updates};
 pub(crate) use keys::{Outcome, keys_help};
 pub(crate) use rows::{GroupRow, Row};
 

@@ -697,3 +697,56 @@ fn a_sleeping_parent_shows_its_own_energy_not_that_of_an_earlier_process_with_it
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_frame_s_changes_are_the_cells_ratatui_would_write() {
+    use ratatui::buffer::Buffer;
+    use ratatui::layout::Rect;
+    use ratatui::style::{Modifier, Style};
+    // Texts of one column, two (CJK, emoji), none (a combining accent
+    // alone), and box and block characters; some cells skipped.
+    const SYMBOLS: [&str; 9] = [
+        " ",
+        "a",
+        "~",
+        "\u{2502}",
+        "\u{2585}",
+        "\u{4e2d}",
+        "\u{1f600}",
+        "e\u{301}",
+        "\u{301}",
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next_u = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let area = Rect::new(0, 0, 23, 7);
+    let mut random = |same_as: Option<&Buffer>| {
+        let mut b = Buffer::empty(area);
+        for i in 0..b.content.len() {
+            let r = next_u();
+            match (same_as, r % 4) {
+                // Most cells unchanged from the frame before, as on screen.
+                (Some(prev), 0..=2) => b.content[i] = prev.content[i].clone(),
+                _ => {
+                    b.content[i].set_symbol(SYMBOLS[(r >> 8) as usize % SYMBOLS.len()]);
+                    b.content[i].skip = (r >> 16) % 17 == 0;
+                    if (r >> 24) % 5 == 0 {
+                        b.content[i].set_style(Style::new().add_modifier(Modifier::BOLD));
+                    }
+                }
+            }
+        }
+        b
+    };
+    for _ in 0..500 {
+        let prev = random(None);
+        let next = random(Some(&prev));
+        assert_eq!(draw::frame_updates(&prev, &next), prev.diff(&next));
+        let blank = Buffer::empty(area);
+        assert_eq!(draw::frame_updates(&blank, &next), blank.diff(&next));
+    }
+}
