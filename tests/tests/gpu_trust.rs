@@ -93,15 +93,22 @@ fn the_same_job_is_charged_the_same_however_soon_it_opens_its_context() {
             (charged / caused - 1.0).abs() < 0.02,
             "{from_ms}: {charged} vs {caused}"
         );
-        // Where the run itself saw the GPU idle long enough, what it
-        // learned is the better figure (a longer stretch: a lower upper
-        // bound), and the recording says so.
-        let want = if from_ms == 1000 {
-            "host_model"
-        } else {
-            "lowest_seen"
-        };
-        assert_eq!(g["static_source"], want, "{g}");
+        // The static figure is the lower of two upper bounds: the
+        // model's idle power and, where the run itself saw the GPU idle
+        // long enough (the late job), the lowest power it saw. Which one
+        // wins depends on the calibration's noise (79.6 W against the
+        // stub's 80 W idle is a lower bound than what the run sees), so
+        // the rule is asserted, not the winner.
+        let static_w = f(g, "/static_w");
+        match g["static_source"].as_str() {
+            Some("host_model") => {
+                assert!((static_w - idle_w).abs() < 1e-6, "{g}");
+            }
+            Some("lowest_seen") if from_ms == 9000 => {
+                assert!(static_w < idle_w, "the higher bound won: {g}");
+            }
+            _ => panic!("{from_ms}: {g}"),
+        }
         // Without the model the early job pays the idle power too.
         if from_ms == 1000 {
             let lib = nvml_stub(&h200("child:90:1073741824@1000-9000"));
