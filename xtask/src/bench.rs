@@ -1425,22 +1425,9 @@ fn counted_run_in(
 ) -> Result<(u64, u64)> {
     let out = dir.join("recording.json");
     let count = dir.join("count");
-    let mut child = Command::new(wattprof)
-        .args([
-            "monitor",
-            "--cpu-tdp",
-            "100",
-            "--no-gpu",
-            "--interval",
-            interval,
-        ])
-        .args(["--duration", &format!("{seconds}s")])
-        .arg("--output")
-        .arg(&out)
+    let mut child = monitor_command(wattprof, interval, &format!("{seconds}s"), &out)
         .env("LD_PRELOAD", preload)
         .env("ALLOC_COUNT_FILE", &count)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
         .spawn()?;
     // Each process writes `count.PID` (wattprof's children, `modprobe`,
     // inherit the preload): this one's is wattprof's.
