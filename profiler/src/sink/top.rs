@@ -264,7 +264,8 @@ impl TopScreen {
     /// write the cells that changed), but the cells that changed are
     /// found by [`frame_updates`], which does not measure the width of
     /// every ASCII cell, against [`Self::shown`]. The cursor stays hidden
-    /// (hidden when the terminal was taken).
+    /// (hidden when the terminal was taken, and again at Ctrl-L or after
+    /// a failed write).
     pub(crate) fn redraw(&mut self) {
         if self.restored {
             return;
@@ -292,8 +293,12 @@ impl TopScreen {
             std::mem::swap(&mut self.shown, &mut next);
         } else {
             // Not known what reached the screen: the next frame is
-            // written whole, over a cleared screen.
+            // written whole, over a cleared screen, cleared in the
+            // default colours (the resets ratatui sends after a frame's
+            // last cell first) with the cursor hidden again.
+            let _ = terminal.backend_mut().draw(std::iter::empty());
             let _ = terminal.clear();
+            let _ = terminal.hide_cursor();
             self.shown = Buffer::empty(next.area);
         }
         next.reset();
@@ -337,8 +342,10 @@ impl TopScreen {
             && !self.quit
             && let Some(terminal) = &mut self.terminal
         {
-            // Cleared: what was shown is gone, the next frame is whole.
+            // Cleared: what was shown is gone, the next frame is whole;
+            // a cursor something else showed is hidden again.
             let _ = terminal.clear();
+            let _ = terminal.hide_cursor();
             self.shown.reset();
         }
         if (redraw || repaint) && !self.quit {
@@ -357,7 +364,8 @@ impl TopScreen {
         if !std::mem::replace(&mut self.restored, true) {
             restore_terminal();
             if let Some(terminal) = &mut self.terminal {
-                // Shown already: ratatui need not show it again at drop.
+                // Shown already by the restore: ratatui, which shows the
+                // cursor at drop if it hid it (Ctrl-L), need not again.
                 let _ = terminal.show_cursor();
             }
         }

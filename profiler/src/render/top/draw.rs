@@ -251,9 +251,10 @@ fn in_places(
 }
 
 /// Writes one line of the table at row `y` of `area`, cut at its right
-/// edge, in `style` across the whole width (as a `Paragraph` of one line
-/// would). A line of one-column characters (ASCII, arrows, box and block
-/// characters: every line of the table but a name in another script)
+/// edge, in `style` across the whole width (the selection is a bar
+/// across the screen, as the groups' `Table` draws it). A line of
+/// characters ratatui takes as one column (ASCII, arrows, box and block
+/// characters: every line of the table but a name with other letters)
 /// goes straight into the cells: ratatui's general path splits it into
 /// graphemes and measures each, a fifth of what a frame cost.
 fn put_line(buf: &mut Buffer, area: Rect, y: u16, text: &str, style: Style) {
@@ -297,9 +298,10 @@ pub(crate) fn frame_updates<'a>(prev: &Buffer, next: &'a Buffer) -> Vec<(u16, u1
     updates
 }
 
-/// A character that takes one column wherever it is shown: printable
-/// ASCII, and the arrows, box-drawing and block characters the table
-/// uses.
+/// A character ratatui measures as one column: printable ASCII, and the
+/// arrows, box-drawing and block characters the table uses (East Asian
+/// ambiguous: a terminal set to CJK widths shows them wider, as it does
+/// whatever ratatui draws).
 fn one_column(c: char) -> bool {
     matches!(c, ' '..='~' | '\u{2190}'..='\u{21FF}' | '\u{2500}'..='\u{259F}')
 }
