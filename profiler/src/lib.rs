@@ -13,8 +13,8 @@
 //!   sources` finds;
 //! - [`staircase`] is `calibrate`'s load staircase: the load, its steps
 //!   and the readings of each window;
-//! - [`process`] turns samples into processes, command trees, cgroups and
-//!   containers;
+//! - [`process`] turns samples into processes, command trees, cgroups,
+//!   containers and batch jobs (named from the cgroups a scheduler makes);
 //! - [`attribution`] divides one interval's energy over consumers (a pure
 //!   function);
 //! - [`model`] is the schema: the stream's records and the run document,
@@ -23,7 +23,7 @@
 //!   CPU's times) is written through its form in `model::wire`, never
 //!   through that type's own derive;
 //! - [`sums`] adds up what a profile measures: per domain and consumer,
-//!   group, cgroup and container, VM, memory, CPU; `report` sums a cut
+//!   group, cgroup, container and batch job, VM, memory, CPU; `report` sums a cut
 //!   stream with it too;
 //! - [`render`] draws for people: the run's table, `top`'s live screen
 //!   (its state and keys too, with no I/O), `wattprof sources`;

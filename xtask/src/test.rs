@@ -238,6 +238,14 @@ fn prepare() -> Result<Result<std::path::PathBuf>> {
         "tmux",
         "`wattprof top`'s tests (a real terminal, driven by keys)",
     );
+    // The Slurm test starts its own one-node cluster (munged, slurmctld,
+    // slurmd) from these, and ends it.
+    ensure_package("/usr/sbin/munged", "munge", "the Slurm batch-job test");
+    ensure_package(
+        "/usr/sbin/slurmctld",
+        "slurm-wlm",
+        "the Slurm batch-job test (a one-node cluster of its own)",
+    );
     // containerd first: dockerd uses a containerd that answers on the
     // default socket, and a socket file left by one that was killed (no
     // daemon behind it) made dockerd fail to start, skipping the Docker

@@ -19,7 +19,7 @@ pub(crate) struct TopArgs {
     pub(crate) monitor: MonitorArgs,
 
     /// What the rows are at the start: processes, containers and systemd
-    /// units, or cgroups (`g` goes round them).
+    /// units, cgroups, or batch jobs (Slurm) (`g` goes round them).
     #[arg(long, value_enum, default_value = "process")]
     pub(crate) by: Grouping,
 }

@@ -362,6 +362,45 @@ pub(crate) struct ContainerReport {
     pub(crate) energy: EnergyJ,
 }
 
+/// One batch job's use over the profile: the sum of its steps' cgroups,
+/// processes that exited included.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct JobReport {
+    /// Who scheduled it (`slurm`).
+    pub(crate) scheduler: String,
+    /// The scheduler's job id (`sacct`'s JobID).
+    pub(crate) job_id: String,
+    /// Its owner, where its cgroup says (Slurm on cgroup v1).
+    pub(crate) uid: Option<u32>,
+    /// The owner's login name (the number where it has none).
+    pub(crate) user: Option<String>,
+    /// When its processes first and last ran: the ends of those
+    /// intervals, ns since the profile began.
+    pub(crate) first_ns: u64,
+    /// See `first_ns`.
+    pub(crate) last_ns: u64,
+    /// On-CPU ns of its processes.
+    pub(crate) on_cpu_ns: u64,
+    /// Energy attributed to its processes.
+    pub(crate) energy: EnergyJ,
+    /// Per step (`batch`, `extern`, `0`…; empty for processes in the
+    /// job's cgroup and no step's), most energy first.
+    pub(crate) steps: Vec<JobStepReport>,
+}
+
+/// One step of a batch job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct JobStepReport {
+    /// The step's name (empty: the job's own cgroup).
+    pub(crate) step: String,
+    /// Its cgroup paths seen.
+    pub(crate) cgroups: Vec<String>,
+    /// On-CPU ns of its processes.
+    pub(crate) on_cpu_ns: u64,
+    /// Energy attributed to its processes.
+    pub(crate) energy: EnergyJ,
+}
+
 /// One cgroup's use over the profile.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct CgroupReport {
@@ -465,6 +504,10 @@ pub(crate) struct RunReport {
     pub(crate) cgroups: Vec<CgroupReport>,
     /// Per container and systemd unit, most energy first.
     pub(crate) containers: Vec<ContainerReport>,
+    /// Per batch job (Slurm), most energy first (absent in recordings
+    /// made before jobs were recognised: read as none).
+    #[serde(default)]
+    pub(crate) jobs: Vec<JobReport>,
     /// Profiling windows, in the order they ended.
     pub(crate) windows: Vec<WindowReport>,
     /// Bad window messages (first few).
@@ -516,6 +559,10 @@ impl RunReport {
         self.containers
             .iter_mut()
             .for_each(|c| whole(&mut c.energy));
+        for j in &mut self.jobs {
+            whole(&mut j.energy);
+            j.steps.iter_mut().for_each(|s| whole(&mut s.energy));
+        }
         self.windows.iter_mut().for_each(|w| whole(&mut w.energy));
         if let Some(st) = &mut self.stacks {
             for f in &mut st.functions {

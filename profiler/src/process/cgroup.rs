@@ -129,10 +129,15 @@ impl CgroupNames {
     }
 }
 
-/// The cgroup v1 path of a process from its `/proc/PID/cgroup` text: the
+/// The cgroup v1 path of a process from its `/proc/PID/cgroup` text: a
+/// batch job's step on whichever hierarchy holds it (a scheduler's
+/// plugins use a few controllers, not always those below), else the
 /// `name=systemd` hierarchy (systemd mirrors units and container scopes
 /// there), else the `cpu` controller's; `None` on pure cgroup v2.
 pub(crate) fn v1_path(proc_cgroup: &str) -> Option<String> {
+    if let Some(job) = super::batch::job_path(proc_cgroup) {
+        return Some(job);
+    }
     let mut cpu = None;
     for line in proc_cgroup.lines() {
         let mut f = line.splitn(3, ':');

@@ -5,6 +5,7 @@
 //! millisecond still has its parent. Processes that predate wattprof get
 //! their parent from `/proc` when first seen.
 
+pub(crate) mod batch;
 pub(crate) mod cgroup;
 pub(crate) mod container;
 pub(crate) mod containerd;

@@ -157,6 +157,7 @@ impl Profile {
             .cgroups
             .settle(std::time::Duration::from_millis(600));
         let containers = self.totals().container_reports(None);
+        let jobs = self.totals().job_reports(None);
         let profiler = self.profiler_report(ending.profiler, &processes);
         let command = ending.command.map(|c| CommandReport {
             argv: c.argv,
@@ -190,6 +191,7 @@ impl Profile {
             groups,
             cgroups,
             containers,
+            jobs,
             windows,
             window_errors,
             machine: self

@@ -329,6 +329,53 @@ pub(crate) fn render_containers(s: &mut String, containers: &[crate::model::Cont
     }
 }
 
+/// Every batch job with its steps (a node runs a handful at a time; a
+/// long `monitor` lists the ten with the most energy).
+pub(crate) fn render_jobs(s: &mut String, jobs: &[crate::model::JobReport]) {
+    if jobs.is_empty() {
+        return;
+    }
+    let rows = jobs.iter().take(10).flat_map(|j| {
+        let own = std::iter::once((job_label(j), j.on_cpu_ns, &j.energy));
+        // A job of one step has its row only.
+        let steps = j.steps.iter().filter(|_| j.steps.len() > 1).map(move |st| {
+            let name = if st.step.is_empty() {
+                format!("  {}.(no step)", j.job_id)
+            } else {
+                format!("  {}.{}", j.job_id, st.step)
+            };
+            (name, st.on_cpu_ns, &st.energy)
+        });
+        own.chain(steps)
+    });
+    render_sums(s, "BATCH JOB (STEP)", rows);
+    if jobs.len() > 10 {
+        let _ = writeln!(s, "  ... {} more (in the recording)", jobs.len() - 10);
+    }
+}
+
+/// A batch job's label in tables: scheduler, id, user, and its step
+/// where it has one only.
+pub(crate) fn job_label(j: &crate::model::JobReport) -> String {
+    let mut label = format!("{} {}", j.scheduler, j.job_id);
+    if let [only] = j.steps.as_slice()
+        && !only.step.is_empty()
+    {
+        label = format!("{label}.{}", only.step);
+    }
+    if let Some(u) = &j.user {
+        label.push_str(&format!(" ({u})"));
+    }
+    printable_text(&label)
+}
+
+/// Control characters as `?` (names come from cgroup paths and users).
+fn printable_text(t: &str) -> String {
+    t.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// Shortens from the left to `width` characters.
 pub(crate) fn left_cut(text: &str, width: usize) -> String {
     let n = text.chars().count();

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::{
-    EnergyView, Measured, TOP_ROWS, pct, render_containers, render_energy, render_functions, secs,
+    EnergyView, Measured, TOP_ROWS, pct, render_containers, render_energy, render_functions,
+    render_jobs, secs,
 };
 use crate::model::{EnergyJ, RunReport};
 use crate::sources::Domain;
@@ -30,6 +31,7 @@ pub(crate) fn render_run_table(r: &RunReport, rows: Rows) -> String {
     run_groups(&mut s, r, &m, tree_procs);
     run_notes(&mut s, r);
     render_containers(&mut s, &r.containers);
+    render_jobs(&mut s, &r.jobs);
     render_energy(
         &mut s,
         &EnergyView {

@@ -239,7 +239,7 @@ fn processes(
 pub(super) fn missing(h: &HeaderRecord) -> Vec<String> {
     let mut missing = vec![
         "the exit status, the per-process start and exit times and parents".to_string(),
-        "containers and cgroups".to_string(),
+        "containers, cgroups and batch jobs".to_string(),
         "windows still open at the cut".to_string(),
     ];
     missing.push(

@@ -171,6 +171,16 @@ const METRICS: &[(&str, &str, &str, Option<&str>, Count)] = &[
         },
     ),
     (
+        "jobs[]",
+        "ns, J",
+        "per batch job (Slurm) and its steps over the profile",
+        None,
+        |l| {
+            let n = l.summary.jobs.len();
+            (n > 0).then(|| format!("{n} batch jobs"))
+        },
+    ),
+    (
         "windows[]",
         "ns, J",
         "profiling windows: length, on-CPU time, energy of the tree and the machine",

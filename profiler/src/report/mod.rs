@@ -116,6 +116,9 @@ pub struct Summary {
     /// Containers and systemd units, most energy first (not in a cut
     /// stream).
     pub(crate) containers: Vec<ContainerReport>,
+    /// Batch jobs, most energy first (not in a cut stream).
+    #[serde(default)]
+    pub(crate) jobs: Vec<crate::model::JobReport>,
     /// Windows, in the order they ended.
     pub(crate) windows: Vec<WindowReport>,
     /// gCO2eq per kWh.
@@ -223,6 +226,7 @@ impl Summary {
             },
             processes,
             containers: r.containers.clone(),
+            jobs: r.jobs.clone(),
             windows: r.windows.clone(),
             carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
             carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
@@ -280,6 +284,7 @@ impl Summary {
             },
             processes: sums.processes,
             containers: Vec::new(),
+            jobs: Vec::new(),
             windows: s.windows.clone(),
             carbon_intensity_g_per_kwh: g,
             carbon_intensity_source: h.carbon_intensity_source.clone(),

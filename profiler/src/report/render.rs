@@ -9,7 +9,8 @@ use super::metrics::Metric;
 use super::{Format, Summary};
 use crate::model::{DomainReport, EnergyJ};
 use crate::render::{
-    EnergyView, Measured, left_cut, render_containers, render_energy, render_functions, secs,
+    EnergyView, Measured, left_cut, render_containers, render_energy, render_functions,
+    render_jobs, secs,
 };
 use crate::sources::Domain;
 
@@ -22,6 +23,7 @@ pub fn render_summary(r: &Summary, top: usize, cmdline: bool) -> String {
     summary_processes(&mut s, r, &m, top, cmdline);
     summary_groups(&mut s, r, &m);
     render_containers(&mut s, &r.containers);
+    render_jobs(&mut s, &r.jobs);
     render_energy(
         &mut s,
         &EnergyView {

@@ -19,7 +19,7 @@ pub(crate) mod vm_export;
 use crate::attribution::stacks::StackLedger;
 use crate::carbon::CarbonIntensity;
 use crate::model::record::{HeaderRecord, IntervalRecord};
-use crate::model::{CgroupReport, ContainerReport, RunReport, WindowReport};
+use crate::model::{CgroupReport, ContainerReport, JobReport, RunReport, WindowReport};
 use crate::sources::Domain;
 use crate::sources::static_power::StaticFigure;
 use crate::sums::Sums;
@@ -76,6 +76,14 @@ impl Totals<'_> {
         self.sums
             .cgroups
             .container_reports(since_ns, self.span_ns(), self.carbon)
+    }
+
+    /// Per batch job so far, most energy first; with `since_ns`, only
+    /// those whose processes ran since.
+    pub(crate) fn job_reports(&self, since_ns: Option<u64>) -> Vec<JobReport> {
+        self.sums
+            .cgroups
+            .job_reports(since_ns, self.start_ns, self.span_ns(), self.carbon)
     }
 }
 

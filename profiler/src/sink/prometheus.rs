@@ -133,6 +133,24 @@ pub(crate) const CONTAINER_ENERGY: Metric = counter(
     Unit::Joules,
     "Energy attributed to a container's (or systemd unit's) processes.",
 );
+/// Per batch job step.
+pub(crate) const JOB_ENERGY: Metric = counter(
+    "wattprof_job_energy",
+    Unit::Joules,
+    "Energy attributed to a batch job step's processes (sum by job_id over the nodes for a job's).",
+);
+/// Per batch job step, the static part.
+pub(crate) const JOB_STATIC_ENERGY: Metric = counter(
+    "wattprof_job_static_energy",
+    Unit::Joules,
+    "Static part of a batch job step's energy: static power x its share of the CPUs' time.",
+);
+/// Per batch job step.
+pub(crate) const JOB_CPU: Metric = counter(
+    "wattprof_job_cpu",
+    Unit::Seconds,
+    "On-CPU time of a batch job step's processes.",
+);
 /// Per container.
 pub(crate) const CONTAINER_CPU: Metric = counter(
     "wattprof_container_cpu",
@@ -215,7 +233,7 @@ pub(crate) const ENERGY_READER_INFO: Metric = gauge(
 
 /// Every metric wattprof exports, in exposition order.
 #[cfg(test)]
-pub(crate) const ALL: [&Metric; 17] = [
+pub(crate) const ALL: [&Metric; 20] = [
     &ENERGY,
     &IDLE_ENERGY,
     &UNATTRIBUTED_ENERGY,
@@ -223,6 +241,9 @@ pub(crate) const ALL: [&Metric; 17] = [
     &CONTAINER_CPU,
     &CGROUP_ENERGY,
     &CGROUP_CPU,
+    &JOB_ENERGY,
+    &JOB_STATIC_ENERGY,
+    &JOB_CPU,
     &CPU,
     &SELF_CPU,
     &SELF_ENERGY,
@@ -408,6 +429,9 @@ mod tests {
             "wattprof_container_cpu_seconds_total",
             "wattprof_cgroup_energy_joules_total",
             "wattprof_cgroup_cpu_seconds_total",
+            "wattprof_job_energy_joules_total",
+            "wattprof_job_static_energy_joules_total",
+            "wattprof_job_cpu_seconds_total",
             "wattprof_cpu_seconds_total",
             "wattprof_self_cpu_seconds_total",
             "wattprof_self_energy_joules_total",

@@ -108,6 +108,7 @@ pub(crate) fn snapshot(
     let [measured, idle, static_energy, static_power, unattributed] = domain_series(t);
     let [c_energy, c_static, c_cpu, c_info] = container_series(t, since);
     let [g_energy, g_static, g_cpu] = cgroup_series(t, since);
+    let [j_energy, j_static, j_cpu] = job_series(t, since);
     let (busy, idle_ns, lost) = t.sums.machine.totals();
     let cpu = [("busy", busy), ("idle", idle_ns), ("lost", lost)]
         .into_iter()
@@ -132,6 +133,9 @@ pub(crate) fn snapshot(
             (&m::CGROUP_ENERGY, g_energy),
             (&m::CGROUP_STATIC_ENERGY, g_static),
             (&m::CGROUP_CPU, g_cpu),
+            (&m::JOB_ENERGY, j_energy),
+            (&m::JOB_STATIC_ENERGY, j_static),
+            (&m::JOB_CPU, j_cpu),
             (&m::CPU, cpu),
             (&m::SELF_CPU, vec![(Vec::new(), t.profiler_ns as f64 / 1e9)]),
             (&m::SELF_ENERGY, self_energy),
@@ -202,6 +206,33 @@ fn container_series(t: &Totals<'_>, since: u64) -> [Series; 4] {
         }
     }
     [c_energy, c_static, c_cpu, c_info]
+}
+
+/// Per batch job step that ran within the grace period: energy per
+/// domain, static energy, CPU seconds; labelled `scheduler`, `job_id`,
+/// `step` and `user` (the same on every node, so a job's energy over its
+/// nodes is a `sum by (job_id)`).
+fn job_series(t: &Totals<'_>, since: u64) -> [Series; 3] {
+    let (mut energy, mut stat, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let read = t.read();
+    for j in t.job_reports(Some(since)) {
+        for st in &j.steps {
+            let base = l(&[
+                ("scheduler", j.scheduler.clone()),
+                ("job_id", j.job_id.clone()),
+                ("step", st.step.clone()),
+                ("user", j.user.clone().unwrap_or_default()),
+            ]);
+            cpu.push((base.clone(), st.on_cpu_ns as f64 / 1e9));
+            stat.push((base.clone(), st.energy.static_j));
+            for (domain, v) in st.energy.by_domain(read) {
+                let mut labels = base.clone();
+                labels.push(("domain".into(), domain.into()));
+                energy.push((labels, v));
+            }
+        }
+    }
+    [energy, stat, cpu]
 }
 
 /// Per cgroup path that ran since `since`: energy per domain, static

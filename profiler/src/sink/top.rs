@@ -408,12 +408,14 @@ impl Sink for TopSink {
     fn interval(&mut self, record: &IntervalRecord, totals: &Totals<'_>) {
         let mut screen = self.0.borrow_mut();
         // The groups' sums are built only when they are on screen.
-        let (containers, cgroups) = match screen.top.grouping {
-            Grouping::Process => (Vec::new(), Vec::new()),
-            Grouping::Container => (totals.container_reports(None), Vec::new()),
-            Grouping::Cgroup => (Vec::new(), totals.cgroup_reports(None)),
-        };
-        screen.top.interval(record, &containers, &cgroups);
+        let (mut containers, mut cgroups, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
+        match screen.top.grouping {
+            Grouping::Process => {}
+            Grouping::Container => containers = totals.container_reports(None),
+            Grouping::Cgroup => cgroups = totals.cgroup_reports(None),
+            Grouping::Job => jobs = totals.job_reports(None),
+        }
+        screen.top.interval(record, &containers, &cgroups, &jobs);
         // Paused, the screen does not change.
         if !screen.top.paused {
             screen.redraw();

@@ -8,7 +8,7 @@ use super::most_energy_first;
 use crate::attribution::{ConsumerId, EnergyBy};
 use crate::carbon::CarbonIntensity;
 use crate::hash::IntMap;
-use crate::model::{CgroupReport, ContainerReport, EnergyJ};
+use crate::model::{CgroupReport, ContainerReport, EnergyJ, JobReport, JobStepReport};
 use crate::process::cgroup::CgroupNames;
 use crate::process::container::Container;
 use crate::process::names::{ContainerNames, RuntimeSockets};
@@ -35,6 +35,8 @@ pub(crate) struct CgroupSum {
     pub(crate) name: Option<String>,
     /// When a process of it last ran (monotonic ns).
     pub(crate) last_ns: u64,
+    /// When a process of it first ran (monotonic ns, 0: not yet).
+    pub(crate) first_ns: u64,
     /// Its path was looked at for a container (once named).
     pub(crate) recognized: bool,
     /// The container it is, if it is one.
@@ -45,11 +47,25 @@ pub(crate) struct CgroupSum {
     pub(crate) container_name: Option<String>,
 }
 
+impl CgroupSum {
+    /// A process of it ran in the interval that ended at `at_ns`.
+    fn ran(&mut self, at_ns: u64) {
+        self.last_ns = at_ns;
+        if self.first_ns == 0 {
+            self.first_ns = at_ns;
+        }
+    }
+}
+
 /// Adds `c`'s sums to `into` (its path kept, its last run the later).
 fn fold(into: &mut CgroupSum, c: &CgroupSum) {
     into.on_cpu_ns += c.on_cpu_ns;
     into.energy.merge(&c.energy);
     into.last_ns = into.last_ns.max(c.last_ns);
+    into.first_ns = match (into.first_ns, c.first_ns) {
+        (0, f) | (f, 0) => f,
+        (a, b) => a.min(b),
+    };
     if into.name.is_none() {
         into.name.clone_from(&c.name);
     }
@@ -326,6 +342,90 @@ impl Cgroups {
         v
     }
 
+    /// Per batch job so far (from the cgroups of its steps), most energy
+    /// first, each with its steps; with `since_ns`, only those whose
+    /// processes ran since. Times are since `start_ns`, the profile's
+    /// start.
+    pub(crate) fn job_reports(
+        &self,
+        since_ns: Option<u64>,
+        start_ns: u64,
+        span: u64,
+        carbon: &CarbonIntensity,
+    ) -> Vec<JobReport> {
+        use crate::process::batch::{Scheduler, from_cgroup_path};
+        type Step = (u64, EnergyBy, Vec<String>);
+        #[derive(Default)]
+        struct Job {
+            uid: Option<u32>,
+            first_ns: u64,
+            last_ns: u64,
+            steps: HashMap<String, Step>,
+        }
+        let mut by: HashMap<(Scheduler, String), Job> = HashMap::new();
+        for cg in self.sums() {
+            let Some(path) = &cg.name else { continue };
+            let Some(js) = from_cgroup_path(path) else {
+                continue;
+            };
+            let job = by.entry((js.scheduler, js.job_id)).or_default();
+            job.uid = job.uid.or(js.uid);
+            job.last_ns = job.last_ns.max(cg.last_ns);
+            if cg.first_ns != 0 && (job.first_ns == 0 || cg.first_ns < job.first_ns) {
+                job.first_ns = cg.first_ns;
+            }
+            let step = job.steps.entry(js.step.unwrap_or_default()).or_default();
+            step.0 += cg.on_cpu_ns;
+            step.1.merge(&cg.energy);
+            if !step.2.contains(path) {
+                step.2.push(path.clone());
+            }
+        }
+        let mut jobs: Vec<JobReport> = by
+            .into_iter()
+            .filter(|(_, j)| since_ns.is_none_or(|t| j.last_ns >= t))
+            .map(|((scheduler, job_id), j)| {
+                let mut total = EnergyBy::default();
+                let mut steps: Vec<JobStepReport> = j
+                    .steps
+                    .into_iter()
+                    .map(|(step, (ns, e, mut cgroups))| {
+                        total.merge(&e);
+                        cgroups.sort();
+                        JobStepReport {
+                            step,
+                            cgroups,
+                            on_cpu_ns: ns,
+                            energy: EnergyJ::new(&e, span, carbon),
+                        }
+                    })
+                    .collect();
+                steps.sort_by(|a, b| {
+                    most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
+                        .then(a.step.cmp(&b.step))
+                });
+                JobReport {
+                    scheduler: scheduler.name().to_string(),
+                    job_id,
+                    uid: j.uid,
+                    user: j
+                        .uid
+                        .map(|u| crate::process::user_name(u).unwrap_or_else(|| u.to_string())),
+                    first_ns: j.first_ns.saturating_sub(start_ns),
+                    last_ns: j.last_ns.saturating_sub(start_ns),
+                    on_cpu_ns: steps.iter().map(|s| s.on_cpu_ns).sum(),
+                    energy: EnergyJ::new(&total, span, carbon),
+                    steps,
+                }
+            })
+            .collect();
+        jobs.sort_by(|a, b| {
+            most_energy_first((&a.energy, a.on_cpu_ns), (&b.energy, b.on_cpu_ns))
+                .then(a.job_id.cmp(&b.job_id))
+        });
+        jobs
+    }
+
     /// Adds a consumer's energy of this interval to its cgroup (`u`: its
     /// usage this interval, if it ran; `cgroup`: where it was): a process
     /// that was in several cgroups gives each the energy of its share of
@@ -352,11 +452,11 @@ impl Cgroups {
                 rest = rest.saturating_sub(*ns);
                 let c = self.by_id.entry(*cgroup).or_default();
                 c.on_cpu_ns += ns;
-                c.last_ns = at_ns;
+                c.ran(at_ns);
             }
             let c = self.by_id.entry(u.cgroup_id).or_default();
             c.on_cpu_ns += rest;
-            c.last_ns = at_ns;
+            c.ran(at_ns);
         }
     }
 

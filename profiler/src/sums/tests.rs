@@ -206,3 +206,97 @@ fn memory_is_read_at_most_once_a_second_and_monitor_reads_each_every_10_s_at_mos
     assert_eq!(m.peak(1), crate::model::MemoryReport::default());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn slurm_jobs_on_v1_hierarchies_are_summed_per_job_and_step() {
+    // This VM's hybrid host: the jobs' processes are at the cgroup2 root,
+    // and their steps on the freezer and cpuset hierarchies only.
+    let dir = temp_dir("jobs");
+    let root = dir.join("cgroup");
+    std::fs::create_dir_all(&root).expect("cgroup root");
+    let root_id = std::fs::metadata(&root).expect("root").ino();
+    let proc_cgroup = |pid: u32, text: &str| {
+        let d = dir.join("proc").join(pid.to_string());
+        std::fs::create_dir_all(&d).expect("proc dir");
+        std::fs::write(d.join("cgroup"), text).expect("cgroup file");
+    };
+    let step = |job: u32, step: &str| {
+        format!(
+            "12:cpu,cpuacct:/\n6:freezer:/slurm_vm/uid_0/job_{job}/step_{step}\n\
+             3:cpuset:/slurm_vm/uid_0/job_{job}/step_{step}\n1:name=systemd:/user.slice\n0::/\n"
+        )
+    };
+    proc_cgroup(1, &step(1, "batch"));
+    proc_cgroup(2, &step(2, "batch"));
+    proc_cgroup(3, &step(2, "0").replace("step_0\n", "step_0/task_0\n"));
+    proc_cgroup(4, "1:name=systemd:/user.slice\n0::/\n");
+    let procfs = ProcFs::at(dir.join("proc"));
+    let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
+    let start_ns = 5_000_000_000;
+    for (at_ns, mul) in [(6_000_000_000, 1), (7_000_000_000, 2)] {
+        let mut usage: Vec<IntervalUsage> = (1..=4)
+            .map(|id| usage(id, Role::Other, root_id, 100 * id))
+            .collect();
+        c.v1_cgroups(&mut usage, &procfs);
+        for u in &usage {
+            c.add_energy(Some(u), u.cgroup_id, &package(1_000_000 * u.id * mul));
+        }
+        c.add_time(&usage, at_ns);
+    }
+    let jobs = c.job_reports(None, start_ns, 2_000_000_000, &carbon());
+    /// Job id, uid, CPU ns, package J, and each step's name and J.
+    type Job = (String, Option<u32>, u64, f64, Vec<(String, f64)>);
+    let got: Vec<Job> = jobs
+        .iter()
+        .map(|j| {
+            (
+                j.job_id.clone(),
+                j.uid,
+                j.on_cpu_ns,
+                j.energy.package_j,
+                j.steps
+                    .iter()
+                    .map(|s| (s.step.clone(), s.energy.package_j))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "2".to_string(),
+                Some(0),
+                1000,
+                15.0,
+                vec![("0".to_string(), 9.0), ("batch".to_string(), 6.0)]
+            ),
+            (
+                "1".to_string(),
+                Some(0),
+                200,
+                3.0,
+                vec![("batch".to_string(), 3.0)]
+            ),
+        ],
+        "most energy first, steps too; a task's cgroup is its step's"
+    );
+    let j = &jobs[1];
+    assert_eq!(
+        (j.scheduler.as_str(), j.first_ns, j.last_ns),
+        ("slurm", 1_000_000_000, 2_000_000_000)
+    );
+    assert_eq!(
+        j.steps[0].cgroups,
+        vec!["/slurm_vm/uid_0/job_1/step_batch".to_string()]
+    );
+    assert_eq!(j.user.as_deref(), crate::process::user_name(0).as_deref());
+    // Not a job: the user slice's process.
+    assert_eq!(jobs.len(), 2);
+    // Only jobs that ran since a time are reported for it.
+    assert!(
+        c.job_reports(Some(7_000_000_001), start_ns, 1, &carbon())
+            .is_empty()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -394,6 +394,7 @@ fn draw_groups(f: &mut Frame<'_>, top: &Top, area: Rect) -> TableLayout {
     let body = area.height.saturating_sub(1);
     let title = match top.grouping {
         Grouping::Container => "CONTAINER / UNIT",
+        Grouping::Job => "BATCH JOB",
         _ => "CGROUP",
     };
     let heading = TableRow::new(["CPU%", "POWER W", "ENERGY J", title]).style(heading_style(top));

@@ -41,7 +41,10 @@ pub(crate) const KEYS: &[(&str, &str)] = &[
         "F5 t",
         "tree: children under their parent, with subtree totals",
     ),
-    ("g", "group: processes, containers and units, cgroups"),
+    (
+        "g",
+        "group: processes, containers and units, cgroups, batch jobs",
+    ),
     (
         "F3 F4 / \\",
         "filter by command or PID as you type (Enter keeps it, Esc clears it)",

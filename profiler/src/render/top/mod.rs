@@ -27,7 +27,7 @@ pub(crate) use keys::{Outcome, keys_help};
 pub(crate) use rows::{GroupRow, Row};
 
 use crate::model::record::IntervalRecord;
-use crate::model::{CgroupReport, ContainerReport};
+use crate::model::{CgroupReport, ContainerReport, JobReport};
 use crate::process::ProcFs;
 use crate::sources::Domain;
 
@@ -109,6 +109,8 @@ pub(crate) enum Grouping {
     Container,
     /// cgroups, by power over the last interval.
     Cgroup,
+    /// Batch jobs (Slurm), by power over the last interval.
+    Job,
 }
 
 impl Grouping {
@@ -116,7 +118,8 @@ impl Grouping {
         match self {
             Grouping::Process => Grouping::Container,
             Grouping::Container => Grouping::Cgroup,
-            Grouping::Cgroup => Grouping::Process,
+            Grouping::Cgroup => Grouping::Job,
+            Grouping::Job => Grouping::Process,
         }
     }
 
@@ -125,6 +128,7 @@ impl Grouping {
             Grouping::Process => "processes",
             Grouping::Container => "containers and units",
             Grouping::Cgroup => "cgroups",
+            Grouping::Job => "batch jobs",
         }
     }
 }
@@ -268,6 +272,7 @@ impl Top {
         record: &IntervalRecord,
         containers: &[ContainerReport],
         cgroups: &[CgroupReport],
+        jobs: &[JobReport],
     ) {
         let dur_s = record.duration_s();
         let t_s = record.t_ns as f64 / 1e9;
@@ -287,6 +292,7 @@ impl Top {
             self.grouping,
             containers,
             cgroups,
+            jobs,
             dur_s,
             &mut self.group_before,
         );

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use crate::hash::IntMap;
 use crate::model::record::{IntervalRecord, ProcessRow};
 use crate::model::unread::Read;
-use crate::model::{CgroupReport, ContainerReport};
+use crate::model::{CgroupReport, ContainerReport, JobReport};
 use crate::process::{ProcFs, user_name};
 use crate::sources::Domain;
 
@@ -290,7 +290,7 @@ fn figures(p: &ProcessRow, read: Read, dur_s: f64, sm: Option<f64>, energy_j: f6
     }
 }
 
-/// Containers and units, or cgroups, with their power over the interval
+/// Containers and units, cgroups, or batch jobs, with their power over the interval
 /// (from their energy so far against `before`, which this updates; the
 /// caller empties it when the grouping changes, since the sums it holds
 /// are then from another time).
@@ -298,6 +298,7 @@ pub(super) fn group_rows(
     grouping: Grouping,
     containers: &[ContainerReport],
     cgroups: &[CgroupReport],
+    jobs: &[JobReport],
     dur_s: f64,
     before: &mut HashMap<String, (f64, u64)>,
 ) -> Vec<GroupRow> {
@@ -316,6 +317,10 @@ pub(super) fn group_rows(
         Grouping::Cgroup => cgroups
             .iter()
             .map(|c| (c.path.clone(), c.on_cpu_ns, c.energy.total_j))
+            .collect(),
+        Grouping::Job => jobs
+            .iter()
+            .map(|j| (super::super::job_label(j), j.on_cpu_ns, j.energy.total_j))
             .collect(),
     };
     let mut now = HashMap::with_capacity(named.len());

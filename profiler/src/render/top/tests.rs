@@ -89,7 +89,7 @@ fn screen(t: &mut Top, w: u16, h: u16) -> String {
 #[test]
 fn rows_are_the_record_s_figures_sorted_by_power() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     assert_eq!(pids(&t), vec![20, 11, 13, 12, 10]);
     let r = t.row(11).expect("row");
     assert_eq!(r.fig.cpu_w, Some(4.0), "J over the interval's seconds");
@@ -99,7 +99,7 @@ fn rows_are_the_record_s_figures_sorted_by_power() {
         "no reader: no figure"
     );
     assert!((r.fig.cpu_pct - 40.0).abs() < 1e-9);
-    t.interval(&record(2, FAMILY), &[], &[]);
+    t.interval(&record(2, FAMILY), &[], &[], &[]);
     assert_eq!(
         t.row(11).map(|r| r.fig.energy_j),
         Some(8.0),
@@ -111,7 +111,7 @@ fn rows_are_the_record_s_figures_sorted_by_power() {
 #[test]
 fn sorting_follows_the_keys_and_a_second_press_turns_it_round() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Char('N')));
     assert_eq!(pids(&t), vec![10, 11, 12, 13, 20], "PID, ascending");
     t.event(&key(KeyCode::Char('I')));
@@ -130,7 +130,7 @@ fn sorting_follows_the_keys_and_a_second_press_turns_it_round() {
 #[test]
 fn the_tree_puts_children_under_parents_with_subtree_totals() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Char('t')));
     let rows = t.shown();
     let order: Vec<(u32, usize)> = rows.iter().map(|r| (r.pid, r.depth)).collect();
@@ -154,7 +154,7 @@ fn the_tree_puts_children_under_parents_with_subtree_totals() {
 fn a_parent_loop_is_shown_not_lost() {
     let rows = [(1, Some(2), "a", 1.0), (2, Some(1), "b", 1.0)];
     let mut t = top();
-    t.interval(&record(1, &rows), &[], &[]);
+    t.interval(&record(1, &rows), &[], &[], &[]);
     t.tree = true;
     t.refresh();
     assert_eq!(t.shown().len(), 2);
@@ -163,7 +163,7 @@ fn a_parent_loop_is_shown_not_lost() {
 #[test]
 fn the_filter_hides_what_does_not_match_and_esc_clears_it() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Char('/')));
     for c in "child".chars() {
         t.event(&key(KeyCode::Char(c)));
@@ -184,7 +184,7 @@ fn the_filter_hides_what_does_not_match_and_esc_clears_it() {
 #[test]
 fn the_user_filter_shows_one_user_s_processes() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Char('u')));
     for c in "nobody".chars() {
         t.event(&key(KeyCode::Char(c)));
@@ -203,12 +203,12 @@ fn the_user_filter_shows_one_user_s_processes() {
 #[test]
 fn paused_the_rows_stay_and_energy_goes_on() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Char('Z')));
-    t.interval(&record(2, &[(99, None, "new", 9.0)]), &[], &[]);
+    t.interval(&record(2, &[(99, None, "new", 9.0)]), &[], &[], &[]);
     assert_eq!(pids(&t).len(), 5, "the screen stays");
     t.event(&key(KeyCode::Char('Z')));
-    t.interval(&record(3, FAMILY), &[], &[]);
+    t.interval(&record(3, FAMILY), &[], &[], &[]);
     assert_eq!(t.row(20).map(|r| r.fig.energy_j), Some(10.0));
 }
 
@@ -230,7 +230,7 @@ fn plus_and_minus_step_the_interval_within_its_range() {
 #[test]
 fn quit_help_and_details() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     assert_eq!(t.event(&key(KeyCode::Char('h'))), Outcome::Redraw);
     assert!(screen(&mut t, 100, 30).contains("tree: children under their parent"));
     assert_eq!(t.event(&key(KeyCode::Char('x'))), Outcome::Redraw);
@@ -254,7 +254,7 @@ fn quit_help_and_details() {
 #[test]
 fn the_screen_fits_80_by_24_and_shows_the_header_and_rows() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     let text = screen(&mut t, 80, 24);
     assert!(text.contains("package 0: 30.0 W"), "{text}");
     assert!(text.contains("POWER 1m↓"), "{text}");
@@ -268,7 +268,7 @@ fn the_screen_fits_80_by_24_and_shows_the_header_and_rows() {
 #[test]
 fn a_click_on_a_heading_sorts_by_it_and_on_a_row_selects_it() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     screen(&mut t, 120, 24);
     let layout = t.layout.clone().expect("drawn");
     let (_, x0, _) = layout
@@ -294,7 +294,7 @@ fn a_click_on_a_heading_sorts_by_it_and_on_a_row_selects_it() {
 #[test]
 fn an_empty_name_is_shown_as_the_pid() {
     let mut t = top();
-    t.interval(&record(1, &[(7, None, "", 1.0)]), &[], &[]);
+    t.interval(&record(1, &[(7, None, "", 1.0)]), &[], &[], &[]);
     assert_eq!(t.row(7).map(|r| &*r.comm), Some("[7]"));
 }
 
@@ -315,23 +315,35 @@ fn groups_show_power_from_their_energy_so_far() {
             ..crate::model::EnergyJ::default()
         },
     };
-    t.interval(&record(1, FAMILY), &[], &[cg(10.0, 100)]);
+    t.interval(&record(1, FAMILY), &[], &[cg(10.0, 100)], &[]);
     assert_eq!(t.shown_groups()[0].power_w, None, "one sum: no power yet");
-    t.interval(&record(2, FAMILY), &[], &[cg(13.0, 500_000_100)]);
+    t.interval(&record(2, FAMILY), &[], &[cg(13.0, 500_000_100)], &[]);
     let g = &t.shown_groups()[0];
     assert_eq!((g.power_w, g.energy_j), (Some(3.0), 13.0));
     assert!((g.cpu_pct.expect("cpu") - 50.0).abs() < 1e-9);
     assert!(screen(&mut t, 80, 24).contains("/system.slice/x.service"));
-    // Away to processes and back ten minutes later: the sums then are
-    // not divided by one interval.
+    // Away to batch jobs, processes, containers and back ten minutes
+    // later: the sums then are not divided by one interval.
     t.event(&key(KeyCode::Char('g')));
-    t.interval(&record(3, FAMILY), &[], &[cg(14.0, 600_000_000)]);
-    t.event(&key(KeyCode::Char('g')));
-    t.event(&key(KeyCode::Char('g')));
+    assert_eq!(t.grouping, Grouping::Job);
+    t.interval(&record(3, FAMILY), &[], &[cg(14.0, 600_000_000)], &[]);
+    for _ in 0..3 {
+        t.event(&key(KeyCode::Char('g')));
+    }
     assert_eq!(t.grouping, Grouping::Cgroup);
-    t.interval(&record(600, FAMILY), &[], &[cg(900.0, 900_000_000_000)]);
+    t.interval(
+        &record(600, FAMILY),
+        &[],
+        &[cg(900.0, 900_000_000_000)],
+        &[],
+    );
     assert_eq!(t.shown_groups()[0].power_w, None);
-    t.interval(&record(601, FAMILY), &[], &[cg(902.0, 900_500_000_000)]);
+    t.interval(
+        &record(601, FAMILY),
+        &[],
+        &[cg(902.0, 900_500_000_000)],
+        &[],
+    );
     assert_eq!(t.shown_groups()[0].power_w, Some(2.0));
 }
 
@@ -354,7 +366,7 @@ fn the_tree_reaches_parents_that_did_not_run_through_proc() {
     std::fs::write(dir.join("5/comm"), "sh\n").expect("comm");
     let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
     let rows = [(11, Some(5), "a", 2.0), (12, Some(5), "b", 1.0)];
-    t.interval(&record(1, &rows), &[], &[]);
+    t.interval(&record(1, &rows), &[], &[], &[]);
     assert_eq!(pids(&t), vec![11, 12], "flat: only what ran");
     t.tree = true;
     t.refresh();
@@ -391,18 +403,20 @@ fn a_reused_pid_starts_again_and_a_sleeper_keeps_its_energy() {
         &record_ids(1, &[(5, 50, "sleeper", 2.0), (6, 60, "gone", 3.0)]),
         &[],
         &[],
+        &[],
     );
-    t.interval(&record_ids(2, &[(7, 70, "w", 1.0)]), &[], &[]);
+    t.interval(&record_ids(2, &[(7, 70, "w", 1.0)]), &[], &[], &[]);
     // Same pid, same name, another process: its energy starts again.
-    t.interval(&record_ids(3, &[(7, 71, "w", 1.0)]), &[], &[]);
+    t.interval(&record_ids(3, &[(7, 71, "w", 1.0)]), &[], &[], &[]);
     assert_eq!(t.row(7).map(|r| r.fig.energy_j), Some(1.0));
     for s in 4..300 {
-        t.interval(&record_ids(s, &[(7, 71, "w", 1.0)]), &[], &[]);
+        t.interval(&record_ids(s, &[(7, 71, "w", 1.0)]), &[], &[], &[]);
     }
     t.interval(
         // 6 again with its old id, as if it had never gone: only the
         // prune can have forgotten it.
         &record_ids(300, &[(5, 50, "sleeper", 2.0), (6, 60, "gone", 3.0)]),
+        &[],
         &[],
         &[],
     );
@@ -427,7 +441,7 @@ fn a_reused_pid_starts_again_and_a_sleeper_keeps_its_energy() {
 #[test]
 fn every_size_down_to_one_cell_draws_in_every_view() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     let views: [&dyn Fn(&mut Top); 6] = [
         &|t| t.mode = Mode::Table,
         &|t| t.mode = Mode::Help,
@@ -458,7 +472,7 @@ fn every_size_down_to_one_cell_draws_in_every_view() {
 #[test]
 fn help_and_details_boxes_hold_all_their_text_at_80_by_24() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.mode = Mode::Help;
     let text = screen(&mut t, 80, 24);
     assert!(text.contains("Any key: back."), "{text}");
@@ -468,7 +482,7 @@ fn help_and_details_boxes_hold_all_their_text_at_80_by_24() {
     for p in r.processes.iter_mut().flatten().filter(|p| p.pid == 11) {
         p.live.static_j = [1.0, 0.0, 0.0];
     }
-    t.interval(&r, &[], &[]);
+    t.interval(&r, &[], &[], &[]);
     t.mode = Mode::Details(11);
     let text = screen(&mut t, 80, 24);
     assert!(text.contains("Any key: back."), "{text}");
@@ -500,7 +514,7 @@ fn details_of_a_parent_that_did_not_run_and_of_a_process_gone() {
     )
     .expect("cgroup");
     let mut t = Top::new(1000, Grouping::Process, false, ProcFs::at(dir.clone()));
-    t.interval(&record(1, &[(11, Some(5), "a", 2.0)]), &[], &[]);
+    t.interval(&record(1, &[(11, Some(5), "a", 2.0)]), &[], &[], &[]);
     t.event(&key(KeyCode::Char('t')));
     assert_eq!(
         t.selected_pid(),
@@ -526,13 +540,13 @@ fn details_of_a_parent_that_did_not_run_and_of_a_process_gone() {
 #[test]
 fn the_selection_stays_on_its_process_when_the_rows_move() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     t.event(&key(KeyCode::Down));
     assert_eq!(t.selected_pid(), Some(11));
     // 11 now uses the least: it moves to the bottom, the selection too.
     let mut later = FAMILY.to_vec();
     later[1].3 = 0.5;
-    t.interval(&record(2, &later), &[], &[]);
+    t.interval(&record(2, &later), &[], &[], &[]);
     assert_eq!(t.selected_pid(), Some(11));
     assert_eq!(t.selected, 4);
     // Another process takes pid 11 (a new id) and uses the most: the
@@ -544,7 +558,7 @@ fn the_selection_stays_on_its_process_when_the_rows_move() {
             p.package_j = 9.0;
         }
     }
-    t.interval(&reused, &[], &[]);
+    t.interval(&reused, &[], &[], &[]);
     assert_eq!(t.shown()[0].pid, 11, "the new 11 heads the rows");
     assert_eq!(t.selected, 4, "the selection stays where the old 11 was");
     assert_ne!(t.selected_pid(), Some(11));
@@ -553,7 +567,7 @@ fn the_selection_stays_on_its_process_when_the_rows_move() {
 #[test]
 fn chords_are_not_keys_but_ctrl_c_l_h_and_alt_is_esc_first() {
     let mut t = top();
-    t.interval(&record(1, FAMILY), &[], &[]);
+    t.interval(&record(1, FAMILY), &[], &[], &[]);
     let chord = |c, m| Event::Key(KeyEvent::new(KeyCode::Char(c), m));
     assert_eq!(t.event(&chord('z', KeyModifiers::CONTROL)), Outcome::Same);
     assert!(!t.paused);
@@ -622,7 +636,7 @@ fn the_header_s_idle_and_unattributed_leave_core_out() {
     r.domains[0].idle_j = 2.0;
     core.idle_j = 1.5;
     r.domains.push(core);
-    t.interval(&r, &[], &[]);
+    t.interval(&r, &[], &[], &[]);
     let text = screen(&mut t, 120, 24);
     assert!(
         text.contains("idle 2.0 W"),
@@ -635,6 +649,7 @@ fn a_name_s_control_characters_never_reach_the_terminal() {
     let mut t = top();
     t.interval(
         &record(1, &[(7, None, "\u{1b}]52;c;eA==\u{7}x", 1.0)]),
+        &[],
         &[],
         &[],
     );
@@ -676,12 +691,13 @@ fn a_sleeping_parent_shows_its_own_energy_not_that_of_an_earlier_process_with_it
             &with_ids(1, &[(5, Some(1), "make", 50.0), (11, Some(5), "a", 1.0)]),
             &[],
             &[],
+            &[],
         );
         // 5 sleeps now: the same process (start 100), or make exited and
         // a shell got its pid (start 200).
         stat(if start_then == 100 { "make" } else { "bash" }, start_then);
         t.tree = true;
-        t.interval(&with_ids(2, &[(11, Some(5), "a", 1.0)]), &[], &[]);
+        t.interval(&with_ids(2, &[(11, Some(5), "a", 1.0)]), &[], &[], &[]);
         let five = t
             .shown()
             .iter()
@@ -749,4 +765,63 @@ fn a_frame_s_changes_are_the_cells_ratatui_would_write() {
         let blank = Buffer::empty(area);
         assert_eq!(draw::frame_updates(&blank, &next), blank.diff(&next));
     }
+}
+
+#[test]
+fn batch_jobs_are_rows_named_by_scheduler_id_step_and_user() {
+    let mut t = Top::new(
+        1000,
+        Grouping::Job,
+        false,
+        ProcFs::at(std::env::temp_dir().join("wattprof-no-proc")),
+    );
+    let energy = |j: f64| crate::model::EnergyJ {
+        total_j: j,
+        ..crate::model::EnergyJ::default()
+    };
+    let job = |id: &str, steps: &[(&str, f64)], j: f64, ns: u64| crate::model::JobReport {
+        scheduler: "slurm".into(),
+        job_id: id.into(),
+        uid: Some(1000),
+        user: Some("alice".into()),
+        first_ns: 0,
+        last_ns: 0,
+        on_cpu_ns: ns,
+        energy: energy(j),
+        steps: steps
+            .iter()
+            .map(|(s, j)| crate::model::JobStepReport {
+                step: (*s).into(),
+                cgroups: Vec::new(),
+                on_cpu_ns: 0,
+                energy: energy(*j),
+            })
+            .collect(),
+    };
+    let jobs = |k: f64| {
+        vec![
+            job("41", &[("batch", 2.0 * k)], 2.0 * k, 0),
+            job("42", &[("0", 9.0 * k), ("batch", 1.0 * k)], 10.0 * k, 0),
+        ]
+    };
+    t.interval(&record(1, FAMILY), &[], &[], &jobs(1.0));
+    t.interval(&record(2, FAMILY), &[], &[], &jobs(2.0));
+    let rows: Vec<(String, Option<f64>)> = t
+        .shown_groups()
+        .iter()
+        .map(|g| (g.name.clone(), g.power_w))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("slurm 42 (alice)".to_string(), Some(10.0)),
+            ("slurm 41.batch (alice)".to_string(), Some(2.0)),
+        ],
+        "a job of one step is named with it; most power first"
+    );
+    let shown = screen(&mut t, 80, 24);
+    assert!(
+        shown.contains("BATCH JOB") && shown.contains("slurm 42 (alice)"),
+        "{shown}"
+    );
 }

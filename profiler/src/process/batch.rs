@@ -1,0 +1,199 @@
+//! Batch jobs, recognised from their cgroups as containers are: a job's
+//! processes are in a cgroup its scheduler made for the job and step.
+//!
+//! Slurm is the scheduler built. Its `proctrack/cgroup` and `task/cgroup`
+//! plugins put a step's processes in:
+//!
+//! - cgroup v1 (`CgroupPlugin=cgroup/v1`, and every hybrid host):
+//!   `/slurm[_NODE]/uid_UID/job_ID/step_STEP[/task_N]`, on the hierarchies
+//!   the plugins use (freezer, cpuset, cpuacct, memory, devices), not
+//!   necessarily on the one the host's units are named from (a hybrid
+//!   host names a process by `name=systemd` or `cpu`, where a job may not
+//!   be at all: [`job_path`] looks at every line);
+//! - cgroup v2: `…/slurmstepd.scope/job_ID/step_STEP/{user/task_N,slurm}`.
+//!
+//! `STEP` is a number, `batch`, `extern` or `interactive`. A second
+//! scheduler is a second arm of [`from_cgroup_path`] (PBS/OpenPBS names
+//! its cgroups `pbs_jobs.service/jobid/ID`, HTCondor `htcondor/condor_…`),
+//! and a variant of [`Scheduler`]: the sums, reports and series take
+//! any.
+
+use std::fmt;
+
+/// Who scheduled a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Scheduler {
+    Slurm,
+}
+
+impl Scheduler {
+    /// Its name in reports and labels.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurm",
+        }
+    }
+}
+
+/// One step of a batch job, as its cgroup path says.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct JobStep {
+    pub(crate) scheduler: Scheduler,
+    /// The scheduler's job id (`sacct`'s JobID without the step).
+    pub(crate) job_id: String,
+    /// The step (`batch`, `extern`, `0`…), `None` for the job's own
+    /// cgroup (a process there belongs to no step).
+    pub(crate) step: Option<String>,
+    /// The job's owner, where the path has it (cgroup v1's `uid_UID`).
+    pub(crate) uid: Option<u32>,
+}
+
+impl fmt::Display for JobStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.step {
+            Some(s) => write!(f, "{} {}.{s}", self.scheduler.name(), self.job_id),
+            None => write!(f, "{} {}", self.scheduler.name(), self.job_id),
+        }
+    }
+}
+
+/// A job id or step name as Slurm makes them: ASCII letters, digits and
+/// `_` (a job array's task is its own job id), never empty.
+fn plain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The batch job step a cgroup path (as in `/proc/PID/cgroup` or under the
+/// cgroup2 mount) is, or is under; `None` for any other cgroup.
+pub(crate) fn from_cgroup_path(path: &str) -> Option<JobStep> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate() {
+        // v1: slurm or slurm_NODE, then uid_UID, job_ID.
+        let v1 = (*part == "slurm" || part.starts_with("slurm_"))
+            && parts
+                .get(i + 1)
+                .and_then(|p| p.strip_prefix("uid_"))
+                .is_some_and(|u| u.parse::<u32>().is_ok());
+        // v2: slurmstepd.scope, then job_ID.
+        let v2 = *part == "slurmstepd.scope";
+        if !(v1 || v2) {
+            continue;
+        }
+        let uid = if v1 {
+            parts[i + 1]
+                .strip_prefix("uid_")
+                .and_then(|u| u.parse().ok())
+        } else {
+            None
+        };
+        let job_at = if v1 { i + 2 } else { i + 1 };
+        let job_id = parts
+            .get(job_at)?
+            .strip_prefix("job_")
+            .filter(|j| plain(j))?;
+        let step = match parts.get(job_at + 1) {
+            Some(s) => Some(s.strip_prefix("step_").filter(|s| plain(s))?.to_string()),
+            None => None,
+        };
+        return Some(JobStep {
+            scheduler: Scheduler::Slurm,
+            job_id: job_id.to_string(),
+            step,
+            uid,
+        });
+    }
+    None
+}
+
+/// The path of a batch job's cgroup in a `/proc/PID/cgroup` text, on
+/// whichever hierarchy holds it (v1 lines first, then v2's `0::`): the
+/// step's cgroup, or the job's where it is in no step.
+pub(crate) fn job_path(proc_cgroup: &str) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        let job = from_cgroup_path(path)?;
+        // Down to the step (a task's cgroup is its step's): one path per
+        // step, whichever hierarchy it came from.
+        let cut = path.find(&format!("job_{}", job.job_id))? + 4 + job.job_id.len();
+        let rest = &path[cut..];
+        let step_end = match &job.step {
+            Some(s) => rest.find(&format!("/step_{s}")).map(|at| at + 6 + s.len()),
+            None => Some(0),
+        }?;
+        Some(path[..cut + step_end].to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(job: &str, step: Option<&str>, uid: Option<u32>) -> JobStep {
+        JobStep {
+            scheduler: Scheduler::Slurm,
+            job_id: job.into(),
+            step: step.map(Into::into),
+            uid,
+        }
+    }
+
+    #[test]
+    fn slurm_paths_on_v1_and_v2_name_the_job_and_step() {
+        for (path, want) in [
+            // Seen on this VM: slurm-wlm 22.05, cgroup/v1, node "vm".
+            (
+                "/slurm_vm/uid_0/job_1/step_batch",
+                Some(step("1", Some("batch"), Some(0))),
+            ),
+            (
+                "/slurm/uid_1000/job_42/step_0/task_3",
+                Some(step("42", Some("0"), Some(1000))),
+            ),
+            ("/slurm/uid_1000/job_42", Some(step("42", None, Some(1000)))),
+            (
+                "/system.slice/slurmstepd.scope/job_7/step_extern/user/task_special",
+                Some(step("7", Some("extern"), None)),
+            ),
+            (
+                "/system.slice/slurmstepd.scope/job_7/step_0/slurm",
+                Some(step("7", Some("0"), None)),
+            ),
+            // Slurm's own cgroups, and everything else, are no job.
+            ("/system.slice/slurmstepd.scope/system", None),
+            ("/slurm_vm/system", None),
+            ("/slurm_vm/uid_0", None),
+            ("/system.slice/slurmd.service", None),
+            ("/user.slice/slurm/uid_x/job_1", None),
+            ("/docker/0123456789abcdef", None),
+            ("/", None),
+            // Hostile names: not a job id.
+            ("/slurm/uid_0/job_1;rm/step_0", None),
+            ("/slurm/uid_0/job_/step_0", None),
+            ("/slurm/uid_0/job_1/step_\u{1b}]52", None),
+        ] {
+            assert_eq!(from_cgroup_path(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_job_is_found_on_whichever_hierarchy_holds_it() {
+        // This VM's batch job: on freezer and cpuset only; name=systemd
+        // and v2 elsewhere.
+        let text = "12:cpu,cpuacct:/\n6:freezer:/slurm_vm/uid_0/job_1/step_batch\n\
+                    3:cpuset:/slurm_vm/uid_0/job_1/step_batch\n1:name=systemd:/user.slice\n0::/\n";
+        assert_eq!(
+            job_path(text).as_deref(),
+            Some("/slurm_vm/uid_0/job_1/step_batch")
+        );
+        // A task's cgroup is its step's.
+        let text = "4:memory:/slurm/uid_5/job_9/step_0/task_1\n0::/\n";
+        assert_eq!(job_path(text).as_deref(), Some("/slurm/uid_5/job_9/step_0"));
+        let v2 = "0::/system.slice/slurmstepd.scope/job_3/step_batch/user/task_0\n";
+        assert_eq!(
+            job_path(v2).as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_3/step_batch")
+        );
+        assert_eq!(job_path("0::/user.slice/user-0.slice\n"), None);
+        assert_eq!(job_path(""), None);
+    }
+}
