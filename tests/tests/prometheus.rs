@@ -128,9 +128,15 @@ fn check_dashboard(prom: &str, addr: &str) {
                 .expect("JSON answer");
             assert_eq!(answer["status"], "success", "{expr}: {answer}");
             for name in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                // GPU series exist only with GPUs, names only with Docker.
+                // GPU series exist only with GPUs, names only with Docker,
+                // batch jobs only with a scheduler (tests/tests/slurm.rs).
                 if name.starts_with("wattprof_")
-                    && !["wattprof_gpu_power_watts", "wattprof_container_info"].contains(&name)
+                    && ![
+                        "wattprof_gpu_power_watts",
+                        "wattprof_container_info",
+                        "wattprof_job_energy_joules_total",
+                    ]
+                    .contains(&name)
                 {
                     assert!(scraped.contains(name), "dashboard uses {name}, not served");
                 }
