@@ -17,6 +17,7 @@ use super::setup::{
 };
 use crate::profile::sampling::{Hooks, Ticker, sample_until};
 use crate::profile::{Ending, Profile, Scope};
+use crate::sink::jobs::JobFiles;
 use crate::sink::recording::Keep;
 use crate::sink::snapshot::{Exporter, Published};
 use crate::sink::top::{Shared, TopSink};
@@ -96,6 +97,13 @@ pub(crate) struct MonitorArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) vm_export: Option<PathBuf>,
 
+    /// Write a file per batch job (Slurm) once it has ended on this node:
+    /// DIR/<scheduler>-<job_id>.json with its energy per domain, static
+    /// and dynamic, and per step, written whole (a temporary name, then a
+    /// rename) for a scheduler's epilog to pick up (docs/slurm.md).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) jobs_dir: Option<PathBuf>,
+
     #[command(flatten)]
     pub(crate) tracker: super::TrackerArgs,
 
@@ -128,6 +136,12 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
         .map(crate::sink::vm_export::VmExport::create)
         .transpose()
         .map_err(Fatal::profiler)?;
+    let job_files = args
+        .jobs_dir
+        .as_deref()
+        .map(|dir| JobFiles::new(dir, std::path::Path::new("/sys/fs/cgroup")))
+        .transpose()
+        .map_err(Fatal::usage)?;
     let web_config = web_config(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -178,6 +192,9 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
     }
     if let Some(ex) = vm_export {
         profile.add_sink(Box::new(VmExportSink::new(ex)));
+    }
+    if let Some(files) = job_files {
+        profile.add_sink(Box::new(files));
     }
     // Serves until monitor ends.
     let _exporter = serve_prometheus(&args, web_config, &mut profile)?;

@@ -388,6 +388,27 @@ pub(crate) struct JobReport {
     pub(crate) steps: Vec<JobStepReport>,
 }
 
+/// The file `monitor --jobs-dir` writes for a job once its cgroups are
+/// gone from this node (docs/slurm.md): this node's share of the job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct JobFile {
+    /// `wattprof_job`.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    /// wattprof's version.
+    pub(crate) wattprof_version: String,
+    /// The node (its host name).
+    pub(crate) node: String,
+    /// When the job's processes first ran here and last ran (the ends of
+    /// those intervals), ns since the Unix epoch.
+    pub(crate) first_unix_ns: u64,
+    /// See `first_unix_ns`.
+    pub(crate) last_unix_ns: u64,
+    /// The job's figures on this node (its total first, then its steps).
+    #[serde(flatten)]
+    pub(crate) job: JobReport,
+}
+
 /// One step of a batch job.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct JobStepReport {

@@ -66,6 +66,12 @@ fn plain(s: &str) -> bool {
 /// The batch job step a cgroup path (as in `/proc/PID/cgroup` or under the
 /// cgroup2 mount) is, or is under; `None` for any other cgroup.
 pub(crate) fn from_cgroup_path(path: &str) -> Option<JobStep> {
+    located(path).map(|(job, _)| job)
+}
+
+/// [`from_cgroup_path`], and how many of the path's components name the
+/// step's cgroup (the job's where it has no step).
+fn located(path: &str) -> Option<(JobStep, usize)> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     for (i, part) in parts.iter().enumerate() {
         // v1: slurm or slurm_NODE, then uid_UID, job_ID.
@@ -74,8 +80,9 @@ pub(crate) fn from_cgroup_path(path: &str) -> Option<JobStep> {
                 .get(i + 1)
                 .and_then(|p| p.strip_prefix("uid_"))
                 .is_some_and(|u| u.parse::<u32>().is_ok());
-        // v2: slurmstepd.scope, then job_ID.
-        let v2 = *part == "slurmstepd.scope";
+        // v2: slurmstepd.scope (NODE_slurmstepd.scope where Slurm is
+        // built for several slurmd per host, as Debian's is), then job_ID.
+        let v2 = *part == "slurmstepd.scope" || part.ends_with("_slurmstepd.scope");
         if !(v1 || v2) {
             continue;
         }
@@ -95,12 +102,18 @@ pub(crate) fn from_cgroup_path(path: &str) -> Option<JobStep> {
             Some(s) => Some(s.strip_prefix("step_").filter(|s| plain(s))?.to_string()),
             None => None,
         };
-        return Some(JobStep {
+        let depth = if step.is_some() {
+            job_at + 2
+        } else {
+            job_at + 1
+        };
+        let job = JobStep {
             scheduler: Scheduler::Slurm,
             job_id: job_id.to_string(),
             step,
             uid,
-        });
+        };
+        return Some((job, depth));
     }
     None
 }
@@ -111,16 +124,11 @@ pub(crate) fn from_cgroup_path(path: &str) -> Option<JobStep> {
 pub(crate) fn job_path(proc_cgroup: &str) -> Option<String> {
     proc_cgroup.lines().find_map(|line| {
         let path = line.splitn(3, ':').nth(2)?;
-        let job = from_cgroup_path(path)?;
         // Down to the step (a task's cgroup is its step's): one path per
         // step, whichever hierarchy it came from.
-        let cut = path.find(&format!("job_{}", job.job_id))? + 4 + job.job_id.len();
-        let rest = &path[cut..];
-        let step_end = match &job.step {
-            Some(s) => rest.find(&format!("/step_{s}")).map(|at| at + 6 + s.len()),
-            None => Some(0),
-        }?;
-        Some(path[..cut + step_end].to_string())
+        let (_, depth) = located(path)?;
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        Some(format!("/{}", parts[..depth].join("/")))
     })
 }
 
@@ -159,6 +167,15 @@ mod tests {
                 Some(step("7", Some("0"), None)),
             ),
             // Slurm's own cgroups, and everything else, are no job.
+            // Debian's build: the node's name on the scope.
+            (
+                "/system.slice/gx10-ac12.lab_slurmstepd.scope/job_8/step_batch",
+                Some(step("8", Some("batch"), None)),
+            ),
+            (
+                "/slurm_node-3.cluster/uid_7/job_5/step_0",
+                Some(step("5", Some("0"), Some(7))),
+            ),
             ("/system.slice/slurmstepd.scope/system", None),
             ("/slurm_vm/system", None),
             ("/slurm_vm/uid_0", None),
@@ -192,6 +209,12 @@ mod tests {
         assert_eq!(
             job_path(v2).as_deref(),
             Some("/system.slice/slurmstepd.scope/job_3/step_batch")
+        );
+        // A node named like a job: the path is cut by components.
+        let text = "3:cpuset:/slurm_gpujob_12/uid_0/job_12\n";
+        assert_eq!(
+            job_path(text).as_deref(),
+            Some("/slurm_gpujob_12/uid_0/job_12")
         );
         assert_eq!(job_path("0::/user.slice/user-0.slice\n"), None);
         assert_eq!(job_path(""), None);

@@ -363,6 +363,16 @@ pub(crate) fn job_label(j: &crate::model::JobReport) -> String {
     {
         label = format!("{label}.{}", only.step);
     }
+    with_user(label, j)
+}
+
+/// A batch job's name whatever its steps: scheduler, id, user.
+pub(crate) fn job_name(j: &crate::model::JobReport) -> String {
+    with_user(format!("{} {}", j.scheduler, j.job_id), j)
+}
+
+/// `label (user)`, printable.
+fn with_user(mut label: String, j: &crate::model::JobReport) -> String {
     if let Some(u) = &j.user {
         label.push_str(&format!(" ({u})"));
     }

@@ -8,6 +8,7 @@
 
 pub(crate) mod csv;
 pub(crate) mod flamegraph;
+pub(crate) mod jobs;
 pub(crate) mod jsonl;
 pub(crate) mod prometheus;
 pub(crate) mod recording;

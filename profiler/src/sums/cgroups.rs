@@ -57,6 +57,40 @@ impl CgroupSum {
     }
 }
 
+/// How many intervals a process's v1 path that names no batch job is
+/// read again, where a scheduler keeps its jobs on v1.
+const V1_READS: u8 = 3;
+
+/// What was read of a process's v1 cgroups.
+#[derive(Clone, Copy, Debug)]
+struct V1 {
+    /// The key of the cgroup it is counted in (`None`: its v2 one).
+    key: Option<u64>,
+    /// That cgroup is a batch job's.
+    job: bool,
+    /// Times read.
+    reads: u8,
+}
+
+/// Whether a scheduler's tree is on one of the v1 hierarchies mounted
+/// under `mount` (Slurm's `slurm` or `slurm_NODE` at a hierarchy's top).
+fn batch_tree_on_v1(mount: &std::path::Path) -> bool {
+    let Ok(hierarchies) = std::fs::read_dir(mount) else {
+        return false;
+    };
+    hierarchies.flatten().any(|h| {
+        std::fs::read_dir(h.path()).is_ok_and(|mut top| {
+            top.any(|e| {
+                e.is_ok_and(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    (n == "slurm" || n.starts_with("slurm_")) && e.path().is_dir()
+                })
+            })
+        })
+    })
+}
+
 /// Adds `c`'s sums to `into` (its path kept, its last run the later).
 fn fold(into: &mut CgroupSum, c: &CgroupSum) {
     into.on_cpu_ns += c.on_cpu_ns;
@@ -94,8 +128,18 @@ pub(crate) struct Cgroups {
     /// The cgroup2 root's id (a process there on a hybrid host is named
     /// by its v1 path).
     root: Option<u64>,
-    /// Each process's v1 cgroup key, where its v2 cgroup is the root.
-    v1: IntMap<ConsumerId, Option<u64>>,
+    /// Each process's v1 cgroup key, where its v2 cgroup is the root or
+    /// it is in a batch job's v1 cgroup.
+    v1: IntMap<ConsumerId, V1>,
+    /// A scheduler keeps its jobs on the v1 hierarchies here (looked
+    /// for at the start and at each prune): every process's v1 path is
+    /// then read for a job, not only those at the cgroup2 root.
+    batch_v1: bool,
+    /// The v1 hierarchies' mount (`/sys/fs/cgroup`), where a scheduler's
+    /// tree is looked for; `None`: not looked for (a test's fixture).
+    v1_mount: Option<std::path::PathBuf>,
+    /// Login names of the uids jobs belong to, looked up once each.
+    users: std::sync::Mutex<IntMap<u32, String>>,
     containers: ContainerNames,
 }
 
@@ -117,6 +161,12 @@ impl Cgroups {
             names: names(1_000_000_000),
             root: names(0).root_id(),
             v1: IntMap::default(),
+            batch_v1: cgroupfs.is_none()
+                && batch_tree_on_v1(std::path::Path::new("/sys/fs/cgroup")),
+            v1_mount: cgroupfs
+                .is_none()
+                .then(|| std::path::PathBuf::from("/sys/fs/cgroup")),
+            users: std::sync::Mutex::default(),
             containers: ContainerNames::new(runtimes),
         }
     }
@@ -131,6 +181,7 @@ impl Cgroups {
             return;
         }
         self.pruned_at_ns = now_ns;
+        self.batch_v1 = self.v1_mount.as_deref().is_some_and(batch_tree_on_v1);
         let cutoff = now_ns.saturating_sub(PRUNE_AFTER_NS);
         // Cgroups of processes the table still holds (alive, or in the
         // tree) are kept: their reports name them. So are v1 keys of live
@@ -139,8 +190,7 @@ impl Cgroups {
         let kept: crate::hash::IntSet<u64> = self
             .v1
             .values()
-            .flatten()
-            .copied()
+            .filter_map(|v| v.key)
             .chain(live)
             .chain(std::iter::once(0))
             .collect();
@@ -189,25 +239,48 @@ impl Cgroups {
 
     /// Tasks in the cgroup v2 root on a host whose units and containers
     /// live in cgroup v1 hierarchies: their v1 path, read once per process
-    /// while it is alive.
+    /// while it is alive. Where a scheduler keeps its jobs on the v1
+    /// hierarchies (`batch_v1`), every task is read for a job (a systemd
+    /// hybrid host leaves a job's processes in slurmd's unit in the
+    /// unified tree), and an answer that is no job is read again for
+    /// [`V1_READS`] intervals: a process read in the few ms between its
+    /// fork and the scheduler moving it into the job's cgroups is not
+    /// left out of the job for its life.
     pub(crate) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage], procfs: &ProcFs) {
+        use crate::process::batch::job_path;
+        use crate::process::cgroup::{v1_key, v1_path};
         for u in usage {
-            if self.root.is_some_and(|r| u.cgroup_id != r) {
+            let at_root = self.root.is_none_or(|r| u.cgroup_id == r);
+            if !at_root && !self.batch_v1 {
                 continue;
             }
-            let cgroups = &mut self.by_id;
-            let key = *self.v1.entry(u.id).or_insert_with(|| {
+            let seen = self.v1.get(&u.id).copied();
+            let settled = seen.is_some_and(|v| v.job || !self.batch_v1 || v.reads >= V1_READS);
+            if !settled {
                 let text = procfs.cgroup(u.pid);
-                crate::process::cgroup::v1_path(&text)
-                    .filter(|p| p != "/")
-                    .map(|p| {
-                        let key = crate::process::cgroup::v1_key(&p);
-                        cgroups.entry(key).or_default().name = Some(p);
+                // Gone before it was read: nothing to keep.
+                if !text.is_empty() {
+                    let job = job_path(&text);
+                    let is_job = job.is_some();
+                    let path = if at_root { v1_path(&text) } else { job };
+                    let key = path.filter(|p| p != "/").map(|p| {
+                        let key = v1_key(&p);
+                        self.by_id.entry(key).or_default().name = Some(p);
                         key
-                    })
-            });
-            if let Some(key) = key {
-                u.cgroup_id = key;
+                    });
+                    let reads = seen.map_or(0, |v| v.reads).saturating_add(1);
+                    self.v1.insert(
+                        u.id,
+                        V1 {
+                            key,
+                            job: is_job,
+                            reads,
+                        },
+                    );
+                }
+            }
+            if let Some(V1 { key: Some(key), .. }) = self.v1.get(&u.id) {
+                u.cgroup_id = *key;
             }
         }
     }
@@ -408,9 +481,7 @@ impl Cgroups {
                     scheduler: scheduler.name().to_string(),
                     job_id,
                     uid: j.uid,
-                    user: j
-                        .uid
-                        .map(|u| crate::process::user_name(u).unwrap_or_else(|| u.to_string())),
+                    user: j.uid.map(|u| self.user(u)),
                     first_ns: j.first_ns.saturating_sub(start_ns),
                     last_ns: j.last_ns.saturating_sub(start_ns),
                     on_cpu_ns: steps.iter().map(|s| s.on_cpu_ns).sum(),
@@ -424,6 +495,20 @@ impl Cgroups {
                 .then(a.job_id.cmp(&b.job_id))
         });
         jobs
+    }
+
+    /// The login name of `uid` (the number where it has none), looked up
+    /// once: the exporter asks every interval, and a lookup through NSS
+    /// (LDAP) can take long, or fail now and then and change the label.
+    fn user(&self, uid: u32) -> String {
+        let mut users = self
+            .users
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        users
+            .entry(uid)
+            .or_insert_with(|| crate::process::user_name(uid).unwrap_or_else(|| uid.to_string()))
+            .clone()
     }
 
     /// Adds a consumer's energy of this interval to its cgroup (`u`: its
@@ -469,7 +554,9 @@ impl Cgroups {
     /// root), when known.
     pub(crate) fn path_of(&self, id: ConsumerId, cgroup_id: u64) -> Option<&str> {
         let key = match self.v1.get(&id) {
-            Some(Some(v1)) if self.root.is_none_or(|r| cgroup_id == r) => *v1,
+            Some(V1 {
+                key: Some(v1), job, ..
+            }) if *job || self.root.is_none_or(|r| cgroup_id == r) => *v1,
             _ => cgroup_id,
         };
         self.path(key)

@@ -318,9 +318,11 @@ pub(super) fn group_rows(
             .iter()
             .map(|c| (c.path.clone(), c.on_cpu_ns, c.energy.total_j))
             .collect(),
+        // Named by job, not step: the name is the key its power is
+        // found by, and a job's steps come and go.
         Grouping::Job => jobs
             .iter()
-            .map(|j| (super::super::job_label(j), j.on_cpu_ns, j.energy.total_j))
+            .map(|j| (super::super::job_name(j), j.on_cpu_ns, j.energy.total_j))
             .collect(),
     };
     let mut now = HashMap::with_capacity(named.len());

@@ -815,9 +815,9 @@ fn batch_jobs_are_rows_named_by_scheduler_id_step_and_user() {
         rows,
         vec![
             ("slurm 42 (alice)".to_string(), Some(10.0)),
-            ("slurm 41.batch (alice)".to_string(), Some(2.0)),
+            ("slurm 41 (alice)".to_string(), Some(2.0)),
         ],
-        "a job of one step is named with it; most power first"
+        "named by job (its steps come and go); most power first"
     );
     let shown = screen(&mut t, 80, 24);
     assert!(
