@@ -291,6 +291,10 @@ fn remove_job_cgroups(jobs: &[String]) {
                 remove_tree(&uid.join(format!("job_{j}")));
             }
             let _ = std::fs::remove_dir(&uid);
+            // Slurm's own, and the node's, where nothing is in them (a
+            // real slurmd's are busy and stay).
+            let _ = std::fs::remove_dir(top.path().join("system"));
+            let _ = std::fs::remove_dir(top.path());
         }
     }
 }

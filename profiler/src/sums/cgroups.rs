@@ -240,9 +240,10 @@ impl Cgroups {
     /// Tasks in the cgroup v2 root on a host whose units and containers
     /// live in cgroup v1 hierarchies: their v1 path, read once per process
     /// while it is alive. Where a scheduler keeps its jobs on the v1
-    /// hierarchies (`batch_v1`), every task is read for a job (a systemd
-    /// hybrid host leaves a job's processes in slurmd's unit in the
-    /// unified tree), and an answer that is no job is read again for
+    /// hierarchies (`batch_v1`), tasks in a unified cgroup that names
+    /// Slurm are read for a job too (a systemd hybrid host leaves a job's
+    /// processes in slurmd's unit there), and an answer that is no job is
+    /// read again for
     /// [`V1_READS`] intervals: a process read in the few ms between its
     /// fork and the scheduler moving it into the job's cgroups is not
     /// left out of the job for its life.
@@ -251,7 +252,12 @@ impl Cgroups {
         use crate::process::cgroup::{v1_key, v1_path};
         for u in usage {
             let at_root = self.root.is_none_or(|r| u.cgroup_id == r);
-            if !at_root && !self.batch_v1 {
+            // Off the root, only where the unified tree says Slurm
+            // (slurmd's unit, which a systemd hybrid host leaves a job's
+            // processes in): not a read per process of every host.
+            let slurm_unit =
+                self.batch_v1 && self.path(u.cgroup_id).is_some_and(|p| p.contains("slurm"));
+            if !(at_root || slurm_unit) {
                 continue;
             }
             let seen = self.v1.get(&u.id).copied();
