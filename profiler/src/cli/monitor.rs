@@ -100,7 +100,7 @@ pub(crate) struct MonitorArgs {
     /// Write a file per batch job (Slurm) once it has ended on this node:
     /// DIR/<scheduler>-<job_id>.json with its energy per domain, static
     /// and dynamic, and per step, written whole (a temporary name, then a
-    /// rename) for a scheduler's epilog to pick up (docs/slurm.md).
+    /// rename), the job's energy record for a site to keep (docs/slurm.md).
     #[arg(long, value_name = "DIR")]
     pub(crate) jobs_dir: Option<PathBuf>,
 

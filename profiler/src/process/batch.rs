@@ -132,6 +132,18 @@ pub(crate) fn job_path(proc_cgroup: &str) -> Option<String> {
     })
 }
 
+/// [`job_path`] from the v1 lines only (not `0::`, the unified tree's):
+/// where the v2 cgroup already names the process, a job there is found
+/// by its v2 path.
+pub(crate) fn job_path_v1(proc_cgroup: &str) -> Option<String> {
+    let v1: String = proc_cgroup
+        .lines()
+        .filter(|l| !l.starts_with("0::"))
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    job_path(&v1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

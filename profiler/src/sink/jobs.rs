@@ -3,11 +3,15 @@
 //! name, then a rename), so a scheduler's epilog can pick it up.
 //!
 //! A job has ended here when its processes did not run in the last
-//! interval and its cgroup (the job's, above its steps) is gone from
-//! every cgroup hierarchy: the scheduler removes it once the job's last
-//! process on the node is gone. A job's file is written once.
+//! interval and its cgroup (the job's, above its steps), once seen in a
+//! cgroup hierarchy, is gone from all of them: the scheduler removes it
+//! once the job's last process on the node is gone (and its epilog has
+//! run). A job whose cgroup was never seen (a cgroup namespace, a mount
+//! elsewhere) is not taken as ended. A file that could not be written is
+//! tried again each interval; a job that runs again after its file (a
+//! requeued job) has it written again at its next end.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::recording::PendingOutput;
@@ -23,9 +27,14 @@ pub(crate) struct JobFiles {
     roots: Vec<PathBuf>,
     node: String,
     start_unix_ns: u64,
-    /// Jobs whose file is written (scheduler, id).
-    written: HashSet<(String, String)>,
-    /// Why a file could not be written, once.
+    /// Jobs whose file is written (scheduler, id), and when they had
+    /// last run then (ns since the profile began).
+    written: HashMap<(String, String), u64>,
+    /// Jobs whose cgroup has been seen in a hierarchy.
+    seen_alive: HashSet<(String, String)>,
+    /// Jobs whose file failed to be written (said once each on stderr).
+    failed: HashSet<(String, String)>,
+    /// Why a file could not be written, for the run's problems, once.
     problem: Option<String>,
     said: bool,
 }
@@ -56,7 +65,9 @@ impl JobFiles {
             roots,
             node: String::new(),
             start_unix_ns: 0,
-            written: HashSet::new(),
+            written: HashMap::new(),
+            seen_alive: HashSet::new(),
+            failed: HashSet::new(),
             problem: None,
             said: false,
         })
@@ -76,8 +87,13 @@ impl JobFiles {
             })
     }
 
-    /// Writes `job`'s file; an error is kept to say once.
-    fn write(&mut self, job: JobReport) {
+    /// Writes `job`'s file; whether it was.
+    fn write(&mut self, mut job: JobReport) -> bool {
+        // Its average power over its own time here, not the profile's.
+        let span_s = job.last_ns.saturating_sub(job.first_ns) as f64 / 1e9;
+        if span_s > 0.0 {
+            job.energy.avg_power_w = job.energy.total_j / span_s;
+        }
         let file = JobFile {
             kind: "wattprof_job".into(),
             wattprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -92,10 +108,21 @@ impl JobFiles {
             p.commit_json(&file)
                 .map_err(|e| format!("{}: {e}", dest.display()))
         });
-        if let Err(e) = written
-            && self.problem.is_none()
-        {
-            self.problem = Some(format!("a batch job's file was not written: {e}"));
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                let key = (file.job.scheduler.clone(), file.job.job_id.clone());
+                if self.failed.insert(key) {
+                    eprintln!(
+                        "wattprof: warning: batch job {} {}: its file was not written (tried again each interval): {e}",
+                        file.job.scheduler, file.job.job_id
+                    );
+                }
+                if self.problem.is_none() && !self.said {
+                    self.problem = Some(format!("a batch job's file was not written: {e}"));
+                }
+                false
+            }
         }
     }
 }
@@ -118,22 +145,29 @@ impl Sink for JobFiles {
 
     fn interval(&mut self, _: &IntervalRecord, totals: &Totals<'_>) {
         let now = totals.last_ns.saturating_sub(totals.start_ns);
-        let ended: Vec<JobReport> = totals
-            .job_reports(None)
-            .into_iter()
-            .filter(|j| {
-                !self
-                    .written
-                    .contains(&(j.scheduler.clone(), j.job_id.clone()))
-            })
-            // Not in this interval: it ran in none that ended after its last.
-            .filter(|j| j.last_ns < now)
-            .filter(|j| !self.alive(j))
-            .collect();
-        for job in ended {
-            self.written
-                .insert((job.scheduler.clone(), job.job_id.clone()));
-            self.write(job);
+        for job in totals.job_reports(None) {
+            let key = (job.scheduler.clone(), job.job_id.clone());
+            // Written, and not run since.
+            if self
+                .written
+                .get(&key)
+                .is_some_and(|last| job.last_ns <= *last)
+            {
+                continue;
+            }
+            if self.alive(&job) {
+                self.seen_alive.insert(key);
+                continue;
+            }
+            // Ended: it ran in none of the last interval, and its cgroup,
+            // once seen, is gone.
+            if job.last_ns < now && self.seen_alive.contains(&key) {
+                let last = job.last_ns;
+                if self.write(job) {
+                    self.failed.remove(&key);
+                    self.written.insert(key, last);
+                }
+            }
         }
     }
 

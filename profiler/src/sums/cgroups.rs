@@ -74,11 +74,18 @@ struct V1 {
 
 /// Whether a scheduler's tree is on one of the v1 hierarchies mounted
 /// under `mount` (Slurm's `slurm` or `slurm_NODE` at a hierarchy's top).
+/// A cgroup2 mount is no v1 hierarchy: `mount` itself on a unified host
+/// (a unit named `slurm_exporter.service` there is not a job tree), or
+/// the `unified` one of a hybrid host.
 fn batch_tree_on_v1(mount: &std::path::Path) -> bool {
+    let v2 = |dir: &std::path::Path| dir.join("cgroup.controllers").exists();
+    if v2(mount) {
+        return false;
+    }
     let Ok(hierarchies) = std::fs::read_dir(mount) else {
         return false;
     };
-    hierarchies.flatten().any(|h| {
+    hierarchies.flatten().filter(|h| !v2(&h.path())).any(|h| {
         std::fs::read_dir(h.path()).is_ok_and(|mut top| {
             top.any(|e| {
                 e.is_ok_and(|e| {
@@ -240,33 +247,25 @@ impl Cgroups {
     /// Tasks in the cgroup v2 root on a host whose units and containers
     /// live in cgroup v1 hierarchies: their v1 path, read once per process
     /// while it is alive. Where a scheduler keeps its jobs on the v1
-    /// hierarchies (`batch_v1`), tasks in a unified cgroup that names
-    /// Slurm are read for a job too (a systemd hybrid host leaves a job's
-    /// processes in slurmd's unit there), and an answer that is no job is
-    /// read again for
-    /// [`V1_READS`] intervals: a process read in the few ms between its
-    /// fork and the scheduler moving it into the job's cgroups is not
-    /// left out of the job for its life.
+    /// hierarchies (`batch_v1`), every task is read for a job (a systemd
+    /// hybrid host leaves a job's processes in slurmd's unit, or an ssh
+    /// session's scope, in the unified tree), and an answer that names no
+    /// job is read up to [`V1_READS`] times in all, once an interval: a
+    /// process read in the few ms between its fork and the scheduler
+    /// moving it into the job's cgroups is not left out of the job for
+    /// its life. A process found in a job stays counted there.
     pub(crate) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage], procfs: &ProcFs) {
-        use crate::process::batch::job_path;
+        use crate::process::batch::job_path_v1;
         use crate::process::cgroup::{v1_key, v1_path};
         for u in usage {
             let at_root = self.root.is_none_or(|r| u.cgroup_id == r);
-            // Off the root, only where the unified tree says Slurm
-            // (slurmd's unit, which a systemd hybrid host leaves a job's
-            // processes in): not a read per process of every host.
-            let slurm_unit =
-                self.batch_v1 && self.path(u.cgroup_id).is_some_and(|p| p.contains("slurm"));
-            if !(at_root || slurm_unit) {
-                continue;
-            }
             let seen = self.v1.get(&u.id).copied();
             let settled = seen.is_some_and(|v| v.job || !self.batch_v1 || v.reads >= V1_READS);
-            if !settled {
+            if (at_root || self.batch_v1) && !settled {
                 let text = procfs.cgroup(u.pid);
                 // Gone before it was read: nothing to keep.
                 if !text.is_empty() {
-                    let job = job_path(&text);
+                    let job = job_path_v1(&text);
                     let is_job = job.is_some();
                     let path = if at_root { v1_path(&text) } else { job };
                     let key = path.filter(|p| p != "/").map(|p| {
@@ -285,10 +284,23 @@ impl Cgroups {
                     );
                 }
             }
-            if let Some(V1 { key: Some(key), .. }) = self.v1.get(&u.id) {
-                u.cgroup_id = *key;
+            // A job's key always; another v1 key where the process is at
+            // the root (off it, its own v2 cgroup is the better name).
+            match self.v1.get(&u.id) {
+                Some(V1 {
+                    key: Some(key),
+                    job,
+                    ..
+                }) if *job || at_root => u.cgroup_id = *key,
+                _ => {}
             }
         }
+    }
+
+    /// Test fixtures: as if a scheduler's tree were on v1.
+    #[cfg(test)]
+    pub(crate) fn set_batch_v1(&mut self, on: bool) {
+        self.batch_v1 = on;
     }
 
     /// Per cgroup so far, most energy first; with `since_ns`, only cgroups

@@ -300,3 +300,65 @@ fn slurm_jobs_on_v1_hierarchies_are_summed_per_job_and_step() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_late_move() {
+    // A systemd hybrid host: a job's processes stay in slurmd's unit in the
+    // unified tree; one is read before Slurm moved it into the job.
+    let dir = temp_dir("jobs-off-root");
+    let root = dir.join("cgroup");
+    let (unit, docker) = (
+        cgroup(&root, "system.slice/slurmd.service"),
+        cgroup(&root, "system.slice/docker-0123456789ab.scope"),
+    );
+    let procs = dir.join("proc");
+    let write = |pid: u32, text: &str| {
+        let d = procs.join(pid.to_string());
+        std::fs::create_dir_all(&d).expect("proc dir");
+        std::fs::write(d.join("cgroup"), text).expect("cgroup file");
+    };
+    let job = "4:freezer:/slurm/uid_5/job_9/step_0\n0::/system.slice/slurmd.service\n";
+    write(5, job);
+    write(
+        6,
+        "4:freezer:/slurm/system\n0::/system.slice/slurmd.service\n",
+    );
+    write(
+        7,
+        "4:freezer:/\n0::/system.slice/docker-0123456789ab.scope\n",
+    );
+    let procfs = ProcFs::at(procs.clone());
+    let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
+    c.set_batch_v1(true);
+    for (at_ns, moved) in [(1_000_000_000, false), (2_000_000_000, true)] {
+        if moved {
+            write(6, job);
+        }
+        let mut usage = vec![
+            usage(5, Role::Other, unit, 10),
+            usage(6, Role::Other, unit, 10),
+            usage(7, Role::Other, docker, 10),
+        ];
+        c.v1_cgroups(&mut usage, &procfs);
+        for u in &usage {
+            c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
+        }
+        c.add_time(&usage, at_ns);
+    }
+    c.name(2_000_000_000);
+    let jobs = c.job_reports(None, 0, 2_000_000_000, &carbon());
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    // 5 both intervals; 6 once it was moved.
+    assert_eq!(
+        (jobs[0].job_id.as_str(), jobs[0].energy.package_j),
+        ("9", 3.0)
+    );
+    // The container process keeps its own cgroup.
+    let reports = c.reports(None, 1, &carbon());
+    let docker_j = reports
+        .iter()
+        .find(|r| r.path.contains("docker-"))
+        .map(|r| r.energy.package_j);
+    assert_eq!(docker_j, Some(2.0), "{reports:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
