@@ -93,19 +93,21 @@ fn the_same_job_is_charged_the_same_however_soon_it_opens_its_context() {
             (charged / caused - 1.0).abs() < 0.02,
             "{from_ms}: {charged} vs {caused}"
         );
-        // The static figure is the lower of two upper bounds: the
-        // model's idle power and, where the run itself saw the GPU idle
-        // long enough (the late job), the lowest power it saw. Which one
-        // wins depends on the calibration's noise (79.6 W against the
-        // stub's 80 W idle is a lower bound than what the run sees), so
-        // the rule is asserted, not the winner.
+        // The static figure is the lower of two upper bounds (each
+        // figure's power times one plus its error): the model's idle
+        // power and, where the run itself saw the GPU idle long enough
+        // (the late job), the lowest power it saw. Which one wins turns on
+        // the calibration's noise and the errors, which the recording does
+        // not carry (79.6 W calibrated won once under load; 80.0 W seen won
+        // over a model a little lower but less certain): so whichever wins
+        // is checked to be that figure, and near the stub's true 80 W.
         let static_w = f(g, "/static_w");
         match g["static_source"].as_str() {
             Some("host_model") => {
                 assert!((static_w - idle_w).abs() < 1e-6, "{g}");
             }
             Some("lowest_seen") if from_ms == 9000 => {
-                assert!(static_w < idle_w, "the higher bound won: {g}");
+                assert!((static_w / 80.0 - 1.0).abs() < 0.01, "{g}");
             }
             _ => panic!("{from_ms}: {g}"),
         }
