@@ -98,7 +98,7 @@ pub(crate) struct MonitorArgs {
     pub(crate) vm_export: Option<PathBuf>,
 
     /// Write a file per batch job (Slurm) once it has ended on this node:
-    /// DIR/<scheduler>-<job_id>.json with its energy per domain, static
+    /// DIR/SCHEDULER-JOBID.json (slurm-42.json) with its energy per domain, static
     /// and dynamic, and per step, written whole (a temporary name, then a
     /// rename), the job's energy record for a site to keep (docs/slurm.md).
     #[arg(long, value_name = "DIR")]
