@@ -38,7 +38,7 @@ const LAYERS: &[&[&str]] = &[
     &["sink"],
     &["report"],
     &["profile"],
-    &["exporter"],
+    &["exporter", "serve"],
     &["cli"],
 ];
 

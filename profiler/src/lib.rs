@@ -37,6 +37,9 @@
 //!   handed to the sinks; its `profile::sampling` loop drives `run` and
 //!   `monitor`;
 //! - [`exporter`] serves the last snapshot over HTTP;
+//! - [`serve`] is the daemon's socket (`monitor --serve`): clients known
+//!   by the kernel's peer credentials ask the session to follow their
+//!   process trees and windows (`profile::served` adds them up);
 //! - [`cli`] parses arguments and wires the above together.
 //!
 //! `topology`, `carbon`, `units`, `hash` and `privilege` are leaves every
@@ -87,6 +90,7 @@ pub mod process;
 pub mod profile;
 pub mod render;
 pub mod report;
+pub(crate) mod serve;
 pub mod sink;
 pub mod sources;
 pub mod staircase;

@@ -5,8 +5,13 @@ A window is a ``begin NAME`` datagram, then an ``end NAME`` datagram sent
 from a socket with an address, which wattprof answers with the window's
 figures as its recording holds them (JSON), or ``{"error": ...}``.
 
-Outside wattprof (no ``WATTPROF_SOCKET``) every call is a cheap no-op that
-returns ``None``.
+Without ``WATTPROF_SOCKET`` (a program not started by ``wattprof run``),
+windows go to a wattprof daemon (``wattprof monitor --serve``) when one
+answers at ``WATTPROF_DAEMON`` or ``/run/wattprof/wattprof.sock``: it
+measures the calling process's tree over whole intervals (at least 1 s
+for a user who is not root), so ``with wattprof.window("train")`` works in
+a notebook on a shared server. With neither, every call is a cheap no-op
+that returns ``None``.
 """
 
 import functools
@@ -27,10 +32,16 @@ __all__ = [
 ]
 
 ENV = "WATTPROF_SOCKET"
+DAEMON_ENV = "WATTPROF_DAEMON"
+DAEMON_PATH = "/run/wattprof/wattprof.sock"
 DEFAULT_TIMEOUT_S = 10.0
 
 _lock = threading.Lock()
 _sender = None
+# The daemon connection: None before the first try, False when none answers.
+_daemon = None
+_daemon_pid = None
+_next_id = 0
 
 
 class WattprofError(RuntimeError):
@@ -107,8 +118,56 @@ class Measurement:
 
 
 def active():
-    """Whether the program runs under wattprof (``WATTPROF_SOCKET`` is set)."""
-    return bool(os.environ.get(ENV))
+    """Whether windows are measured: under ``wattprof run``, or by a daemon."""
+    return bool(os.environ.get(ENV)) or _connection() is not None
+
+
+def _connection():
+    """The daemon's connection (made once per process), or None."""
+    global _daemon, _daemon_pid
+    with _lock:
+        if _daemon_pid != os.getpid():
+            # A fork must not share its parent's connection.
+            _daemon, _daemon_pid = None, os.getpid()
+        if _daemon is None:
+            path = os.environ.get(DAEMON_ENV) or DAEMON_PATH
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+                _daemon = (s, s.makefile("rb"))
+            except OSError:
+                s.close()
+                _daemon = False
+        return _daemon or None
+
+
+def _ask(line, timeout):
+    """Sends one request to the daemon and returns its answer (a dict)."""
+    global _next_id, _daemon
+    conn = _connection()
+    if conn is None:
+        return None
+    s, lines = conn
+    with _lock:
+        _next_id += 1
+        rid = _next_id
+        s.settimeout(timeout)
+        try:
+            s.sendall(("%s id=%d\n" % (line, rid)).encode())
+            while True:
+                raw = lines.readline()
+                if not raw:
+                    _daemon = False
+                    raise WattprofError("the wattprof daemon closed the connection")
+                answer = json.loads(raw.decode())
+                if answer.get("id") == rid:
+                    return answer
+        except socket.timeout:
+            warnings.warn(
+                "the wattprof daemon did not answer `%s` within %s s" % (line, timeout),
+                stacklevel=3,
+            )
+            return None
 
 
 def _sync(sync):
@@ -144,6 +203,13 @@ def begin_window(name, sync=None):
     """Begins window ``name`` (``sync``: None, ``"torch"``, or a callable run first)."""
     path = os.environ.get(ENV)
     if not path:
+        if _connection() is None:
+            return None
+        _check_name(name)
+        _sync(sync)
+        answer = _ask("begin %s" % name, DEFAULT_TIMEOUT_S)
+        if answer and "error" in answer:
+            raise WattprofError(answer["error"])
         return None
     _check_name(name)
     _sync(sync)
@@ -160,7 +226,17 @@ def end_window(name, sync=None, timeout=DEFAULT_TIMEOUT_S):
     """
     path = os.environ.get(ENV)
     if not path:
-        return None
+        if _connection() is None:
+            return None
+        _check_name(name)
+        _sync(sync)
+        # The daemon answers after its next interval closes.
+        answer = _ask("end %s" % name, timeout + 3600.0)
+        if answer is None:
+            return None
+        if "error" in answer:
+            raise WattprofError(answer["error"])
+        return Measurement(answer["window"])
     _check_name(name)
     _sync(sync)
     # A socket of its own per end, bound to an abstract address the kernel

@@ -5,6 +5,7 @@ pub(crate) mod child;
 pub(crate) mod energy;
 
 pub(crate) mod monitor;
+pub(crate) mod remote;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
@@ -146,7 +147,18 @@ pub(crate) enum Command {
 /// Runs the parsed command line; returns the exit code.
 pub fn main(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Run(args) => run::execute(args),
+        Command::Run(args) => {
+            // Without the privileges to load eBPF (or asked to), a daemon
+            // measures the command.
+            let missing = crate::privilege::missing_for_ebpf();
+            if args.daemon.is_some() {
+                remote::execute(args, None)
+            } else if !missing.is_empty() {
+                remote::execute(args, Some(crate::privilege::ebpf_message(&missing)))
+            } else {
+                run::execute(args)
+            }
+        }
         Command::Monitor(args) => monitor::execute(args),
         Command::Top(args) => top::execute(args),
         Command::Sources(args) => sources::execute(args),

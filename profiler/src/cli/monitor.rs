@@ -104,6 +104,25 @@ pub(crate) struct MonitorArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) jobs_dir: Option<PathBuf>,
 
+    /// Serve users on a Unix socket (default /run/wattprof/wattprof.sock):
+    /// any user's `wattprof run` without root, and any program's windows
+    /// (the Python client), are measured by this session. Clients are
+    /// known by the kernel's peer credentials; a user may measure only
+    /// their own processes, over whole intervals of at least 1 s, with no
+    /// machine figures, at most 20 requests a second (docs/shared.md).
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_PATH)]
+    pub(crate) serve: Option<PathBuf>,
+
+    /// Only root and this group's members may connect to --serve (the
+    /// socket is made 0660 root:GROUP; otherwise 0666).
+    #[arg(long, value_name = "GROUP", requires = "serve")]
+    pub(crate) serve_group: Option<String>,
+
+    /// Members of this group may measure any user's processes through
+    /// --serve, and get the machine's figures with their windows.
+    #[arg(long, value_name = "GROUP", requires = "serve")]
+    pub(crate) serve_admin_group: Option<String>,
+
     #[command(flatten)]
     pub(crate) tracker: super::TrackerArgs,
 
@@ -143,6 +162,7 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
         .transpose()
         .map_err(Fatal::usage)?;
     let web_config = web_config(&args)?;
+    let serve = serve_config(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // A second signal while the summary is being written (a hung GPU
@@ -198,6 +218,7 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
     }
     // Serves until monitor ends.
     let _exporter = serve_prometheus(&args, web_config, &mut profile)?;
+    let server = serve_users(serve, &args, &tracker, &mut profile)?;
     if let Some(screen) = &screen {
         profile.add_sink(Box::new(TopSink(screen.clone())));
     }
@@ -209,6 +230,7 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
         learned_saved_ns: start_ns,
         learned_save_failed: false,
         screen: screen.clone(),
+        server,
     };
     sample_until(
         &mut profile,
@@ -248,6 +270,46 @@ fn check_pids(pids: &[u32]) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// The users' socket (`--serve`), bound, with the tracker's facts for
+/// the reports of the trees it follows.
+fn serve_users(
+    cfg: Option<crate::serve::ServeConfig>,
+    args: &MonitorArgs,
+    tracker: &EbpfTracker,
+    profile: &mut Profile,
+) -> anyhow::Result<Option<crate::serve::Server>> {
+    let Some(cfg) = cfg else { return Ok(None) };
+    let s =
+        crate::serve::Server::bind(cfg).map_err(|e| Fatal::profiler(format!("--serve: {e}")))?;
+    profile.serve_profiler_facts(tracker_facts(
+        tracker,
+        args.tracker.max_tasks,
+        args.interval.as_nanos() as u64,
+    ));
+    eprintln!("wattprof: serving users at {}", s.path().display());
+    Ok(Some(s))
+}
+
+/// `--serve`'s settings, the groups looked up now (a bad name fails
+/// before anything starts).
+fn serve_config(args: &MonitorArgs) -> anyhow::Result<Option<crate::serve::ServeConfig>> {
+    let Some(path) = &args.serve else {
+        return Ok(None);
+    };
+    let gid = |opt: &str, name: &Option<String>| {
+        name.as_deref()
+            .map(crate::serve::group_id)
+            .transpose()
+            .map_err(|e| Fatal::usage(format!("{opt}: {e}")))
+    };
+    Ok(Some(crate::serve::ServeConfig {
+        path: path.clone(),
+        group: gid("--serve-group", &args.serve_group)?,
+        admin_group: gid("--serve-admin-group", &args.serve_admin_group)?,
+        proc: PathBuf::from("/proc"),
+    }))
 }
 
 /// `--web-config`, read now (a bad file fails before anything starts);
@@ -302,6 +364,8 @@ struct MonitorLoop<'a> {
     end_ns: Option<u64>,
     /// `top`'s screen: its keys end the loop or change the interval.
     screen: Option<Shared>,
+    /// The users' socket (`--serve`).
+    server: Option<crate::serve::Server>,
     /// When what was learned of the static power was last written to the
     /// host power model (monotonic ns), and whether that write failed.
     learned_saved_ns: u64,
@@ -343,10 +407,15 @@ impl MonitorLoop<'_> {
 
 impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     fn fds(&self) -> Vec<std::os::fd::RawFd> {
-        // `top` wakes on a key.
-        self.screen
+        // `top` wakes on a key; the server on a client.
+        let mut fds = self
+            .screen
             .as_ref()
-            .map_or_else(Vec::new, |_| vec![libc::STDIN_FILENO])
+            .map_or_else(Vec::new, |_| vec![libc::STDIN_FILENO]);
+        if let Some(s) = &self.server {
+            fds.extend(s.fds());
+        }
+        fds
     }
 
     fn interval_ns(&self) -> Option<u64> {
@@ -363,6 +432,9 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     }
 
     fn after_interval(&mut self, profile: &mut Profile, now: u64) -> anyhow::Result<()> {
+        if let Some(s) = &mut self.server {
+            s.after_interval(profile);
+        }
         if now.saturating_sub(self.learned_saved_ns) >= SAVE_LEARNED_EVERY_NS {
             self.learned_saved_ns = now;
             self.save_learned(profile);
@@ -379,9 +451,17 @@ impl Hooks<EbpfTracker> for MonitorLoop<'_> {
     fn woke(
         &mut self,
         ready: &[bool],
-        _: &mut Profile,
+        profile: &mut Profile,
         _: &mut EbpfTracker,
     ) -> anyhow::Result<bool> {
+        let screen_fds = usize::from(self.screen.is_some());
+        if let Some(s) = &mut self.server {
+            s.woke(
+                ready.get(screen_fds..).unwrap_or(&[]),
+                profile,
+                monotonic_ns(),
+            );
+        }
         // Every wake-up: a resize interrupts the sleep without input.
         if let Some(screen) = &self.screen
             && screen

@@ -57,6 +57,13 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) as_root: bool,
 
+    /// Have this wattprof daemon measure the command (its socket; default
+    /// $WATTPROF_DAEMON, else /run/wattprof/wattprof.sock). Without root,
+    /// `run` uses the daemon by itself when one answers; with it, only
+    /// when this is given. See docs/shared.md.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) daemon: Option<PathBuf>,
+
     #[command(flatten)]
     pub(crate) tracker: super::TrackerArgs,
 

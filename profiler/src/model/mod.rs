@@ -542,6 +542,10 @@ pub(crate) struct RunReport {
     /// Energy per stack and function (`--stacks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) stacks: Option<stacks::StackReport>,
+    /// `run` without root: the figures came from a daemon (`monitor
+    /// --serve`), which measured the command's tree; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) served: Option<ServedReport>,
     /// Per-interval series (see docs/recording.md), as read back, each
     /// record unparsed. Written by the recording's sink, which keeps them
     /// as the profile runs (never by serialising this field: the
@@ -550,10 +554,45 @@ pub(crate) struct RunReport {
     pub(crate) intervals: Vec<Box<serde_json::value::RawValue>>,
 }
 
+/// Process rows a daemon keeps per followed tree (a fork bomb's tree
+/// stays bounded): processes beyond are in the tree's totals only.
+pub(crate) const SERVED_MAX_ROWS: usize = 10_000;
+
+/// Where a `run`'s figures came from when a daemon measured them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ServedReport {
+    /// The daemon's socket.
+    pub(crate) daemon: String,
+    /// Whether the machine's figures (per domain, idle, the rest of the
+    /// machine) were left out: an unprivileged client gets only its own
+    /// processes' (docs/shared.md, "The RAPL side channel").
+    pub(crate) machine_withheld: bool,
+    /// The domains the daemon reads (the report's own list of domains,
+    /// which holds machine figures, is empty).
+    #[serde(with = "wire::via")]
+    pub(crate) domains: Vec<crate::sources::Domain>,
+    /// Intervals the daemon measured for the tree.
+    pub(crate) intervals: u64,
+    /// Processes of the tree beyond what the daemon keeps per tree: in the
+    /// totals, not on rows of their own.
+    pub(crate) processes_left_out: u64,
+    /// What is missing and why (the daemon went away mid-run): empty when
+    /// the figures are whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) missing: Vec<String>,
+}
+
 impl RunReport {
     /// The domains this profile has a reader for.
     pub(crate) fn read(&self) -> unread::Read {
-        unread::Read::of(self.energy.domains.iter().map(|d| d.domain))
+        match &self.served {
+            // A daemon's report for a tree has no machine figures: the
+            // domains it reads are listed apart.
+            Some(s) if self.energy.domains.is_empty() => {
+                unread::Read::of(s.domains.iter().copied())
+            }
+            _ => unread::Read::of(self.energy.domains.iter().map(|d| d.domain)),
+        }
     }
 
     /// A recording of schema 2 (before the static and dynamic split) read

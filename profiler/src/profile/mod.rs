@@ -13,6 +13,7 @@ mod interval;
 mod record;
 mod report;
 pub(crate) mod sampling;
+pub(crate) mod served;
 pub(crate) mod stacks;
 pub(crate) mod statics;
 pub mod windows;
@@ -92,6 +93,8 @@ pub(crate) struct Profile {
     /// What is added up: per domain, consumer, group, cgroup, VM, CPU.
     sums: Sums,
     windows: windows::Windows,
+    /// The daemon's clients' trees and windows (`monitor --serve`).
+    served: served::Served,
     last: Option<IntervalRecord>,
     scratch: Scratch,
     /// CPU time of intervals whose energy read failed.
@@ -177,6 +180,7 @@ impl Profile {
             readers,
             sums,
             windows: windows::Windows::default(),
+            served: served::Served::default(),
             last: None,
             scratch: Scratch::default(),
             held: held::HeldReads::default(),

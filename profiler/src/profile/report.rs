@@ -207,6 +207,7 @@ impl Profile {
                     functions: crate::model::stacks::functions(st.ledger(), 20, span, carbon),
                     ..st.report()
                 }),
+            served: None,
             intervals: Default::default(),
         };
         // Each sink's end is tried whatever another's did; each sees the

@@ -296,6 +296,20 @@ impl Windows {
         !self.open.is_empty()
     }
 
+    /// Windows open.
+    pub(crate) fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// When the window an `end NAME` from `pid` would close began.
+    pub(crate) fn begin_of(&self, name: &str, pid: u32) -> Option<u64> {
+        self.open
+            .iter()
+            .rev()
+            .find(|w| w.name == name && w.pid == pid)
+            .map(|w| w.begin_ns)
+    }
+
     /// Applies a command at monotonic time `at_ns` (the caller took a
     /// sample at that instant first). Returns the window it closed.
     pub fn apply(&mut self, cmd: Command, at_ns: u64) -> Result<Option<Window>, String> {

@@ -46,6 +46,16 @@ impl Measured {
         }
     }
 
+    /// The columns of a report with no machine figures (a daemon's for
+    /// a tree): the domains it says were read.
+    pub(crate) fn of_domains(read: &[Domain]) -> Self {
+        Self {
+            cpu: read.contains(&Domain::Package),
+            dram: read.contains(&Domain::Dram),
+            gpu: read.contains(&Domain::Gpu),
+        }
+    }
+
     fn any(&self) -> bool {
         self.cpu || self.dram || self.gpu
     }

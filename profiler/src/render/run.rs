@@ -25,10 +25,16 @@ pub(crate) struct Rows {
 /// (every CPU's window: busy + idle + lost).
 pub(crate) fn render_run_table(r: &RunReport, rows: Rows) -> String {
     let mut s = String::new();
-    let m = Measured::of(&r.energy.domains);
+    let m = match &r.served {
+        Some(served) => Measured::of_domains(&served.domains),
+        None => Measured::of(&r.energy.domains),
+    };
     let tree_procs = run_header(&mut s, r, &m, rows.cmdline);
     run_processes(&mut s, r, &m, rows);
-    run_groups(&mut s, r, &m, tree_procs);
+    match &r.served {
+        Some(served) => run_served(&mut s, r, &m, tree_procs, served),
+        None => run_groups(&mut s, r, &m, tree_procs),
+    }
     run_notes(&mut s, r);
     render_containers(&mut s, &r.containers);
     render_jobs(&mut s, &r.jobs);
@@ -97,7 +103,12 @@ const FOLD_NS: u64 = 50_000_000;
 /// The processes with the most CPU time, then the rest folded by name
 /// (`all`: every process, on its own row).
 fn run_processes(s: &mut String, r: &RunReport, m: &Measured, show: Rows) {
-    let total = r.machine.window_ns;
+    // A daemon keeps the machine's time to itself: shares are of the tree.
+    let total = if r.served.is_some() {
+        r.groups.tree_ns
+    } else {
+        r.machine.window_ns
+    };
     let mut procs: Vec<_> = r.processes.iter().collect();
     procs.sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.pid.cmp(&b.pid)));
     let shown_ns: u64 = procs.iter().map(|p| p.on_cpu_ns).sum();
@@ -247,6 +258,44 @@ fn run_groups(s: &mut String, r: &RunReport, m: &Measured, tree_procs: usize) {
         "{}",
         super::cpu_time_line(r.machine.busy_ns, total, r.machine.cpus, r.wall_ns)
     );
+}
+
+/// A tree a daemon measured: its row, where the figures came from, and
+/// what is missing.
+fn run_served(
+    s: &mut String,
+    r: &RunReport,
+    m: &Measured,
+    tree_procs: usize,
+    served: &crate::model::ServedReport,
+) {
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "  {:<34} {:>10.3} s {:>6.1}%{}",
+        format!("command tree ({})", super::processes(tree_procs)),
+        secs(r.groups.tree_ns),
+        100.0,
+        m.cells(&r.energy.groups.tree)
+    );
+    let _ = writeln!(
+        s,
+        "  measured by the wattprof daemon at {} over {} interval(s); the machine's own \
+         figures (idle, other users, per domain) stay with the daemon (docs/shared.md)",
+        served.daemon, served.intervals
+    );
+    if served.processes_left_out > 0 {
+        let _ = writeln!(
+            s,
+            "  note: {} processes of the tree are in its totals but not on rows of their own \
+             (the daemon keeps {} rows per tree)",
+            served.processes_left_out,
+            crate::model::SERVED_MAX_ROWS
+        );
+    }
+    for m in &served.missing {
+        let _ = writeln!(s, "  warning: {m}");
+    }
 }
 
 /// What was lost or approximated, and why the switch tracker ran.

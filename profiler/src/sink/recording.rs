@@ -104,6 +104,24 @@ pub(crate) struct Recording {
     intervals: Intervals,
 }
 
+/// Writes a run document with no intervals (`run` through a daemon, which
+/// keeps the machine's intervals to itself) to `file`, and puts it in
+/// place.
+pub(crate) fn write_whole(file: PendingOutput, report: &RunReport) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct Whole<'a> {
+        #[serde(flatten)]
+        report: &'a RunReport,
+        intervals: [(); 0],
+    }
+    crate::model::unread::writing(report.read(), || {
+        file.commit_json(&Whole {
+            report,
+            intervals: [],
+        })
+    })
+}
+
 /// The document as written: the run document, then its intervals.
 #[derive(Serialize)]
 struct Document<'a> {

@@ -1,0 +1,495 @@
+//! What the daemon (`monitor --serve`) adds up for its clients: each
+//! client's followed trees (an unprivileged `wattprof run`) and windows,
+//! summed from every interval the session closes, as the profile's own
+//! windows are.
+//!
+//! Who may ask for what is decided in `serve` (from the kernel's peer
+//! credentials) before anything reaches here: this file only adds up and
+//! reports. Everything is keyed by the client's connection, so a client
+//! that goes away takes its state with it ([`Profile::serve_drop`]).
+//!
+//! A client's figures cover whole intervals of the session: a tree is
+//! followed from the start of the interval in progress (a tree started
+//! for the purpose has used nothing before), and its end is answered
+//! after the next interval closes, so the last of its CPU time is in.
+//! Nothing here reads the counters between the session's own ticks: no
+//! client can make the daemon sample energy faster than its interval.
+
+use std::collections::BTreeMap;
+
+use super::Profile;
+use super::windows::{self, Window, Windows};
+use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
+use crate::hash::IntMap;
+use crate::model::{
+    EnergyJ, EnergyReport, GroupEnergy, MachineReport, ProcessReport, ProfilerReport,
+    RUN_SCHEMA_VERSION, RunReport, ServedReport, WindowReport,
+};
+use crate::process::{GroupTotals, IntervalUsage, ProcFs, ProcessTable};
+
+/// A client connection of the daemon.
+pub(crate) type ClientId = u64;
+
+use crate::model::SERVED_MAX_ROWS as MAX_ROWS;
+
+/// One process of a followed tree, as the tree's report shows it.
+#[derive(Clone, Debug)]
+struct Row {
+    pid: u32,
+    ppid: Option<u32>,
+    comm: String,
+    start_ns: Option<u64>,
+    exit_ns: Option<u64>,
+    on_cpu_ns: Vec<u64>,
+    energy: EnergyBy,
+}
+
+/// A followed tree: a process and its descendants (or the descendants
+/// only: `wattprof run` follows its own children).
+#[derive(Clone, Debug)]
+struct Follow {
+    root: u32,
+    children_only: bool,
+    begin_ns: u64,
+    intervals: u64,
+    on_cpu_ns: u64,
+    energy: EnergyBy,
+    rows: IntMap<ConsumerId, Row>,
+    rows_left_out: crate::hash::IntSet<ConsumerId>,
+}
+
+/// One client's trees and windows.
+#[derive(Debug, Default)]
+struct Client {
+    follows: Vec<Follow>,
+    windows: Windows,
+}
+
+/// Every client's trees and windows.
+#[derive(Debug, Default)]
+pub(crate) struct Served {
+    clients: BTreeMap<ClientId, Client>,
+    /// The tracker's facts, for a tree's report.
+    profiler: Option<ProfilerReport>,
+}
+
+/// How much a set of clients holds (`status`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Held {
+    /// Clients with anything followed or open.
+    pub(crate) clients: usize,
+    /// Trees followed.
+    pub(crate) follows: usize,
+    /// Windows open.
+    pub(crate) windows: usize,
+}
+
+/// A followed tree's figures so far (pushed to its client each interval,
+/// so a client whose daemon goes away keeps what was measured).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Progress {
+    /// The tree's root.
+    pub(crate) pid: u32,
+    /// Intervals measured.
+    pub(crate) intervals: u64,
+    /// Since the tree was followed (ns).
+    pub(crate) span_ns: u64,
+    /// The tree's on-CPU time.
+    pub(crate) on_cpu_ns: u64,
+    /// The tree's energy.
+    pub(crate) energy: EnergyJ,
+}
+
+impl Served {
+    /// Whether no client holds anything (the interval's work is skipped).
+    fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    /// What `clients` hold (all clients: `None`).
+    pub(crate) fn held(&self, clients: Option<&[ClientId]>) -> Held {
+        let mut h = Held::default();
+        for (id, c) in &self.clients {
+            if clients.is_some_and(|ids| !ids.contains(id)) {
+                continue;
+            }
+            h.clients += 1;
+            h.follows += c.follows.len();
+            h.windows += c.windows.open_count();
+        }
+        h
+    }
+
+    /// Adds one interval to every client's trees and windows.
+    fn add_interval(
+        &mut self,
+        table: &ProcessTable<ProcFs>,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        shares: &[DomainShare],
+    ) {
+        let consumers: Vec<(ConsumerId, u64)> = usage
+            .iter()
+            .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
+            .collect();
+        // Each root's trees: one walk up each consumer's lineage finds
+        // every tree it is in, however many are followed.
+        let mut roots: IntMap<u32, Vec<(ClientId, usize)>> = IntMap::default();
+        for (id, c) in &mut self.clients {
+            c.windows
+                .add_interval(shares, &consumers, |cid, pid| table.descends_from(cid, pid));
+            for (i, f) in c.follows.iter_mut().enumerate() {
+                f.intervals += 1;
+                roots.entry(f.root).or_default().push((*id, i));
+            }
+        }
+        if roots.is_empty() {
+            return;
+        }
+        for u in usage {
+            let Some(p) = table.by_id(u.id) else { continue };
+            let mut cur = Some(p);
+            let mut depth = 0;
+            while let Some(a) = cur {
+                if let Some(trees) = roots.get(&a.pid) {
+                    for (client, i) in trees {
+                        let Some(f) = self
+                            .clients
+                            .get_mut(client)
+                            .and_then(|c| c.follows.get_mut(*i))
+                        else {
+                            continue;
+                        };
+                        if f.children_only && depth == 0 {
+                            continue;
+                        }
+                        f.add(p, u, energy.get(&u.id));
+                    }
+                }
+                depth += 1;
+                if depth > 4096 {
+                    break;
+                }
+                cur = a.ppid.and_then(|pp| table.get(pp));
+            }
+        }
+    }
+}
+
+impl Follow {
+    fn add(&mut self, p: &crate::process::Process, u: &IntervalUsage, e: Option<&EnergyBy>) {
+        let ns: u64 = u.on_cpu_ns.iter().sum();
+        self.on_cpu_ns += ns;
+        if let Some(e) = e {
+            self.energy.merge(e);
+        }
+        if self.rows.len() >= MAX_ROWS && !self.rows.contains_key(&u.id) {
+            self.rows_left_out.insert(u.id);
+            return;
+        }
+        let row = self.rows.entry(u.id).or_insert_with(|| Row {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: String::new(),
+            start_ns: p.start_ns,
+            exit_ns: None,
+            on_cpu_ns: Vec::new(),
+            energy: EnergyBy::default(),
+        });
+        row.comm.clear();
+        p.write_name(&mut row.comm);
+        row.exit_ns = p.exit_ns;
+        if row.on_cpu_ns.len() < u.on_cpu_ns.len() {
+            row.on_cpu_ns.resize(u.on_cpu_ns.len(), 0);
+        }
+        for (a, b) in row.on_cpu_ns.iter_mut().zip(u.on_cpu_ns.iter()) {
+            *a += b;
+        }
+        if let Some(e) = e {
+            row.energy.merge(e);
+        }
+    }
+}
+
+impl Profile {
+    /// The tracker's facts, for the reports of followed trees.
+    pub(crate) fn serve_profiler_facts(&mut self, facts: ProfilerReport) {
+        self.served.profiler = Some(facts);
+    }
+
+    /// Follows the tree of `root` for `client` from the interval in
+    /// progress (`children_only`: its descendants, not itself).
+    pub(crate) fn serve_follow(
+        &mut self,
+        client: ClientId,
+        root: u32,
+        children_only: bool,
+    ) -> Result<(), String> {
+        let c = self.served.clients.entry(client).or_default();
+        if c.follows.iter().any(|f| f.root == root) {
+            return Err(format!("pid {root} is already followed on this connection"));
+        }
+        c.follows.push(Follow {
+            root,
+            children_only,
+            begin_ns: self.last_ns,
+            intervals: 0,
+            on_cpu_ns: 0,
+            energy: EnergyBy::default(),
+            rows: IntMap::default(),
+            rows_left_out: Default::default(),
+        });
+        Ok(())
+    }
+
+    /// Whether `client` follows `root`.
+    pub(crate) fn serve_follows(&self, client: ClientId, root: u32) -> bool {
+        self.served
+            .clients
+            .get(&client)
+            .is_some_and(|c| c.follows.iter().any(|f| f.root == root))
+    }
+
+    /// Stops following `root` for `client` and reports its tree as `run`
+    /// would, without the machine's figures (the daemon keeps none per
+    /// tree); the client adds its command line and exit.
+    pub(crate) fn serve_finish(
+        &mut self,
+        client: ClientId,
+        root: u32,
+        daemon: &str,
+    ) -> Option<RunReport> {
+        let c = self.served.clients.get_mut(&client)?;
+        let i = c.follows.iter().position(|f| f.root == root)?;
+        let f = c.follows.remove(i);
+        if c.follows.is_empty() && !c.windows.any_open() {
+            self.served.clients.remove(&client);
+        }
+        Some(self.tree_report(&f, daemon))
+    }
+
+    /// The document of `client`'s tree of `root` so far (at `follow`: the
+    /// one a client keeps in case the daemon goes away).
+    pub(crate) fn serve_skeleton(
+        &self,
+        client: ClientId,
+        root: u32,
+        daemon: &str,
+    ) -> Option<RunReport> {
+        let c = self.served.clients.get(&client)?;
+        let f = c.follows.iter().find(|f| f.root == root)?;
+        Some(self.tree_report(f, daemon))
+    }
+
+    /// Each tree `client` follows, so far.
+    pub(crate) fn serve_progress(&self, client: ClientId) -> Vec<Progress> {
+        let Some(c) = self.served.clients.get(&client) else {
+            return Vec::new();
+        };
+        c.follows
+            .iter()
+            .map(|f| {
+                let span = self.last_ns.saturating_sub(f.begin_ns);
+                Progress {
+                    pid: f.root,
+                    intervals: f.intervals,
+                    span_ns: span,
+                    on_cpu_ns: f.on_cpu_ns,
+                    energy: EnergyJ::new(&f.energy, span, &self.cfg.carbon),
+                }
+            })
+            .collect()
+    }
+
+    /// Applies a client's window message (`begin NAME` at once, `end NAME`
+    /// as the caller has it, after an interval closed), `sender` its
+    /// process. The window's figures, the machine's left out when
+    /// `withhold_machine`.
+    pub(crate) fn serve_window(
+        &mut self,
+        client: ClientId,
+        cmd: windows::Command,
+        withhold_machine: bool,
+    ) -> Result<Option<WindowReport>, String> {
+        let at = self.last_ns;
+        let c = self.served.clients.entry(client).or_default();
+        let closed = c.windows.apply(cmd, at);
+        if c.follows.is_empty() && !c.windows.any_open() {
+            self.served.clients.remove(&client);
+        }
+        Ok(closed?.map(|w: Window| {
+            let mut r = self.window_report(&w);
+            if withhold_machine {
+                r.machine.clear();
+            }
+            r
+        }))
+    }
+
+    /// When `client`'s open window `name` of `pid`'s tree began
+    /// (monotonic ns), if there is one.
+    pub(crate) fn serve_window_begin(&self, client: ClientId, name: &str, pid: u32) -> Option<u64> {
+        self.served
+            .clients
+            .get(&client)
+            .and_then(|c| c.windows.begin_of(name, pid))
+    }
+
+    /// Forgets everything `client` had (its connection closed).
+    pub(crate) fn serve_drop(&mut self, client: ClientId) {
+        self.served.clients.remove(&client);
+    }
+
+    /// What `clients` hold (`None`: every client).
+    pub(crate) fn serve_held(&self, clients: Option<&[ClientId]>) -> Held {
+        self.served.held(clients)
+    }
+
+    /// The session's last interval end (monotonic ns).
+    pub(crate) fn last_tick_ns(&self) -> u64 {
+        self.last_ns
+    }
+
+    /// Adds the interval to the clients' trees and windows.
+    pub(super) fn add_to_served(
+        &mut self,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        shares: &[DomainShare],
+    ) {
+        if !self.served.is_empty() {
+            self.served.add_interval(&self.table, usage, energy, shares);
+        }
+    }
+
+    /// A followed tree as `run`'s document: its processes, its energy and
+    /// CPU time.
+    fn tree_report(&self, f: &Follow, daemon: &str) -> RunReport {
+        let span = self.last_ns.saturating_sub(f.begin_ns);
+        let carbon = &self.cfg.carbon;
+        let since = |t: u64| t.saturating_sub(f.begin_ns);
+        let mut processes: Vec<ProcessReport> = f
+            .rows
+            .values()
+            .map(|r| {
+                let from = r.start_ns.unwrap_or(f.begin_ns).max(f.begin_ns);
+                let to = r.exit_ns.unwrap_or(self.last_ns);
+                ProcessReport {
+                    pid: r.pid,
+                    ppid: r.ppid,
+                    comm: r.comm.clone(),
+                    cmdline: None,
+                    on_cpu_ns: r.on_cpu_ns.iter().sum(),
+                    on_cpu_ns_per_package: r.on_cpu_ns.clone(),
+                    start_ns: r.start_ns.map(since),
+                    exit_ns: r.exit_ns.map(since),
+                    energy: EnergyJ::new(&r.energy, to.saturating_sub(from), carbon),
+                    memory: crate::model::MemoryReport::default(),
+                    cgroup: None,
+                }
+            })
+            .collect();
+        processes.sort_by_key(|p| (p.start_ns.unwrap_or(0), p.pid));
+        let tree = EnergyJ::new(&f.energy, span, carbon);
+        let mut profiler = self
+            .served
+            .profiler
+            .clone()
+            .unwrap_or_else(|| unknown_profiler(span));
+        profiler.samples = f.intervals;
+        RunReport {
+            schema_version: RUN_SCHEMA_VERSION,
+            wattprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: "run".to_string(),
+            start_unix_ns: self.start_unix_ns + since_start(f.begin_ns, self.start_ns),
+            wall_ns: span,
+            host: self.host.clone(),
+            command: None,
+            processes,
+            groups: GroupTotals {
+                tree_ns: f.on_cpu_ns,
+                profiler_ns: 0,
+                other_ns: 0,
+            },
+            energy: EnergyReport {
+                readers: self.readers.used().to_vec(),
+                // The machine's domains are not kept per tree (the
+                // daemon's own recording has them).
+                domains: Vec::new(),
+                groups: GroupEnergy {
+                    tree,
+                    ..GroupEnergy::default()
+                },
+                carbon_intensity_g_per_kwh: carbon.g_per_kwh,
+                carbon_intensity_source: carbon.source.clone(),
+                problems: Vec::new(),
+                static_power: None,
+                mig_instances: Vec::new(),
+            },
+            cgroups: Vec::new(),
+            containers: Vec::new(),
+            jobs: Vec::new(),
+            windows: Vec::new(),
+            window_errors: Vec::new(),
+            machine: MachineReport {
+                cpus: super::online_cpus(),
+                package_ids: self.package_ids.clone(),
+                busy_ns: 0,
+                idle_ns: 0,
+                idle_task_ns: 0,
+                window_ns: 0,
+                attributed_ns: f.on_cpu_ns,
+                switches: 0,
+                carried_ns: 0,
+                per_cpu: Vec::new(),
+            },
+            lost_ns: 0,
+            profiler,
+            stacks: None,
+            served: Some(ServedReport {
+                daemon: daemon.to_string(),
+                machine_withheld: true,
+                domains: self
+                    .sums
+                    .ledger
+                    .domains()
+                    .iter()
+                    .map(|d| d.key.domain)
+                    .collect(),
+                intervals: f.intervals,
+                processes_left_out: f.rows_left_out.len() as u64,
+                missing: Vec::new(),
+            }),
+            intervals: Default::default(),
+        }
+    }
+}
+
+fn since_start(t: u64, start: u64) -> u64 {
+    t.saturating_sub(start)
+}
+
+/// The tracker's facts when the daemon was given none (tests).
+fn unknown_profiler(interval_ns: u64) -> ProfilerReport {
+    ProfilerReport {
+        tracker: crate::tracker::TrackerKind::Iter,
+        tracker_fallback: None,
+        filter_overflow: 0,
+        settled_from_exit: 0,
+        vanished_threads: 0,
+        on_cpu_ns: 0,
+        kernel_memory_bytes: 0,
+        exit_tracking: crate::tracker::ExitTracking::FreeEvent,
+        task_clock: crate::tracker::TaskClock::SumExecRuntime,
+        flush_supported: false,
+        max_tasks: 0,
+        interval_ns,
+        samples: 0,
+        map_read_syscalls: 0,
+        events_lost: 0,
+        discarded_ns: 0,
+        unmatched_forks: 0,
+        ended_unseen: 0,
+        output_errors: Vec::new(),
+    }
+}
