@@ -488,6 +488,19 @@ fn a_daemon_that_goes_away_mid_run_is_said_and_the_run_fails() {
         missing.contains("went away") && missing.contains("missing"),
         "{missing}"
     );
+    // A daemon whose intervals are shorter than the users' second: refused.
+    let o = Command::new(wattprof_bin())
+        .args(["monitor", "--serve"])
+        .arg(dir.join("x.sock"))
+        .args(["--interval", "100ms"])
+        .output()
+        .expect("wattprof");
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(
+        said(&o).contains("--serve needs --interval 1s or more"),
+        "{}",
+        said(&o)
+    );
     // Neither root nor a daemon: both ways out, in one line.
     let o = as_nobody(
         &dir,

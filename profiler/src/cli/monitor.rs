@@ -146,6 +146,10 @@ pub(crate) fn execute(args: MonitorArgs) -> anyhow::Result<i32> {
 
 /// The monitor session: `monitor`'s, or `top`'s with its `screen`.
 pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Result<i32> {
+    if screen.is_some() && args.serve.is_some() {
+        // top's keys change the interval, which --serve fixes.
+        return Err(Fatal::usage("--serve is monitor's: run `wattprof monitor --serve`").into());
+    }
     check_pids(&args.pid)?;
     let (carbon, streams) = open_outputs(args.output.as_deref(), Keep::MachineOnly, &args.energy)?;
     let stack_outputs = args.stacks.open(args.output.as_deref())?;
@@ -298,6 +302,17 @@ fn serve_config(args: &MonitorArgs) -> anyhow::Result<Option<crate::serve::Serve
     let Some(path) = &args.serve else {
         return Ok(None);
     };
+    // Every boundary a client's figures can have is one of the session's
+    // ticks: a second apart at least, or two overlapping windows would
+    // give a user the energy of a shorter span (the RAPL side channel).
+    if args.interval < Duration::from_secs(1) {
+        return Err(Fatal::usage(format!(
+            "--serve needs --interval 1s or more (not {}): users' figures are over whole \
+             intervals, and shorter ones would reopen the RAPL side channel (docs/shared.md)",
+            humantime::format_duration(args.interval)
+        ))
+        .into());
+    }
     let gid = |opt: &str, name: &Option<String>| {
         name.as_deref()
             .map(crate::serve::group_id)
