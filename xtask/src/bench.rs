@@ -75,6 +75,26 @@ pub enum Which {
         #[arg(long, default_value_t = 1000)]
         processes: usize,
     },
+    /// The daemon's (`monitor --serve`) own CPU with TREES followed trees
+    /// against the same daemon with none: two daemons at 1 s run side by
+    /// side over the same seconds, ROUNDS times, one with TREES client
+    /// connections each following a tree (a process waking every 50 ms),
+    /// both with PROCESSES wakers on the machine; the median of the paired
+    /// ratios is printed with its range.
+    Serve {
+        /// Paired rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Seconds each measurement lasts (after a 3 s settle).
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        /// Trees followed.
+        #[arg(long, default_value_t = 50)]
+        trees: usize,
+        /// Processes waking every 50 ms beside them.
+        #[arg(long, default_value_t = 1000)]
+        processes: usize,
+    },
     /// Heap allocations per interval of `wattprof monitor` in steady
     /// state while PROCESSES processes wake every 50 ms, counted by the
     /// `alloc-count` preload (so a baseline build is counted the same
@@ -248,6 +268,12 @@ pub fn run(which: Which) -> Result<()> {
             seconds,
             processes,
         } => top(rounds, seconds, processes),
+        Which::Serve {
+            rounds,
+            seconds,
+            trees,
+            processes,
+        } => serve(rounds, seconds, trees, processes),
         Which::Isolation {
             rounds,
             seconds,
@@ -1107,6 +1133,117 @@ fn top(rounds: usize, seconds: u64, processes: usize) -> Result<()> {
         median_range(&ratio, 3),
         median_range(&tops.iter().map(|t| t / 1e6).collect::<Vec<_>>(), 2),
         median_range(&monitors.iter().map(|m| m / 1e6).collect::<Vec<_>>(), 2),
+    );
+    Ok(())
+}
+
+/// Two `monitor --serve` daemons side by side, one following `trees`
+/// trees for as many clients: each one's CPU per second of wall time.
+fn serve_pair(wattprof: &Path, seconds: u64, trees: usize) -> Result<(f64, f64)> {
+    use std::io::Write;
+    const SETTLE_S: u64 = 3;
+    let dir = std::env::temp_dir().join(format!("wattprof-bench-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let duration = format!("{}s", SETTLE_S + seconds + 2);
+    let daemon = |name: &str| {
+        monitor_command(wattprof, "1s", &duration, &dir.join(format!("{name}.json")))
+            .arg("--serve")
+            .arg(dir.join(format!("{name}.sock")))
+            .spawn()
+    };
+    let mut with = daemon("with")?;
+    let mut without = daemon("without")?;
+    let sock = dir.join("with.sock");
+    let until = Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        if Instant::now() > until {
+            bail!("the daemon did not listen at {}", sock.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The trees, and a client following each (kept open: the progress
+    // lines a second each fit the socket's buffer for the run).
+    let mut shells = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..trees {
+        // A process waking every 50 ms, forking nothing (a training
+        // job's main process, not a shell loop of `sleep`s).
+        let sh = Command::new("perl")
+            .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
+            .spawn()
+            .context("perl (the trees' waker)")?;
+        let mut c = std::os::unix::net::UnixStream::connect(&sock)?;
+        c.write_all(format!("follow pid={}\n", sh.id()).as_bytes())?;
+        shells.push(sh);
+        clients.push(c);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(SETTLE_S));
+    let (a0, b0, t0) = (
+        process_cpu_ns(with.id()),
+        process_cpu_ns(without.id()),
+        Instant::now(),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let (a1, b1, t1) = (
+        process_cpu_ns(with.id()),
+        process_cpu_ns(without.id()),
+        Instant::now(),
+    );
+    for mut sh in shells {
+        let _ = sh.kill();
+        let _ = sh.wait();
+    }
+    drop(clients);
+    let (sa, sb) = (with.wait()?, without.wait()?);
+    let _ = std::fs::remove_dir_all(&dir);
+    if !sa.success() || !sb.success() {
+        bail!("a daemon failed: {sa}, {sb}");
+    }
+    if a1 < a0 || b1 < b0 {
+        bail!("a wattprof thread ended during the measurement: run again");
+    }
+    let wall = (t1 - t0).as_secs_f64();
+    Ok(((a1 - a0) as f64 / wall, (b1 - b0) as f64 / wall))
+}
+
+/// The daemon with `trees` followed trees against none, side by side.
+fn serve(rounds: usize, seconds: u64, trees: usize, processes: usize) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the serve benchmark loads eBPF: run it as root");
+    }
+    let wattprof = wattprof_release()?;
+    let xtask = workspace_root().join("target/release/xtask");
+    print_machine();
+    let span = rounds as u64 * (seconds + 10) + 30;
+    let mut load = Load::start(&xtask, "busy-procs", processes, span, 2)?;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (a, b) = serve_pair(&wattprof, seconds, trees)?;
+        load.check()?;
+        println!(
+            "round {}: {trees} trees {:.3} ms/s, none {:.3} ms/s",
+            round + 1,
+            a / 1e6,
+            b / 1e6
+        );
+        with.push(a);
+        without.push(b);
+    }
+    let ratio: Vec<f64> = with.iter().zip(&without).map(|(a, b)| a / b).collect();
+    let diff: Vec<f64> = with
+        .iter()
+        .zip(&without)
+        .map(|(a, b)| (a - b) / 1e7)
+        .collect();
+    println!(
+        "monitor --serve at 1 s with {processes} wakers, {rounds} paired rounds of {seconds} s: \
+         {trees} followed trees against none, paired ratio {}, difference {} % of one core; \
+         with {} ms/s, none {} ms/s",
+        median_range(&ratio, 3),
+        median_range(&diff, 3),
+        median_range(&with.iter().map(|t| t / 1e6).collect::<Vec<_>>(), 2),
+        median_range(&without.iter().map(|m| m / 1e6).collect::<Vec<_>>(), 2),
     );
     Ok(())
 }
