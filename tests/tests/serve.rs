@@ -151,6 +151,39 @@ fn said(o: &Output) -> String {
     )
 }
 
+/// The stream: a header, the tree's intervals, the summary; the intervals
+/// add up to the tree's energy and are the recording's; one --csv row.
+fn check_streams(report: &Value, jsonl: &Path, csv: &Path) {
+    let lines: Vec<Value> = std::fs::read_to_string(jsonl)
+        .expect("the stream")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines[0]["type"], "header");
+    assert_eq!(lines.last().expect("a summary")["type"], "summary");
+    let streamed: f64 = lines
+        .iter()
+        .filter(|l| l["type"] == "interval")
+        .map(|l| f(l, "/groups/tree/energy_j"))
+        .sum();
+    let total = f(report, "/command/energy/total_j");
+    assert!(
+        (streamed - total).abs() < 1e-5 * total.max(1.0),
+        "{streamed} != {total}"
+    );
+    assert_eq!(
+        report["intervals"].as_array().map(Vec::len),
+        Some(lines.len() - 2),
+        "the recording holds the streamed intervals"
+    );
+    let rows = std::fs::read_to_string(csv).expect("the --csv row");
+    assert_eq!(
+        rows.lines().count(),
+        2,
+        "codecarbon's header and one row: {rows}"
+    );
+}
+
 #[test]
 fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
     require_ebpf!();
@@ -181,6 +214,10 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
         assert!(root.output.status.success(), "{}", root.stderr());
         roots.push(joules_per_cpu_s(root.report()));
         let out = dir.join(format!("nobody-{round}.json"));
+        let (jsonl, csv) = (
+            dir.join(format!("nobody-{round}.jsonl")),
+            dir.join(format!("nobody-{round}.csv")),
+        );
         let o = as_nobody(
             &dir,
             &[],
@@ -191,6 +228,10 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
                 &daemon.sock.to_string_lossy(),
                 "--output",
                 &out.to_string_lossy(),
+                "--jsonl",
+                &jsonl.to_string_lossy(),
+                "--csv",
+                &csv.to_string_lossy(),
                 "--",
                 &load,
                 "cpu",
@@ -201,6 +242,7 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
         .expect("setpriv");
         assert!(o.status.success(), "{}", said(&o));
         let report = read_json(&out);
+        check_streams(&report, &jsonl, &csv);
         wattprof_tests::schema::assert_valid("recording", &report);
         assert_eq!(report["served"]["machine_withheld"], true, "{report}");
         assert!(report["served"]["missing"].is_null(), "{report}");

@@ -44,8 +44,6 @@ pub(crate) fn daemon_path(arg: Option<&Path>) -> PathBuf {
 fn refuse_local_only(args: &RunArgs) -> Result<(), Fatal> {
     let e = &args.energy;
     let local = [
-        ("--jsonl", e.jsonl.is_some()),
-        ("--csv", e.csv.is_some()),
         ("--csv-intervals", e.csv_intervals.is_some()),
         ("--stacks", args.stacks.stacks),
         ("--flamegraph", args.stacks.flamegraph.is_some()),
@@ -58,8 +56,8 @@ fn refuse_local_only(args: &RunArgs) -> Result<(), Fatal> {
     match local.iter().find(|(_, given)| *given) {
         Some((opt, _)) => Err(Fatal::usage(format!(
             "{opt} needs wattprof's own tracker (root or CAP_BPF and CAP_PERFMON); through the \
-             daemon, `run` gives the table, --output and windows (the daemon's --jsonl and \
-             Prometheus series are its operator's)"
+             daemon, `run` gives the table, --output, --jsonl, --csv and windows (the machine's \
+             per-domain figures, as --csv-intervals has them, are the daemon's: docs/shared.md)"
         ))),
         None => Ok(()),
     }
@@ -125,8 +123,21 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
         .map(|dest| crate::sink::recording::PendingOutput::create_for("--output", dest))
         .transpose()
         .map_err(Fatal::profiler)?;
+    // --jsonl opened and --csv checked now: a bad path fails before the
+    // command starts. The CO2 figures are the daemon's intensity.
+    let (_, streams) = args.energy.validate()?;
     let path = daemon_path(args.daemon.as_deref());
-    let (daemon, skeleton) = follow(&path, why.as_deref())?;
+    let intervals = output.is_some() || streams.jsonl.is_some();
+    let (daemon, skeleton) = follow(&path, why.as_deref(), intervals)?;
+    let argv: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut jsonl = streams.jsonl;
+    if let Some(j) = &mut jsonl {
+        j.write(&header_of(&skeleton, &argv));
+    }
     daemon
         .stream
         .set_nonblocking(true)
@@ -161,6 +172,8 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
         started,
         skeleton,
         run: None,
+        jsonl,
+        intervals: Vec::new(),
     };
     let status = loop {
         relay.wait(pidfd.as_ref().map(AsRawFd::as_raw_fd));
@@ -174,11 +187,7 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
     let run = relay.finish(std::process::id());
     let mut report = relay.report(run, &path)?;
     report.command = Some(crate::model::CommandReport {
-        argv: args
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
+        argv,
         pid,
         exit_code: status.code(),
         signal: std::os::unix::process::ExitStatusExt::signal(&status),
@@ -186,16 +195,34 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
         processes: report.processes.len(),
         energy: report.energy.groups.tree,
     });
+    deliver(
+        &report,
+        args.energy.rows(),
+        (output, streams.emissions.as_deref()),
+        &mut relay,
+        child::exit_code(status),
+    )
+}
+
+/// Prints the table, writes the outputs, and returns the exit code: the
+/// command's, or 125 when an output failed or the figures are incomplete
+/// (and the command succeeded).
+fn deliver(
+    report: &RunReport,
+    rows: crate::render::Rows,
+    (output, emissions): (Option<crate::sink::recording::PendingOutput>, Option<&Path>),
+    relay: &mut Relay<'_>,
+    code: i32,
+) -> anyhow::Result<i32> {
     let mut stderr = std::io::stderr().lock();
-    let _ =
-        stderr.write_all(crate::render::render_run_table(&report, args.energy.rows()).as_bytes());
-    if let Some(file) = output {
-        let dest = file.dest.clone();
-        crate::sink::recording::write_whole(file, &report)
-            .map_err(|e| Fatal::profiler(format!("writing {}: {e}", dest.display())))?;
-        let _ = writeln!(stderr, "  report written to {}", dest.display());
+    let _ = stderr.write_all(crate::render::render_run_table(report, rows).as_bytes());
+    let failed = write_outputs(report, output, relay, emissions);
+    for line in &failed.0 {
+        let _ = writeln!(stderr, "  {line}");
     }
-    let code = child::exit_code(status);
+    if !failed.1.is_empty() {
+        return Err(Fatal::profiler(failed.1.join("; ")).into());
+    }
     if code == 0
         && report
             .served
@@ -219,7 +246,7 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
 /// document as it began (what is reported if the daemon goes away). `why`:
 /// why wattprof cannot measure by itself, for the error when no daemon
 /// answers.
-fn follow(path: &Path, why: Option<&str>) -> anyhow::Result<(Daemon, RunReport)> {
+fn follow(path: &Path, why: Option<&str>, intervals: bool) -> anyhow::Result<(Daemon, RunReport)> {
     let mut daemon = Daemon::connect(path).map_err(|e| {
         Fatal::profiler(match why {
             Some(why) => format!(
@@ -232,7 +259,11 @@ fn follow(path: &Path, why: Option<&str>) -> anyhow::Result<(Daemon, RunReport)>
         })
     })?;
     let follow_id = daemon
-        .send("follow children")
+        .send(if intervals {
+            "follow children intervals"
+        } else {
+            "follow children"
+        })
         .context("asking the daemon to follow the command")?;
     daemon
         .stream
@@ -275,6 +306,60 @@ fn follow(path: &Path, why: Option<&str>) -> anyhow::Result<(Daemon, RunReport)>
     Ok((daemon, skeleton))
 }
 
+/// The stream's first record, from the tree's document as it began.
+fn header_of(r: &RunReport, argv: &[String]) -> crate::model::record::HeaderRecord {
+    crate::model::record::HeaderRecord {
+        schema_version: r.schema_version,
+        wattprof_version: r.wattprof_version.clone(),
+        mode: "run".to_string(),
+        tracker: r.profiler.tracker,
+        start_unix_ns: r.start_unix_ns,
+        host: r.host.clone(),
+        package_ids: r.machine.package_ids.clone(),
+        readers: r.energy.readers.clone(),
+        carbon_intensity_g_per_kwh: r.energy.carbon_intensity_g_per_kwh,
+        carbon_intensity_source: r.energy.carbon_intensity_source.clone(),
+        argv: Some(argv.to_vec()),
+        profiler_pid: Some(std::process::id()),
+    }
+}
+
+/// The stream's summary, `--output` and the `--csv` row: what was written
+/// (one line each), and what failed.
+fn write_outputs(
+    report: &RunReport,
+    output: Option<crate::sink::recording::PendingOutput>,
+    relay: &mut Relay<'_>,
+    emissions: Option<&Path>,
+) -> (Vec<String>, Vec<String>) {
+    let (mut said, mut failed) = (Vec::new(), Vec::new());
+    if let Some(j) = &mut relay.jsonl {
+        crate::model::unread::writing(report.read(), || {
+            j.write(&crate::sink::jsonl::Typed {
+                kind: "summary",
+                record: report,
+            });
+        });
+        if let Some(e) = j.failure() {
+            failed.push(e.to_string());
+        }
+    }
+    if let Some(file) = output {
+        let dest = file.dest.clone();
+        match crate::sink::recording::write_whole(file, report, &relay.intervals) {
+            Ok(()) => said.push(format!("report written to {}", dest.display())),
+            Err(e) => failed.push(format!("writing {}: {e}", dest.display())),
+        }
+    }
+    if let Some(path) = emissions {
+        match crate::sink::csv::append_emissions(path, report) {
+            Ok(line) => said.push(line),
+            Err(e) => failed.push(e),
+        }
+    }
+    (said, failed)
+}
+
 /// The loop's state: window messages relayed to the daemon and answered.
 struct Relay<'a> {
     daemon: Daemon,
@@ -292,6 +377,10 @@ struct Relay<'a> {
     skeleton: RunReport,
     /// The answer to `finish`, once it came.
     run: Option<serde_json::Value>,
+    /// `--jsonl`: each interval and window as it comes.
+    jsonl: Option<crate::sink::jsonl::Jsonl>,
+    /// The tree's interval records, for `--output`.
+    intervals: Vec<serde_json::Value>,
 }
 
 impl Relay<'_> {
@@ -383,6 +472,13 @@ impl Relay<'_> {
                 self.run = Some(v);
                 continue;
             }
+            if let Some(record) = v.get("interval") {
+                if let Some(j) = &mut self.jsonl {
+                    j.write(record);
+                }
+                self.intervals.push(record.clone());
+                continue;
+            }
             let id = v.get("id").and_then(serde_json::Value::as_u64);
             let Some(at) = self.waiting.iter().position(|(i, _)| Some(*i) == id) else {
                 continue;
@@ -393,6 +489,12 @@ impl Relay<'_> {
                 continue;
             }
             if let Some(w) = v.get("window") {
+                if let Some(j) = &mut self.jsonl {
+                    j.write(&crate::sink::jsonl::Typed {
+                        kind: "window",
+                        record: w,
+                    });
+                }
                 if let Some(to) = to {
                     let _ = self
                         .socket

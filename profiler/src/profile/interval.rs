@@ -173,7 +173,7 @@ impl Profile {
         self.sums.cgroups.name(sample.at_ns);
         self.sum_vms(&usage, &energy);
         self.add_to_windows(&usage, &shares);
-        self.add_to_served(&usage, &energy, &shares);
+        self.add_to_served(&usage, &energy, &shares, duration_ns);
         let mig = self.sum_mig(&read, &shares);
         // Outputs: the interval's record, streamed and kept.
         let record = self.build_record(&Built {

@@ -21,6 +21,7 @@ use super::Profile;
 use super::windows::{self, Window, Windows};
 use crate::attribution::{ConsumerId, DomainShare, EnergyBy};
 use crate::hash::IntMap;
+use crate::model::record::{GroupRow, GroupRows, IntervalRecord, LiveRow, ProcessRow};
 use crate::model::{
     EnergyJ, EnergyReport, GroupEnergy, MachineReport, ProcessReport, ProfilerReport,
     RUN_SCHEMA_VERSION, RunReport, ServedReport, WindowReport,
@@ -56,6 +57,15 @@ struct Follow {
     energy: EnergyBy,
     rows: IntMap<ConsumerId, Row>,
     rows_left_out: crate::hash::IntSet<ConsumerId>,
+    /// The client asked for each interval's record of the tree.
+    stream: bool,
+    /// This interval's rows so far, when streamed (at most
+    /// [`MAX_ROWS`]), and the tree's time and energy in it (all rows).
+    interval_rows: Vec<ProcessRow>,
+    interval_ns: u64,
+    interval_energy: EnergyBy,
+    /// The last closed interval's record, not yet taken.
+    record: Option<IntervalRecord>,
 }
 
 /// One client's trees and windows.
@@ -127,6 +137,7 @@ impl Served {
         usage: &[IntervalUsage],
         energy: &IntMap<ConsumerId, EnergyBy>,
         shares: &[DomainShare],
+        span: (u64, u64),
     ) {
         let consumers: Vec<(ConsumerId, u64)> = usage
             .iter()
@@ -146,6 +157,22 @@ impl Served {
         if roots.is_empty() {
             return;
         }
+        self.follow_usage(table, usage, energy, &roots);
+        for c in self.clients.values_mut() {
+            for f in c.follows.iter_mut().filter(|f| f.stream) {
+                f.close_record(span);
+            }
+        }
+    }
+
+    /// Adds each process that ran to the trees it is in.
+    fn follow_usage(
+        &mut self,
+        table: &ProcessTable<ProcFs>,
+        usage: &[IntervalUsage],
+        energy: &IntMap<ConsumerId, EnergyBy>,
+        roots: &IntMap<u32, Vec<(ClientId, usize)>>,
+    ) {
         for u in usage {
             let Some(p) = table.by_id(u.id) else { continue };
             let mut cur = Some(p);
@@ -177,11 +204,67 @@ impl Served {
 }
 
 impl Follow {
+    /// The interval's record of the tree (`at_ns`, `duration_ns`): its
+    /// rows and its total; no machine figures.
+    fn close_record(&mut self, (at_ns, duration_ns): (u64, u64)) {
+        let rows = std::mem::take(&mut self.interval_rows);
+        let e = std::mem::take(&mut self.interval_energy);
+        let j = crate::units::joules;
+        let tree = GroupRow {
+            on_cpu_ns: std::mem::take(&mut self.interval_ns),
+            energy_j: j(e.total_uj()),
+            package_j: j(e.package_uj),
+            core_j: j(e.core_uj),
+            dram_j: j(e.dram_uj),
+            gpu_j: j(e.gpu_uj),
+            static_j: j(e.static_uj()),
+        };
+        self.record = Some(IntervalRecord {
+            t_ns: at_ns.saturating_sub(self.begin_ns),
+            duration_ns,
+            busy_ns: tree.on_cpu_ns,
+            domains: Vec::new(),
+            gpus: Vec::new(),
+            groups: GroupRows {
+                tree,
+                ..GroupRows::default()
+            },
+            processes: Some(rows),
+        });
+    }
+
     fn add(&mut self, p: &crate::process::Process, u: &IntervalUsage, e: Option<&EnergyBy>) {
         let ns: u64 = u.on_cpu_ns.iter().sum();
         self.on_cpu_ns += ns;
         if let Some(e) = e {
             self.energy.merge(e);
+        }
+        if self.stream {
+            self.interval_ns += ns;
+            if let Some(e) = e {
+                self.interval_energy.merge(e);
+            }
+        }
+        if self.stream && self.interval_rows.len() < MAX_ROWS {
+            let j = crate::units::joules;
+            let e = e.copied().unwrap_or_default();
+            let mut comm = String::new();
+            p.write_name(&mut comm);
+            self.interval_rows.push(ProcessRow {
+                pid: p.pid,
+                ppid: p.ppid,
+                comm,
+                on_cpu_ns: ns,
+                package_j: j(e.package_uj),
+                core_j: j(e.core_uj),
+                dram_j: j(e.dram_uj),
+                gpu_j: j(e.gpu_uj),
+                static_j: j(e.static_uj()),
+                pss_bytes: None,
+                uss_bytes: None,
+                gpu_memory_bytes: 0,
+                live: LiveRow::default(),
+            });
         }
         if self.rows.len() >= MAX_ROWS && !self.rows.contains_key(&u.id) {
             self.rows_left_out.insert(u.id);
@@ -224,6 +307,7 @@ impl Profile {
         client: ClientId,
         root: u32,
         children_only: bool,
+        stream: bool,
     ) -> Result<(), String> {
         let c = self.served.clients.entry(client).or_default();
         if c.follows.iter().any(|f| f.root == root) {
@@ -238,8 +322,25 @@ impl Profile {
             energy: EnergyBy::default(),
             rows: IntMap::default(),
             rows_left_out: Default::default(),
+            stream,
+            interval_rows: Vec::new(),
+            interval_ns: 0,
+            interval_energy: EnergyBy::default(),
+            record: None,
         });
         Ok(())
+    }
+
+    /// The records of `client`'s streamed trees for the interval that
+    /// just closed (root, record), taken.
+    pub(crate) fn serve_records(&mut self, client: ClientId) -> Vec<(u32, IntervalRecord)> {
+        let Some(c) = self.served.clients.get_mut(&client) else {
+            return Vec::new();
+        };
+        c.follows
+            .iter_mut()
+            .filter_map(|f| f.record.take().map(|r| (f.root, r)))
+            .collect()
     }
 
     /// Whether `client` follows `root`.
@@ -356,9 +457,12 @@ impl Profile {
         usage: &[IntervalUsage],
         energy: &IntMap<ConsumerId, EnergyBy>,
         shares: &[DomainShare],
+        duration_ns: u64,
     ) {
         if !self.served.is_empty() {
-            self.served.add_interval(&self.table, usage, energy, shares);
+            let span = (self.last_ns, duration_ns);
+            self.served
+                .add_interval(&self.table, usage, energy, shares, span);
         }
     }
 

@@ -12,10 +12,11 @@
 //!
 //! Requests (`id=N` anywhere on a line is echoed in its answer as `"id"`):
 //!
-//! - `follow [pid=N] [children]`: follow N's tree (default: the client's
-//!   own process; `children`: its descendants, not itself). Answered at
-//!   once; the tree's figures so far come after every interval
-//!   (`{"progress": [...]}`).
+//! - `follow [pid=N] [children] [intervals]`: follow N's tree (default:
+//!   the client's own process; `children`: its descendants, not itself).
+//!   Answered at once; the tree's figures so far come after every interval
+//!   (`{"progress": [...]}`), and with `intervals` the interval's record of
+//!   the tree (`{"interval": {...}, "pid": N}`, its processes' rows).
 //! - `finish pid=N`: stop following N; answered after the next interval
 //!   closes with the tree's run document (`{"run": {...}}`).
 //! - `begin NAME [pid=N]`, `end NAME [pid=N]`: a window (default: the
@@ -206,6 +207,16 @@ impl Server {
     /// each followed tree's figures so far sent to its client.
     pub(crate) fn after_interval(&mut self, profile: &mut Profile) {
         let tick = profile.last_tick_ns();
+        // Each streamed tree's interval first: a tree finished now has its
+        // last interval before its document.
+        let read = profile.read();
+        for c in &mut self.conns {
+            for (pid, record) in profile.serve_records(c.id()) {
+                // The tree's rows, the domains read as the session's.
+                let v = writing(read, || serde_json::to_value(&record)).unwrap_or_default();
+                c.answer(None, serde_json::json!({ "interval": v, "pid": pid }));
+            }
+        }
         let mut waiting = Vec::new();
         for d in std::mem::take(&mut self.deferred) {
             if d.after_ns >= tick {
@@ -399,12 +410,13 @@ impl Server {
         match words.first().copied() {
             Some("follow") => {
                 let children = words[1..].contains(&"children");
+                let stream = words[1..].contains(&"intervals");
                 if let Some(w) = words[1..]
                     .iter()
-                    .find(|w| **w != "children" && !w.starts_with("pid="))
+                    .find(|w| !matches!(**w, "children" | "intervals") && !w.starts_with("pid="))
                 {
                     return Err(format!(
-                        "`follow`: unexpected `{w}` (follow [pid=N] [children])"
+                        "`follow`: unexpected `{w}` (follow [pid=N] [children] [intervals])"
                     ));
                 }
                 let pid = pid_of(&words[1..])?;
@@ -415,7 +427,7 @@ impl Server {
                         peer.uid
                     ));
                 }
-                profile.serve_follow(conn, pid, children)?;
+                profile.serve_follow(conn, pid, children, stream)?;
                 let run = profile.serve_skeleton(conn, pid, &self.cfg.path.to_string_lossy());
                 Ok(Some(serde_json::json!({ "following": pid, "run": run })))
             }

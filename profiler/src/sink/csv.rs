@@ -425,12 +425,15 @@ impl EmissionsRow {
 
 impl super::Sink for EmissionsRow {
     fn finish(&mut self, report: &RunReport, _: &super::Totals<'_>) -> Vec<Result<String, String>> {
-        let row = emissions_row(report.into(), ram_total_gb(), &uuid4());
-        vec![
-            append(&self.path, &row)
-                .map(|()| format!("emissions row appended to {}", self.path.display())),
-        ]
+        vec![append_emissions(&self.path, report)]
     }
+}
+
+/// Appends `report`'s codecarbon row to `path` (checked before the
+/// profile began): what was done, in one line.
+pub(crate) fn append_emissions(path: &Path, report: &RunReport) -> Result<String, String> {
+    let row = emissions_row(report.into(), ram_total_gb(), &uuid4());
+    append(path, &row).map(|()| format!("emissions row appended to {}", path.display()))
 }
 
 /// `--csv-intervals`: each interval's rows, timed from the header's

@@ -104,21 +104,22 @@ pub(crate) struct Recording {
     intervals: Intervals,
 }
 
-/// Writes a run document with no intervals (`run` through a daemon, which
-/// keeps the machine's intervals to itself) to `file`, and puts it in
-/// place.
-pub(crate) fn write_whole(file: PendingOutput, report: &RunReport) -> std::io::Result<()> {
+/// Writes a run document and its intervals as received (`run` through a
+/// daemon: the tree's records, with no machine figures) to `file`, and
+/// puts it in place.
+pub(crate) fn write_whole(
+    file: PendingOutput,
+    report: &RunReport,
+    intervals: &[serde_json::Value],
+) -> std::io::Result<()> {
     #[derive(Serialize)]
     struct Whole<'a> {
         #[serde(flatten)]
         report: &'a RunReport,
-        intervals: [(); 0],
+        intervals: &'a [serde_json::Value],
     }
     crate::model::unread::writing(report.read(), || {
-        file.commit_json(&Whole {
-            report,
-            intervals: [],
-        })
+        file.commit_json(&Whole { report, intervals })
     })
 }
 
