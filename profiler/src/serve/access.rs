@@ -55,6 +55,16 @@ pub(crate) fn credentials(proc: &Path, pid: u32) -> Option<(u32, u32, Vec<u32>)>
     uids.map(|(real, effective)| (real, effective, groups))
 }
 
+/// The supplementary groups of the client's process, when that process is
+/// still the client's: a pid reused by another user's process since the
+/// client connected gives none.
+fn peer_groups(proc: &Path, peer: Peer) -> Vec<u32> {
+    match credentials(proc, peer.pid) {
+        Some((real, effective, groups)) if real == peer.uid && effective == peer.uid => groups,
+        _ => Vec::new(),
+    }
+}
+
 /// What a client may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Standing {
@@ -76,8 +86,7 @@ pub(crate) fn standing(proc: &Path, peer: Peer, admin_gid: Option<u32>) -> Stand
     let Some(gid) = admin_gid else {
         return Standing::User;
     };
-    let in_group = peer.gid == gid
-        || credentials(proc, peer.pid).is_some_and(|(_, _, groups)| groups.contains(&gid));
+    let in_group = peer.gid == gid || peer_groups(proc, peer).contains(&gid);
     if in_group {
         Standing::Admin
     } else {
@@ -91,10 +100,7 @@ pub(crate) fn may_connect(proc: &Path, peer: Peer, group: Option<u32>) -> bool {
     match group {
         None => true,
         Some(_) if peer.uid == 0 => true,
-        Some(gid) => {
-            peer.gid == gid
-                || credentials(proc, peer.pid).is_some_and(|(_, _, groups)| groups.contains(&gid))
-        }
+        Some(gid) => peer.gid == gid || peer_groups(proc, peer).contains(&gid),
     }
 }
 
@@ -201,6 +207,14 @@ mod tests {
             Standing::Admin,
             "primary group"
         );
+        // The pid now another user's process: its groups are not the
+        // client's.
+        let reused = Peer {
+            uid: 1001,
+            gid: 101,
+            ..peer
+        };
+        assert_eq!(standing(proc, reused, Some(500)), Standing::User);
         let root = Peer { uid: 0, ..peer };
         assert_eq!(standing(proc, root, None), Standing::Admin);
         assert!(may_connect(proc, peer, Some(27)));
