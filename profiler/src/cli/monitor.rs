@@ -236,12 +236,11 @@ pub(crate) fn session(args: MonitorArgs, screen: Option<Shared>) -> anyhow::Resu
         screen: screen.clone(),
         server,
     };
-    sample_until(
-        &mut profile,
-        &mut tracker,
-        &mut Ticker::new(start_ns, interval_ns),
-        &mut hooks,
-    )?;
+    let mut ticker = Ticker::new(start_ns, interval_ns);
+    if hooks.server.is_some() {
+        ticker = ticker.full_periods();
+    }
+    sample_until(&mut profile, &mut tracker, &mut ticker, &mut hooks)?;
     if let Some(screen) = &screen {
         // The summary goes to the normal screen.
         screen.borrow_mut().restore();

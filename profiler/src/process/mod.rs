@@ -606,6 +606,11 @@ impl<M: ProcMeta> ProcessTable<M> {
         self.index.get(&pid).copied()
     }
 
+    /// Records kept (live and exited not yet forgotten).
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
     /// A process record by id (exited processes outside the tree are
     /// forgotten once their last interval was applied).
     pub(crate) fn by_id(&self, id: u64) -> Option<&Process> {

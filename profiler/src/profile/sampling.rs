@@ -19,12 +19,18 @@ const DRAIN_BATCH: Duration = Duration::from_millis(10);
 const MAX_SLEEP_MS: i32 = 200;
 
 /// When intervals close: every `interval_ns` from the start, skipping the
-/// ticks a slow interval missed (the next interval is then longer, never
-/// shorter than one period).
+/// ticks a slow interval missed (ticks stay on the grid: the interval
+/// after a late tick is shorter), or, with [`Ticker::full_periods`], a
+/// whole period after the last tick, late or not.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ticker {
     interval_ns: u64,
     next_ns: u64,
+    /// After a late tick, the next is a whole period after it (off the
+    /// grid): no interval is ever shorter than the period. The daemon's
+    /// users get figures over whole intervals, and a short one would be a
+    /// finer read than the period allows (`monitor --serve`).
+    full_periods: bool,
 }
 
 impl Ticker {
@@ -34,6 +40,15 @@ impl Ticker {
         Self {
             interval_ns,
             next_ns: start_ns + interval_ns,
+            full_periods: false,
+        }
+    }
+
+    /// Never an interval shorter than the period (see `full_periods`).
+    pub(crate) fn full_periods(self) -> Self {
+        Self {
+            full_periods: true,
+            ..self
         }
     }
 
@@ -42,6 +57,10 @@ impl Ticker {
     pub(crate) fn due(&mut self, now_ns: u64) -> bool {
         if now_ns < self.next_ns {
             return false;
+        }
+        if self.full_periods {
+            self.next_ns = now_ns + self.interval_ns;
+            return true;
         }
         let missed = (now_ns - self.next_ns) / self.interval_ns;
         self.next_ns += self.interval_ns * (missed + 1);
@@ -181,6 +200,18 @@ mod tests {
         assert_eq!(t.until(1_420).as_nanos(), 80);
         assert!(!t.due(1_499));
         assert!(t.due(1_500));
+    }
+
+    #[test]
+    fn with_full_periods_a_late_tick_puts_the_next_a_period_after_it() {
+        let mut t = Ticker::new(1_000, 100).full_periods();
+        assert!(t.due(1_100));
+        assert!(t.due(1_260), "late by 60");
+        assert!(
+            !t.due(1_359),
+            "a whole period after the late tick, not 1,300"
+        );
+        assert!(t.due(1_360));
     }
 
     #[test]

@@ -33,6 +33,15 @@ pub(crate) type ClientId = u64;
 
 use crate::model::SERVED_MAX_ROWS as MAX_ROWS;
 
+/// Processes beyond [`MAX_ROWS`] counted one by one per tree (beyond,
+/// the count stops: "at least").
+const MAX_LEFT_OUT_COUNTED: usize = 100_000;
+
+/// Rows of one streamed interval record (the first processes of the tree
+/// that ran in it; the others are in the record's totals only): a record
+/// stays small enough to be read as it comes.
+const STREAM_ROWS: usize = 1_000;
+
 /// One process of a followed tree, as the tree's report shows it.
 #[derive(Clone, Debug)]
 struct Row {
@@ -50,6 +59,8 @@ struct Row {
 #[derive(Clone, Debug)]
 struct Follow {
     root: u32,
+    /// The root's record, once the table has it.
+    root_id: Option<u64>,
     children_only: bool,
     begin_ns: u64,
     intervals: u64,
@@ -69,10 +80,22 @@ struct Follow {
 }
 
 /// One client's trees and windows.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Client {
     follows: Vec<Follow>,
     windows: Windows,
+    /// Each open window's root record, once the table has it.
+    window_roots: IntMap<u32, Option<u64>>,
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Self {
+            follows: Vec::new(),
+            windows: Windows::served(),
+            window_roots: IntMap::default(),
+        }
+    }
 }
 
 /// Every client's trees and windows.
@@ -139,67 +162,131 @@ impl Served {
         shares: &[DomainShare],
         span: (u64, u64),
     ) {
-        let consumers: Vec<(ConsumerId, u64)> = usage
-            .iter()
-            .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
-            .collect();
-        // Each root's trees: one walk up each consumer's lineage finds
-        // every tree it is in, however many are followed.
-        let mut roots: IntMap<u32, Vec<(ClientId, usize)>> = IntMap::default();
-        for (id, c) in &mut self.clients {
-            c.windows
-                .add_interval(shares, &consumers, |cid, pid| table.descends_from(cid, pid));
-            for (i, f) in c.follows.iter_mut().enumerate() {
+        // Every root of a tree or window, each known by its record once
+        // seen: a root that ended and whose pid another process took is
+        // not that process.
+        let mut roots = crate::hash::IntSet::default();
+        for c in self.clients.values_mut() {
+            for f in &mut c.follows {
                 f.intervals += 1;
-                roots.entry(f.root).or_default().push((*id, i));
+                resolve_root(table, f.root, f.begin_ns, &mut f.root_id);
+                roots.insert(f.root);
+            }
+            c.window_roots
+                .retain(|pid, _| c.windows.begin_of_pid(*pid).is_some());
+            for pid in c.windows.open_pids() {
+                let begun = c.windows.begin_of_pid(pid).unwrap_or(0);
+                let id = c.window_roots.entry(pid).or_default();
+                resolve_root(table, pid, begun, id);
+                roots.insert(pid);
             }
         }
         if roots.is_empty() {
             return;
         }
-        self.follow_usage(table, usage, energy, &roots);
-        for c in self.clients.values_mut() {
-            for f in c.follows.iter_mut().filter(|f| f.stream) {
-                f.close_record(span);
-            }
-        }
-    }
-
-    /// Adds each process that ran to the trees it is in.
-    fn follow_usage(
-        &mut self,
-        table: &ProcessTable<ProcFs>,
-        usage: &[IntervalUsage],
-        energy: &IntMap<ConsumerId, EnergyBy>,
-        roots: &IntMap<u32, Vec<(ClientId, usize)>>,
-    ) {
+        let mut lineage = Lineage::default();
         for u in usage {
-            let Some(p) = table.by_id(u.id) else { continue };
-            let mut cur = Some(p);
-            let mut depth = 0;
-            while let Some(a) = cur {
-                if let Some(trees) = roots.get(&a.pid) {
-                    for (client, i) in trees {
-                        let Some(f) = self
-                            .clients
-                            .get_mut(client)
-                            .and_then(|c| c.follows.get_mut(*i))
-                        else {
-                            continue;
-                        };
-                        if f.children_only && depth == 0 {
-                            continue;
-                        }
+            lineage.trees_of(table, u.id, &roots);
+        }
+        let consumers: Vec<(ConsumerId, u64)> = usage
+            .iter()
+            .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
+            .collect();
+        for c in self.clients.values_mut() {
+            let ids = &c.window_roots;
+            c.windows.add_interval(shares, &consumers, |cid, pid| {
+                lineage.is_in(cid, pid, ids.get(&pid).copied().flatten())
+            });
+            for f in &mut c.follows {
+                for u in usage {
+                    let in_tree = lineage.is_in(u.id, f.root, f.root_id)
+                        && !(f.children_only && table.by_id(u.id).is_some_and(|p| p.pid == f.root));
+                    if in_tree && let Some(p) = table.by_id(u.id) {
                         f.add(p, u, energy.get(&u.id));
                     }
                 }
-                depth += 1;
-                if depth > 4096 {
-                    break;
+                if f.stream {
+                    f.close_record(span);
                 }
-                cur = a.ppid.and_then(|pp| table.get(pp));
             }
         }
+    }
+}
+
+/// The record of a tree's root, once the table has one that began by
+/// `begin_ns` (a record that began later is another process that took
+/// the pid).
+fn resolve_root<M: crate::process::ProcMeta>(
+    table: &ProcessTable<M>,
+    pid: u32,
+    begin_ns: u64,
+    id: &mut Option<u64>,
+) {
+    if id.is_none()
+        && let Some(p) = table.get(pid)
+        && p.start_ns.is_none_or(|s| s <= begin_ns)
+    {
+        *id = Some(p.id);
+    }
+}
+
+/// Which roots each process descends from, found once per interval for
+/// every tree and window together (each record's answer is kept, so a
+/// long chain is walked once).
+#[derive(Default)]
+struct Lineage {
+    /// Per record: the roots (pid, record) it is in, itself included.
+    trees: IntMap<ConsumerId, Vec<(u32, u64)>>,
+}
+
+impl Lineage {
+    /// Works out the roots `id` is in. A parent is stepped to only if it
+    /// is older than the child: a pid the parent had and another process
+    /// took since (an orphan's parent pid) is not its parent.
+    fn trees_of<M: crate::process::ProcMeta>(
+        &mut self,
+        table: &ProcessTable<M>,
+        id: ConsumerId,
+        roots: &crate::hash::IntSet<u32>,
+    ) {
+        let mut path = Vec::new();
+        let mut cur = table.by_id(id);
+        let mut base: Vec<(u32, u64)> = Vec::new();
+        while let Some(p) = cur {
+            if let Some(known) = self.trees.get(&p.id) {
+                base.clone_from(known);
+                break;
+            }
+            path.push(p);
+            if path.len() > table.len() {
+                break;
+            }
+            cur = p.ppid.and_then(|pp| table.get(pp)).filter(|parent| {
+                parent.id != p.id
+                    && match (parent.start_ns, p.start_ns) {
+                        (Some(ps), Some(cs)) => ps <= cs,
+                        // Forked while watched, the child from before: a
+                        // newer process with the old parent's pid.
+                        (Some(_), None) => false,
+                        _ => true,
+                    }
+            });
+        }
+        for p in path.into_iter().rev() {
+            if roots.contains(&p.pid) {
+                base.push((p.pid, p.id));
+            }
+            self.trees.insert(p.id, base.clone());
+        }
+    }
+
+    /// Whether record `id` is in the tree of `root` (that record, when
+    /// known).
+    fn is_in(&self, id: ConsumerId, root: u32, root_id: Option<u64>) -> bool {
+        self.trees.get(&id).is_some_and(|t| {
+            t.iter()
+                .any(|(pid, rid)| *pid == root && root_id.is_none_or(|r| r == *rid))
+        })
     }
 }
 
@@ -245,7 +332,7 @@ impl Follow {
                 self.interval_energy.merge(e);
             }
         }
-        if self.stream && self.interval_rows.len() < MAX_ROWS {
+        if self.stream && self.interval_rows.len() < STREAM_ROWS {
             let j = crate::units::joules;
             let e = e.copied().unwrap_or_default();
             let mut comm = String::new();
@@ -267,7 +354,11 @@ impl Follow {
             });
         }
         if self.rows.len() >= MAX_ROWS && !self.rows.contains_key(&u.id) {
-            self.rows_left_out.insert(u.id);
+            // Counted up to a bound: a tree that forks for ever must not
+            // grow the daemon.
+            if self.rows_left_out.len() < MAX_LEFT_OUT_COUNTED {
+                self.rows_left_out.insert(u.id);
+            }
             return;
         }
         let row = self.rows.entry(u.id).or_insert_with(|| Row {
@@ -315,6 +406,7 @@ impl Profile {
         }
         c.follows.push(Follow {
             root,
+            root_id: None,
             children_only,
             begin_ns: self.last_ns,
             intervals: 0,
@@ -595,5 +687,71 @@ fn unknown_profiler(interval_ns: u64) -> ProfilerReport {
         unmatched_forks: 0,
         ended_unseen: 0,
         output_errors: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracker::{CpuSample, PackageNs, TaskEvent, TaskTime};
+
+    /// `/proc`: process 30, from before the daemon, names 40 its parent.
+    struct Parents;
+    impl crate::process::ProcMeta for Parents {
+        fn parent_of(&self, pid: u32) -> Option<u32> {
+            (pid == 30).then_some(40)
+        }
+    }
+
+    fn task(pid: u32) -> TaskTime {
+        TaskTime {
+            tid: pid,
+            tgid: pid,
+            cgroup_id: 1,
+            comm: crate::tracker::comm_bytes("x"),
+            on_cpu_ns: PackageNs::from_slice(&[1]),
+            exit_ns: None,
+        }
+    }
+
+    fn fork(ts_ns: u64, child: u32, parent: u32) -> TaskEvent {
+        TaskEvent::Fork {
+            ts_ns,
+            child,
+            parent_tid: parent,
+            parent_tgid: parent,
+            comm: "x".into(),
+        }
+    }
+
+    #[test]
+    fn a_tree_takes_no_orphan_through_a_reused_parent_pid_and_roots_are_records() {
+        let mut t = ProcessTable::new(Parents, 1, 99);
+        // 10 and 30 ran before; 20 is 10's child; then 10's new child
+        // takes pid 40, which the orphan 30 still names its parent.
+        t.apply(&CpuSample {
+            at_ns: 100,
+            events: vec![fork(5, 20, 10), fork(50, 40, 10)],
+            tasks: vec![task(10), task(20), task(30), task(40)],
+            ..CpuSample::default()
+        });
+        let roots: crate::hash::IntSet<u32> = [10].into_iter().collect();
+        let mut l = Lineage::default();
+        let id = |pid: u32| t.get(pid).expect("a record").id;
+        for pid in [10, 20, 30, 40] {
+            l.trees_of(&t, id(pid), &roots);
+        }
+        let root = Some(id(10));
+        assert!(l.is_in(id(20), 10, root) && l.is_in(id(40), 10, root));
+        assert!(l.is_in(id(10), 10, root), "the root itself");
+        assert!(!l.is_in(id(30), 10, root), "an orphan of an older 40");
+        // Another record of pid 10 (the pid reused): not this tree's root.
+        assert!(!l.is_in(id(20), 10, Some(id(10) + 1000)));
+        // A root's record is taken only if it began by the request.
+        let mut rid = None;
+        resolve_root(&t, 40, 49, &mut rid);
+        assert_eq!(rid, None, "40 began at 50, after a request at 49");
+        resolve_root(&t, 40, 60, &mut rid);
+        assert_eq!(rid, Some(id(40)));
     }
 }

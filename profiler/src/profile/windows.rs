@@ -281,6 +281,9 @@ pub struct Windows {
     done: Vec<Window>,
     errors: Vec<String>,
     error_count: u64,
+    /// A daemon's client's windows: an `end` closes only a window of its
+    /// own name and pid, and nothing is kept once answered.
+    served: bool,
 }
 
 /// Problems kept for the report (the rest are counted).
@@ -296,9 +299,34 @@ impl Windows {
         !self.open.is_empty()
     }
 
+    /// A daemon's client's windows (see `served`).
+    pub(crate) fn served() -> Self {
+        Self {
+            served: true,
+            ..Self::default()
+        }
+    }
+
     /// Windows open.
     pub(crate) fn open_count(&self) -> usize {
         self.open.len()
+    }
+
+    /// The pids whose trees open windows cover.
+    pub(crate) fn open_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.open.iter().map(|w| w.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// When the first window still open on `pid`'s tree began.
+    pub(crate) fn begin_of_pid(&self, pid: u32) -> Option<u64> {
+        self.open
+            .iter()
+            .filter(|w| w.pid == pid)
+            .map(|w| w.begin_ns)
+            .min()
     }
 
     /// When the window an `end NAME` from `pid` would close began.
@@ -355,7 +383,7 @@ impl Windows {
             .iter()
             .rev()
             .find(|i| self.open[**i].pid == cmd.pid)
-            .or(if by_name.len() == 1 {
+            .or(if by_name.len() == 1 && !self.served {
                 by_name.first()
             } else {
                 None
@@ -372,7 +400,9 @@ impl Windows {
                         w.name
                     ));
                 }
-                self.done.push(w.clone());
+                if !self.served {
+                    self.done.push(w.clone());
+                }
                 Ok(Some(w))
             }
             None if by_name.is_empty() => Err(format!(
@@ -569,6 +599,17 @@ mod tests {
             errors.last().is_some_and(|e| e.contains("more")),
             "{errors:?}"
         );
+    }
+
+    #[test]
+    fn a_served_end_closes_only_its_own_pid_and_keeps_nothing() {
+        let mut w = Windows::served();
+        w.apply(parse("begin x", 10).expect("ok"), 0)
+            .expect("accepted");
+        // Another pid's `end x`: refused, not the only `x` closed.
+        assert!(w.apply(parse("end x", 20).expect("ok"), 1).is_err());
+        assert!(w.apply(parse("end x", 10).expect("ok"), 1).is_ok());
+        assert_eq!((w.open_count(), w.done.len()), (0, 0));
     }
 
     #[test]
