@@ -194,14 +194,18 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
         static_w: 20.0,
         per_cpu_w: 10.0,
     };
-    let rapl = FakeRapl::following(
-        law,
-        PowerLaw {
-            static_w: 2.0,
-            per_cpu_w: 1.0,
-        },
-    );
-    let daemon = Daemon::start(&[&rapl.arg(), "--host-model", "none"]);
+    let dram = PowerLaw {
+        static_w: 2.0,
+        per_cpu_w: 1.0,
+    };
+    let rapl = FakeRapl::following(law, dram);
+    // This host's model, as `calibrate` would fit it, for both: with none,
+    // the static power is the lowest power seen so far, which a daemon
+    // that has run longer has seen lower (static_power.rs).
+    let models = tempfile_dir();
+    let model = wattprof_tests::host_model_file(&models, law, dram);
+    let model = model.to_string_lossy().into_owned();
+    let daemon = Daemon::start(&[&rapl.arg(), "--host-model", &model]);
     let wattprof = executable_by_others(&wattprof_bin());
     let load = executable_by_others(&wattprof_tests::testload_bin());
     let load = load.path.to_string_lossy().into_owned();
@@ -210,7 +214,7 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
     let mut roots = Vec::new();
     // Alternated, three each: the VM's noise falls on both.
     for round in 0..3 {
-        let root = wattprof_run(&[&rapl.arg(), "--host-model", "none"], &[&load, "cpu", "2"]);
+        let root = wattprof_run(&[&rapl.arg(), "--host-model", &model], &[&load, "cpu", "2"]);
         assert!(root.output.status.success(), "{}", root.stderr());
         roots.push(joules_per_cpu_s(root.report()));
         let out = dir.join(format!("nobody-{round}.json"));
@@ -268,6 +272,7 @@ fn nobodys_run_through_the_daemon_measures_as_roots_run_does() {
     );
     let _ = std::fs::remove_dir_all(&dir);
     daemon.stop();
+    let _ = std::fs::remove_dir_all(&models);
 }
 
 #[test]
@@ -304,6 +309,21 @@ fn a_python_window_outside_run_is_answered_and_inside_run_recorded() {
         u(&w, "/end_ns") - u(&w, "/begin_ns") >= 1_000_000_000,
         "{w}"
     );
+    // A client that closes its writing side after `end` (`nc -N`) still
+    // gets the window, then the daemon closes.
+    let half = format!(
+        "import socket, json\n\
+         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect({sock:?})\n\
+         s.sendall(b'begin h id=1\\nend h id=2\\n'); s.shutdown(socket.SHUT_WR)\n\
+         print(json.dumps([json.loads(l) for l in s.makefile()]))\n"
+    );
+    let o = as_nobody(&dir, &[], &[PYTHON, "-c", &half])
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", said(&o));
+    let answers: Value = serde_json::from_slice(&o.stdout).expect("answers");
+    assert_eq!(answers[0]["begun"], true, "{answers}");
+    assert_eq!(answers[1]["window"]["name"], "h", "{answers}");
     // Under nobody's `wattprof run`: the answer is the recording's.
     let wattprof = executable_by_others(&wattprof_bin());
     let out = dir.join("run.json");

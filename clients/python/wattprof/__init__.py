@@ -157,14 +157,21 @@ def _ask(line, timeout):
             while True:
                 raw = lines.readline()
                 if not raw:
-                    _daemon = False
-                    raise WattprofError("the wattprof daemon closed the connection")
+                    raise OSError("the wattprof daemon closed the connection")
                 answer = json.loads(raw.decode())
                 if answer.get("id") == rid:
                     return answer
-        except socket.timeout:
+        except (OSError, ValueError) as e:
+            # A timeout, a daemon restarted or gone, a garbled line: this
+            # connection is done (the next call connects again); the
+            # program goes on.
+            _daemon = None
+            try:
+                s.close()
+            except OSError:
+                pass
             warnings.warn(
-                "the wattprof daemon did not answer `%s` within %s s" % (line, timeout),
+                "the wattprof daemon did not answer `%s`: %s" % (line, e),
                 stacklevel=3,
             )
             return None
@@ -209,7 +216,9 @@ def begin_window(name, sync=None):
         _sync(sync)
         answer = _ask("begin %s" % name, DEFAULT_TIMEOUT_S)
         if answer and "error" in answer:
-            raise WattprofError(answer["error"])
+            # Refused (the rate, the open windows' limit): the program goes
+            # on; its `end` is refused in turn.
+            warnings.warn("wattprof: %s" % answer["error"], stacklevel=2)
         return None
     _check_name(name)
     _sync(sync)

@@ -71,6 +71,7 @@ struct Daemon {
     /// A line read in part (the socket is non-blocking in the loop).
     partial: Vec<u8>,
     next_id: u64,
+    nonblocking: bool,
 }
 
 impl Daemon {
@@ -82,6 +83,7 @@ impl Daemon {
             lines,
             partial: Vec::new(),
             next_id: 1,
+            nonblocking: false,
         })
     }
 
@@ -89,9 +91,26 @@ impl Daemon {
     fn send(&mut self, request: &str) -> std::io::Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
-        self.stream
-            .write_all(format!("{request} id={id}\n").as_bytes())?;
+        // Whole, even where the socket is non-blocking for reads: a line
+        // written in part would run into the next.
+        let nonblocking = self.nonblocking;
+        if nonblocking {
+            self.stream.set_nonblocking(false)?;
+        }
+        let written = self
+            .stream
+            .write_all(format!("{request} id={id}\n").as_bytes());
+        if nonblocking {
+            self.stream.set_nonblocking(true)?;
+        }
+        written?;
         Ok(id)
+    }
+
+    /// Reads without waiting from now on.
+    fn set_nonblocking(&mut self) -> std::io::Result<()> {
+        self.nonblocking = true;
+        self.stream.set_nonblocking(true)
     }
 
     /// The next line (`None`: the daemon closed the connection).
@@ -128,7 +147,8 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
     let (_, streams) = args.energy.validate()?;
     let path = daemon_path(args.daemon.as_deref());
     let intervals = output.is_some() || streams.jsonl.is_some();
-    let (daemon, skeleton) = follow(&path, why.as_deref(), intervals)?;
+    let (mut daemon, skeleton) = follow(&path, why.as_deref(), intervals)?;
+    daemon.set_nonblocking().context("the daemon's socket")?;
     let argv: Vec<String> = args
         .command
         .iter()
@@ -138,10 +158,6 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
     if let Some(j) = &mut jsonl {
         j.write(&header_of(&skeleton, &argv));
     }
-    daemon
-        .stream
-        .set_nonblocking(true)
-        .context("the daemon's socket")?;
     let signal_target = Arc::new(child::SignalTarget::default());
     child::forward_signals(signal_target.clone()).context("cannot install signal handlers")?;
     let socket = WindowSocket::bind(&std::env::temp_dir(), None).map_err(|e| {
@@ -172,6 +188,7 @@ pub(crate) fn execute(args: RunArgs, why: Option<String>) -> anyhow::Result<i32>
         started,
         skeleton,
         run: None,
+        finish_id: None,
         jsonl,
         intervals: Vec::new(),
     };
@@ -375,8 +392,9 @@ struct Relay<'a> {
     started: Instant,
     /// The tree's document as it began.
     skeleton: RunReport,
-    /// The answer to `finish`, once it came.
+    /// The answer to `finish`, once it came (its document, or a refusal).
     run: Option<serde_json::Value>,
+    finish_id: Option<u64>,
     /// `--jsonl`: each interval and window as it comes.
     jsonl: Option<crate::sink::jsonl::Jsonl>,
     /// The tree's interval records, for `--output`.
@@ -468,7 +486,8 @@ impl Relay<'_> {
                 self.progress = serde_json::from_value(p.clone()).ok();
                 continue;
             }
-            if v.get("run").is_some() {
+            let id = v.get("id").and_then(serde_json::Value::as_u64);
+            if v.get("run").is_some() || (id.is_some() && id == self.finish_id) {
                 self.run = Some(v);
                 continue;
             }
@@ -479,7 +498,6 @@ impl Relay<'_> {
                 self.intervals.push(record.clone());
                 continue;
             }
-            let id = v.get("id").and_then(serde_json::Value::as_u64);
             let Some(at) = self.waiting.iter().position(|(i, _)| Some(*i) == id) else {
                 continue;
             };
@@ -556,6 +574,7 @@ impl Relay<'_> {
                 return None;
             }
         };
+        self.finish_id = Some(id);
         // An interval is at most an hour; the windows' ends come first.
         let until = Instant::now() + Duration::from_secs(3700);
         while Instant::now() < until && self.lost.is_none() {
@@ -573,6 +592,17 @@ impl Relay<'_> {
     /// The run document: the daemon's, with this side's windows; or, if
     /// the daemon went away, what it had sent, saying what is missing.
     fn report(&mut self, run: Option<serde_json::Value>, path: &Path) -> anyhow::Result<RunReport> {
+        if let Some(e) = run
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(serde_json::Value::as_str)
+        {
+            return Err(Fatal::profiler(format!(
+                "the daemon at {} refused the command's figures: {e}",
+                path.display()
+            ))
+            .into());
+        }
         let mut report: RunReport = match run.as_ref().and_then(|v| v.get("run")) {
             Some(r) => serde_json::from_value(r.clone())
                 .map_err(|e| Fatal::profiler(format!("a bad report from the daemon: {e}")))?,

@@ -10,8 +10,10 @@ pub(crate) const MAX_LINE: usize = 1024;
 /// Bytes read from one connection per wake-up (a flood cannot starve the
 /// others or the intervals).
 const READ_PER_WAKE: usize = 64 * 1024;
+/// Answers waiting before a client's requests are read no further.
+const READ_WHILE_PENDING: usize = 64 * 1024;
 /// Answers waiting to be read by a client; past this it is cut off (it
-/// asks without reading).
+/// does not read what it asked for: trees and intervals it follows).
 pub(crate) const MAX_PENDING_OUT: usize = 16 << 20;
 
 /// A client's connection.
@@ -28,6 +30,10 @@ pub(crate) struct Conn {
     skipping: bool,
     out: Vec<u8>,
     closed: bool,
+    /// The client closed its side: nothing more to read; it is kept
+    /// while answers it waits for are pending (`printf 'end x\n' | nc
+    /// -N`).
+    eof: bool,
 }
 
 impl Conn {
@@ -41,7 +47,25 @@ impl Conn {
             skipping: false,
             out: Vec::new(),
             closed: false,
+            eof: false,
         }
+    }
+
+    /// Whether the client closed its side.
+    pub(crate) fn eof(&self) -> bool {
+        self.eof
+    }
+
+    /// Whether to read from it: not after its end, nor while it has more
+    /// than [`READ_WHILE_PENDING`] of answers unread (a client that asks
+    /// without reading is read no further until it reads).
+    pub(crate) fn readable(&self) -> bool {
+        !self.eof && !self.closed && self.out.len() <= READ_WHILE_PENDING
+    }
+
+    /// Cuts it off.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
     }
 
     pub(crate) fn id(&self) -> ClientId {
@@ -75,7 +99,7 @@ impl Conn {
                 )
             };
             if n == 0 {
-                self.closed = true;
+                self.eof = true;
                 break;
             }
             if n < 0 {
@@ -200,7 +224,7 @@ mod tests {
         assert!(!c.closed());
         drop(client);
         assert!(c.read_lines().is_empty());
-        assert!(c.closed());
+        assert!(c.eof() && !c.readable(), "its end seen, nothing more read");
     }
 
     #[test]

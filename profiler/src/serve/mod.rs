@@ -36,6 +36,7 @@ use access::{Bucket, MIN_USER_SPAN_NS, Peer, Standing};
 use conn::Conn;
 
 use crate::hash::IntMap;
+use crate::model::RunReport;
 use crate::model::unread::{Read, writing};
 use crate::profile::Profile;
 use crate::profile::served::ClientId;
@@ -54,6 +55,25 @@ const MAX_FOLLOWS_PER_UID: usize = 16;
 const MAX_WINDOWS_PER_UID: usize = 64;
 /// Requests waiting for the next interval, per connection.
 const MAX_DEFERRED_PER_CONN: usize = 128;
+/// Refusals over the rate answered one by one per connection and wake-up;
+/// the rest get one line together.
+const MAX_REFUSALS_PER_WAKE: usize = 64;
+
+/// The answer to requests over the rate.
+fn rate_refusal(n: usize) -> serde_json::Value {
+    let e = if n == 1 {
+        format!(
+            "rate limit: at most {} requests a second per user (docs/shared.md)",
+            access::RATE_PER_S
+        )
+    } else {
+        format!(
+            "rate limit: {n} more requests refused (at most {} a second per user)",
+            access::RATE_PER_S
+        )
+    };
+    serde_json::json!({ "error": e })
+}
 
 /// How the socket is set up.
 #[derive(Clone, Debug)]
@@ -176,7 +196,7 @@ impl Server {
     /// Files to wake on: the listener, then each connection.
     pub(crate) fn fds(&self) -> Vec<RawFd> {
         std::iter::once(self.listener.as_raw_fd())
-            .chain(self.conns.iter().map(Conn::fd))
+            .chain(self.conns.iter().filter(|c| c.readable()).map(Conn::fd))
             .collect()
     }
 
@@ -184,7 +204,13 @@ impl Server {
     /// waiting lines handled, closed connections forgotten (with all they
     /// held), and pending answers written.
     pub(crate) fn woke(&mut self, ready: &[bool], profile: &mut Profile, now_ns: u64) {
-        let was: Vec<ClientId> = self.conns.iter().map(Conn::id).collect();
+        // The connections polled, in the order `fds` gave them.
+        let was: Vec<ClientId> = self
+            .conns
+            .iter()
+            .filter(|c| c.readable())
+            .map(Conn::id)
+            .collect();
         if ready.first() == Some(&true) {
             self.accept(now_ns);
         }
@@ -196,8 +222,23 @@ impl Server {
                 continue;
             };
             let lines = self.conns[at].read_lines();
+            // Over the rate, the first refusals are answered one by one
+            // and the rest together: a flood costs one line each, not
+            // one answer each.
+            let mut limited = 0usize;
             for line in lines {
-                self.handle(at, &line, profile, now_ns);
+                if !self.within_rate(at, &line, now_ns) {
+                    limited += 1;
+                    if limited <= MAX_REFUSALS_PER_WAKE {
+                        let (id, _) = split_id(&line);
+                        self.conns[at].answer(id, rate_refusal(1));
+                    }
+                    continue;
+                }
+                self.handle(at, &line, profile);
+            }
+            if limited > MAX_REFUSALS_PER_WAKE {
+                self.conns[at].answer(None, rate_refusal(limited - MAX_REFUSALS_PER_WAKE));
             }
         }
         self.flush_and_reap(profile);
@@ -278,11 +319,17 @@ impl Server {
         self.flush_and_reap(profile);
     }
 
-    /// Writes what is pending; forgets closed and failed connections.
+    /// Writes what is pending; forgets closed and failed connections, and
+    /// those whose client closed its side once nothing it waits for is
+    /// left.
     fn flush_and_reap(&mut self, profile: &mut Profile) {
         let mut gone = Vec::new();
+        let deferred = &self.deferred;
         self.conns.retain_mut(|c| {
             c.flush();
+            if c.eof() && !deferred.iter().any(|d| d.conn == c.id()) {
+                c.close();
+            }
             if c.closed() {
                 gone.push(c.id());
                 false
@@ -349,26 +396,26 @@ impl Server {
     }
 
     /// Handles one line of connection `at`.
-    fn handle(&mut self, at: usize, line: &str, profile: &mut Profile, now_ns: u64) {
+    /// Whether connection `at` may make this request now: an admin always,
+    /// a user within the rate (`finish`, which ends what was asked for,
+    /// always).
+    fn within_rate(&mut self, at: usize, line: &str, now_ns: u64) -> bool {
+        let c = &self.conns[at];
+        if c.standing == Standing::Admin || line.split_whitespace().next() == Some("finish") {
+            return true;
+        }
+        self.buckets
+            .entry(c.peer.uid)
+            .or_insert_with(|| Bucket::new(now_ns))
+            .take(now_ns)
+    }
+
+    fn handle(&mut self, at: usize, line: &str, profile: &mut Profile) {
         let (peer, standing, conn_id) = {
             let c = &self.conns[at];
             (c.peer, c.standing, c.id())
         };
         let (id, words) = split_id(line);
-        if standing == Standing::User
-            && !self
-                .buckets
-                .entry(peer.uid)
-                .or_insert_with(|| Bucket::new(now_ns))
-                .take(now_ns)
-        {
-            let e = format!(
-                "rate limit: at most {} requests a second per user (docs/shared.md)",
-                access::RATE_PER_S
-            );
-            self.conns[at].answer(id, serde_json::json!({ "error": e }));
-            return;
-        }
         let answer = match self.request(conn_id, peer, standing, id, &words, profile) {
             Ok(Some(v)) => v,
             Ok(None) => return,
@@ -429,6 +476,8 @@ impl Server {
                 }
                 profile.serve_follow(conn, pid, children, stream)?;
                 let run = profile.serve_skeleton(conn, pid, &self.cfg.path.to_string_lossy());
+                let read = run.as_ref().map_or(Read::NONE, RunReport::read);
+                let run = writing(read, || serde_json::to_value(&run)).unwrap_or_default();
                 Ok(Some(serde_json::json!({ "following": pid, "run": run })))
             }
             Some("finish") => {
