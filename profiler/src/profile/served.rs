@@ -102,6 +102,8 @@ impl Default for Client {
 #[derive(Debug, Default)]
 pub(crate) struct Served {
     clients: BTreeMap<ClientId, Client>,
+    /// Which roots each process is in, kept from interval to interval.
+    lineage: Lineage,
     /// The tracker's facts, for a tree's report.
     profiler: Option<ProfilerReport>,
 }
@@ -184,7 +186,8 @@ impl Served {
         if roots.is_empty() {
             return;
         }
-        let mut lineage = Lineage::default();
+        let lineage = &mut self.lineage;
+        lineage.start_interval(table, &roots);
         for u in usage {
             lineage.trees_of(table, u.id, &roots);
         }
@@ -192,22 +195,28 @@ impl Served {
             .iter()
             .map(|u| (u.id, u.on_cpu_ns.iter().sum()))
             .collect();
+        let lineage = &self.lineage;
         for c in self.clients.values_mut() {
             let ids = &c.window_roots;
             c.windows.add_interval(shares, &consumers, |cid, pid| {
                 lineage.is_in(cid, pid, ids.get(&pid).copied().flatten())
             });
-            for f in &mut c.follows {
-                for u in usage {
-                    let in_tree = lineage.is_in(u.id, f.root, f.root_id)
-                        && !(f.children_only && table.by_id(u.id).is_some_and(|p| p.pid == f.root));
-                    if in_tree && let Some(p) = table.by_id(u.id) {
+            // Most processes are in no tree: one lookup each.
+            for u in usage {
+                if !lineage.in_any(u.id) {
+                    continue;
+                }
+                let Some(p) = table.by_id(u.id) else { continue };
+                for f in &mut c.follows {
+                    if lineage.is_in(u.id, f.root, f.root_id)
+                        && !(f.children_only && p.pid == f.root)
+                    {
                         f.add(p, u, energy.get(&u.id));
                     }
                 }
-                if f.stream {
-                    f.close_record(span);
-                }
+            }
+            for f in c.follows.iter_mut().filter(|f| f.stream) {
+                f.close_record(span);
             }
         }
     }
@@ -230,16 +239,38 @@ fn resolve_root<M: crate::process::ProcMeta>(
     }
 }
 
-/// Which roots each process descends from, found once per interval for
-/// every tree and window together (each record's answer is kept, so a
-/// long chain is walked once).
-#[derive(Default)]
+/// Which roots each process descends from, for every tree and window
+/// together. A record's answer is kept while the roots stay the same (its
+/// parents do not change), so a long chain is walked once, and a process
+/// that runs every interval costs a lookup; an answer cut short by a
+/// parent the table does not have yet is kept for one interval only.
+#[derive(Debug, Default)]
 struct Lineage {
-    /// Per record: the roots (pid, record) it is in, itself included.
-    trees: IntMap<ConsumerId, Vec<(u32, u64)>>,
+    /// Per record: the roots (pid, record) it is in, itself included, and
+    /// whether its whole lineage was known.
+    trees: IntMap<ConsumerId, (Vec<(u32, u64)>, bool)>,
+    /// The roots the answers are for.
+    roots: crate::hash::IntSet<u32>,
 }
 
 impl Lineage {
+    /// Before an interval's walks: answers for other roots, and those cut
+    /// short, are dropped; those of forgotten records too, now and then.
+    fn start_interval<M: crate::process::ProcMeta>(
+        &mut self,
+        table: &ProcessTable<M>,
+        roots: &crate::hash::IntSet<u32>,
+    ) {
+        if &self.roots != roots {
+            self.trees.clear();
+            self.roots.clone_from(roots);
+        }
+        self.trees.retain(|_, (_, whole)| *whole);
+        if self.trees.len() > 2 * table.len() + 1024 {
+            self.trees.retain(|id, _| table.by_id(*id).is_some());
+        }
+    }
+
     /// Works out the roots `id` is in. A parent is stepped to only if it
     /// is older than the child: a pid the parent had and another process
     /// took since (an orphan's parent pid) is not its parent.
@@ -249,19 +280,31 @@ impl Lineage {
         id: ConsumerId,
         roots: &crate::hash::IntSet<u32>,
     ) {
+        if self.trees.contains_key(&id) {
+            return;
+        }
         let mut path = Vec::new();
         let mut cur = table.by_id(id);
         let mut base: Vec<(u32, u64)> = Vec::new();
+        let mut whole = true;
         while let Some(p) = cur {
-            if let Some(known) = self.trees.get(&p.id) {
+            if let Some((known, known_whole)) = self.trees.get(&p.id) {
                 base.clone_from(known);
+                whole = *known_whole;
                 break;
             }
             path.push(p);
             if path.len() > table.len() {
+                whole = false;
                 break;
             }
-            cur = p.ppid.and_then(|pp| table.get(pp)).filter(|parent| {
+            let parent = p.ppid.map(|pp| table.get(pp));
+            // A parent the table has no record of (yet), or no parent
+            // known (yet): the answer holds for this interval only.
+            if matches!(parent, Some(None)) || (parent.is_none() && p.pid > 2) {
+                whole = false;
+            }
+            cur = parent.flatten().filter(|parent| {
                 parent.id != p.id
                     && match (parent.start_ns, p.start_ns) {
                         (Some(ps), Some(cs)) => ps <= cs,
@@ -276,14 +319,19 @@ impl Lineage {
             if roots.contains(&p.pid) {
                 base.push((p.pid, p.id));
             }
-            self.trees.insert(p.id, base.clone());
+            self.trees.insert(p.id, (base.clone(), whole));
         }
+    }
+
+    /// Whether record `id` is in any tree.
+    fn in_any(&self, id: ConsumerId) -> bool {
+        self.trees.get(&id).is_some_and(|(t, _)| !t.is_empty())
     }
 
     /// Whether record `id` is in the tree of `root` (that record, when
     /// known).
     fn is_in(&self, id: ConsumerId, root: u32, root_id: Option<u64>) -> bool {
-        self.trees.get(&id).is_some_and(|t| {
+        self.trees.get(&id).is_some_and(|(t, _)| {
             t.iter()
                 .any(|(pid, rid)| *pid == root && root_id.is_none_or(|r| r == *rid))
         })
@@ -724,6 +772,10 @@ mod tests {
         }
     }
 
+    fn rec(t: &ProcessTable<Parents>, pid: u32) -> u64 {
+        t.get(pid).expect("a record").id
+    }
+
     #[test]
     fn a_tree_takes_no_orphan_through_a_reused_parent_pid_and_roots_are_records() {
         let mut t = ProcessTable::new(Parents, 1, 99);
@@ -737,21 +789,32 @@ mod tests {
         });
         let roots: crate::hash::IntSet<u32> = [10].into_iter().collect();
         let mut l = Lineage::default();
-        let id = |pid: u32| t.get(pid).expect("a record").id;
+        l.start_interval(&t, &roots);
         for pid in [10, 20, 30, 40] {
-            l.trees_of(&t, id(pid), &roots);
+            l.trees_of(&t, rec(&t, pid), &roots);
         }
-        let root = Some(id(10));
-        assert!(l.is_in(id(20), 10, root) && l.is_in(id(40), 10, root));
-        assert!(l.is_in(id(10), 10, root), "the root itself");
-        assert!(!l.is_in(id(30), 10, root), "an orphan of an older 40");
+        let root = Some(rec(&t, 10));
+        assert!(l.is_in(rec(&t, 20), 10, root) && l.is_in(rec(&t, 40), 10, root));
+        assert!(l.is_in(rec(&t, 10), 10, root), "the root itself");
+        assert!(!l.is_in(rec(&t, 30), 10, root), "an orphan of an older 40");
+        // The next interval: answers kept, a new child of 20 found.
+        t.apply(&CpuSample {
+            at_ns: 200,
+            events: vec![fork(150, 50, 20)],
+            tasks: vec![task(50)],
+            ..CpuSample::default()
+        });
+        l.start_interval(&t, &roots);
+        l.trees_of(&t, rec(&t, 50), &roots);
+        assert!(l.is_in(rec(&t, 50), 10, root) && l.is_in(rec(&t, 20), 10, root));
+        assert!(!l.in_any(rec(&t, 30)));
         // Another record of pid 10 (the pid reused): not this tree's root.
-        assert!(!l.is_in(id(20), 10, Some(id(10) + 1000)));
+        assert!(!l.is_in(rec(&t, 20), 10, Some(rec(&t, 10) + 1000)));
         // A root's record is taken only if it began by the request.
         let mut rid = None;
         resolve_root(&t, 40, 49, &mut rid);
         assert_eq!(rid, None, "40 began at 50, after a request at 49");
         resolve_root(&t, 40, 60, &mut rid);
-        assert_eq!(rid, Some(id(40)));
+        assert_eq!(rid, Some(rec(&t, 40)));
     }
 }

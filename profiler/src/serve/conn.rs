@@ -152,6 +152,38 @@ impl Conn {
         }
     }
 
+    /// Queues `value` as a line, serialised straight into the output.
+    pub(crate) fn line(&mut self, value: &impl serde::Serialize) {
+        if self.out.len() > MAX_PENDING_OUT {
+            self.closed = true;
+            return;
+        }
+        let start = self.out.len();
+        if serde_json::to_writer(&mut self.out, value).is_ok() {
+            self.out.push(b'\n');
+        } else {
+            self.out.truncate(start);
+        }
+    }
+
+    /// Queues `{"KEY": value}` (a line the daemon sends unasked, each
+    /// interval), serialised straight into the output: no JSON tree built.
+    pub(crate) fn push(&mut self, key: &str, value: &impl serde::Serialize) {
+        if self.out.len() > MAX_PENDING_OUT {
+            self.closed = true;
+            return;
+        }
+        let start = self.out.len();
+        self.out.extend_from_slice(b"{\"");
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+        if serde_json::to_writer(&mut self.out, value).is_ok() {
+            self.out.extend_from_slice(b"}\n");
+        } else {
+            self.out.truncate(start);
+        }
+    }
+
     /// Writes what is pending, without waiting.
     pub(crate) fn flush(&mut self) {
         while !self.out.is_empty() {

@@ -251,11 +251,20 @@ impl Server {
         // Each streamed tree's interval first: a tree finished now has its
         // last interval before its document.
         let read = profile.read();
+        #[derive(serde::Serialize)]
+        struct Streamed<'a> {
+            interval: &'a crate::model::record::IntervalRecord,
+            pid: u32,
+        }
         for c in &mut self.conns {
             for (pid, record) in profile.serve_records(c.id()) {
                 // The tree's rows, the domains read as the session's.
-                let v = writing(read, || serde_json::to_value(&record)).unwrap_or_default();
-                c.answer(None, serde_json::json!({ "interval": v, "pid": pid }));
+                writing(read, || {
+                    c.line(&Streamed {
+                        interval: &record,
+                        pid,
+                    });
+                });
             }
         }
         let mut waiting = Vec::new();
@@ -313,7 +322,7 @@ impl Server {
         for c in &mut self.conns {
             let progress = profile.serve_progress(c.id());
             if !progress.is_empty() {
-                c.answer(None, serde_json::json!({ "progress": progress }));
+                writing(read, || c.push("progress", &progress));
             }
         }
         self.flush_and_reap(profile);
