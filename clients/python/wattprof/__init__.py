@@ -42,6 +42,9 @@ _sender = None
 _daemon = None
 _daemon_pid = None
 _next_id = 0
+# Windows begun on the daemon's current connection (a new connection, after
+# a daemon restart, holds none of the old one's).
+_begun = {}
 
 
 class WattprofError(RuntimeError):
@@ -129,6 +132,7 @@ def _connection():
         if _daemon_pid != os.getpid():
             # A fork must not share its parent's connection.
             _daemon, _daemon_pid = None, os.getpid()
+            _begun.clear()
         if _daemon is None:
             path = os.environ.get(DAEMON_ENV) or DAEMON_PATH
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -166,6 +170,7 @@ def _ask(line, timeout):
             # connection is done (the next call connects again); the
             # program goes on.
             _daemon = None
+            _begun.clear()
             try:
                 s.close()
             except OSError:
@@ -217,8 +222,10 @@ def begin_window(name, sync=None):
         answer = _ask("begin %s" % name, DEFAULT_TIMEOUT_S)
         if answer and "error" in answer:
             # Refused (the rate, the open windows' limit): the program goes
-            # on; its `end` is refused in turn.
+            # on, and its `end` returns None.
             warnings.warn("wattprof: %s" % answer["error"], stacklevel=2)
+        elif answer:
+            _begun[name] = _begun.get(name, 0) + 1
         return None
     _check_name(name)
     _sync(sync)
@@ -239,6 +246,15 @@ def end_window(name, sync=None, timeout=DEFAULT_TIMEOUT_S):
             return None
         _check_name(name)
         _sync(sync)
+        if not _begun.get(name):
+            # Its begin was refused, or the daemon restarted since: nothing
+            # to end on this connection.
+            warnings.warn(
+                "wattprof: window %r was not begun on the daemon's connection" % (name,),
+                stacklevel=2,
+            )
+            return None
+        _begun[name] -= 1
         # The daemon answers after its next interval closes.
         answer = _ask("end %s" % name, timeout + 3600.0)
         if answer is None:

@@ -28,6 +28,9 @@ use crate::profile::windows::{self, ReplyTo, WindowSocket};
 /// The environment variable naming the daemon's socket.
 pub(crate) const DAEMON_ENV: &str = "WATTPROF_DAEMON";
 
+/// Window messages relayed and not answered yet.
+const MAX_WAITING: usize = 64;
+
 /// How long the daemon has to answer a request that needs no interval.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
@@ -437,6 +440,17 @@ impl Relay<'_> {
             };
             if self.lost.is_some() {
                 self.refused(m.reply_to, "the wattprof daemon went away".to_string());
+                continue;
+            }
+            // The daemon answers at most a line per request: requests
+            // beyond these unanswered are refused here, so a program that
+            // floods windows never blocks this side writing to a daemon
+            // that has stopped reading it.
+            if self.waiting.len() >= MAX_WAITING {
+                self.refused(
+                    m.reply_to,
+                    format!("{MAX_WAITING} window messages wait for the daemon's answer"),
+                );
                 continue;
             }
             let verb = if cmd.begin { "begin" } else { "end" };

@@ -58,7 +58,9 @@ impl Ticker {
         if now_ns < self.next_ns {
             return false;
         }
-        if self.full_periods {
+        // Late by more than a hundredth of the period: the next a whole
+        // period after this one (an on-time tick stays on the grid).
+        if self.full_periods && now_ns - self.next_ns > self.interval_ns / 100 {
             self.next_ns = now_ns + self.interval_ns;
             return true;
         }
@@ -206,12 +208,13 @@ mod tests {
     fn with_full_periods_a_late_tick_puts_the_next_a_period_after_it() {
         let mut t = Ticker::new(1_000, 100).full_periods();
         assert!(t.due(1_100));
-        assert!(t.due(1_260), "late by 60");
+        assert!(t.due(1_200), "on time: on the grid");
+        assert!(t.due(1_360), "late by 60");
         assert!(
-            !t.due(1_359),
-            "a whole period after the late tick, not 1,300"
+            !t.due(1_459),
+            "a whole period after the late tick, not 1,400"
         );
-        assert!(t.due(1_360));
+        assert!(t.due(1_460));
     }
 
     #[test]

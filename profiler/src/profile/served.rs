@@ -59,8 +59,9 @@ struct Row {
 #[derive(Clone, Debug)]
 struct Follow {
     root: u32,
-    /// The root's record, once the table has it.
-    root_id: Option<u64>,
+    /// When it was asked for (monotonic ns), and the root's record.
+    asked_ns: u64,
+    root_id: Root,
     children_only: bool,
     begin_ns: u64,
     intervals: u64,
@@ -84,8 +85,9 @@ struct Follow {
 struct Client {
     follows: Vec<Follow>,
     windows: Windows,
-    /// Each open window's root record, once the table has it.
-    window_roots: IntMap<u32, Option<u64>>,
+    /// Each pid with open windows: when the first was asked for, and its
+    /// record.
+    window_roots: IntMap<u32, (u64, Root)>,
 }
 
 impl Default for Client {
@@ -171,16 +173,14 @@ impl Served {
         for c in self.clients.values_mut() {
             for f in &mut c.follows {
                 f.intervals += 1;
-                resolve_root(table, f.root, f.begin_ns, &mut f.root_id);
+                f.root_id.resolve(table, f.root, f.asked_ns);
                 roots.insert(f.root);
             }
             c.window_roots
                 .retain(|pid, _| c.windows.begin_of_pid(*pid).is_some());
-            for pid in c.windows.open_pids() {
-                let begun = c.windows.begin_of_pid(pid).unwrap_or(0);
-                let id = c.window_roots.entry(pid).or_default();
-                resolve_root(table, pid, begun, id);
-                roots.insert(pid);
+            for (pid, (asked, root)) in &mut c.window_roots {
+                root.resolve(table, *pid, *asked);
+                roots.insert(*pid);
             }
         }
         if roots.is_empty() {
@@ -199,7 +199,7 @@ impl Served {
         for c in self.clients.values_mut() {
             let ids = &c.window_roots;
             c.windows.add_interval(shares, &consumers, |cid, pid| {
-                lineage.is_in(cid, pid, ids.get(&pid).copied().flatten())
+                lineage.is_in(cid, pid, ids.get(&pid).map_or(Root::Gone, |r| r.1))
             });
             // Most processes are in no tree: one lookup each.
             for u in usage {
@@ -222,20 +222,38 @@ impl Served {
     }
 }
 
-/// The record of a tree's root, once the table has one that began by
-/// `begin_ns` (a record that began later is another process that took
-/// the pid).
-fn resolve_root<M: crate::process::ProcMeta>(
-    table: &ProcessTable<M>,
-    pid: u32,
-    begin_ns: u64,
-    id: &mut Option<u64>,
-) {
-    if id.is_none()
-        && let Some(p) = table.get(pid)
-        && p.start_ns.is_none_or(|s| s <= begin_ns)
-    {
-        *id = Some(p.id);
+/// A tree's root as the daemon knows it: its process record, once the
+/// table has one for the pid. A record that began after the request is
+/// another process that took the pid: the tree then has no root, and
+/// nothing is in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Root {
+    /// No record yet (nothing can be in its tree: a walk finds only
+    /// records the table has, and the root is resolved first).
+    Pending,
+    /// This record.
+    Known(u64),
+    /// The pid is another process's now.
+    Gone,
+}
+
+impl Root {
+    /// Takes the table's record for `pid` if it began by `asked_ns`.
+    fn resolve<M: crate::process::ProcMeta>(
+        &mut self,
+        table: &ProcessTable<M>,
+        pid: u32,
+        asked_ns: u64,
+    ) {
+        if *self == Self::Pending
+            && let Some(p) = table.get(pid)
+        {
+            *self = if p.start_ns.is_none_or(|s| s <= asked_ns) {
+                Self::Known(p.id)
+            } else {
+                Self::Gone
+            };
+        }
     }
 }
 
@@ -330,11 +348,13 @@ impl Lineage {
 
     /// Whether record `id` is in the tree of `root` (that record, when
     /// known).
-    fn is_in(&self, id: ConsumerId, root: u32, root_id: Option<u64>) -> bool {
-        self.trees.get(&id).is_some_and(|(t, _)| {
-            t.iter()
-                .any(|(pid, rid)| *pid == root && root_id.is_none_or(|r| r == *rid))
-        })
+    fn is_in(&self, id: ConsumerId, root: u32, root_id: Root) -> bool {
+        let Root::Known(root_id) = root_id else {
+            return false;
+        };
+        self.trees
+            .get(&id)
+            .is_some_and(|(t, _)| t.iter().any(|(pid, rid)| *pid == root && *rid == root_id))
     }
 }
 
@@ -445,16 +465,19 @@ impl Profile {
         &mut self,
         client: ClientId,
         root: u32,
-        children_only: bool,
-        stream: bool,
+        (children_only, stream): (bool, bool),
+        asked_ns: u64,
     ) -> Result<(), String> {
         let c = self.served.clients.entry(client).or_default();
         if c.follows.iter().any(|f| f.root == root) {
             return Err(format!("pid {root} is already followed on this connection"));
         }
+        let mut root_id = Root::Pending;
+        root_id.resolve(&self.table, root, asked_ns);
         c.follows.push(Follow {
             root,
-            root_id: None,
+            asked_ns,
+            root_id,
             children_only,
             begin_ns: self.last_ns,
             intervals: 0,
@@ -551,10 +574,23 @@ impl Profile {
         client: ClientId,
         cmd: windows::Command,
         withhold_machine: bool,
+        asked_ns: u64,
     ) -> Result<Option<WindowReport>, String> {
         let at = self.last_ns;
         let c = self.served.clients.entry(client).or_default();
+        let pid = cmd.pid;
+        let begin = cmd.begin;
         let closed = c.windows.apply(cmd, at);
+        if begin && closed.is_ok() {
+            // The pid's process as of this request, for as long as it has
+            // windows open.
+            let table = &self.table;
+            c.window_roots.entry(pid).or_insert_with(|| {
+                let mut root = Root::Pending;
+                root.resolve(table, pid, asked_ns);
+                (asked_ns, root)
+            });
+        }
         if c.follows.is_empty() && !c.windows.any_open() {
             self.served.clients.remove(&client);
         }
@@ -793,7 +829,7 @@ mod tests {
         for pid in [10, 20, 30, 40] {
             l.trees_of(&t, rec(&t, pid), &roots);
         }
-        let root = Some(rec(&t, 10));
+        let root = Root::Known(rec(&t, 10));
         assert!(l.is_in(rec(&t, 20), 10, root) && l.is_in(rec(&t, 40), 10, root));
         assert!(l.is_in(rec(&t, 10), 10, root), "the root itself");
         assert!(!l.is_in(rec(&t, 30), 10, root), "an orphan of an older 40");
@@ -809,12 +845,17 @@ mod tests {
         assert!(l.is_in(rec(&t, 50), 10, root) && l.is_in(rec(&t, 20), 10, root));
         assert!(!l.in_any(rec(&t, 30)));
         // Another record of pid 10 (the pid reused): not this tree's root.
-        assert!(!l.is_in(rec(&t, 20), 10, Some(rec(&t, 10) + 1000)));
+        assert!(!l.is_in(rec(&t, 20), 10, Root::Known(rec(&t, 10) + 1000)));
+        assert!(!l.is_in(rec(&t, 20), 10, Root::Pending));
         // A root's record is taken only if it began by the request.
-        let mut rid = None;
-        resolve_root(&t, 40, 49, &mut rid);
-        assert_eq!(rid, None, "40 began at 50, after a request at 49");
-        resolve_root(&t, 40, 60, &mut rid);
-        assert_eq!(rid, Some(rec(&t, 40)));
+        let mut gone = Root::Pending;
+        gone.resolve(&t, 40, 49);
+        assert_eq!(gone, Root::Gone, "40 began at 50, after a request at 49");
+        let mut known = Root::Pending;
+        known.resolve(&t, 40, 60);
+        assert_eq!(known, Root::Known(rec(&t, 40)));
+        let mut waiting = Root::Pending;
+        waiting.resolve(&t, 77, 60);
+        assert_eq!(waiting, Root::Pending, "no record yet");
     }
 }

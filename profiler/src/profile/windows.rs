@@ -312,14 +312,6 @@ impl Windows {
         self.open.len()
     }
 
-    /// The pids whose trees open windows cover.
-    pub(crate) fn open_pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self.open.iter().map(|w| w.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids
-    }
-
     /// When the first window still open on `pid`'s tree began.
     pub(crate) fn begin_of_pid(&self, pid: u32) -> Option<u64> {
         self.open

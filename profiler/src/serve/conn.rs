@@ -56,6 +56,11 @@ impl Conn {
         self.eof
     }
 
+    /// Whether answers are waiting to be written.
+    pub(crate) fn pending(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// Whether to read from it: not after its end, nor while it has more
     /// than [`READ_WHILE_PENDING`] of answers unread (a client that asks
     /// without reading is read no further until it reads).

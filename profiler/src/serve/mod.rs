@@ -108,6 +108,15 @@ pub(crate) fn group_id(name: &str) -> Result<u32, String> {
     Ok(unsafe { (*g).gr_gid })
 }
 
+/// Who asks: the connection, its peer and standing, and when.
+#[derive(Clone, Copy)]
+struct Asker {
+    conn: ClientId,
+    peer: Peer,
+    standing: Standing,
+    now_ns: u64,
+}
+
 /// A request waiting for the next interval.
 #[derive(Debug)]
 struct Deferred {
@@ -227,7 +236,7 @@ impl Server {
             // one answer each.
             let mut limited = 0usize;
             for line in lines {
-                if !self.within_rate(at, &line, now_ns) {
+                if !self.within_rate(at, &line, now_ns, profile) {
                     limited += 1;
                     if limited <= MAX_REFUSALS_PER_WAKE {
                         let (id, _) = split_id(&line);
@@ -235,7 +244,7 @@ impl Server {
                     }
                     continue;
                 }
-                self.handle(at, &line, profile);
+                self.handle(at, &line, profile, now_ns);
             }
             if limited > MAX_REFUSALS_PER_WAKE {
                 self.conns[at].answer(None, rate_refusal(limited - MAX_REFUSALS_PER_WAKE));
@@ -284,7 +293,7 @@ impl Server {
                         waiting.push(d);
                         continue;
                     }
-                    match profile.serve_window(d.conn, cmd.clone(), user) {
+                    match profile.serve_window(d.conn, cmd.clone(), user, 0) {
                         Ok(Some(w)) => {
                             // Domains with no reader are null, never 0.
                             let read = Read::of_window(profile.read(), &w);
@@ -336,7 +345,10 @@ impl Server {
         let deferred = &self.deferred;
         self.conns.retain_mut(|c| {
             c.flush();
-            if c.eof() && !deferred.iter().any(|d| d.conn == c.id()) {
+            // Done once nothing it waits for is left unwritten (one that
+            // never reads what is written is cut off at MAX_PENDING_OUT:
+            // its trees' lines keep coming).
+            if c.eof() && !c.pending() && !deferred.iter().any(|d| d.conn == c.id()) {
                 c.close();
             }
             if c.closed() {
@@ -408,9 +420,9 @@ impl Server {
     /// Whether connection `at` may make this request now: an admin always,
     /// a user within the rate (`finish`, which ends what was asked for,
     /// always).
-    fn within_rate(&mut self, at: usize, line: &str, now_ns: u64) -> bool {
+    fn within_rate(&mut self, at: usize, line: &str, now_ns: u64, profile: &Profile) -> bool {
         let c = &self.conns[at];
-        if c.standing == Standing::Admin || line.split_whitespace().next() == Some("finish") {
+        if c.standing == Standing::Admin || self.ends_a_follow(c, line, profile) {
             return true;
         }
         self.buckets
@@ -419,13 +431,37 @@ impl Server {
             .take(now_ns)
     }
 
-    fn handle(&mut self, at: usize, line: &str, profile: &mut Profile) {
-        let (peer, standing, conn_id) = {
+    /// Whether `line` is a `finish` of a tree this connection follows and
+    /// has not asked to finish yet (the one request the rate never holds
+    /// back: it ends what was asked for).
+    fn ends_a_follow(&self, c: &Conn, line: &str, profile: &Profile) -> bool {
+        let (_, words) = split_id(line);
+        if words.first() != Some(&"finish") {
+            return false;
+        }
+        let pid = words[1..]
+            .iter()
+            .find_map(|w| w.strip_prefix("pid=")?.parse::<u32>().ok())
+            .unwrap_or(c.peer.pid);
+        profile.serve_follows(c.id(), pid)
+            && !self
+                .deferred
+                .iter()
+                .any(|d| d.conn == c.id() && matches!(d.what, Later::Finish(p) if p == pid))
+    }
+
+    fn handle(&mut self, at: usize, line: &str, profile: &mut Profile, now_ns: u64) {
+        let who = {
             let c = &self.conns[at];
-            (c.peer, c.standing, c.id())
+            Asker {
+                conn: c.id(),
+                peer: c.peer,
+                standing: c.standing,
+                now_ns,
+            }
         };
         let (id, words) = split_id(line);
-        let answer = match self.request(conn_id, peer, standing, id, &words, profile) {
+        let answer = match self.request(who, id, &words, profile) {
             Ok(Some(v)) => v,
             Ok(None) => return,
             Err(e) => serde_json::json!({ "error": e }),
@@ -437,13 +473,17 @@ impl Server {
     /// interval, or why it is refused.
     fn request(
         &mut self,
-        conn: ClientId,
-        peer: Peer,
-        standing: Standing,
+        who: Asker,
         id: Option<u64>,
         words: &[&str],
         profile: &mut Profile,
     ) -> Result<Option<serde_json::Value>, String> {
+        let Asker {
+            conn,
+            peer,
+            standing,
+            now_ns,
+        } = who;
         let proc = self.cfg.proc.clone();
         let pid_of = |words: &[&str]| -> Result<u32, String> {
             let mut pid = peer.pid;
@@ -483,7 +523,7 @@ impl Server {
                         peer.uid
                     ));
                 }
-                profile.serve_follow(conn, pid, children, stream)?;
+                profile.serve_follow(conn, pid, (children, stream), now_ns)?;
                 let run = profile.serve_skeleton(conn, pid, &self.cfg.path.to_string_lossy());
                 let read = run.as_ref().map_or(Read::NONE, RunReport::read);
                 let run = writing(read, || serde_json::to_value(&run)).unwrap_or_default();
@@ -507,7 +547,7 @@ impl Server {
                             peer.uid
                         ));
                     }
-                    profile.serve_window(conn, cmd, standing == Standing::User)?;
+                    profile.serve_window(conn, cmd, standing == Standing::User, now_ns)?;
                     return Ok(Some(serde_json::json!({ "begun": true })));
                 }
                 if profile
@@ -522,23 +562,39 @@ impl Server {
                 self.defer(conn, id, Later::End(cmd), profile)?;
                 Ok(None)
             }
-            Some("status") => {
-                let all = standing == Standing::Admin;
-                let held = if all { profile.serve_held(None) } else { held };
-                Ok(Some(serde_json::json!({
-                    "status": held,
-                    "connections": if all { self.conns.len() } else { uid_conns.len() },
-                    "admin": all,
-                    "uid": peer.uid,
-                    "refused_connections": if all { self.refused } else { 0 },
-                })))
-            }
+            Some("status") => Ok(Some(self.status(
+                standing,
+                peer,
+                held,
+                uid_conns.len(),
+                profile,
+            ))),
             Some(other) => Err(format!(
                 "unknown request `{}` (follow, finish, begin, end, status)",
                 other.escape_debug()
             )),
             None => Err("empty request".to_string()),
         }
+    }
+
+    /// What a client holds (an admin: every client).
+    fn status(
+        &self,
+        standing: Standing,
+        peer: Peer,
+        held: crate::profile::served::Held,
+        uid_conns: usize,
+        profile: &Profile,
+    ) -> serde_json::Value {
+        let all = standing == Standing::Admin;
+        let held = if all { profile.serve_held(None) } else { held };
+        serde_json::json!({
+            "status": held,
+            "connections": if all { self.conns.len() } else { uid_conns },
+            "admin": all,
+            "uid": peer.uid,
+            "refused_connections": if all { self.refused } else { 0 },
+        })
     }
 
     fn defer(
