@@ -182,9 +182,11 @@ pub struct GpuInfo {
     pub mig: bool,
 }
 
-/// How long shares seen are carried into intervals with no new sample:
-/// the driver's slowest sampling period (1 s) twice over, as nvitop reads
-/// 2 s back.
+/// How long a holder's share is carried into intervals with no new
+/// sample of it: the driver's slowest sampling period (1 s) twice over,
+/// as nvitop reads 2 s back, and the window an H200's sample covers
+/// (under time-slicing it publishes one process per period, so with many
+/// holders one can go an interval without a sample).
 pub(crate) const CARRY_SHARES: Duration = Duration::from_secs(2);
 
 /// Past this long lost, a GPU's counter is started afresh when it answers
@@ -205,8 +207,8 @@ struct Gpu {
     /// The process list at the last read: a process that ended since
     /// keeps its samples of this interval.
     listed_before: Vec<u32>,
-    /// The latest sampled shares (pid → SM %), and when.
-    shares: Option<(Instant, HashMap<u32, f64>)>,
+    /// Each process's latest sampled share (pid → when, SM %).
+    shares: HashMap<u32, (Instant, f64)>,
     /// Failures going on, by what failed: reported when they begin and end.
     failing: BTreeMap<&'static str, String>,
     /// MIG: whether GPM answers, and each GPU instance's last sample.
@@ -355,7 +357,7 @@ fn open_gpu(nvml: &Nvml, index: u32, problems: &mut Vec<(u32, String)>) -> Optio
         pending: Arc::default(),
         read_floor: 0,
         listed_before: Vec::new(),
-        shares: None,
+        shares: HashMap::new(),
         failing: BTreeMap::new(),
         gpm: None,
     })

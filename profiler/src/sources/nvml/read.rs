@@ -264,6 +264,8 @@ struct Taken {
     /// Samples left out past what is kept (reported after the samples'
     /// sanity).
     trimmed: usize,
+    /// Exact repeats within one call (garbage, reported).
+    duplicates: u32,
 }
 
 /// Fetches the newest samples (a count race retried) and takes what the
@@ -284,6 +286,7 @@ fn take_samples(
                 last_seen: p.last_seen,
                 between: std::mem::take(&mut p.listed_between),
                 trimmed: std::mem::take(&mut p.trimmed),
+                duplicates: std::mem::take(&mut p.duplicates),
             },
             std::mem::take(&mut p.between_dropped),
         )
@@ -425,8 +428,8 @@ fn gone_holders(
     v
 }
 
-/// The latest sampled shares (pid → SM %), and when ([`Gpu`]'s).
-type LastShares = Option<(Instant, HashMap<u32, f64>)>;
+/// Each process's latest sampled share (pid → when, SM %; [`Gpu`]'s).
+type LastShares = HashMap<u32, (Instant, f64)>;
 
 /// Each holder's SM share from the samples since the last read (those
 /// of unknown processes, repeats and impossible figures left out,
@@ -441,13 +444,14 @@ fn shares_of(
 ) -> (HashMap<u32, f64>, SmBasis) {
     // Each call asked a second back (late samples), so the floor is too.
     let floor = read_floor.saturating_sub(sampler::LOOK_BACK_US);
-    *read_floor = taken.last_seen;
+    let before = std::mem::replace(read_floor, taken.last_seen);
     let pids: Option<Vec<u32>> = listed.map(|l| {
         let mut p: Vec<u32> = l.keys().copied().collect();
         p.extend(gone);
         p
     });
-    let clean = sanitise(&taken.raw, pids.as_deref(), floor, now_us);
+    let mut clean = sanitise(&taken.raw, pids.as_deref(), floor, now_us);
+    clean.duplicates += taken.duplicates;
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
     if !taken.raw.is_empty() {
         said.set("sample sanity", clean.discarded());
@@ -462,21 +466,42 @@ fn shares_of(
             ),
         ));
     }
-    carry_shares(clean.shares, last)
+    // Observations only of samples an earlier read saw: carried.
+    let fresh = clean.newest.is_some_and(|n| n > before);
+    carry_shares(clean.shares, fresh, last, pids.as_deref())
 }
 
-/// This read's shares where it has samples; else the last ones, up to
-/// [`CARRY_SHARES`] old; else none (equal).
-fn carry_shares(sampled: HashMap<u32, f64>, last: &mut LastShares) -> (HashMap<u32, f64>, SmBasis) {
+/// This read's shares where it has observations, and for a holder (of
+/// `listed`, when known) with none in it, its last, up to
+/// [`CARRY_SHARES`] old. `Sampled` when a sample is new to this read
+/// (`fresh`); else `Carried`, or `Equal` with nothing recent.
+fn carry_shares(
+    sampled: HashMap<u32, f64>,
+    fresh: bool,
+    last: &mut LastShares,
+    listed: Option<&[u32]>,
+) -> (HashMap<u32, f64>, SmBasis) {
     let now = Instant::now();
-    if !sampled.is_empty() {
-        *last = Some((now, sampled.clone()));
-        return (sampled, SmBasis::Sampled);
+    if fresh {
+        for (&pid, &sm) in &sampled {
+            last.insert(pid, (now, sm));
+        }
     }
-    match last {
-        Some((at, s)) if now.duration_since(*at) <= CARRY_SHARES => (s.clone(), SmBasis::Carried),
-        _ => (HashMap::new(), SmBasis::Equal),
+    last.retain(|_, (at, _)| now.duration_since(*at) <= CARRY_SHARES);
+    let basis = if fresh {
+        SmBasis::Sampled
+    } else if last.is_empty() && sampled.is_empty() {
+        return (HashMap::new(), SmBasis::Equal);
+    } else {
+        SmBasis::Carried
+    };
+    let mut shares = sampled;
+    for (&pid, &(_, sm)) in last.iter() {
+        if listed.is_none_or(|l| l.contains(&pid)) {
+            shares.entry(pid).or_insert(sm);
+        }
     }
+    (shares, basis)
 }
 
 /// The holders with their shares: the process list (and those that ended

@@ -4,19 +4,24 @@
 //! an H200 with driver 580), and `nvmlDeviceGetProcessUtilization` returns
 //! one sample per process, not every one since `lastSeenTimeStamp`
 //! (measured on that GPU: one call a second after the last returned one
-//! per process, of the five taken). A read once an interval weighs the
-//! interval by that one sample. So a thread asks every [`SAMPLE_POLL`],
-//! faster than the driver samples, and keeps what it gets until the
-//! interval's read takes it. (On the H200, two processes taking turns 2:1
-//! were 0.9% off in the middle intervals read once a second, and 2.5% off
-//! with this thread: what a sample means when contexts time-slice is not
-//! settled; see BENCHMARKS.md.)
+//! per process, of the five taken). So a thread asks every
+//! [`SAMPLE_POLL`], faster than the driver samples, and keeps what it gets
+//! until the interval's read takes it.
 //!
 //! Each call asks [`LOOK_BACK_US`] before the newest sample seen, not from
 //! it: `lastSeenTimeStamp` is one for all processes, and a sample the
 //! driver publishes after another process's newer one would otherwise
-//! never be returned (nvitop reads 2 s back for this). Samples already
-//! returned are told apart by (pid, timestamp, SM) and dropped.
+//! never be returned (nvitop reads 2 s back for this).
+//!
+//! What a sample is, as an H200 (driver 580) showed it: its process's SM
+//! use over about the last 2 s (a load that began rose from 0 to 100 over
+//! 2 s), revised while it is the newest (one timestamp came back with two
+//! to four values 50 ms apart), and under time-slicing published for one
+//! process per period (the one working then), the time share in its
+//! value. So each call is an observation: each process's newest sample as
+//! it reads now, and a process's share of an interval is the mean of its
+//! observations. Two processes taking turns 2:1 on the H200 came out
+//! 2.07:1 and 2.08:1 (busy 2.09:1) read every second and every 100 ms.
 
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
@@ -37,9 +42,10 @@ pub(crate) const LOOK_BACK_US: u64 = 1_000_000;
 /// How many times a count race (INSUFFICIENT_SIZE) is retried in a call.
 const RACE_RETRIES: u32 = 3;
 
-/// Samples kept for one read at most, the newest (reported when more came):
-/// 4 processes sampled 6 times a second (the driver's fastest) for an
-/// hour, `--interval`'s longest.
+/// Observations kept for one read at most, the newest (reported when more
+/// came): 2 processes observed at every poll for 20 minutes, or 24 for a
+/// 10 s interval; past it, a long interval's shares come from its later
+/// part.
 const KEEP: usize = 86_400;
 
 /// One GPU's samples since its last read.
@@ -48,11 +54,12 @@ pub(crate) struct Pending {
     /// The `lastSeenTimeStamp` of the next call: the newest plausible
     /// timestamp returned (never one in the future).
     pub(crate) last_seen: u64,
-    /// Samples returned since the last read, as returned (a repeat of one
-    /// an earlier call returned left out).
+    /// Observations since the last read: of each call, each process's
+    /// newest sample as it reads now (and, as they came, samples that
+    /// cannot be true).
     pub(crate) raw: Vec<RawSample>,
-    /// What the calls returned within the look-back, to leave out repeats.
-    seen: Vec<RawSample>,
+    /// Exact repeats within one call since the last read (garbage).
+    pub(crate) duplicates: u32,
     /// Samples left out since the last read, past [`KEEP`].
     pub(crate) trimmed: usize,
     /// The holders the last read found (set by the read).
@@ -96,9 +103,9 @@ pub(crate) fn note_holders(device: &Device<'_>, p: &mut Pending, v2: bool) {
 }
 
 /// Asks for the samples newer than [`LOOK_BACK_US`] before the last seen
-/// (a count race retried), keeps those no earlier call returned, and moves
-/// the last seen to the newest plausible one (not in the future: the
-/// clock is read after the call). NOT_FOUND (nothing new: the driver's
+/// (a count race retried), keeps each process's newest as it reads now,
+/// and moves the last seen to the newest plausible one (not in the
+/// future: the clock is read after the call). NOT_FOUND (nothing new: the driver's
 /// pace) is no failure.
 pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlError> {
     let ask = p.last_seen.saturating_sub(LOOK_BACK_US);
@@ -112,35 +119,41 @@ pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlErro
     let now_us = super::now_epoch_us();
     match samples {
         Ok(s) => {
-            let fresh: Vec<RawSample> = s
-                .iter()
-                .map(|x| RawSample {
+            // One observation of each process per call: the value its
+            // newest sample has now. What cannot be true goes to the read
+            // as it came, which reports it; an exact repeat within the
+            // call is counted.
+            let mut all: Vec<RawSample> = Vec::new();
+            let mut newest: Vec<RawSample> = Vec::new();
+            for x in s.iter() {
+                let r = RawSample {
                     pid: x.pid,
                     timestamp: x.timestamp,
                     sm_util: x.sm_util,
-                })
-                .filter(|r| !p.seen.contains(r))
-                .collect();
-            for r in &fresh {
-                if plausible(r, now_us) {
-                    p.last_seen = p.last_seen.max(r.timestamp);
+                };
+                if all.contains(&r) {
+                    p.duplicates += 1;
+                    continue;
+                }
+                all.push(r);
+                if !plausible(&r, now_us) {
+                    p.raw.push(r);
+                    continue;
+                }
+                match newest.iter_mut().find(|q| q.pid == r.pid) {
+                    Some(q) if r.timestamp >= q.timestamp => *q = r,
+                    Some(_) => {}
+                    None => newest.push(r),
                 }
             }
-            p.seen.extend(fresh.iter().copied());
-            p.raw.extend(fresh);
-            // Repeats can come only from within the look-back (kept from
-            // its floor on, in case a driver's "after" includes it).
-            let floor = p.last_seen.saturating_sub(LOOK_BACK_US);
-            p.seen.retain(|r| r.timestamp >= floor);
+            for r in &newest {
+                p.last_seen = p.last_seen.max(r.timestamp);
+            }
+            p.raw.extend(newest);
             if p.raw.len() > KEEP {
                 let drop = p.raw.len() - KEEP;
                 p.raw.drain(..drop);
                 p.trimmed += drop;
-            }
-            // A driver returning new garbage (future timestamps) each call.
-            if p.seen.len() > KEEP {
-                let drop = p.seen.len() - KEEP;
-                p.seen.drain(..drop);
             }
             Ok(())
         }

@@ -3,10 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-/// Samples of different processes less than this apart (µs) are of one
-/// driver period: the driver's fastest period is 1/6 s.
-const SAME_PERIOD_US: u64 = 50_000;
-
 /// Whether a driver writes `_v3` process entries of another size than
 /// NVML's header says (535.43 to 535.86; nvitop PRs 79 and 89).
 pub(crate) fn v3_quirk(driver_version: &str) -> bool {
@@ -17,7 +13,7 @@ pub(crate) fn v3_quirk(driver_version: &str) -> bool {
 }
 
 /// One raw per-process sample, as NVML returns it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct RawSample {
     /// Process id.
     pub(crate) pid: u32,
@@ -30,11 +26,13 @@ pub(crate) struct RawSample {
 /// What [`sanitise`] kept and discarded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Sanitised {
-    /// Each kept process's SM over the driver's sampling periods the
-    /// samples cover: the sum of its samples over the number of periods
-    /// in which NVML sampled any process (timestamps less than 50 ms apart
-    /// are one period). A period in which NVML did not sample a process is
-    /// one in which it did not use the SM, so it counts as 0.
+    /// Each kept process's share: the mean of its observations (each
+    /// call's reading of its newest sample; see the sampler). On an H200
+    /// (driver 580) a sample is the process's SM use over about the last
+    /// 2 s, revised while it is the newest, and under time-slicing the
+    /// driver publishes one process per period (the one working then), so
+    /// a process's time share is in its values, not in how many periods
+    /// have one of it.
     pub(crate) shares: HashMap<u32, f64>,
     /// The newest kept timestamp (the next `lastSeenTimeStamp`).
     pub(crate) newest: Option<u64>,
@@ -46,7 +44,7 @@ pub(crate) struct Sanitised {
     pub(crate) sm_over_100: u32,
     /// Discarded: not after the last seen, or in the future.
     pub(crate) bad_timestamp: u32,
-    /// Exact duplicates dropped.
+    /// Exact repeats within one call (counted by the sampler).
     pub(crate) duplicates: u32,
 }
 
@@ -73,11 +71,11 @@ impl Sanitised {
     }
 }
 
-/// Keeps the samples that can be true: the pid is in the driver's process
-/// list (`listed`; `None` when the list could not be read: any pid but 0),
-/// SM at most 100, the timestamp in (`last_seen`, `now_us`]; exact
-/// duplicates once. Each process's share is its SM summed over the
-/// periods sampled, over their number (see [`Sanitised::shares`]).
+/// Keeps the observations that can be true: the pid is in the driver's
+/// process list (`listed`; `None` when the list could not be read: any
+/// pid but 0), SM at most 100, the timestamp in (`last_seen`, `now_us`].
+/// Each process's share is the mean of its observations (see
+/// [`Sanitised::shares`]).
 pub(crate) fn sanitise(
     samples: &[RawSample],
     listed: Option<&[u32]>,
@@ -87,8 +85,7 @@ pub(crate) fn sanitise(
     let mut out = Sanitised::default();
     // A set: a read can hold a day of samples against thousands of pids.
     let listed: Option<HashSet<u32>> = listed.map(|l| l.iter().copied().collect());
-    let mut seen: HashSet<(u32, u64, u32)> = HashSet::new();
-    let mut kept: Vec<RawSample> = Vec::new();
+    let mut sums: HashMap<u32, (f64, u32)> = HashMap::new();
     for s in samples {
         if s.pid == 0 {
             out.pid0 += 1;
@@ -98,70 +95,18 @@ pub(crate) fn sanitise(
             out.sm_over_100 += 1;
         } else if s.timestamp <= last_seen || s.timestamp > now_us {
             out.bad_timestamp += 1;
-        } else if !seen.insert((s.pid, s.timestamp, s.sm_util)) {
-            out.duplicates += 1;
         } else {
-            kept.push(*s);
+            let e = sums.entry(s.pid).or_default();
+            e.0 += f64::from(s.sm_util);
+            e.1 += 1;
             out.newest = Some(out.newest.map_or(s.timestamp, |n| n.max(s.timestamp)));
         }
     }
-    let (sums, periods) = period_sums(&mut kept);
     out.shares = sums
         .into_iter()
-        .map(|(pid, sum)| (pid, round3(sum / periods as f64)))
+        .map(|(pid, (sum, n))| (pid, round3(sum / f64::from(n))))
         .collect();
     out
-}
-
-/// Each process's SM summed over the driver periods of `samples`
-/// (timestamps less than [`SAME_PERIOD_US`] after a period's first are of
-/// that period, unless its process already has one there), and the number of periods (never fewer than one
-/// process's own samples, nor 0).
-///
-/// Contexts of different processes time-slice: in one period their SM
-/// cannot add up to more than 100%. Samples that do are each the SM
-/// activity of a process *while it ran* (an H200 read about 92% for
-/// either of two processes taking turns, whatever their share of the
-/// period), so that period is split between them in proportion to their
-/// samples, and together they weigh what the busiest of them read.
-/// Without this, a process that ran a sliver of many periods weighed as
-/// one that ran all of them.
-fn period_sums(samples: &mut [RawSample]) -> (HashMap<u32, f64>, u64) {
-    samples.sort_unstable_by_key(|s| s.timestamp);
-    let mut sums: HashMap<u32, f64> = HashMap::new();
-    let mut own: HashMap<u32, u64> = HashMap::new();
-    let mut periods = 0u64;
-    let mut rest = &samples[..];
-    while let Some(first) = rest.first() {
-        // A period ends 50 ms after its first sample, or at a second
-        // sample of a process it already has (the driver gives one per
-        // process per period).
-        let mut pids: Vec<u32> = Vec::new();
-        let n = rest
-            .iter()
-            .position(|s| {
-                let next = s.timestamp - first.timestamp >= SAME_PERIOD_US || pids.contains(&s.pid);
-                pids.push(s.pid);
-                next
-            })
-            .unwrap_or(rest.len());
-        let (period, tail) = rest.split_at(n);
-        rest = tail;
-        periods += 1;
-        let total: u64 = period.iter().map(|s| u64::from(s.sm_util)).sum();
-        let busiest = period.iter().map(|s| s.sm_util).max().unwrap_or(0);
-        let scale = if total > 100 {
-            f64::from(busiest) / total as f64
-        } else {
-            1.0
-        };
-        for s in period {
-            *sums.entry(s.pid).or_default() += f64::from(s.sm_util) * scale;
-            *own.entry(s.pid).or_default() += 1;
-        }
-    }
-    let periods = own.values().copied().fold(periods, u64::max).max(1);
-    (sums, periods)
 }
 
 /// To 0.001 of a percent, the attribution's weight unit.
@@ -178,7 +123,9 @@ pub(crate) fn plausible(s: &RawSample, now_us: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{RawSample, sanitise, v3_quirk};
+    use std::collections::HashMap;
+
+    use super::{RawSample, Sanitised, sanitise, v3_quirk};
 
     fn s(pid: u32, timestamp: u64, sm_util: u32) -> RawSample {
         RawSample {
@@ -194,7 +141,6 @@ mod tests {
         let raw = [
             s(10, 2_000, 60),
             s(10, 3_000, 40),
-            s(10, 3_000, 40), // an exact duplicate: once
             s(20, 3_000, 30),
             s(0, 3_000, 50),                 // pid 0
             s(99, 3_000, 90),                // not in the process list (exited)
@@ -203,11 +149,9 @@ mod tests {
             s(20, now + 86_400_000_000, 99), // in the future
         ];
         let c = sanitise(&raw, Some(&[10, 20]), 1_000, now);
-        // pid 10: (60 + 40) / 2, not weighted by its duplicate; pid 20 was
-        // sampled in one of the two periods (in the other it did not use
-        // the SM): 30 / 2.
+        // pid 10: (60 + 40) / 2; pid 20: its one observation.
         assert_eq!(c.shares.get(&10), Some(&50.0));
-        assert_eq!(c.shares.get(&20), Some(&15.0));
+        assert_eq!(c.shares.get(&20), Some(&30.0));
         assert_eq!(c.shares.len(), 2);
         assert_eq!(
             (
@@ -217,7 +161,7 @@ mod tests {
                 c.bad_timestamp,
                 c.duplicates
             ),
-            (1, 1, 1, 2, 1)
+            (1, 1, 1, 2, 0)
         );
         // The next lastSeenTimeStamp is the newest sane one, never the
         // future one.
@@ -245,75 +189,119 @@ mod tests {
     }
 
     #[test]
-    fn a_share_counts_every_period_any_process_was_sampled_in() {
-        // A sampled in three driver periods (200 ms apart), B in the
-        // middle one only, its timestamp 20 µs off A's: one period, in
-        // which they time-sliced (90 + 90 > 100): 45 each.
-        let raw = [
-            s(10, 1_000_000, 90),
-            s(10, 1_200_000, 90),
-            s(20, 1_200_020, 90),
-            s(10, 1_400_000, 90),
-        ];
-        let c = sanitise(&raw, Some(&[10, 20]), 0, 2_000_000);
-        assert_eq!(c.shares.get(&10), Some(&75.0));
-        assert_eq!(c.shares.get(&20), Some(&15.0));
-        // Under 100 together they ran side by side: as they read.
-        let raw = [s(10, 1_000_000, 60), s(20, 1_000_010, 30)];
-        let c = sanitise(&raw, None, 0, 2_000_000);
-        assert_eq!(
-            (c.shares.get(&10), c.shares.get(&20)),
-            (Some(&60.0), Some(&30.0))
-        );
-        // Periods in which only B was sampled count for A as 0.
+    fn a_share_is_the_mean_of_its_own_samples_and_a_revision_replaces_its_value() {
+        // One process per period, as an H200 publishes them when contexts
+        // take turns: a period without a sample of B says nothing of it.
         let raw = [
             s(10, 1_000_000, 60),
             s(20, 1_200_000, 30),
-            s(20, 1_400_000, 30),
+            s(10, 1_400_000, 62),
+            s(20, 1_600_000, 28),
+            s(10, 1_800_000, 58),
         ];
         let c = sanitise(&raw, None, 0, 2_000_000);
-        assert_eq!(c.shares.get(&10), Some(&20.0));
-        assert_eq!(c.shares.get(&20), Some(&20.0));
-        // Small shares keep their weight: 1% in one period of 300.
+        assert_eq!(c.shares.get(&10), Some(&60.0));
+        assert_eq!(c.shares.get(&20), Some(&29.0));
+        // The same timestamp again with another value (the driver revises
+        // its newest sample): each observation counts, no problem.
+        let raw = [
+            s(10, 1_000_000, 36),
+            s(10, 1_000_000, 39),
+            s(10, 1_200_000, 45),
+        ];
+        let c = sanitise(&raw, None, 0, 2_000_000);
+        assert_eq!(c.shares.get(&10), Some(&40.0));
+        assert_eq!(c.discarded(), None);
+        // Small shares keep their weight.
         let mut raw: Vec<RawSample> = (0..300).map(|k| s(20, 1_000 + k * 200_000, 50)).collect();
         raw.push(s(10, 1_000, 1));
         let c = sanitise(&raw, None, 0, u64::MAX);
-        assert_eq!(c.shares.get(&10), Some(&0.003));
+        assert_eq!(c.shares.get(&10), Some(&1.0));
     }
 
-    /// Two processes taking turns `a_ms`/`b_ms` sampled every `period_ms`
-    /// as the H200 showed under time-slicing: 92% for each process that
-    /// had any kernel in the period.
-    fn turns(a_ms: u64, b_ms: u64, period_ms: u64, secs: u64) -> Vec<RawSample> {
-        let cycle = a_ms + b_ms;
-        let mut out = Vec::new();
-        // A 1 ms grid: which process ran in each millisecond.
-        for k in 1..=(secs * 1000 / period_ms) {
-            let (from, to) = ((k - 1) * period_ms, k * period_ms);
-            let ran = |pid_a: bool| (from..to).any(|t| ((t % cycle) < a_ms) == pid_a);
-            let ts = 1_000_000 + to * 1000;
-            if ran(true) {
-                out.push(s(10, ts, 92));
+    /// The H200's own samples of two processes taking turns 2:1
+    /// (testdata/h200-turns-2to1.txt), observed as the sampler does: every
+    /// 100 ms, each process's newest sample as it read then, if within the
+    /// look-back of the newest seen; read every `read_ms`. The summed
+    /// shares of the reads both worked through (the first 2 s, while the
+    /// samples' window fills, and the last second left out).
+    fn replayed_h200_turns(read_ms: u64, keep: impl Fn(&[RawSample]) -> Sanitised) -> f64 {
+        let rows: Vec<(u32, u64, u32, u64)> = include_str!("testdata/h200-turns-2to1.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                // Timestamps from 10 s on: the file's start at -5.5 s.
+                let n = |i: usize| (f[i].parse::<i64>().expect("a number") + 10_000_000) as u64;
+                (
+                    if f[0] == "A" { 10 } else { 20 },
+                    n(1),
+                    f[2].parse().expect("SM"),
+                    n(3),
+                )
+            })
+            .collect();
+        let end = rows.iter().map(|r| r.3).max().expect("rows");
+        let mut newest: HashMap<u32, (u64, u32)> = HashMap::new();
+        let (mut last_seen, mut next) = (0u64, 0usize);
+        let (mut read, mut a, mut b) = (Vec::new(), 0.0, 0.0);
+        let start = 10_000_000;
+        let mut t = start;
+        while t <= end {
+            while next < rows.len() && rows[next].3 <= t {
+                let (pid, ts, sm, _) = rows[next];
+                if newest.get(&pid).is_none_or(|n| ts >= n.0) {
+                    newest.insert(pid, (ts, sm));
+                }
+                last_seen = last_seen.max(ts);
+                next += 1;
             }
-            if ran(false) {
-                out.push(s(20, ts + 3, 92));
+            for (&pid, &(ts, sm)) in &newest {
+                // The sampler's look-back: a second.
+                if ts > last_seen.saturating_sub(1_000_000) {
+                    read.push(s(pid, ts, sm));
+                }
+            }
+            t += 100_000;
+            if (t - start) % (read_ms * 1000) == 0 {
+                let c = keep(&read);
+                read.clear();
+                if t > start + 2_000_000 && t + 1_000_000 <= end {
+                    let (x, y) = (c.shares[&10], c.shares[&20]);
+                    a += x / (x + y);
+                    b += y / (x + y);
+                }
             }
         }
-        out
+        a / b
     }
 
     #[test]
-    fn time_sliced_turns_split_by_time_not_by_the_periods_touched() {
-        // 600/300 ms turns, a sample every 200 ms: A touches 8 periods of
-        // 9 and B 5, so counting periods gives 1.6:1; splitting the
-        // shared periods gives the true 2:1.
-        let c = sanitise(&turns(600, 300, 200, 90), None, 0, u64::MAX);
-        let ratio = c.shares[&10] / c.shares[&20];
-        assert!((ratio / 2.0 - 1.0).abs() < 0.01, "{ratio}");
-        // 2 s / 1 s turns at the 1/6 s period.
-        let c = sanitise(&turns(2000, 1000, 167, 300), None, 0, u64::MAX);
-        let ratio = c.shares[&10] / c.shares[&20];
-        assert!((ratio / 2.0 - 1.0).abs() < 0.02, "{ratio}");
+    fn the_h200s_own_samples_of_2_to_1_turns_split_2_to_1_every_second_and_every_100_ms() {
+        // Their busy times: 8.35 s and 3.99 s.
+        let truth = 8.35 / 3.99;
+        for read_ms in [1000, 100] {
+            let ratio = replayed_h200_turns(read_ms, |r| sanitise(r, None, 0, u64::MAX));
+            assert!(
+                (ratio / truth - 1.0).abs() < 0.03,
+                "{read_ms} ms: {ratio} vs {truth}"
+            );
+        }
+        // Each distinct value once, over the periods sampled (the rule
+        // before these samples were seen), is far off.
+        let counted = replayed_h200_turns(1000, |r| {
+            let mut c = Sanitised::default();
+            let mut seen = std::collections::HashSet::new();
+            let distinct: Vec<&RawSample> = r.iter().filter(|x| seen.insert(**x)).collect();
+            let periods = distinct.len().max(1) as f64;
+            for x in distinct {
+                *c.shares.entry(x.pid).or_default() += f64::from(x.sm_util) / periods;
+            }
+            c.shares.entry(10).or_default();
+            c.shares.entry(20).or_default();
+            c
+        });
+        assert!((counted / truth - 1.0).abs() > 0.10, "{counted}");
     }
 
     #[test]
