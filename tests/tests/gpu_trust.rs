@@ -18,7 +18,7 @@ const UUID: &str = "GPU-6a3c0f0e-1b2d-4c5e-8f90-0123456789ab";
 fn h200(procs: &str) -> String {
     format!(
         "gpu name=Stub-H200 uuid={UUID} energy=counter energy_step_ms=100 sample_ms=200 \
-         timeslice=92 settle_ms=1000 load=80000:45000:4000 memory_total=150000000000 \
+         sm_window_ms=2000 timeslice=1 settle_ms=1000 load=80000:45000:4000 memory_total=150000000000 \
          memory_used=0{}\n",
         if procs.is_empty() {
             String::new()
@@ -157,18 +157,18 @@ fn two_children(lib: &std::path::Path, interval: &str, secs: &str) -> (Value, Ve
 #[test]
 fn time_sliced_turns_are_split_by_time_at_1_s_and_100_ms() {
     require_ebpf!();
-    // 600/300 ms turns from 1 s to 37 s: each sample reads 92% for whoever
-    // ran in its 200 ms, so the first touches 8 periods of 9 and the
-    // second 5. Counting periods gave 1.6:1; the split is 2:1 in time.
+    // 200/100 ms turns from 1 s to 37 s, as the H200 was measured: each
+    // sample is its process's SM over the last 2 s, revised while newest,
+    // and published for the one working at the tick (testdata of
+    // profiler/src/sources/nvml). Counting periods gave 3.07:1 on the
+    // H200; the split is 2:1 in time.
     for interval in ["1s", "100ms"] {
         let lib = nvml_stub(&h200(
-            "child/1:92:1024~0-600/900@1000-37000,child/2:92:1024~600-900/900@1000-37000",
+            "child/1:92:1024~0-200/300@1000-37000,child/2:92:1024~200-300/300@1000-37000",
         ));
         let (report, pids) = two_children(&lib, interval, "37.5");
-        // At 1 s the turns' 1.8 s pattern of periods aliases with the
-        // intervals (0.7 or 0.6 of one to the first): 36 s of turns
-        // average out. The whole run counts, the intervals where the turns
-        // began and ended (the power settling after them) included.
+        // The whole run counts, the intervals where the turns began and
+        // ended (the power settling after them) included.
         let j = sampled_j(&report, &pids);
         eprintln!(
             "{interval}: {:.1} J : {:.1} J ({:.4}:1)",
@@ -234,7 +234,7 @@ fn a_job_in_a_pid_namespace_is_attributed_and_a_colliding_pid_is_not_it() {
     // Side by side (not time-sliced): samples that read their share.
     let lib = nvml_stub(
         &h200("child/1:80:1073741824@500-6500,1:20:1024@500-6500,4000001:0:1024@500-6500")
-            .replace(" timeslice=92", ""),
+            .replace(" timeslice=1", ""),
     );
     let t = testload_bin().to_string_lossy().into_owned();
     let report = run_on(

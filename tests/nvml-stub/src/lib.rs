@@ -13,11 +13,19 @@
 //! ```
 //!
 //! It behaves as the driver does, not as the documentation's happy path:
-//! - **Per-process samples at the driver's pace.** The driver samples each
-//!   process every `sample_ms` (default 167: its fastest, 1/6 s; the
-//!   slowest is 1 s; an H200 on driver 580 took 200 ms) and keeps its
-//!   last 16 samples. A sample's SM is the process's mean over that
-//!   period. Timestamps are CPU time in microseconds since the epoch.
+//! - **Per-process samples at the driver's pace, as an H200 gave them.**
+//!   The driver samples every `sample_ms` (default 167: its fastest,
+//!   1/6 s; the slowest is 1 s; an H200 on driver 580 took 200 ms) and
+//!   keeps its last 16 samples. A sample's SM is its process's mean over
+//!   the `sm_window_ms` before it (default: the period; 2000 as an H200,
+//!   whose samples rose from 0 to 100 over 2 s after a load began), and
+//!   the newest sample is revised
+//!   until the next is taken (its window ends at the call; an H200
+//!   returned one timestamp with two to four values 50 ms apart). Of
+//!   processes taking turns, a period's sample is of the one working at
+//!   its tick (an H200 gave one process per period, the time share in
+//!   the values); when none works then, of each with any SM in its
+//!   window. Timestamps are CPU time in microseconds since the epoch.
 //!   `nvmlDeviceGetProcessUtilization` returns, of each process newer
 //!   than `lastSeenTimeStamp`, only its newest sample, as driver 580 does
 //!   (`history=all`: every one), and NVML_ERROR_NOT_FOUND when there is
@@ -86,17 +94,18 @@
 //!   caller's buffer, so later entries come out garbled rather than
 //!   overrunning it); `_v2` writes 24-byte entries.
 //!
-//! - **Time-slicing as the H200 showed it**, `timeslice=SM`: a process's
-//!   sample reads SM (92 on the H200) for every driver period in which it
-//!   had any kernel, whatever its share of the period; the draw's per-SM
-//!   term counts at most 100% (contexts take turns on the SMs).
+//! - **Time-slicing**, `timeslice=1`: where the working holders' SM adds
+//!   up to more than 100, each runs its part of the time (their samples
+//!   read their parts), and the draw's per-SM term counts at most 100%.
 //! - **Power that settles**, `settle_ms=N`: the draw follows the load as a
 //!   first-order lag, within 2% of a new level after N ms (an H200 took up
 //!   to a second to fall to its idle power after a load).
 //! - **MPS**, `mps_server=PID:MEM` and clients `PID:SM:MEM%mps`: the
 //!   server is in the compute list, holding a context and doing no work;
 //!   the clients are listed by `nvmlDeviceGetMPSComputeRunningProcesses_v3`
-//!   and sampled as processes are.
+//!   and sampled as processes are. (Not as the H200 did: on driver 580
+//!   every sample carried the MPS server's pid and the clients had none;
+//!   BENCHMARKS.md, 2026-11-28 night.)
 //! - **The CUDA driver API** for a context and nothing else (`cuInit`,
 //!   `cuDeviceGetCount`, `cuDeviceGet`, `cuDeviceGetUuid[_v2]`,
 //!   `cuCtxCreate_v2`, `cuCtxDestroy_v2`, `cuGetErrorName`): a context
@@ -274,10 +283,13 @@ struct Gpu {
     /// On MIG, the GPU's own handle lists no process (a caller without
     /// the privilege for the aggregate list).
     parent_procs_none: bool,
-    /// Time-slicing as the H200 showed it (`timeslice=SM`): a process's
-    /// sample reads SM for every driver period in which it had any kernel,
-    /// whatever its share of the period.
+    /// Contexts take turns on the SMs (`timeslice=1`): where the working
+    /// holders' SM adds up to more than 100, each runs its part of the
+    /// time, and together they keep the SMs at most fully busy.
     timeslice: Option<u32>,
+    /// How far back a sample's SM looks (`sm_window_ms=N`, ms; 2000 on an
+    /// H200; default: the sampling period).
+    sm_window_ms: Option<u64>,
     /// The draw follows the load with a first-order lag that settles
     /// (to 2%) within this many ms (`settle_ms=N`; 0: at once).
     settle_ms: u64,
@@ -536,6 +548,7 @@ fn set(g: &mut Gpu, k: &str, v: &str) {
         "garbage" => set_garbage(&mut g.garbage, v),
         "procs" => g.procs.extend(v.split(',').filter_map(parse_proc)),
         "timeslice" => g.timeslice = v.parse().ok(),
+        "sm_window_ms" => g.sm_window_ms = v.parse().ok(),
         "settle_ms" => g.settle_ms = v.parse().unwrap_or(0),
         // The MPS server: a holder with no work of its own.
         "mps_server" => g.procs.extend(parse_mps_server(v)),
@@ -1191,6 +1204,63 @@ fn mean_sm(procs: &[&Proc], from: f64, to: f64) -> f64 {
     sum / (to - from)
 }
 
+/// `sample_ms=0`: a sample at every call, of the moment.
+fn sample_ms_zero(g: &Gpu) -> bool {
+    g.sample_ms == Some(0)
+}
+
+impl Gpu {
+    /// A process's (its entries') SM at `t`: with `timeslice`, its part
+    /// of the SMs when the working holders' SM adds up to more than 100
+    /// (contexts take turns).
+    fn sm_share_at(&self, ps: &[&Proc], t: f64) -> f64 {
+        let mine: f64 = ps.iter().map(|p| f64::from(p.sm_at(t))).sum();
+        if self.timeslice.is_none() || mine == 0.0 {
+            return mine;
+        }
+        let all: f64 = self.procs.iter().map(|p| f64::from(p.sm_at(t))).sum();
+        if all > 100.0 {
+            mine * 100.0 / all
+        } else {
+            mine
+        }
+    }
+
+    /// Whether any of `ps` is working at `t`.
+    fn working(&self, ps: &[&Proc], t: f64) -> bool {
+        ps.iter().any(|p| p.sm_at(t) > 0)
+    }
+
+    /// A process's mean SM over (`from`, `to`] s (before nvmlInit: 0),
+    /// its part under `timeslice` included: the value of a sample whose
+    /// window that is.
+    fn window_sm(&self, ps: &[&Proc], from: f64, to: f64) -> f64 {
+        if to <= from {
+            return self.sm_share_at(ps, to);
+        }
+        let from_ = from.max(0.0);
+        if to <= from_ {
+            return 0.0;
+        }
+        let mut cuts: Vec<f64> = self
+            .procs
+            .iter()
+            .flat_map(|p| p.cuts(to))
+            .filter(|c| *c > from_)
+            .collect();
+        cuts.push(to);
+        cuts.sort_by(f64::total_cmp);
+        let (mut a, mut sum) = (from_, 0.0);
+        for c in cuts {
+            if c > a {
+                sum += self.sm_share_at(ps, (a + c) / 2.0) * (c - a);
+            }
+            a = c;
+        }
+        sum / (to - from)
+    }
+}
+
 /// The samples the driver gives for `last_seen`: of each process that
 /// used the SM, its newest sample after `last_seen` only (driver 580 on an
 /// H200: one call a second apart returns one sample per process, not
@@ -1230,32 +1300,50 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
         }
     }
     let secs = |ts: u64| ts.saturating_sub(now.start_epoch_us) as f64 / 1e6;
+    let window_s = g
+        .sm_window_ms
+        .map_or(period_us as f64 / 1e6, |w| w as f64 / 1e3);
+    let period_s = period_us as f64 / 1e6;
     let mut out: Vec<ProcessSample> = Vec::new();
     let mut procs = Vec::new();
     for &ts in ticks.iter().filter(|ts| **ts > last_seen) {
         let t = secs(ts);
         // Who held the GPU then.
         procs = running(g, t);
-        // The driver gives samples only of processes that used the SM
-        // over its period, each once it is published.
-        for (pid, ps) in &by_pid {
-            let lag_us = ps.iter().map(|p| p.lag_ms).max().unwrap_or(0) * 1000;
-            if ts + lag_us > now.epoch_us {
-                continue;
-            }
-            let mut sm = mean_sm(ps, t - period_us as f64 / 1e6, t).round() as u32;
-            // Time-sliced (as the H200 showed): any kernel in the period
-            // reads as the SM activity of the process while it ran.
-            if let Some(slice) = g.timeslice
-                && sm > 0
-            {
-                sm = slice;
-            }
-            if sm > 0 {
+        // The newest sample is revised until the next is taken: its
+        // window ends now (an H200 returned one timestamp with several
+        // values, 50 ms apart).
+        let end = if sample_ms_zero(g) {
+            t
+        } else {
+            t.max(secs(now.epoch_us).min(t + period_s))
+        };
+        // Each process's SM over the window: about 2 s on an H200, so a
+        // sample is a moving average (it rose from 0 to 100 over 2 s
+        // after a load began).
+        let values: Vec<(u32, u32, bool)> = by_pid
+            .iter()
+            .map(|(pid, ps)| {
+                let lag_us = ps.iter().map(|p| p.lag_ms).max().unwrap_or(0) * 1000;
+                let sm = if ts + lag_us > now.epoch_us {
+                    0
+                } else {
+                    g.window_sm(ps, end - window_s, end).round() as u32
+                };
+                (*pid, sm, g.working(ps, t))
+            })
+            .collect();
+        // Contexts that take turns: the driver publishes a sample of the
+        // one working at the tick (an H200 gave one process per period,
+        // the time share in the values); with none working then, of each
+        // with any SM in its window.
+        let any_working = values.iter().any(|v| v.1 > 0 && v.2);
+        for &(pid, sm, working) in &values {
+            if sm > 0 && (working || !any_working) {
                 if !g.history_all {
-                    out.retain(|s| s.pid != *pid);
+                    out.retain(|s| s.pid != pid);
                 }
-                out.push(sample(*pid, ts, sm));
+                out.push(sample(pid, ts, sm));
             }
         }
     }
