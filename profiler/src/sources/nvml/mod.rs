@@ -8,18 +8,23 @@
 //! each process's SM share and memory.
 //!
 //! NVML is read as it behaves, not as documented:
-//! - NVML returns of each process only its newest sample, so the samples
-//!   are fetched every 100 ms between reads ([`sampler`]) and a process's
-//!   share is its SM summed over the driver's sampling periods of the
-//!   interval;
+//! - NVML returns of each process only its newest sample, and (on an
+//!   H200) that sample is its SM over about the last 2 s, revised while
+//!   newest, published for one process per period under time-slicing; so
+//!   every 100 ms a call observes each process's newest sample
+//!   ([`sampler`]), and a process's share is the mean of its observations
+//!   in the interval;
 //! - per-process samples are sanitised (the pid is in the driver's process
-//!   list at this read or the last, SM at most 100, the timestamp after the
-//!   last one seen and not in the future), duplicates merged, and the last
-//!   timestamp seen never moves into the future;
+//!   list at this read or the last, SM at most 100, the timestamp within
+//!   the calls' look-back and not in the future), exact repeats within a
+//!   call reported, and the last timestamp seen never moves into the
+//!   future;
 //! - a count race (INSUFFICIENT_SIZE) is retried;
 //! - an interval with no new sample (the driver samples every 1/6 s to
-//!   1 s) uses the shares seen within the last 2 s ([`SmBasis::Carried`]),
-//!   else the holders share equally ([`SmBasis::Equal`]);
+//!   1 s) uses the shares of the samples seen within the last 2 s
+//!   ([`SmBasis::Carried`]), else the holders share equally
+//!   ([`SmBasis::Equal`]); a holder with no observation in an interval
+//!   keeps its last share for up to 2 s;
 //! - every failure that changes a figure is a problem line when it starts
 //!   and when it ends; a failed reading is absent, never 0;
 //! - a transient error (Unknown) skips one read, whose energy comes with
@@ -82,8 +87,7 @@ pub struct GpuProcess {
     /// Process id.
     pub pid: u32,
     /// Streaming-multiprocessor utilization, percent, over the
-    /// interval: its samples summed over the driver's sampling periods
-    /// they cover (0.001 resolution).
+    /// interval: the mean of its observations (0.001 resolution).
     pub sm_util_pct: f64,
     /// GPU memory in use, bytes.
     pub memory_bytes: u64,
@@ -92,7 +96,7 @@ pub struct GpuProcess {
 /// Where an interval's per-process SM shares come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SmBasis {
-    /// NVML's samples taken within the interval.
+    /// A new sample of NVML's came in the interval.
     #[default]
     Sampled,
     /// No new sample: the latest shares seen within the last 2 s.
