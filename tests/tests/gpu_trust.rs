@@ -219,6 +219,47 @@ fn mps_clients_are_holders_weighed_by_their_samples() {
 }
 
 #[test]
+fn mps_clients_get_their_work_when_the_driver_samples_it_as_the_server_s() {
+    require_ebpf!();
+    // As an H200 on driver 580: every sample of the clients' work carries
+    // the MPS server's pid. The server is found by its name
+    // (`nvidia-cuda-mps-server`, `comm` truncated to 15 bytes): here a
+    // copy of sleep under that name.
+    let server_bin = wattprof_tests::tempfile_dir().join("nvidia-cuda-mps-server");
+    std::fs::copy("/bin/sleep", &server_bin).expect("copy sleep");
+    let mut server = std::process::Command::new(&server_bin)
+        .arg("60")
+        .spawn()
+        .expect("the stand-in MPS server");
+    let scenario = |samples: &str| {
+        format!(
+            "gpu name=Stub-H200 uuid={UUID} energy=counter energy_step_ms=100 sample_ms=200 \
+             load=80000:45000:4000 memory_total=150000000000 memory_used=0 {samples} \
+             mps_server={}:268435456 \
+             procs=child/1:60:1024%mps@1000-7000,child/2:30:1024%mps@1000-7000\n",
+            server.id()
+        )
+    };
+    let (own, own_pids) = two_children(&nvml_stub(&scenario("")), "1s", "7.5");
+    let (theirs, pids) = two_children(&nvml_stub(&scenario("mps_samples=server")), "1s", "7.5");
+    let _ = server.kill();
+    let _ = server.wait();
+    let j_own = sampled_j(&own, &own_pids);
+    let j = sampled_j(&theirs, &pids);
+    eprintln!(
+        "MPS clients with their own samples: {:.1} + {:.1} J; sampled as the server's: {:.1} + {:.1} J",
+        j_own[0], j_own[1], j[0], j[1]
+    );
+    // The tree gets the same energy either way; the clients, equally
+    // (NVML gives no per-client figure then).
+    let (sum_own, sum) = (j_own[0] + j_own[1], j[0] + j[1]);
+    assert!((sum / sum_own - 1.0).abs() < 0.03, "{j:?} vs {j_own:?}");
+    assert!((j[0] / j[1] - 1.0).abs() < 0.02, "{j:?}");
+    let problems = theirs["energy"]["problems"].to_string();
+    assert!(problems.contains("divided equally"), "{problems}");
+}
+
+#[test]
 fn a_job_in_a_pid_namespace_is_attributed_and_a_colliding_pid_is_not_it() {
     require_ebpf!();
     // The job runs as pid 1 of its own PID namespace; NVML (host pids)

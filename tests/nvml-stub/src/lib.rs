@@ -103,9 +103,9 @@
 //! - **MPS**, `mps_server=PID:MEM` and clients `PID:SM:MEM%mps`: the
 //!   server is in the compute list, holding a context and doing no work;
 //!   the clients are listed by `nvmlDeviceGetMPSComputeRunningProcesses_v3`
-//!   and sampled as processes are. (Not as the H200 did: on driver 580
-//!   every sample carried the MPS server's pid and the clients had none;
-//!   BENCHMARKS.md, 2026-11-28 night.)
+//!   and sampled as processes are; with `mps_samples=server`, as an H200
+//!   on driver 580 did, every sample of their work carries the server's
+//!   pid (the sum of theirs) and the clients have none.
 //! - **The CUDA driver API** for a context and nothing else (`cuInit`,
 //!   `cuDeviceGetCount`, `cuDeviceGet`, `cuDeviceGetUuid[_v2]`,
 //!   `cuCtxCreate_v2`, `cuCtxDestroy_v2`, `cuGetErrorName`): a context
@@ -287,6 +287,11 @@ struct Gpu {
     /// holders' SM adds up to more than 100, each runs its part of the
     /// time, and together they keep the SMs at most fully busy.
     timeslice: Option<u32>,
+    /// The MPS server's pid (`mps_server=`).
+    mps_server: Option<u32>,
+    /// `mps_samples=server`: the MPS clients' samples carry the server's
+    /// pid, as on an H200 with driver 580.
+    mps_samples_server: bool,
     /// How far back a sample's SM looks (`sm_window_ms=N`, ms; 2000 on an
     /// H200; default: the sampling period).
     sm_window_ms: Option<u64>,
@@ -551,7 +556,12 @@ fn set(g: &mut Gpu, k: &str, v: &str) {
         "sm_window_ms" => g.sm_window_ms = v.parse().ok(),
         "settle_ms" => g.settle_ms = v.parse().unwrap_or(0),
         // The MPS server: a holder with no work of its own.
-        "mps_server" => g.procs.extend(parse_mps_server(v)),
+        "mps_server" => {
+            let server = parse_mps_server(v);
+            g.mps_server = server.as_ref().map(|p| p.pid);
+            g.procs.extend(server);
+        }
+        "mps_samples" => g.mps_samples_server = v == "server",
         "load" => {
             let w: Vec<f64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
             if let [idle, held, per_sm] = w[..] {
@@ -1261,6 +1271,29 @@ impl Gpu {
     }
 }
 
+/// The scenario's processes by the pid they resolve to now (with
+/// `mps_samples=server`, the MPS clients under the server's).
+fn by_pid(g: &Gpu) -> Vec<(u32, Vec<&Proc>)> {
+    let mut by_pid: Vec<(u32, Vec<&Proc>)> = Vec::new();
+    for p in &g.procs {
+        // `mps_samples=server`: the clients' work is sampled as the
+        // server's (an H200 on driver 580 gave every sample the server's
+        // pid, and the clients none).
+        let pid = match g.mps_server {
+            Some(server) if g.mps_samples_server && p.mps_client => server,
+            _ => resolve(p.pid),
+        };
+        if pid == 0 {
+            continue;
+        }
+        match by_pid.iter_mut().find(|(q, _)| *q == pid) {
+            Some((_, v)) => v.push(p),
+            None => by_pid.push((pid, vec![p])),
+        }
+    }
+    by_pid
+}
+
 /// The samples the driver gives for `last_seen`: of each process that
 /// used the SM, its newest sample after `last_seen` only (driver 580 on an
 /// H200: one call a second apart returns one sample per process, not
@@ -1287,18 +1320,7 @@ fn samples(g: &Gpu, now: &Now, last_seen: u64) -> Vec<ProcessSample> {
             .map(|k| now.start_epoch_us + k * period_us)
             .collect(),
     };
-    // The scenario's processes by the pid they resolve to now.
-    let mut by_pid: Vec<(u32, Vec<&Proc>)> = Vec::new();
-    for p in &g.procs {
-        let pid = resolve(p.pid);
-        if pid == 0 {
-            continue;
-        }
-        match by_pid.iter_mut().find(|(q, _)| *q == pid) {
-            Some((_, v)) => v.push(p),
-            None => by_pid.push((pid, vec![p])),
-        }
-    }
+    let by_pid = by_pid(g);
     let secs = |ts: u64| ts.saturating_sub(now.start_epoch_us) as f64 / 1e6;
     let window_s = g
         .sm_window_ms

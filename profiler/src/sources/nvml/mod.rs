@@ -211,6 +211,9 @@ struct Gpu {
     /// The process list at the last read: a process that ended since
     /// keeps its samples of this interval.
     listed_before: Vec<u32>,
+    /// The MPS clients at the last read: one that left since is given
+    /// its part of the server's samples of the interval.
+    mps_before: Vec<u32>,
     /// Each process's latest sampled share (pid → when, SM %).
     shares: HashMap<u32, (Instant, f64)>,
     /// Failures going on, by what failed: reported when they begin and end.
@@ -361,6 +364,7 @@ fn open_gpu(nvml: &Nvml, index: u32, problems: &mut Vec<(u32, String)>) -> Optio
         pending: Arc::default(),
         read_floor: 0,
         listed_before: Vec::new(),
+        mps_before: Vec::new(),
         shares: HashMap::new(),
         failing: BTreeMap::new(),
         gpm: None,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::{Device, Nvml, error::NvmlError};
 
-use super::samples::RawSample;
+use super::samples::{RawSample, round3};
 
 use super::energy::{Energy, Miss, read_energy};
 use super::said::Said;
@@ -65,10 +65,11 @@ pub(super) fn read_gpu(
     let taken = take_samples(&device, &g.pending, &mut said);
     let now_us = now_epoch_us();
     let mut listed = list_holders(&device, processes_v2, &mut said);
+    let mut mps_clients = Vec::new();
     if !g.info.mig
         && let (Some(l), Ok(raw)) = (listed.as_mut(), mig_raw)
     {
-        add_mps_clients(&device, raw, processes_v2, l, &mut said);
+        mps_clients = add_mps_clients(&device, raw, processes_v2, l, &mut said);
     }
     // MIG: each instance with its processes and GPM's activity.
     let instances = if g.info.mig {
@@ -93,6 +94,13 @@ pub(super) fn read_gpu(
         &mut said,
     );
     let mut processes = holders(listed.as_ref(), &gone, &shares, sm_basis);
+    let before = std::mem::replace(&mut g.mps_before, mps_clients.clone());
+    for pid in before {
+        if !mps_clients.contains(&pid) {
+            mps_clients.push(pid);
+        }
+    }
+    mps_samples_to_clients(&mut processes, &mps_clients, &mut said);
     if let Some(l) = &listed {
         remember_listed(l, &mut g.listed_before, &g.pending);
     }
@@ -352,23 +360,97 @@ fn add_mps_clients(
     processes_v2: bool,
     listed: &mut HashMap<u32, u64>,
     said: &mut Said<'_>,
-) {
+) -> Vec<u32> {
     // SAFETY: the handle of a device NVML gave for this read.
     match raw.mps_clients(unsafe { device.handle() }, processes_v2) {
         Ok(clients) => {
             said.set("mps", None);
-            for (pid, bytes) in clients {
-                listed.entry(pid).or_insert(bytes);
-            }
+            clients
+                .into_iter()
+                .map(|(pid, bytes)| {
+                    listed.entry(pid).or_insert(bytes);
+                    pid
+                })
+                .collect()
         }
-        Err(e) => said.set(
-            "mps",
-            Some(format!(
-                "MPS clients cannot be listed ({e}): under MPS their energy goes to the \
-                 server's holders"
-            )),
-        ),
+        Err(e) => {
+            said.set(
+                "mps",
+                Some(format!(
+                    "MPS clients cannot be listed ({e}): under MPS their energy goes to the \
+                     server's holders"
+                )),
+            );
+            Vec::new()
+        }
     }
+}
+
+/// MPS clients with no sample of their own while the MPS server has some:
+/// their work was sampled as the server's (an H200 on driver 580 gave
+/// every sample the server's pid, and the clients none). The server's
+/// share goes to the clients, equally (NVML gives no per-client figure
+/// there), so a job's tree gets its dynamic energy, not the server. The
+/// server is the holder whose `comm` is `nvidia-cuda-mps-server`'s (15
+/// bytes); another process beside MPS keeps its own share. `clients`
+/// holds those listed now and at the last read (one that left since did
+/// its work in this interval).
+fn mps_samples_to_clients(processes: &mut Vec<GpuProcess>, clients: &[u32], said: &mut Said<'_>) {
+    let is_client = |p: &GpuProcess| clients.contains(&p.pid);
+    let servers: Vec<u32> = processes
+        .iter()
+        .filter(|p| !is_client(p) && p.sm_util_pct > 0.0 && is_mps_server(p.pid))
+        .map(|p| p.pid)
+        .collect();
+    let theirs: f64 = processes
+        .iter()
+        .filter(|p| is_client(p))
+        .map(|p| p.sm_util_pct)
+        .sum();
+    if clients.is_empty() || theirs > 0.0 || servers.is_empty() {
+        said.set("mps samples", None);
+        return;
+    }
+    // Clients that left since the last read worked in this interval:
+    // holders with no memory now.
+    for &pid in clients {
+        if !processes.iter().any(|p| p.pid == pid) {
+            processes.push(GpuProcess {
+                pid,
+                sm_util_pct: 0.0,
+                memory_bytes: 0,
+            });
+        }
+    }
+    processes.sort_by_key(|p| p.pid);
+    let held = clients.len();
+    let server: f64 = processes
+        .iter()
+        .filter(|p| servers.contains(&p.pid))
+        .map(|p| p.sm_util_pct)
+        .sum();
+    let each = round3(server / held as f64);
+    for p in processes.iter_mut() {
+        if is_client(p) {
+            p.sm_util_pct = each;
+        } else if servers.contains(&p.pid) {
+            p.sm_util_pct = 0.0;
+        }
+    }
+    said.set(
+        "mps samples",
+        Some(format!(
+            "MPS: the driver gives its {held} clients no samples of their own (they carry the \
+             server's pid): the server's share is divided equally among them"
+        )),
+    );
+}
+
+/// Whether `pid` is an MPS server (`/proc/PID/comm`; NVML's pids are the
+/// host's, as is wattprof's `/proc` where it can see them).
+fn is_mps_server(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|c| c.trim_end() == "nvidia-cuda-mps")
 }
 
 /// Reports whether per-process samples could be fetched, and under MIG how
