@@ -317,3 +317,51 @@ fn a_job_in_a_pid_namespace_is_attributed_and_a_colliding_pid_is_not_it() {
         "the colliding pid 1's energy went to the job: {tree} of {measured} J"
     );
 }
+
+/// A Slurm step's cgroup as slurmd makes it on a v1 host, removed when
+/// dropped (its processes gone by then).
+struct SlurmStep(Vec<std::path::PathBuf>);
+
+impl Drop for SlurmStep {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[test]
+fn a_slurm_job_s_process_on_the_gpu_puts_its_gpu_energy_in_the_job() {
+    require_ebpf!();
+    let freezer = std::path::Path::new("/sys/fs/cgroup/freezer");
+    if !freezer.join("cgroup.procs").exists() {
+        wattprof_tests::say_skip("no cgroup v1 freezer hierarchy");
+        return;
+    }
+    // The job's step, as `proctrack/cgroup` makes it with cgroup/v1.
+    let id = std::process::id().to_string();
+    let top = freezer.join(format!("slurm_wattprof_test{id}"));
+    let job = top.join("uid_0").join(format!("job_{id}"));
+    let step = job.join("step_batch");
+    std::fs::create_dir_all(&step).expect("the step's cgroup");
+    let _cleanup = SlurmStep(vec![step.clone(), job.clone(), top.join("uid_0"), top]);
+    // The step's process holds the GPU at 80% SM from 0.5 s to 3.5 s.
+    let lib = nvml_stub(&h200("child:80:1073741824@500-3500"));
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} burn 4 0.05",
+        step.display(),
+        testload_bin().display()
+    );
+    let report = run_on(&lib, &["--host-model=none"], &["/bin/sh", "-c", &script]);
+    let jobs = report["jobs"].as_array().expect("jobs[]");
+    let j = jobs
+        .iter()
+        .find(|j| j["job_id"] == id.as_str())
+        .unwrap_or_else(|| panic!("job {id} missing from {jobs:?}"));
+    assert_eq!(j["scheduler"], "slurm", "{j}");
+    let cmd = process(&report, u(&report, "/command/pid"));
+    let (in_job, of_cmd) = (f(j, "/energy/gpu_j"), f(cmd, "/energy/gpu_j"));
+    eprintln!("job {id}: {in_job:.3} GPU J; its process: {of_cmd:.3} J");
+    assert!(of_cmd > 100.0, "{of_cmd}");
+    assert!((in_job - of_cmd).abs() < 1e-3, "{in_job} vs {of_cmd}");
+}
