@@ -1198,6 +1198,13 @@ fn mean_sm(procs: &[&Proc], from: f64, to: f64) -> f64 {
     if to <= from {
         return procs.iter().map(|p| f64::from(p.sm_at(to))).sum();
     }
+    let sm = |t: f64| procs.iter().map(|p| f64::from(p.sm_at(t))).sum::<f64>();
+    integral(procs, from, to, sm) / (to - from)
+}
+
+/// `value` (constant between `procs`' changes) integrated over (`from`,
+/// `to`] s, piece by piece between the times any of `procs` changes.
+fn integral(procs: &[&Proc], from: f64, to: f64, value: impl Fn(f64) -> f64) -> f64 {
     let mut cuts: Vec<f64> = procs
         .iter()
         .flat_map(|p| p.cuts(to))
@@ -1207,11 +1214,12 @@ fn mean_sm(procs: &[&Proc], from: f64, to: f64) -> f64 {
     cuts.sort_by(f64::total_cmp);
     let (mut a, mut sum) = (from, 0.0);
     for c in cuts {
-        let mid = (a + c) / 2.0;
-        sum += procs.iter().map(|p| f64::from(p.sm_at(mid))).sum::<f64>() * (c - a);
+        if c > a {
+            sum += value((a + c) / 2.0) * (c - a);
+        }
         a = c;
     }
-    sum / (to - from)
+    sum
 }
 
 /// `sample_ms=0`: a sample at every call, of the moment.
@@ -1252,22 +1260,8 @@ impl Gpu {
         if to <= from_ {
             return 0.0;
         }
-        let mut cuts: Vec<f64> = self
-            .procs
-            .iter()
-            .flat_map(|p| p.cuts(to))
-            .filter(|c| *c > from_)
-            .collect();
-        cuts.push(to);
-        cuts.sort_by(f64::total_cmp);
-        let (mut a, mut sum) = (from_, 0.0);
-        for c in cuts {
-            if c > a {
-                sum += self.sm_share_at(ps, (a + c) / 2.0) * (c - a);
-            }
-            a = c;
-        }
-        sum / (to - from)
+        let all: Vec<&Proc> = self.procs.iter().collect();
+        integral(&all, from_, to, |t| self.sm_share_at(ps, t)) / (to - from)
     }
 }
 

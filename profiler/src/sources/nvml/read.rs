@@ -94,13 +94,7 @@ pub(super) fn read_gpu(
         &mut said,
     );
     let mut processes = holders(listed.as_ref(), &gone, &shares, sm_basis);
-    let before = std::mem::replace(&mut g.mps_before, mps_clients.clone());
-    for pid in before {
-        if !mps_clients.contains(&pid) {
-            mps_clients.push(pid);
-        }
-    }
-    mps_samples_to_clients(&mut processes, &mps_clients, &mut said);
+    mps_samples_to_clients(&mut processes, mps_clients, &mut g.mps_before, &mut said);
     if let Some(l) = &listed {
         remember_listed(l, &mut g.listed_before, &g.pending);
     }
@@ -392,28 +386,42 @@ fn add_mps_clients(
 /// share goes to the clients, equally (NVML gives no per-client figure
 /// there), so a job's tree gets its dynamic energy, not the server. The
 /// server is the holder whose `comm` is `nvidia-cuda-mps-server`'s (15
-/// bytes); another process beside MPS keeps its own share. `clients`
-/// holds those listed now and at the last read (one that left since did
-/// its work in this interval).
-fn mps_samples_to_clients(processes: &mut Vec<GpuProcess>, clients: &[u32], said: &mut Said<'_>) {
+/// bytes); another process beside MPS keeps its own share. The clients
+/// are those listed now (`listed`, then kept in `before` for the next
+/// read) and at the last read (one that left since did its work in this
+/// interval).
+fn mps_samples_to_clients(
+    processes: &mut Vec<GpuProcess>,
+    listed: Vec<u32>,
+    before: &mut Vec<u32>,
+    said: &mut Said<'_>,
+) {
+    let mut clients = std::mem::replace(before, listed.clone());
+    clients.retain(|p| !listed.contains(p));
+    clients.extend(listed);
     let is_client = |p: &GpuProcess| clients.contains(&p.pid);
-    let servers: Vec<u32> = processes
-        .iter()
-        .filter(|p| !is_client(p) && p.sm_util_pct > 0.0 && is_mps_server(p.pid))
-        .map(|p| p.pid)
-        .collect();
     let theirs: f64 = processes
         .iter()
         .filter(|p| is_client(p))
         .map(|p| p.sm_util_pct)
         .sum();
-    if clients.is_empty() || theirs > 0.0 || servers.is_empty() {
+    // No MPS, or clients with samples of their own: /proc is not read.
+    let servers: Vec<u32> = if clients.is_empty() || theirs > 0.0 {
+        Vec::new()
+    } else {
+        processes
+            .iter()
+            .filter(|p| !is_client(p) && p.sm_util_pct > 0.0 && is_mps_server(p.pid))
+            .map(|p| p.pid)
+            .collect()
+    };
+    if servers.is_empty() {
         said.set("mps samples", None);
         return;
     }
     // Clients that left since the last read worked in this interval:
     // holders with no memory now.
-    for &pid in clients {
+    for &pid in &clients {
         if !processes.iter().any(|p| p.pid == pid) {
             processes.push(GpuProcess {
                 pid,
