@@ -672,3 +672,88 @@ fn a_window_on_a_gpu_shows_its_gpu_energy_read_back() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A job file as `monitor --jobs-dir` writes it (node, job, package J,
+/// GPU J where the node read a GPU).
+fn job_file(dir: &Path, node: &str, job: &str, package: f64, gpu: Option<f64>) -> PathBuf {
+    let gpu_field = gpu.map(|g| format!("\"gpu_j\": {g},")).unwrap_or_default();
+    let total = package + gpu.unwrap_or(0.0);
+    let text = format!(
+        r#"{{
+  "type": "wattprof_job", "wattprof_version": "0.1.0", "node": "{node}",
+  "first_unix_ns": 1764000000000000000, "last_unix_ns": 1764000010000000000,
+  "scheduler": "slurm", "job_id": "{job}", "uid": 1000, "user": "ana",
+  "first_ns": 1000000000, "last_ns": 11000000000, "on_cpu_ns": 5000000000,
+  "energy": {{"package_j": {package}, {gpu_field} "total_j": {total}, "avg_power_w": 1.0,
+             "co2_g": 0.1, "static_j": 2.0, "dynamic_j": {}}},
+  "steps": [{{"step": "batch", "cgroups": ["/slurm_{node}/uid_1000/job_{job}/step_batch"],
+             "on_cpu_ns": 5000000000, "energy": {{"total_j": {total}, "avg_power_w": 1.0,
+             "co2_g": 0.1}}}}]
+}}
+"#,
+        total - 2.0
+    );
+    let path = dir.join(format!("{node}-slurm-{job}.json"));
+    std::fs::write(&path, text).expect("job file");
+    path
+}
+
+#[test]
+fn report_sums_a_job_over_its_nodes_files_and_refuses_what_does_not_go_together() {
+    let dir = wattprof_tests::tempfile_dir().join("report-jobs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let a = job_file(&dir, "node1", "42", 60.0, Some(40.0));
+    let b = job_file(&dir, "node2", "42", 50.0, None);
+    let out = report_ok(&[&a, &b]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("slurm job 42 (ana): 2 nodes"), "{table}");
+    let sum = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("sum"))
+        .expect(&table);
+    assert!(
+        sum.contains("110.000") && sum.contains("40.000") && sum.contains("150.000"),
+        "{sum}"
+    );
+    let json = report_json(&[&a, &b]);
+    assert_eq!(json[0]["energy"]["total_j"], 150.0, "{json}");
+    assert_eq!(json[0]["nodes"].as_array().map(Vec::len), Some(2), "{json}");
+    let comment = report_ok(&[Path::new("--comment"), &a, &b]);
+    assert_eq!(
+        String::from_utf8_lossy(&comment.stdout).trim(),
+        "wattprof:total_j=150.000,package_j=110.000,gpu_j=40.000,static_j=4.000,dynamic_j=146.000,nodes=node1+node2"
+    );
+    // Each refusal is one line and its exit code: 2 for what does not go
+    // together, 1 for a file that cannot be read back.
+    let other = job_file(&dir, "node1", "43", 5.0, None);
+    let damaged = dir.join("damaged.json");
+    std::fs::write(&damaged, "{\"type\": \"wattprof_job\", \"node\": 1}").expect("write");
+    let not_json = dir.join("plain.json");
+    std::fs::write(&not_json, "{}").expect("write");
+    for (args, code, says) in [
+        (vec![&*a, &*a], 1, "is in both"),
+        (vec![Path::new("--comment"), &*a, &*other], 2, "hold 2 jobs"),
+        (vec![&*a, &*not_json], 2, "is not a batch job's file"),
+        (
+            vec![Path::new("--comment"), &*not_json],
+            2,
+            "is not a batch job's file",
+        ),
+        (
+            vec![Path::new("--plot"), Path::new("x.svg"), &*a],
+            2,
+            "--plot does not apply",
+        ),
+        (vec![&*damaged], 1, "is the file damaged?"),
+        (vec![&*not_json, &*not_json, &*not_json], 2, "3 files given"),
+    ] {
+        let out = report(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(
+            err.contains(says) && err.trim().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}

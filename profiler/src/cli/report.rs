@@ -19,14 +19,23 @@ pub(crate) use super::EXIT_USAGE;
     wattprof report --metrics run.json            what the file holds (AIPowerMeter's names too)\n  \
     wattprof report before.json after.json        what changed: energy, time, power, per name\n  \
     wattprof report run.json --html run.html      self-contained page with the plots\n  \
-    wattprof report run.json --csv emissions.csv  append a row in codecarbon's layout\n\n\
+    wattprof report run.json --csv emissions.csv  append a row in codecarbon's layout\n  \
+    wattprof report jobs/slurm-1234.json node2/slurm-1234.json\n                                                  a batch job's energy per node and summed\n  \
+    wattprof report --comment slurm-1234.json     one line for Slurm's AdminComment\n\n\
     Exit status: 0; 1 when a file cannot be read back or written (one line says why); 2 for\n    options that do not go together.")]
 pub(crate) struct ReportArgs {
     /// A recording (`--output`), a `--jsonl` stream, or a stream cut short
     /// (every complete line is read, and where it was cut is printed). Give two to
-    /// compare: the first is the baseline.
-    #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
+    /// compare: the first is the baseline. Or any number of the job files
+    /// `monitor --jobs-dir` writes (several nodes' files of a job are summed).
+    #[arg(value_name = "FILE", required = true, num_args = 1..)]
     pub(crate) files: Vec<PathBuf>,
+
+    /// With job files: print one line for a scheduler's job record, the
+    /// job's joules summed over the files (`wattprof:total_j=...,nodes=...`;
+    /// deploy/slurm-epilog.sh stores it in Slurm's AdminComment).
+    #[arg(long)]
+    pub(crate) comment: bool,
 
     /// Print JSON for scripts (the totals, the metrics or the comparison)
     /// instead of a table.
@@ -107,8 +116,73 @@ fn write_whole(path: &Path, data: &[u8], what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `path` starts as a job file does (`"type": "wattprof_job"`
+/// near its start): a cheap look, so a large recording is not parsed
+/// twice; [`report::jobs::read`] checks it whole.
+fn looks_like_job_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(512);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(512).read_to_end(&mut head))
+        .is_ok()
+        && head.windows(14).any(|w| w == b"\"wattprof_job\"")
+}
+
+/// `wattprof report` of job files: a table per job (a row per node and
+/// their sum), `--json`, or `--comment`'s line.
+fn execute_jobs(args: &ReportArgs) -> anyhow::Result<i32> {
+    if let Some(other) = args.files.iter().find(|p| !looks_like_job_file(p)) {
+        return Err(usage(format!(
+            "{} is not a batch job's file (written by `monitor --jobs-dir`): job files are \
+             reported together, and --comment reads only them; give a recording on its own",
+            other.display()
+        )));
+    }
+    let not_for_jobs = [
+        (args.metrics, "--metrics"),
+        (args.cmdline, "--cmdline"),
+        (args.plot.is_some(), "--plot"),
+        (args.html.is_some(), "--html"),
+        (args.csv.is_some(), "--csv"),
+        (args.csv_intervals.is_some(), "--csv-intervals"),
+        (args.comment && args.json, "--json"),
+    ];
+    if let Some((_, flag)) = not_for_jobs.iter().find(|(on, _)| *on) {
+        return Err(usage(format!(
+            "{flag} does not apply to job files (they hold a job's totals, not its intervals \
+             or processes): give the node's recording, or leave {flag} out"
+        )));
+    }
+    let files = args
+        .files
+        .iter()
+        .map(|p| report::jobs::read(p).map(|(f, d)| (p.clone(), f, d)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad_file)?;
+    let jobs = report::jobs::gather(files).map_err(fail)?;
+    let text = if args.comment {
+        report::jobs::comment(&jobs).map_err(usage)? + "\n"
+    } else if args.json {
+        serde_json::to_string_pretty(&jobs)? + "\n"
+    } else {
+        report::jobs::render(&jobs)
+    };
+    print_out(&text)?;
+    Ok(0)
+}
+
 /// Runs `wattprof report`; returns the exit code.
 pub(crate) fn execute(args: ReportArgs) -> anyhow::Result<i32> {
+    if args.comment || args.files.iter().any(|p| looks_like_job_file(p)) {
+        return execute_jobs(&args);
+    }
+    if args.files.len() > 2 {
+        return Err(usage(format!(
+            "{} files given: report reads one file, or two to compare (the first is the \
+             baseline); only job files (`monitor --jobs-dir`) are read several at once",
+            args.files.len()
+        )));
+    }
     if args.files.len() == 2 {
         let only_one = [
             (args.metrics, "--metrics"),

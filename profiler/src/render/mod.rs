@@ -390,7 +390,7 @@ fn with_user(mut label: String, j: &crate::model::JobReport) -> String {
 }
 
 /// Control characters as `?` (names come from cgroup paths and users).
-fn printable_text(t: &str) -> String {
+pub(crate) fn printable_text(t: &str) -> String {
     t.chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()

@@ -4,6 +4,7 @@
 
 pub(crate) mod compare;
 mod cut;
+pub(crate) mod jobs;
 pub mod metrics;
 pub(crate) mod plot;
 pub(crate) mod read;

@@ -87,8 +87,9 @@ impl JobFiles {
             })
     }
 
-    /// Writes `job`'s file; whether it was.
-    fn write(&mut self, mut job: JobReport) -> bool {
+    /// Writes `job`'s file; whether it was. `read`: the domains with a
+    /// reader on this node (one without has no field, as in a recording).
+    fn write(&mut self, mut job: JobReport, read: crate::model::unread::Read) -> bool {
         // Its average power over its own time here, not the profile's.
         let span_s = job.last_ns.saturating_sub(job.first_ns) as f64 / 1e9;
         if span_s > 0.0 {
@@ -105,7 +106,7 @@ impl JobFiles {
         let name = format!("{}-{}.json", file.job.scheduler, file.job.job_id);
         let dest = self.dir.join(name);
         let written = PendingOutput::create_for("--jobs-dir", &dest).and_then(|p| {
-            p.commit_json(&file)
+            crate::model::unread::writing(read, || p.commit_json(&file))
                 .map_err(|e| format!("{}: {e}", dest.display()))
         });
         match written {
@@ -163,7 +164,7 @@ impl Sink for JobFiles {
             // once seen, is gone.
             if job.last_ns < now && self.seen_alive.contains(&key) {
                 let last = job.last_ns;
-                if self.write(job) {
+                if self.write(job, totals.read()) {
                     self.failed.remove(&key);
                     self.written.insert(key, last);
                 }
