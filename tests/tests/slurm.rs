@@ -4,6 +4,11 @@
 //! daemons ended by pid at the end. `cargo xtask test` installs the
 //! packages where they are missing; without them the test says
 //! `skipping:`. Needs root; run with `--test-threads=1`.
+//!
+//! The epilog test adds accounting: MariaDB (Debian's
+//! `mariadb-server-core`, a data directory of the test's own on its own
+//! port) and `slurmdbd`, so that `sacct` shows what the shipped
+//! `deploy/slurm-epilog.sh` stores.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,8 +29,17 @@ const BINARIES: [&str; 5] = [
     "/usr/bin/sinfo",
 ];
 
-/// A one-node cluster: munged, slurmctld and slurmd, each a child of the
-/// test (`-F`/`-D`: not daemonized), ended when dropped.
+/// What the epilog test needs besides [`BINARIES`].
+const ACCOUNTING: [&str; 4] = [
+    "/usr/sbin/mariadbd",
+    "/usr/bin/mariadb-install-db",
+    "/usr/sbin/slurmdbd",
+    "/usr/bin/sacctmgr",
+];
+
+/// A one-node cluster: munged, slurmctld and slurmd (and, with
+/// accounting, mariadbd and slurmdbd), each a child of the test
+/// (`-F`/`-D`: not daemonized), ended when dropped.
 struct Cluster {
     dir: PathBuf,
     daemons: Vec<Child>,
@@ -34,8 +48,11 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the cluster in `dir`; `Err`: why it cannot run here.
-    fn start(dir: &Path) -> Result<Self, String> {
+    /// Starts the cluster in `dir`; `Err`: why it cannot run here. With
+    /// `accounting`, also MariaDB and slurmdbd, and the shipped epilog
+    /// (`deploy/slurm-epilog.sh`, for `wattprof monitor --jobs-dir
+    /// DIR/jobs`).
+    fn start(dir: &Path, accounting: bool) -> Result<Self, String> {
         if let Some(missing) = BINARIES.iter().find(|b| !Path::new(b).exists()) {
             return Err(format!(
                 "{missing} is not installed (apt-get install slurm-wlm munge)"
@@ -48,7 +65,7 @@ impl Cluster {
         if plugin == "cgroup/v2" && !systemd {
             return Err("Slurm 22.05's cgroup/v2 plugin needs systemd (dbus) for its scope, and systemd does not run here".into());
         }
-        write_config(dir, plugin)?;
+        write_config(dir, plugin, accounting)?;
         let d = dir.display();
         let mut cluster = Self {
             dir: dir.to_path_buf(),
@@ -75,6 +92,9 @@ impl Cluster {
         if !wait(Duration::from_secs(10), || dir.join("munge.sock").exists()) {
             return Err(format!("munged did not start: {}", cluster.logs()));
         }
+        if accounting {
+            cluster.start_accounting(&log)?;
+        }
         for (daemon, out) in [("/usr/sbin/slurmctld", "ctld"), ("/usr/sbin/slurmd", "d")] {
             let child = cluster
                 .command(daemon)
@@ -96,6 +116,75 @@ impl Cluster {
             return Err(format!("the node never became idle: {}", cluster.logs()));
         }
         Ok(cluster)
+    }
+
+    /// MariaDB in `dir/db` (its own port, root without a password on
+    /// 127.0.0.1 only), then slurmdbd on it, then the cluster registered.
+    fn start_accounting(&mut self, log: &dyn Fn(&str) -> Stdio) -> Result<(), String> {
+        let d = self.dir.display().to_string();
+        let installed = Command::new("/usr/bin/mariadb-install-db")
+            .args(["--no-defaults", "--user=root", "--skip-test-db"])
+            .arg("--auth-root-authentication-method=normal")
+            .arg(format!("--datadir={d}/db"))
+            .stdout(log("install-db.out"))
+            .stderr(log("install-db.err"))
+            .status()
+            .map_err(|e| format!("mariadb-install-db: {e}"))?;
+        if !installed.success() {
+            return Err(format!("mariadb-install-db failed: {}", self.logs()));
+        }
+        let port = std::fs::read_to_string(self.dir.join("db-port")).map_err(|e| e.to_string())?;
+        let mariadbd = Command::new("/usr/sbin/mariadbd")
+            .args(["--no-defaults", "--user=root", "--bind-address=127.0.0.1"])
+            .arg(format!("--datadir={d}/db"))
+            .arg(format!("--port={}", port.trim()))
+            .arg(format!("--socket={d}/mariadb.sock"))
+            .arg(format!("--pid-file={d}/mariadb.pid"))
+            .arg(format!("--log-error={d}/mariadb.log"))
+            .stdout(log("mariadb.out"))
+            .stderr(log("mariadb.err"))
+            .spawn()
+            .map_err(|e| format!("mariadbd: {e}"))?;
+        self.daemons.push(mariadbd);
+        if !wait(Duration::from_secs(30), || {
+            self.dir.join("mariadb.sock").exists()
+        }) {
+            return Err(format!("mariadbd did not start: {}", self.logs()));
+        }
+        let slurmdbd = self
+            .command("/usr/sbin/slurmdbd")
+            .arg("-D")
+            .stdout(log("dbd.out"))
+            .stderr(log("dbd.err"))
+            .spawn()
+            .map_err(|e| format!("slurmdbd: {e}"))?;
+        self.daemons.push(slurmdbd);
+        // The cluster in the database, before slurmctld registers.
+        let added = || {
+            self.command("/usr/bin/sacctmgr")
+                .args(["-i", "add", "cluster", "wattproftest"])
+                .output()
+                .is_ok_and(|o| {
+                    o.status.success()
+                        || String::from_utf8_lossy(&o.stdout).contains("already exists")
+                })
+        };
+        if !wait(Duration::from_secs(30), added) {
+            return Err(format!(
+                "slurmdbd did not take the cluster: {}",
+                self.logs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// What `sacct` holds of `job`'s `field` (the job's own line).
+    fn sacct(&self, job: &str, field: &str) -> String {
+        self.command("/usr/bin/sacct")
+            .args(["-n", "-X", "-P", "-j", job, "-o", field])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
     }
 
     /// A Slurm command on this cluster.
@@ -139,6 +228,8 @@ impl Cluster {
     fn logs(&self) -> String {
         [
             "munged.log",
+            "mariadb.log",
+            "slurmdbd.log",
             "slurmctld.log",
             "slurmd.log",
             "ctld.err",
@@ -156,8 +247,9 @@ impl Cluster {
 }
 
 /// The cluster's files in `dir`: a munge key, slurm.conf and cgroup.conf
-/// (`plugin`: Slurm's cgroup plugin).
-fn write_config(dir: &Path, plugin: &str) -> Result<(), String> {
+/// (`plugin`: Slurm's cgroup plugin); with `accounting`, slurmdbd.conf,
+/// MariaDB's port in `db-port`, and the epilog.
+fn write_config(dir: &Path, plugin: &str, accounting: bool) -> Result<(), String> {
     for sub in ["ctld", "d"] {
         std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
     }
@@ -194,6 +286,11 @@ fn write_config(dir: &Path, plugin: &str) -> Result<(), String> {
              NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN\n\
              PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
     );
+    let conf = if accounting {
+        conf + &write_accounting(dir)?
+    } else {
+        conf
+    };
     std::fs::write(dir.join("slurm.conf"), conf).map_err(|e| e.to_string())?;
     std::fs::write(
         dir.join("cgroup.conf"),
@@ -201,6 +298,43 @@ fn write_config(dir: &Path, plugin: &str) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// slurmdbd.conf (mode 600, as slurmdbd requires), MariaDB's port in
+/// `db-port`, and `epilog.sh`, which runs the shipped epilog for `wattprof
+/// monitor --jobs-dir DIR/jobs`; returns slurm.conf's lines for them.
+fn write_accounting(dir: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.display();
+    let (db_port, dbd_port) = (free_port(), free_port());
+    std::fs::write(dir.join("db-port"), db_port.to_string()).map_err(|e| e.to_string())?;
+    let dbd = format!(
+        "AuthType=auth/munge\nAuthInfo=socket={d}/munge.sock\nDbdHost=localhost\n\
+         DbdAddr=127.0.0.1\nDbdPort={dbd_port}\nSlurmUser=root\n\
+         StorageType=accounting_storage/mysql\nStorageHost=127.0.0.1\nStoragePort={db_port}\n\
+         StorageUser=root\nStorageLoc=wattprof_acct\nPidFile={d}/slurmdbd.pid\n\
+         LogFile={d}/slurmdbd.log\n"
+    );
+    let path = dir.join("slurmdbd.conf");
+    std::fs::write(&path, dbd).map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm-epilog.sh");
+    let epilog = format!(
+        "#!/bin/sh\nWATTPROF={} WATTPROF_JOBS_DIR={d}/jobs WATTPROF_EPILOG_WAIT_S=60 exec {}\n",
+        wattprof_bin().display(),
+        shipped.display()
+    );
+    let path = dir.join("epilog.sh");
+    std::fs::write(&path, epilog).map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
+    // The munge socket for slurmdbd is AccountingStoragePass's.
+    Ok(format!(
+        "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n\
+         AccountingStoragePort={dbd_port}\nAccountingStoragePass={d}/munge.sock\n\
+         Epilog={d}/epilog.sh\n"
+    ))
 }
 
 impl Drop for Cluster {
@@ -374,7 +508,7 @@ fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_
         ));
         return;
     }
-    let cluster = match Cluster::start(&dir) {
+    let cluster = match Cluster::start(&dir, false) {
         Ok(c) => c,
         Err(why) if why.contains("needs systemd") => {
             wattprof_tests::say_skip(&why);
@@ -470,6 +604,113 @@ fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_
     stop_monitor(monitor.0.take().expect("monitor"));
     check_jobs(&out, [&alone, &a, &b], &kernel);
     check_job_file(&alone_file, &out, &alone);
+    drop(cluster);
+}
+
+#[test]
+fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
+    require_ebpf!();
+    let dir = tempfile_dir().join("slurm-epilog");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    if let Some(missing) = BINARIES
+        .iter()
+        .chain(&ACCOUNTING)
+        .find(|b| !Path::new(b).exists())
+    {
+        wattprof_tests::say_skip(&format!(
+            "{missing} is not installed (apt-get install slurm-wlm munge slurmdbd mariadb-server-core)"
+        ));
+        return;
+    }
+    let cluster = match Cluster::start(&dir, true) {
+        Ok(c) => c,
+        Err(why) if why.contains("needs systemd") => {
+            wattprof_tests::say_skip(&why);
+            return;
+        }
+        Err(why) => panic!("the one-node Slurm with slurmdbd did not start: {why}"),
+    };
+    let rapl = FakeRapl::following(PACKAGE, DRAM);
+    let model = wattprof_tests::host_model_file(&dir, PACKAGE, DRAM);
+    let (out, stream, jobs_dir) = (dir.join("m.json"), dir.join("m.jsonl"), dir.join("jobs"));
+    let mut monitor = Monitor(Some(
+        Command::new(wattprof_bin())
+            .args([
+                "monitor",
+                &rapl.arg(),
+                "--interval",
+                "500ms",
+                "--host-model",
+            ])
+            .arg(&model)
+            .arg("--output")
+            .arg(&out)
+            .arg("--jsonl")
+            .arg(&stream)
+            .arg("--jobs-dir")
+            .arg(&jobs_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("monitor"),
+    ));
+    wait_for_stream_header(&stream);
+    // A job that burns and ends by itself: Slurm runs the epilog, which
+    // waits for the job's file and stores its line in AdminComment.
+    let job = cluster.sbatch(&format!("{} cpu 1.0 > /dev/null", testload_bin().display()));
+    let stored = || {
+        cluster
+            .sacct(&job, "AdminComment")
+            .starts_with("wattprof:total_j=")
+    };
+    assert!(
+        wait(Duration::from_secs(90), stored),
+        "sacct shows no wattprof figure for job {job} (AdminComment {:?}; epilog.log: {:?}):{}",
+        cluster.sacct(&job, "AdminComment"),
+        std::fs::read_to_string(jobs_dir.join("epilog.log")).unwrap_or_default(),
+        cluster.logs()
+    );
+    let comment = cluster.sacct(&job, "AdminComment");
+    eprintln!("sacct -j {job} -X -o AdminComment: {comment}");
+    stop_monitor(monitor.0.take().expect("monitor"));
+    let file_path = jobs_dir.join(format!("slurm-{job}.json"));
+    check_job_file(&file_path, &out, &job);
+    // The figure in sacct is the job file's (to the mJ it is printed to)
+    // and `wattprof report --comment`'s, whole.
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(&file_path).expect("job file")).expect("JSON");
+    let figure = |key: &str| -> f64 {
+        comment
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {comment:?}"))
+    };
+    for (key, ptr) in [
+        ("wattprof:total_j=", "/energy/total_j"),
+        ("package_j=", "/energy/package_j"),
+        ("dram_j=", "/energy/dram_j"),
+    ] {
+        let (stored, filed) = (figure(key), f(&file, ptr));
+        assert!(
+            (stored - filed).abs() <= 0.0005 + 1e-9,
+            "{key}: sacct {stored}, file {filed}"
+        );
+    }
+    assert!(figure("wattprof:total_j=") > 1.0, "{comment}");
+    let report = Command::new(wattprof_bin())
+        .args(["report", "--comment"])
+        .arg(&file_path)
+        .output()
+        .expect("report");
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&report.stdout).trim(), comment);
+    assert_eq!(cluster.sacct(&job, "State"), "COMPLETED");
     drop(cluster);
 }
 

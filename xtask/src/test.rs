@@ -246,6 +246,18 @@ fn prepare() -> Result<Result<std::path::PathBuf>> {
         "slurm-wlm",
         "the Slurm batch-job test (a one-node cluster of its own)",
     );
+    // The epilog test adds accounting: MariaDB on a data directory of its
+    // own, and slurmdbd, so `sacct` shows what the epilog stores.
+    ensure_package(
+        "/usr/sbin/mariadbd",
+        "mariadb-server-core",
+        "the Slurm epilog test (slurmdbd's database)",
+    );
+    ensure_package(
+        "/usr/sbin/slurmdbd",
+        "slurmdbd",
+        "the Slurm epilog test (sacct)",
+    );
     // containerd first: dockerd uses a containerd that answers on the
     // default socket, and a socket file left by one that was killed (no
     // daemon behind it) made dockerd fail to start, skipping the Docker
