@@ -29,6 +29,20 @@ const BINARIES: [&str; 5] = [
     "/usr/bin/sinfo",
 ];
 
+/// How a test's cluster is set up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Slurm's cgroup plugins (proctrack, task, jobacct_gather).
+    Cgroups,
+    /// The same, with MariaDB, slurmdbd and the shipped epilog
+    /// (`deploy/slurm-epilog.sh`, for `wattprof monitor --jobs-dir
+    /// DIR/jobs`).
+    Accounting,
+    /// No cgroups: `proctrack/linuxproc`, `task/none`: a job's processes
+    /// stay where slurmd is, and only their environment names the job.
+    Linuxproc,
+}
+
 /// What the epilog test needs besides [`BINARIES`].
 const ACCOUNTING: [&str; 4] = [
     "/usr/sbin/mariadbd",
@@ -48,11 +62,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the cluster in `dir`; `Err`: why it cannot run here. With
-    /// `accounting`, also MariaDB and slurmdbd, and the shipped epilog
-    /// (`deploy/slurm-epilog.sh`, for `wattprof monitor --jobs-dir
-    /// DIR/jobs`).
-    fn start(dir: &Path, accounting: bool) -> Result<Self, String> {
+    /// Starts the cluster in `dir`; `Err`: why it cannot run here.
+    fn start(dir: &Path, mode: Mode) -> Result<Self, String> {
+        let accounting = mode == Mode::Accounting;
         if let Some(missing) = BINARIES.iter().find(|b| !Path::new(b).exists()) {
             return Err(format!(
                 "{missing} is not installed (apt-get install slurm-wlm munge)"
@@ -62,10 +74,10 @@ impl Cluster {
         // VM's hybrid layout), cgroup/v2 on a unified one.
         let plugin = if v1_host() { "cgroup/v1" } else { "cgroup/v2" };
         let systemd = std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd");
-        if plugin == "cgroup/v2" && !systemd {
+        if plugin == "cgroup/v2" && !systemd && mode != Mode::Linuxproc {
             return Err("Slurm 22.05's cgroup/v2 plugin needs systemd (dbus) for its scope, and systemd does not run here".into());
         }
-        write_config(dir, plugin, accounting)?;
+        write_config(dir, plugin, mode)?;
         let d = dir.display();
         let mut cluster = Self {
             dir: dir.to_path_buf(),
@@ -247,9 +259,9 @@ impl Cluster {
 }
 
 /// The cluster's files in `dir`: a munge key, slurm.conf and cgroup.conf
-/// (`plugin`: Slurm's cgroup plugin); with `accounting`, slurmdbd.conf,
+/// (`plugin`: Slurm's cgroup plugin); with accounting, slurmdbd.conf,
 /// MariaDB's port in `db-port`, and the epilog.
-fn write_config(dir: &Path, plugin: &str, accounting: bool) -> Result<(), String> {
+fn write_config(dir: &Path, plugin: &str, mode: Mode) -> Result<(), String> {
     for sub in ["ctld", "d"] {
         std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
     }
@@ -286,10 +298,19 @@ fn write_config(dir: &Path, plugin: &str, accounting: bool) -> Result<(), String
              NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN\n\
              PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
     );
-    let conf = if accounting {
-        conf + &write_accounting(dir)?
-    } else {
-        conf
+    let conf = match mode {
+        Mode::Cgroups => conf,
+        Mode::Accounting => conf + &write_accounting(dir)?,
+        Mode::Linuxproc => conf
+            .replace(
+                "ProctrackType=proctrack/cgroup",
+                "ProctrackType=proctrack/linuxproc",
+            )
+            .replace("TaskPlugin=task/cgroup", "TaskPlugin=task/none")
+            .replace(
+                "JobAcctGatherType=jobacct_gather/cgroup",
+                "JobAcctGatherType=jobacct_gather/linux",
+            ),
     };
     std::fs::write(dir.join("slurm.conf"), conf).map_err(|e| e.to_string())?;
     std::fs::write(
@@ -508,7 +529,7 @@ fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_
         ));
         return;
     }
-    let cluster = match Cluster::start(&dir, false) {
+    let cluster = match Cluster::start(&dir, Mode::Cgroups) {
         Ok(c) => c,
         Err(why) if why.contains("needs systemd") => {
             wattprof_tests::say_skip(&why);
@@ -623,7 +644,7 @@ fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
         ));
         return;
     }
-    let cluster = match Cluster::start(&dir, true) {
+    let cluster = match Cluster::start(&dir, Mode::Accounting) {
         Ok(c) => c,
         Err(why) if why.contains("needs systemd") => {
             wattprof_tests::say_skip(&why);
@@ -711,6 +732,95 @@ fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
     );
     assert_eq!(String::from_utf8_lossy(&report.stdout).trim(), comment);
     assert_eq!(cluster.sacct(&job, "State"), "COMPLETED");
+    drop(cluster);
+}
+
+#[test]
+fn without_cgroups_a_job_is_found_by_its_environment_and_its_short_children_too() {
+    require_ebpf!();
+    let dir = tempfile_dir().join("slurm-linuxproc");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    if let Some(missing) = BINARIES.iter().find(|b| !Path::new(b).exists()) {
+        wattprof_tests::say_skip(&format!(
+            "{missing} is not installed (apt-get install slurm-wlm munge)"
+        ));
+        return;
+    }
+    let cluster = Cluster::start(&dir, Mode::Linuxproc)
+        .unwrap_or_else(|why| panic!("the one-node Slurm did not start: {why}"));
+    let rapl = FakeRapl::following(PACKAGE, DRAM);
+    let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
+    let mut monitor = Monitor(Some(
+        Command::new(wattprof_bin())
+            .args(["monitor", &rapl.arg(), "--interval", "500ms", "--output"])
+            .arg(&out)
+            .arg("--jsonl")
+            .arg(&stream)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("monitor"),
+    ));
+    wait_for_stream_header(&stream);
+    // A burn, then 200 processes that each live well under an interval
+    // (gone before any /proc file of theirs is read), then the script's
+    // own count of its children's CPU time (cutime + cstime, in ticks),
+    // then a wait.
+    let (done, stat) = (dir.join("done"), dir.join("stat"));
+    let load = testload_bin();
+    let script = format!(
+        "{} cpu 1.0 > /dev/null; i=0; while [ $i -lt 200 ]; do {} cpu 0.005 > /dev/null; \
+         i=$((i+1)); done; cat /proc/$$/stat > '{}'; touch '{}'; sleep 120",
+        load.display(),
+        load.display(),
+        stat.display(),
+        done.display()
+    );
+    let job = cluster.sbatch(&script);
+    assert!(
+        wait(Duration::from_secs(60), || done.exists()),
+        "the job did not burn within 60 s:{}",
+        cluster.logs()
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    stop_monitor(monitor.0.take().expect("monitor"));
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("recording")).expect("JSON");
+    let j = report["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["job_id"] == job.as_str()))
+        .unwrap_or_else(|| panic!("job {job} missing from {}", report["jobs"]));
+    assert_eq!(j["user"], "root", "{j}");
+    assert_eq!(j["steps"][0]["step"], "batch", "{j}");
+    assert_eq!(
+        j["steps"][0]["cgroups"][0],
+        format!("environ:/slurm/uid_0/job_{job}/step_batch"),
+        "{j}"
+    );
+    // The burn (1 s) and the 200 short ones (1 s together), as the
+    // kernel counted them for the script: all in the job, the short ones
+    // by their parent's job.
+    let text = std::fs::read_to_string(&stat).expect("the script's stat");
+    let fields: Vec<&str> = text[text.rfind(')').expect("stat") + 2..]
+        .split(' ')
+        .collect();
+    // SAFETY: sysconf has no memory preconditions.
+    let tick = 1e9 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let children_s = (fields[13].parse::<f64>().expect("cutime")
+        + fields[14].parse::<f64>().expect("cstime"))
+        * tick
+        / 1e9;
+    let cpu_s = u(j, "/on_cpu_ns") as f64 / 1e9;
+    eprintln!(
+        "job {job}: {cpu_s:.3} CPU-s, {:.3} J; the script's children: {children_s:.3} CPU-s",
+        f(j, "/energy/package_j")
+    );
+    assert!(children_s > 1.5, "the children ran {children_s} s");
+    assert!(
+        cpu_s >= 0.97 * children_s,
+        "{cpu_s} CPU-s in the job, its children ran {children_s} s"
+    );
     drop(cluster);
 }
 

@@ -17,6 +17,11 @@
 //! its cgroups `pbs_jobs.service/jobid/ID`, HTCondor `htcondor/condor_…`),
 //! and a variant of [`Scheduler`]: the sums, reports and series take
 //! any.
+//!
+//! Where Slurm makes no cgroups (`proctrack/linuxproc`), a process under
+//! `slurmstepd` is placed by its environment ([`environ_job_path`]), under
+//! a path marked `environ:` that names no cgroup; the placement itself is
+//! in [`crate::sums::cgroups::Cgroups::v1_cgroups`].
 
 use std::fmt;
 
@@ -118,6 +123,47 @@ fn located(path: &str) -> Option<(JobStep, usize)> {
     None
 }
 
+/// What a job path from a process's environment starts with
+/// ([`environ_job_path`]): it names no cgroup.
+pub(crate) const ENVIRON: &str = "environ:";
+
+/// A Slurm job step from a process's environment (`/proc/PID/environ`,
+/// NUL-separated), for jobs Slurm made no cgroups for
+/// (`proctrack/linuxproc`): `SLURM_JOB_ID`, `SLURM_JOB_UID`, and
+/// `SLURM_STEP_ID` (a batch script has none; Slurm's special step numbers
+/// are named). The path it is counted under is
+/// `environ:/slurm/uid_U/job_J/step_S`, which [`from_cgroup_path`] reads
+/// as that step and which is no cgroup.
+pub(crate) fn environ_job_path(environ: &[u8]) -> Option<String> {
+    let (mut job, mut uid, mut step) = (None, None, None);
+    for var in environ.split(|b| *b == 0) {
+        let Ok(var) = std::str::from_utf8(var) else {
+            continue;
+        };
+        if let Some(v) = var.strip_prefix("SLURM_JOB_ID=") {
+            job = Some(v);
+        } else if let Some(v) = var.strip_prefix("SLURM_JOB_UID=") {
+            uid = Some(v);
+        } else if let Some(v) = var.strip_prefix("SLURM_STEP_ID=") {
+            step = Some(v);
+        }
+    }
+    let job = job.filter(|j| plain(j))?;
+    let uid: u32 = uid?.parse().ok()?;
+    // slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP.
+    let step = match step.map(|s| (s, s.parse::<u32>())) {
+        None | Some((_, Ok(0xffff_fffb))) => "batch".to_string(),
+        Some((_, Ok(0xffff_fffc))) => "extern".to_string(),
+        Some((_, Ok(0xffff_fffa))) => "interactive".to_string(),
+        Some((_, Ok(n))) => n.to_string(),
+        Some((s, Err(_))) => s.to_string(),
+    };
+    if !plain(&step) {
+        return None;
+    }
+    Some(format!("{ENVIRON}/slurm/uid_{uid}/job_{job}/step_{step}"))
+}
+
 /// The path of a batch job's cgroup in a `/proc/PID/cgroup` text, on
 /// whichever hierarchy holds it (v1 lines first, then v2's `0::`): the
 /// step's cgroup, or the job's where it is in no step.
@@ -202,6 +248,49 @@ mod tests {
         ] {
             assert_eq!(from_cgroup_path(path), want, "{path}");
         }
+    }
+
+    #[test]
+    fn a_job_without_cgroups_is_found_in_its_environment() {
+        let env = |vars: &[&str]| vars.join("\0").into_bytes();
+        // As seen here: a batch script (no SLURM_STEP_ID) and its srun step.
+        let batch = env(&[
+            "PATH=/bin",
+            "SLURM_JOB_ID=812345",
+            "SLURM_JOB_UID=0",
+            "SLURM_JOBID=812345",
+        ]);
+        let path = environ_job_path(&batch).expect("a job");
+        assert_eq!(path, "environ:/slurm/uid_0/job_812345/step_batch");
+        assert_eq!(
+            from_cgroup_path(&path),
+            Some(step("812345", Some("batch"), Some(0)))
+        );
+        let srun = env(&["SLURM_STEP_ID=0", "SLURM_JOB_UID=1000", "SLURM_JOB_ID=9"]);
+        assert_eq!(
+            environ_job_path(&srun).as_deref(),
+            Some("environ:/slurm/uid_1000/job_9/step_0")
+        );
+        let ext = env(&[
+            "SLURM_STEP_ID=4294967292",
+            "SLURM_JOB_UID=1",
+            "SLURM_JOB_ID=9",
+        ]);
+        assert!(environ_job_path(&ext).is_some_and(|p| p.ends_with("step_extern")));
+        // Not a job: none, no uid, a hostile id or step.
+        for vars in [
+            &["PATH=/bin"][..],
+            &["SLURM_JOB_ID=9"],
+            &["SLURM_JOB_ID=9;rm", "SLURM_JOB_UID=0"],
+            &["SLURM_JOB_ID=9", "SLURM_JOB_UID=x"],
+            &["SLURM_JOB_ID=9", "SLURM_JOB_UID=0", "SLURM_STEP_ID=../x"],
+        ] {
+            assert_eq!(environ_job_path(&env(vars)), None, "{vars:?}");
+        }
+        // Not UTF-8 around it: skipped, not a failure.
+        let mut bytes = b"X=\xff\xfe\0".to_vec();
+        bytes.extend(env(&["SLURM_JOB_ID=3", "SLURM_JOB_UID=2"]));
+        assert!(environ_job_path(&bytes).is_some());
     }
 
     #[test]

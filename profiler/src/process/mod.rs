@@ -179,6 +179,12 @@ impl ProcFs {
             .ok()
     }
 
+    /// The bytes of `/proc/PID/environ`, its environment at its last exec
+    /// (empty when it cannot be read: gone, or not root's to read).
+    pub(crate) fn environ(&self, pid: u32) -> Vec<u8> {
+        std::fs::read(self.root.join(pid.to_string()).join("environ")).unwrap_or_default()
+    }
+
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).
     pub(crate) fn cgroup(&self, pid: u32) -> String {
         std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).unwrap_or_default()

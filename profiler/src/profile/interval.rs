@@ -167,7 +167,10 @@ impl Profile {
         self.sums.ledger.add(&shares);
         // Sums: per consumer, group, cgroup, container, VM and window.
         let (energy, index) = self.energy_per_consumer(&shares, &mut usage);
-        self.sums.cgroups.v1_cgroups(&mut usage, &self.procfs);
+        let table = &self.table;
+        self.sums
+            .cgroups
+            .v1_cgroups(&mut usage, &self.procfs, |id| lineage(table, id));
         self.close_stacks(&usage, &energy, sample.at_ns);
         let groups = self.sum_groups_and_cgroups(&usage, &energy, &index, sample.at_ns);
         self.sums.cgroups.name(sample.at_ns);
@@ -522,4 +525,24 @@ fn package_times(sample: &CpuSample, packages: usize) -> Times {
         busy_ns,
         online,
     }
+}
+
+/// A process's parent record, and whether `slurmstepd` is among its
+/// ancestors (for the jobs no cgroup names: [`crate::sums::cgroups::Cgroups::v1_cgroups`]).
+fn lineage<M: crate::process::ProcMeta>(
+    table: &crate::process::ProcessTable<M>,
+    id: u64,
+) -> (Option<u64>, bool) {
+    let up = |p: &crate::process::Process| {
+        p.ppid
+            .filter(|pp| *pp != p.pid)
+            .and_then(|pp| table.get(pp))
+    };
+    let Some(parent) = table.by_id(id).and_then(up) else {
+        return (None, false);
+    };
+    let under_slurm = std::iter::successors(Some(parent), |p| up(p))
+        .take(64)
+        .any(|p| p.comm == "slurmstepd");
+    (Some(parent.id), under_slurm)
 }

@@ -61,6 +61,16 @@ impl CgroupSum {
 /// read again, where a scheduler keeps its jobs on v1.
 const V1_READS: u8 = 3;
 
+/// What a process's environment says of its job.
+enum Environ {
+    /// Its job's key (named `environ:/slurm/...`).
+    Job(u64),
+    /// It was gone before it could be read.
+    Gone,
+    /// No job, or not looked for.
+    None,
+}
+
 /// What was read of a process's v1 cgroups.
 #[derive(Clone, Copy, Debug)]
 struct V1 {
@@ -138,6 +148,9 @@ pub(crate) struct Cgroups {
     /// Each process's v1 cgroup key, where its v2 cgroup is the root or
     /// it is in a batch job's v1 cgroup.
     v1: IntMap<ConsumerId, V1>,
+    /// Processes whose lineage was looked at for a job without cgroups
+    /// (under `slurmstepd`: their environment read once).
+    environ_done: crate::hash::IntSet<ConsumerId>,
     /// A scheduler keeps its jobs on the v1 hierarchies here (looked
     /// for at the start and at each prune): every process's v1 path is
     /// then read for a job, not only those at the cgroup2 root.
@@ -168,6 +181,7 @@ impl Cgroups {
             names: names(1_000_000_000),
             root: names(0).root_id(),
             v1: IntMap::default(),
+            environ_done: crate::hash::IntSet::default(),
             batch_v1: cgroupfs.is_none()
                 && batch_tree_on_v1(std::path::Path::new("/sys/fs/cgroup")),
             v1_mount: cgroupfs
@@ -254,25 +268,41 @@ impl Cgroups {
     /// process read in the few ms between its fork and the scheduler
     /// moving it into the job's cgroups is not left out of the job for
     /// its life. A process found in a job stays counted there.
-    pub(crate) fn v1_cgroups(&mut self, usage: &mut [IntervalUsage], procfs: &ProcFs) {
+    ///
+    /// Two fallbacks, for what no cgroup says (`lineage`: a process's
+    /// parent, and whether `slurmstepd` is among its ancestors):
+    /// - a process under `slurmstepd` in no job's cgroup (v1 or v2: Slurm
+    ///   made none, `proctrack/linuxproc`) is placed by its environment
+    ///   ([`crate::process::batch::environ_job_path`]), read once;
+    /// - a process gone before its cgroups could be read (it ran within
+    ///   one interval: a `make`'s compiler, a shell loop's command) is
+    ///   counted in its parent's job, where it was forked (a child starts
+    ///   in its parent's cgroups, and with its environment).
+    pub(crate) fn v1_cgroups(
+        &mut self,
+        usage: &mut [IntervalUsage],
+        procfs: &ProcFs,
+        lineage: impl Fn(ConsumerId) -> (Option<ConsumerId>, bool),
+    ) {
         use crate::process::batch::job_path_v1;
         use crate::process::cgroup::{v1_key, v1_path};
-        for u in usage {
+        let mut gone: Vec<(usize, ConsumerId)> = Vec::new();
+        for (at, u) in usage.iter_mut().enumerate() {
             let at_root = self.root.is_none_or(|r| u.cgroup_id == r);
             let seen = self.v1.get(&u.id).copied();
             let settled = seen.is_some_and(|v| v.job || !self.batch_v1 || v.reads >= V1_READS);
+            let mut read_gone = false;
             if (at_root || self.batch_v1) && !settled {
                 let text = procfs.cgroup(u.pid);
-                // Gone before it was read: nothing to keep.
-                if !text.is_empty() {
+                read_gone = text.is_empty();
+                // Gone before it was read: placed by its parent below.
+                if !read_gone {
                     let job = job_path_v1(&text);
                     let is_job = job.is_some();
                     let path = if at_root { v1_path(&text) } else { job };
-                    let key = path.filter(|p| p != "/").map(|p| {
-                        let key = v1_key(&p);
-                        self.by_id.entry(key).or_default().name = Some(p);
-                        key
-                    });
+                    let key = path
+                        .filter(|p| p != "/")
+                        .map(|p| self.key_named(v1_key(&p), p));
                     let reads = seen.map_or(0, |v| v.reads).saturating_add(1);
                     self.v1.insert(
                         u.id,
@@ -282,6 +312,27 @@ impl Cgroups {
                             reads,
                         },
                     );
+                }
+            }
+            let in_job = self.v1.get(&u.id).is_some_and(|v| v.job);
+            if !in_job && self.environ_done.insert(u.id) {
+                let (parent, under_slurm) = lineage(u.id);
+                match self.environ_job(u.pid, under_slurm, procfs) {
+                    Environ::Job(key) => {
+                        self.v1.insert(
+                            u.id,
+                            V1 {
+                                key: Some(key),
+                                job: true,
+                                reads: V1_READS,
+                            },
+                        );
+                    }
+                    Environ::Gone => read_gone = true,
+                    Environ::None => {}
+                }
+                if read_gone && let Some(parent) = parent {
+                    gone.push((at, parent));
                 }
             }
             // A job's key always; another v1 key where the process is at
@@ -294,6 +345,44 @@ impl Cgroups {
                 }) if *job || at_root => u.cgroup_id = *key,
                 _ => {}
             }
+        }
+        // After every process of the interval is placed: a parent may
+        // come after its child in `usage`.
+        for (at, parent) in gone {
+            if let Some(v) = self.v1.get(&parent).copied().filter(|v| v.job) {
+                self.v1.insert(usage[at].id, v);
+                if let Some(key) = v.key {
+                    usage[at].cgroup_id = key;
+                }
+            }
+        }
+    }
+
+    /// `key` in the sums, named `path`.
+    fn key_named(&mut self, key: u64, path: String) -> u64 {
+        self.by_id.entry(key).or_default().name = Some(path);
+        key
+    }
+
+    /// A process's job from its environment, where it is under
+    /// `slurmstepd` and no cgroup names a job for it.
+    fn environ_job(&mut self, pid: u32, under_slurm: bool, procfs: &ProcFs) -> Environ {
+        use crate::process::batch::{environ_job_path, job_path};
+        use crate::process::cgroup::v1_key;
+        if !under_slurm {
+            return Environ::None;
+        }
+        let text = procfs.cgroup(pid);
+        if text.is_empty() {
+            return Environ::Gone;
+        }
+        // In a job's cgroup (v2, or v1 not yet taken): the cgroup says.
+        if job_path(&text).is_some() {
+            return Environ::None;
+        }
+        match environ_job_path(&procfs.environ(pid)) {
+            Some(path) => Environ::Job(self.key_named(v1_key(&path), path)),
+            None => Environ::None,
         }
     }
 
@@ -605,6 +694,7 @@ impl Cgroups {
     /// Forgets the v1 keys of processes `keep` rejects.
     pub(crate) fn forget(&mut self, keep: impl Fn(ConsumerId) -> bool) {
         self.v1.retain(|id, _| keep(*id));
+        self.environ_done.retain(|id| keep(*id));
     }
 
     /// Names new cgroups and recognizes their containers while they

@@ -237,7 +237,7 @@ fn slurm_jobs_on_v1_hierarchies_are_summed_per_job_and_step() {
         let mut usage: Vec<IntervalUsage> = (1..=4)
             .map(|id| usage(id, Role::Other, root_id, 100 * id))
             .collect();
-        c.v1_cgroups(&mut usage, &procfs);
+        c.v1_cgroups(&mut usage, &procfs, |_| (None, false));
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000 * u.id * mul));
         }
@@ -339,7 +339,7 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
             usage(6, Role::Other, unit, 10),
             usage(7, Role::Other, docker, 10),
         ];
-        c.v1_cgroups(&mut usage, &procfs);
+        c.v1_cgroups(&mut usage, &procfs, |_| (None, false));
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
         }
@@ -360,5 +360,106 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
         .find(|r| r.path.contains("docker-"))
         .map(|r| r.energy.package_j);
     assert_eq!(docker_j, Some(2.0), "{reports:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its_parent() {
+    // Slurm with proctrack/linuxproc: the jobs' processes stay in
+    // slurmd's unit, and only their environment names the job.
+    let dir = temp_dir("jobs-environ");
+    let root = dir.join("cgroup");
+    let unit = cgroup(&root, "system.slice/slurmd.service");
+    let v2_step = cgroup(&root, "system.slice/slurmstepd.scope/job_4/step_0");
+    let procs = dir.join("proc");
+    let write = |pid: u32, cgroup: &str, environ: &[&str]| {
+        let d = procs.join(pid.to_string());
+        std::fs::create_dir_all(&d).expect("proc dir");
+        std::fs::write(d.join("cgroup"), cgroup).expect("cgroup file");
+        std::fs::write(d.join("environ"), environ.join("\0")).expect("environ file");
+    };
+    let in_unit = "0::/system.slice/slurmd.service\n";
+    write(5, in_unit, &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5", "HOME=/"]);
+    write(
+        6,
+        in_unit,
+        &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5", "SLURM_STEP_ID=0"],
+    );
+    // In a v2 job's cgroup: the cgroup says, not the environment.
+    write(
+        7,
+        "0::/system.slice/slurmstepd.scope/job_4/step_0\n",
+        &["SLURM_JOB_ID=4", "SLURM_JOB_UID=5", "SLURM_STEP_ID=0"],
+    );
+    // Not under slurmstepd: a user's shell that set SLURM_JOB_ID.
+    write(8, in_unit, &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5"]);
+    // 10 and 11 are gone before they were read (no /proc entry): 10's
+    // parent is 5 (in job 9), 11's is 8 (in none).
+    let procfs = ProcFs::at(procs.clone());
+    let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
+    let lineage = |id: u64| match id {
+        5..=7 => (Some(2), true),
+        10 => (Some(5), true),
+        11 => (Some(8), false),
+        _ => (Some(1), false),
+    };
+    let reads = std::cell::Cell::new(0);
+    for at_ns in [1_000_000_000, 2_000_000_000] {
+        let mut usage = vec![
+            usage(10, Role::Other, unit, 10),
+            usage(5, Role::Other, unit, 10),
+            usage(6, Role::Other, unit, 10),
+            usage(7, Role::Other, v2_step, 10),
+            usage(8, Role::Other, unit, 10),
+            usage(11, Role::Other, unit, 10),
+        ];
+        // 10 and 11 ran in the first interval only.
+        if at_ns > 1_000_000_000 {
+            usage.retain(|u| u.id < 10);
+        }
+        c.v1_cgroups(&mut usage, &procfs, |id| {
+            reads.set(reads.get() + 1);
+            lineage(id)
+        });
+        for u in &usage {
+            c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
+        }
+        c.add_time(&usage, at_ns);
+    }
+    // Each process's lineage looked at once, not each interval.
+    assert_eq!(reads.get(), 6);
+    c.name(2_000_000_000);
+    let jobs = c.job_reports(None, 0, 2_000_000_000, &carbon());
+    /// Job id, package J, and each step's name and J.
+    type Job = (String, f64, Vec<(String, f64)>);
+    let got: Vec<Job> = jobs
+        .iter()
+        .map(|j| {
+            let steps = j.steps.iter().map(|s| (s.step.clone(), s.energy.package_j));
+            (j.job_id.clone(), j.energy.package_j, steps.collect())
+        })
+        .collect();
+    // Job 9: 5 twice, 6 twice, and 10 (gone, its parent's) once; job 4
+    // by its cgroup; 8 and 11 in none.
+    assert_eq!(
+        got,
+        vec![
+            (
+                "9".to_string(),
+                5.0,
+                vec![("batch".to_string(), 3.0), ("0".to_string(), 2.0)]
+            ),
+            ("4".to_string(), 2.0, vec![("0".to_string(), 2.0)]),
+        ]
+    );
+    assert_eq!(jobs[0].uid, Some(5));
+    assert_eq!(
+        jobs[0].steps[0].cgroups,
+        vec!["environ:/slurm/uid_5/job_9/step_batch".to_string()]
+    );
+    assert_eq!(
+        jobs[1].steps[0].cgroups,
+        vec!["/system.slice/slurmstepd.scope/job_4/step_0".to_string()]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
