@@ -680,6 +680,9 @@ fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
     // A job that burns and ends by itself: Slurm runs the epilog, which
     // waits for the job's file and stores its line in AdminComment.
     let job = cluster.sbatch(&format!("{} cpu 1.0 > /dev/null", testload_bin().display()));
+    // An earlier run's file of the same job id (a requeued job): the
+    // epilog must wait for this run's, not store that one's 1 J.
+    write_stale_job_file(&jobs_dir, &job);
     let stored = || {
         cluster
             .sacct(&job, "AdminComment")
@@ -736,7 +739,7 @@ fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
 }
 
 #[test]
-fn without_cgroups_a_job_is_found_by_its_environment_and_its_short_children_too() {
+fn without_cgroups_a_job_is_named_by_its_slurmstepd_and_its_short_children_too() {
     require_ebpf!();
     let dir = tempfile_dir().join("slurm-linuxproc");
     let _ = std::fs::remove_dir_all(&dir);
@@ -795,33 +798,53 @@ fn without_cgroups_a_job_is_found_by_its_environment_and_its_short_children_too(
     assert_eq!(j["steps"][0]["step"], "batch", "{j}");
     assert_eq!(
         j["steps"][0]["cgroups"][0],
-        format!("environ:/slurm/uid_0/job_{job}/step_batch"),
+        format!("slurmstepd:/slurm/uid_0/job_{job}/step_batch"),
         "{j}"
     );
     // The burn (1 s) and the 200 short ones (1 s together), as the
     // kernel counted them for the script: all in the job, the short ones
-    // by their parent's job.
+    // by their parent's job; and not more than the script and its
+    // children ran, with 0.1 s for slurmstepd's child before its exec and
+    // the commands after the count.
     let text = std::fs::read_to_string(&stat).expect("the script's stat");
     let fields: Vec<&str> = text[text.rfind(')').expect("stat") + 2..]
         .split(' ')
         .collect();
     // SAFETY: sysconf has no memory preconditions.
-    let tick = 1e9 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let children_s = (fields[13].parse::<f64>().expect("cutime")
-        + fields[14].parse::<f64>().expect("cstime"))
-        * tick
-        / 1e9;
+    let tick_s = 1.0 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ticks = |i: usize| fields[i].parse::<f64>().expect("a stat field") * tick_s;
+    let (own_s, children_s) = (ticks(11) + ticks(12), ticks(13) + ticks(14));
     let cpu_s = u(j, "/on_cpu_ns") as f64 / 1e9;
     eprintln!(
-        "job {job}: {cpu_s:.3} CPU-s, {:.3} J; the script's children: {children_s:.3} CPU-s",
+        "job {job}: {cpu_s:.3} CPU-s, {:.3} J; the script: {own_s:.3} CPU-s, its children: \
+         {children_s:.3}",
         f(j, "/energy/package_j")
     );
     assert!(children_s > 1.5, "the children ran {children_s} s");
     assert!(
-        cpu_s >= 0.97 * children_s,
-        "{cpu_s} CPU-s in the job, its children ran {children_s} s"
+        cpu_s >= 0.97 * (own_s + children_s),
+        "{cpu_s} CPU-s in the job, the script and its children ran {own_s} + {children_s} s"
+    );
+    assert!(
+        cpu_s <= own_s + children_s + 0.1,
+        "{cpu_s} CPU-s in the job, the script and its children ran {own_s} + {children_s} s"
     );
     drop(cluster);
+}
+
+/// A job file for `job` in `dir` as an earlier run of the same id left
+/// it: 1 J on node `old`.
+fn write_stale_job_file(dir: &Path, job: &str) {
+    std::fs::create_dir_all(dir).expect("jobs dir");
+    let stale = r#"{"type": "wattprof_job", "wattprof_version": "0", "node": "old",
+        "first_unix_ns": 1, "last_unix_ns": 2, "scheduler": "slurm", "job_id": "JOB",
+        "first_ns": 1, "last_ns": 2, "on_cpu_ns": 1, "energy": {"package_j": 1.0,
+        "total_j": 1.0, "avg_power_w": 0.0, "co2_g": 0.0}, "steps": []}"#;
+    std::fs::write(
+        dir.join(format!("slurm-{job}.json")),
+        stale.replace("JOB", job),
+    )
+    .expect("stale file");
 }
 
 /// The recording's jobs against Slurm's own cgroups: each named (id,

@@ -19,9 +19,12 @@
 //! any.
 //!
 //! Where Slurm makes no cgroups (`proctrack/linuxproc`), a process under
-//! `slurmstepd` is placed by its environment ([`environ_job_path`]), under
-//! a path marked `environ:` that names no cgroup; the placement itself is
-//! in [`crate::sums::cgroups::Cgroups::v1_cgroups`].
+//! a root-owned `slurmstepd` is placed by that `slurmstepd`'s title
+//! ([`stepd_job_path`]), under a path marked `slurmstepd:` that names no
+//! cgroup; the placement itself is in
+//! [`crate::sums::cgroups::Cgroups::v1_cgroups`]. Not by the process's
+//! environment (`SLURM_JOB_ID`): its owner writes that, and could charge
+//! another user's job.
 
 use std::fmt;
 
@@ -123,45 +126,22 @@ fn located(path: &str) -> Option<(JobStep, usize)> {
     None
 }
 
-/// What a job path from a process's environment starts with
-/// ([`environ_job_path`]): it names no cgroup.
-pub(crate) const ENVIRON: &str = "environ:";
+/// What a job path from a `slurmstepd`'s title starts with
+/// ([`stepd_job_path`]): it names no cgroup.
+pub(crate) const STEPD: &str = "slurmstepd:";
 
-/// A Slurm job step from a process's environment (`/proc/PID/environ`,
-/// NUL-separated), for jobs Slurm made no cgroups for
-/// (`proctrack/linuxproc`): `SLURM_JOB_ID`, `SLURM_JOB_UID`, and
-/// `SLURM_STEP_ID` (a batch script has none; Slurm's special step numbers
-/// are named). The path it is counted under is
-/// `environ:/slurm/uid_U/job_J/step_S`, which [`from_cgroup_path`] reads
-/// as that step and which is no cgroup.
-pub(crate) fn environ_job_path(environ: &[u8]) -> Option<String> {
-    let (mut job, mut uid, mut step) = (None, None, None);
-    for var in environ.split(|b| *b == 0) {
-        let Ok(var) = std::str::from_utf8(var) else {
-            continue;
-        };
-        if let Some(v) = var.strip_prefix("SLURM_JOB_ID=") {
-            job = Some(v);
-        } else if let Some(v) = var.strip_prefix("SLURM_JOB_UID=") {
-            uid = Some(v);
-        } else if let Some(v) = var.strip_prefix("SLURM_STEP_ID=") {
-            step = Some(v);
-        }
-    }
-    let job = job.filter(|j| plain(j))?;
-    let uid: u32 = uid?.parse().ok()?;
-    // slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP.
-    let step = match step.map(|s| (s, s.parse::<u32>())) {
-        None | Some((_, Ok(0xffff_fffb))) => "batch".to_string(),
-        Some((_, Ok(0xffff_fffc))) => "extern".to_string(),
-        Some((_, Ok(0xffff_fffa))) => "interactive".to_string(),
-        Some((_, Ok(n))) => n.to_string(),
-        Some((s, Err(_))) => s.to_string(),
-    };
-    if !plain(&step) {
-        return None;
-    }
-    Some(format!("{ENVIRON}/slurm/uid_{uid}/job_{job}/step_{step}"))
+/// The job step a `slurmstepd` runs, from its command line as it sets it
+/// (`slurmstepd: [JOB.STEP]`, NUL-padded), for a process of that step
+/// owned by `uid`: the path it is counted under,
+/// `slurmstepd:/slurm/uid_U/job_J/step_S`, which [`from_cgroup_path`]
+/// reads as that step and which is no cgroup. The caller checks that the
+/// `slurmstepd` is root's: a user can name a process anything.
+pub(crate) fn stepd_job_path(stepd_cmdline: &[u8], uid: u32) -> Option<String> {
+    let title = stepd_cmdline.split(|b| *b == 0).next()?;
+    let title = std::str::from_utf8(title).ok()?.trim_end();
+    let inner = title.strip_prefix("slurmstepd: [")?.strip_suffix(']')?;
+    let (job, step) = inner.rsplit_once('.')?;
+    (plain(job) && plain(step)).then(|| format!("{STEPD}/slurm/uid_{uid}/job_{job}/step_{step}"))
 }
 
 /// The path of a batch job's cgroup in a `/proc/PID/cgroup` text, on
@@ -251,46 +231,40 @@ mod tests {
     }
 
     #[test]
-    fn a_job_without_cgroups_is_found_in_its_environment() {
-        let env = |vars: &[&str]| vars.join("\0").into_bytes();
-        // As seen here: a batch script (no SLURM_STEP_ID) and its srun step.
-        let batch = env(&[
-            "PATH=/bin",
-            "SLURM_JOB_ID=812345",
-            "SLURM_JOB_UID=0",
-            "SLURM_JOBID=812345",
-        ]);
-        let path = environ_job_path(&batch).expect("a job");
-        assert_eq!(path, "environ:/slurm/uid_0/job_812345/step_batch");
+    fn a_job_without_cgroups_is_named_by_its_slurmstepd_s_title() {
+        // As seen here: slurmd 22.05's steps, NUL-padded.
+        let path = stepd_job_path(b"slurmstepd: [812345.batch]\0\0\0", 0).expect("a job");
+        assert_eq!(path, "slurmstepd:/slurm/uid_0/job_812345/step_batch");
         assert_eq!(
             from_cgroup_path(&path),
             Some(step("812345", Some("batch"), Some(0)))
         );
-        let srun = env(&["SLURM_STEP_ID=0", "SLURM_JOB_UID=1000", "SLURM_JOB_ID=9"]);
         assert_eq!(
-            environ_job_path(&srun).as_deref(),
-            Some("environ:/slurm/uid_1000/job_9/step_0")
+            stepd_job_path(b"slurmstepd: [9.0]", 1000).as_deref(),
+            Some("slurmstepd:/slurm/uid_1000/job_9/step_0")
         );
-        let ext = env(&[
-            "SLURM_STEP_ID=4294967292",
-            "SLURM_JOB_UID=1",
-            "SLURM_JOB_ID=9",
-        ]);
-        assert!(environ_job_path(&ext).is_some_and(|p| p.ends_with("step_extern")));
-        // Not a job: none, no uid, a hostile id or step.
-        for vars in [
-            &["PATH=/bin"][..],
-            &["SLURM_JOB_ID=9"],
-            &["SLURM_JOB_ID=9;rm", "SLURM_JOB_UID=0"],
-            &["SLURM_JOB_ID=9", "SLURM_JOB_UID=x"],
-            &["SLURM_JOB_ID=9", "SLURM_JOB_UID=0", "SLURM_STEP_ID=../x"],
+        assert!(
+            stepd_job_path(b"slurmstepd: [9.extern]", 1)
+                .is_some_and(|p| p.ends_with("step_extern"))
+        );
+        // Not a step's title, or a hostile one.
+        for title in [
+            &b"slurmstepd"[..],
+            b"/usr/sbin/slurmstepd\0",
+            b"slurmstepd: [9]",
+            b"slurmstepd: [9;rm.0]",
+            b"slurmstepd: [9.../x]",
+            b"slurmstepd: [.0]",
+            b"sh\0-c\0slurmstepd: [9.0]",
+            b"slurmstepd: [9.0\xff]",
         ] {
-            assert_eq!(environ_job_path(&env(vars)), None, "{vars:?}");
+            assert_eq!(
+                stepd_job_path(title, 0),
+                None,
+                "{}",
+                String::from_utf8_lossy(title)
+            );
         }
-        // Not UTF-8 around it: skipped, not a failure.
-        let mut bytes = b"X=\xff\xfe\0".to_vec();
-        bytes.extend(env(&["SLURM_JOB_ID=3", "SLURM_JOB_UID=2"]));
-        assert!(environ_job_path(&bytes).is_some());
     }
 
     #[test]

@@ -179,10 +179,22 @@ impl ProcFs {
             .ok()
     }
 
-    /// The bytes of `/proc/PID/environ`, its environment at its last exec
-    /// (empty when it cannot be read: gone, or not root's to read).
-    pub(crate) fn environ(&self, pid: u32) -> Vec<u8> {
-        std::fs::read(self.root.join(pid.to_string()).join("environ")).unwrap_or_default()
+    /// The bytes of `/proc/PID/cmdline` as they are (empty when gone).
+    pub(crate) fn cmdline_bytes(&self, pid: u32) -> Vec<u8> {
+        std::fs::read(self.root.join(pid.to_string()).join("cmdline")).unwrap_or_default()
+    }
+
+    /// The real uid of `pid` (`/proc/PID/status`), if it is alive.
+    pub(crate) fn real_uid(&self, pid: u32) -> Option<u32> {
+        let status =
+            std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     }
 
     /// The text of `/proc/PID/cgroup` (empty when it cannot be read).

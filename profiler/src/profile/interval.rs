@@ -527,22 +527,29 @@ fn package_times(sample: &CpuSample, packages: usize) -> Times {
     }
 }
 
-/// A process's parent record, and whether `slurmstepd` is among its
-/// ancestors (for the jobs no cgroup names: [`crate::sums::cgroups::Cgroups::v1_cgroups`]).
+/// A process's parent record, and the pid of the nearest `slurmstepd`
+/// among its ancestors (for the jobs no cgroup names:
+/// [`crate::sums::cgroups::Cgroups::v1_cgroups`]). A parent that started
+/// after the process is a reused pid, not its parent.
 fn lineage<M: crate::process::ProcMeta>(
     table: &crate::process::ProcessTable<M>,
     id: u64,
-) -> (Option<u64>, bool) {
+) -> (Option<u64>, Option<u32>) {
     let up = |p: &crate::process::Process| {
         p.ppid
             .filter(|pp| *pp != p.pid)
             .and_then(|pp| table.get(pp))
+            .filter(|parent| match (parent.start_ns, p.start_ns) {
+                (Some(a), Some(b)) => a <= b,
+                _ => true,
+            })
     };
     let Some(parent) = table.by_id(id).and_then(up) else {
-        return (None, false);
+        return (None, None);
     };
-    let under_slurm = std::iter::successors(Some(parent), |p| up(p))
+    let stepd = std::iter::successors(Some(parent), |p| up(p))
         .take(64)
-        .any(|p| p.comm == "slurmstepd");
-    (Some(parent.id), under_slurm)
+        .find(|p| p.comm == "slurmstepd")
+        .map(|p| p.pid);
+    (Some(parent.id), stepd)
 }

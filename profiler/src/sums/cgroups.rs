@@ -61,9 +61,9 @@ impl CgroupSum {
 /// read again, where a scheduler keeps its jobs on v1.
 const V1_READS: u8 = 3;
 
-/// What a process's environment says of its job.
-enum Environ {
-    /// Its job's key (named `environ:/slurm/...`).
+/// What a process's `slurmstepd` says of its job.
+enum Stepd {
+    /// Its job's key (named `slurmstepd:/slurm/...`).
     Job(u64),
     /// It was gone before it could be read.
     Gone,
@@ -149,8 +149,8 @@ pub(crate) struct Cgroups {
     /// it is in a batch job's v1 cgroup.
     v1: IntMap<ConsumerId, V1>,
     /// Processes whose lineage was looked at for a job without cgroups
-    /// (under `slurmstepd`: their environment read once).
-    environ_done: crate::hash::IntSet<ConsumerId>,
+    /// (once each).
+    stepd_done: crate::hash::IntSet<ConsumerId>,
     /// A scheduler keeps its jobs on the v1 hierarchies here (looked
     /// for at the start and at each prune): every process's v1 path is
     /// then read for a job, not only those at the cgroup2 root.
@@ -181,7 +181,7 @@ impl Cgroups {
             names: names(1_000_000_000),
             root: names(0).root_id(),
             v1: IntMap::default(),
-            environ_done: crate::hash::IntSet::default(),
+            stepd_done: crate::hash::IntSet::default(),
             batch_v1: cgroupfs.is_none()
                 && batch_tree_on_v1(std::path::Path::new("/sys/fs/cgroup")),
             v1_mount: cgroupfs
@@ -270,19 +270,22 @@ impl Cgroups {
     /// its life. A process found in a job stays counted there.
     ///
     /// Two fallbacks, for what no cgroup says (`lineage`: a process's
-    /// parent, and whether `slurmstepd` is among its ancestors):
-    /// - a process under `slurmstepd` in no job's cgroup (v1 or v2: Slurm
-    ///   made none, `proctrack/linuxproc`) is placed by its environment
-    ///   ([`crate::process::batch::environ_job_path`]), read once;
+    /// parent, and the pid of the nearest `slurmstepd` among its
+    /// ancestors):
+    /// - a process under a root-owned `slurmstepd` in no job's cgroup (v1
+    ///   or v2: Slurm made none, `proctrack/linuxproc`) is placed in the
+    ///   step that `slurmstepd`'s title names
+    ///   ([`crate::process::batch::stepd_job_path`]), as its own uid's,
+    ///   looked at once;
     /// - a process gone before its cgroups could be read (it ran within
     ///   one interval: a `make`'s compiler, a shell loop's command) is
     ///   counted in its parent's job, where it was forked (a child starts
-    ///   in its parent's cgroups, and with its environment).
+    ///   in its parent's cgroups, under its parent's `slurmstepd`).
     pub(crate) fn v1_cgroups(
         &mut self,
         usage: &mut [IntervalUsage],
         procfs: &ProcFs,
-        lineage: impl Fn(ConsumerId) -> (Option<ConsumerId>, bool),
+        lineage: impl Fn(ConsumerId) -> (Option<ConsumerId>, Option<u32>),
     ) {
         use crate::process::batch::job_path_v1;
         use crate::process::cgroup::{v1_key, v1_path};
@@ -315,10 +318,10 @@ impl Cgroups {
                 }
             }
             let in_job = self.v1.get(&u.id).is_some_and(|v| v.job);
-            if !in_job && self.environ_done.insert(u.id) {
-                let (parent, under_slurm) = lineage(u.id);
-                match self.environ_job(u.pid, under_slurm, procfs) {
-                    Environ::Job(key) => {
+            if !in_job && self.stepd_done.insert(u.id) {
+                let (parent, stepd) = lineage(u.id);
+                match self.stepd_job(u.pid, stepd, procfs) {
+                    Stepd::Job(key) => {
                         self.v1.insert(
                             u.id,
                             V1 {
@@ -328,8 +331,8 @@ impl Cgroups {
                             },
                         );
                     }
-                    Environ::Gone => read_gone = true,
-                    Environ::None => {}
+                    Stepd::Gone => read_gone = true,
+                    Stepd::None => {}
                 }
                 if read_gone && let Some(parent) = parent {
                     gone.push((at, parent));
@@ -364,25 +367,30 @@ impl Cgroups {
         key
     }
 
-    /// A process's job from its environment, where it is under
-    /// `slurmstepd` and no cgroup names a job for it.
-    fn environ_job(&mut self, pid: u32, under_slurm: bool, procfs: &ProcFs) -> Environ {
-        use crate::process::batch::{environ_job_path, job_path};
+    /// A process's job from the `slurmstepd` above it (`stepd`: its pid),
+    /// where no cgroup names a job for it: the step that `slurmstepd`'s
+    /// title names, if it is root's (anyone can name a process
+    /// `slurmstepd`, and only root can set a root process's title).
+    fn stepd_job(&mut self, pid: u32, stepd: Option<u32>, procfs: &ProcFs) -> Stepd {
+        use crate::process::batch::{job_path, stepd_job_path};
         use crate::process::cgroup::v1_key;
-        if !under_slurm {
-            return Environ::None;
-        }
+        let Some(stepd) = stepd else {
+            return Stepd::None;
+        };
         let text = procfs.cgroup(pid);
         if text.is_empty() {
-            return Environ::Gone;
+            return Stepd::Gone;
         }
         // In a job's cgroup (v2, or v1 not yet taken): the cgroup says.
-        if job_path(&text).is_some() {
-            return Environ::None;
+        if job_path(&text).is_some() || procfs.real_uid(stepd) != Some(0) {
+            return Stepd::None;
         }
-        match environ_job_path(&procfs.environ(pid)) {
-            Some(path) => Environ::Job(self.key_named(v1_key(&path), path)),
-            None => Environ::None,
+        let path = procfs
+            .real_uid(pid)
+            .and_then(|uid| stepd_job_path(&procfs.cmdline_bytes(stepd), uid));
+        match path {
+            Some(path) => Stepd::Job(self.key_named(v1_key(&path), path)),
+            None => Stepd::None,
         }
     }
 
@@ -694,7 +702,7 @@ impl Cgroups {
     /// Forgets the v1 keys of processes `keep` rejects.
     pub(crate) fn forget(&mut self, keep: impl Fn(ConsumerId) -> bool) {
         self.v1.retain(|id, _| keep(*id));
-        self.environ_done.retain(|id| keep(*id));
+        self.stepd_done.retain(|id| keep(*id));
     }
 
     /// Names new cgroups and recognizes their containers while they

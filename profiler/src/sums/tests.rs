@@ -237,7 +237,7 @@ fn slurm_jobs_on_v1_hierarchies_are_summed_per_job_and_step() {
         let mut usage: Vec<IntervalUsage> = (1..=4)
             .map(|id| usage(id, Role::Other, root_id, 100 * id))
             .collect();
-        c.v1_cgroups(&mut usage, &procfs, |_| (None, false));
+        c.v1_cgroups(&mut usage, &procfs, |_| (None, None));
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000 * u.id * mul));
         }
@@ -339,7 +339,7 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
             usage(6, Role::Other, unit, 10),
             usage(7, Role::Other, docker, 10),
         ];
-        c.v1_cgroups(&mut usage, &procfs, |_| (None, false));
+        c.v1_cgroups(&mut usage, &procfs, |_| (None, None));
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
         }
@@ -364,46 +364,51 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
 }
 
 #[test]
-fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its_parent() {
+fn jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_by_its_parent() {
     // Slurm with proctrack/linuxproc: the jobs' processes stay in
-    // slurmd's unit, and only their environment names the job.
-    let dir = temp_dir("jobs-environ");
+    // slurmd's unit; only the slurmstepd above them names the job.
+    let dir = temp_dir("jobs-stepd");
     let root = dir.join("cgroup");
     let unit = cgroup(&root, "system.slice/slurmd.service");
     let v2_step = cgroup(&root, "system.slice/slurmstepd.scope/job_4/step_0");
     let procs = dir.join("proc");
-    let write = |pid: u32, cgroup: &str, environ: &[&str]| {
+    let write = |pid: u32, cgroup: &str, uid: u32, cmdline: &[u8]| {
         let d = procs.join(pid.to_string());
         std::fs::create_dir_all(&d).expect("proc dir");
         std::fs::write(d.join("cgroup"), cgroup).expect("cgroup file");
-        std::fs::write(d.join("environ"), environ.join("\0")).expect("environ file");
+        let status = format!("Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n");
+        std::fs::write(d.join("status"), status).expect("status file");
+        std::fs::write(d.join("cmdline"), cmdline).expect("cmdline file");
     };
     let in_unit = "0::/system.slice/slurmd.service\n";
-    write(5, in_unit, &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5", "HOME=/"]);
-    write(
-        6,
-        in_unit,
-        &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5", "SLURM_STEP_ID=0"],
-    );
-    // In a v2 job's cgroup: the cgroup says, not the environment.
+    // Root's slurmstepds of job 9's batch step and step 0; a user's
+    // process named slurmstepd, titled as job 9's batch step.
+    write(2, in_unit, 0, b"slurmstepd: [9.batch]\0\0");
+    write(3, in_unit, 0, b"slurmstepd: [9.0]\0");
+    write(4, in_unit, 1000, b"slurmstepd: [9.batch]\0");
+    write(5, in_unit, 5, b"/bin/sh\0job.sh\0");
+    write(6, in_unit, 5, b"./a.out\0");
+    // In a v2 job's cgroup: the cgroup says.
     write(
         7,
         "0::/system.slice/slurmstepd.scope/job_4/step_0\n",
-        &["SLURM_JOB_ID=4", "SLURM_JOB_UID=5", "SLURM_STEP_ID=0"],
+        5,
+        b"x\0",
     );
-    // Not under slurmstepd: a user's shell that set SLURM_JOB_ID.
-    write(8, in_unit, &["SLURM_JOB_ID=9", "SLURM_JOB_UID=5"]);
+    // Under the user's fake slurmstepd: no job.
+    write(8, in_unit, 1000, b"burn\0");
     // 10 and 11 are gone before they were read (no /proc entry): 10's
     // parent is 5 (in job 9), 11's is 8 (in none).
     let procfs = ProcFs::at(procs.clone());
     let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
     let lineage = |id: u64| match id {
-        5..=7 => (Some(2), true),
-        10 => (Some(5), true),
-        11 => (Some(8), false),
-        _ => (Some(1), false),
+        5 | 10 => (Some(if id == 5 { 2 } else { 5 }), Some(2)),
+        6 => (Some(3), Some(3)),
+        7 => (Some(1), Some(3)),
+        8 | 11 => (Some(if id == 8 { 4 } else { 8 }), Some(4)),
+        _ => (Some(1), None),
     };
-    let reads = std::cell::Cell::new(0);
+    let looked = std::cell::Cell::new(0);
     for at_ns in [1_000_000_000, 2_000_000_000] {
         let mut usage = vec![
             usage(10, Role::Other, unit, 10),
@@ -418,7 +423,7 @@ fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its
             usage.retain(|u| u.id < 10);
         }
         c.v1_cgroups(&mut usage, &procfs, |id| {
-            reads.set(reads.get() + 1);
+            looked.set(looked.get() + 1);
             lineage(id)
         });
         for u in &usage {
@@ -427,7 +432,7 @@ fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its
         c.add_time(&usage, at_ns);
     }
     // Each process's lineage looked at once, not each interval.
-    assert_eq!(reads.get(), 6);
+    assert_eq!(looked.get(), 6);
     c.name(2_000_000_000);
     let jobs = c.job_reports(None, 0, 2_000_000_000, &carbon());
     /// Job id, package J, and each step's name and J.
@@ -440,7 +445,7 @@ fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its
         })
         .collect();
     // Job 9: 5 twice, 6 twice, and 10 (gone, its parent's) once; job 4
-    // by its cgroup; 8 and 11 in none.
+    // by its cgroup; 8 and 11 (under a user's "slurmstepd") in none.
     assert_eq!(
         got,
         vec![
@@ -455,7 +460,7 @@ fn jobs_without_cgroups_are_found_by_environment_and_a_child_gone_at_once_by_its
     assert_eq!(jobs[0].uid, Some(5));
     assert_eq!(
         jobs[0].steps[0].cgroups,
-        vec!["environ:/slurm/uid_5/job_9/step_batch".to_string()]
+        vec!["slurmstepd:/slurm/uid_5/job_9/step_batch".to_string()]
     );
     assert_eq!(
         jobs[1].steps[0].cgroups,
