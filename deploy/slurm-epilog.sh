@@ -8,17 +8,21 @@
 #
 # slurm.conf, on every node:   Epilog=/etc/slurm/epilog.d/wattprof.sh
 # and wattprof on every node:  wattprof monitor --jobs-dir /var/lib/wattprof/jobs
+# (each node's own directory: the files are named by job, not by node).
 #
 # wattprof writes DIR/slurm-<job>.json once the job's cgroups are gone,
 # and Slurm removes them only after the epilog returns; so this script
-# starts a waiter for the file and returns at once. It always exits 0:
-# an epilog that fails drains the node. What goes wrong is written to
-# $WATTPROF_JOBS_DIR/epilog.log.
+# starts a waiter for a file newer than the epilog's start (one already
+# there is an earlier run's: a requeued job) and returns at once. It
+# always exits 0: an epilog that fails drains the node. What goes wrong
+# is written to $WATTPROF_JOBS_DIR/epilog.log.
 #
-# On a job over several nodes each node adds its own entry, separated by
-# "; " (each entry: wattprof:total_j=...,package_j=...,nodes=NODE). Two
-# nodes writing at once can lose one entry: each checks that its entry
-# is there afterwards and tries again (5 times).
+# This script owns the job's AdminComment: it keeps what is there and
+# adds "; " and its entry (wattprof:total_j=...,package_j=...,nodes=NODE).
+# On a job over several nodes each node adds its own; two nodes writing
+# at once can lose one entry (sacctmgr sets the whole field), so each
+# reads the field back and tries again, 8 times, at random delays. A
+# quote in the field ends it for sacctmgr: such a field is not touched.
 
 WATTPROF=${WATTPROF:-/usr/local/bin/wattprof}
 JOBS_DIR=${WATTPROF_JOBS_DIR:-/var/lib/wattprof/jobs}
@@ -26,6 +30,9 @@ WAIT_S=${WATTPROF_EPILOG_WAIT_S:-300}
 SACCT=${SACCT:-/usr/bin/sacct}
 SACCTMGR=${SACCTMGR:-/usr/bin/sacctmgr}
 
+case $WAIT_S in
+'' | *[!0-9]*) WAIT_S=300 ;;
+esac
 job=${SLURM_JOB_ID:-}
 case $job in
 '' | *[!0-9_]*) exit 0 ;;
@@ -37,40 +44,82 @@ say() {
     printf '%s job %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$job" "$*" >>"$log" 2>/dev/null
 }
 
+# The field as sacct has it now (its first line: the job's own record);
+# fails when sacct does.
+admin_comment() {
+    out=$("$SACCT" -n -X -P -j "$job" -o AdminComment 2>>"$log") || return 1
+    printf '%s\n' "$out" | head -n 1
+}
+
+# A pause of 1 to 4 s, different on each node.
+pause() {
+    sleep "$(($(od -An -N1 -tu1 /dev/urandom 2>/dev/null || echo 1) % 4 + 1))"
+}
+
 store() {
+    marker=$1
     waited=0
-    while [ ! -f "$file" ]; do
+    until [ -f "$file" ] && [ "$file" -nt "$marker" ]; do
         if [ "$waited" -ge "$WAIT_S" ]; then
-            say "no $file after ${WAIT_S} s (is wattprof monitor running with --jobs-dir $JOBS_DIR?)"
+            say "no new $file after ${WAIT_S} s (is wattprof monitor running with --jobs-dir $JOBS_DIR, and has the job cgroups?)"
+            rm -f "$marker"
             return
         fi
         sleep 1
         waited=$((waited + 1))
     done
+    rm -f "$marker"
     if ! entry=$("$WATTPROF" report --comment "$file" 2>>"$log"); then
         say "wattprof report --comment $file failed"
         return
     fi
     tries=0
-    while [ "$tries" -lt 5 ]; do
-        old=$("$SACCT" -n -X -P -j "$job" -o AdminComment 2>>"$log" | head -n 1)
+    while [ "$tries" -lt 8 ]; do
+        tries=$((tries + 1))
+        if ! old=$(admin_comment); then
+            say "sacct failed (try $tries)"
+            pause
+            continue
+        fi
         case $old in
         *"$entry"*) return ;;
+        *\'* | *\"*)
+            say "AdminComment holds a quote, left as it is; this node's entry: $entry"
+            return
+            ;;
         '') new=$entry ;;
         *) new="$old; $entry" ;;
         esac
         "$SACCTMGR" -i modify job where jobid="$job" set AdminComment="$new" >/dev/null 2>>"$log" ||
-            say "sacctmgr modify job failed"
-        sleep "$((tries + 1))"
-        tries=$((tries + 1))
+            say "sacctmgr modify job failed (try $tries)"
+        pause
     done
-    case $("$SACCT" -n -X -P -j "$job" -o AdminComment 2>/dev/null) in
+    case $(admin_comment) in
     *"$entry"*) ;;
-    *) say "AdminComment does not hold this node's entry after 5 tries: $entry" ;;
+    *) say "AdminComment does not hold this node's entry after 8 tries: $entry" ;;
     esac
 }
 
-# Detached: the epilog returns now, and Slurm goes on to remove the
-# job's cgroups.
-(store </dev/null >/dev/null 2>&1 &)
+if [ "${1:-}" = --waiter ]; then
+    # In its own session now: tell the epilog it may return.
+    : >"$2.detached"
+    store "$2"
+    exit 0
+fi
+# The epilog's start: the file to wait for is newer.
+marker=$(mktemp "$JOBS_DIR/.epilog-$job.XXXXXX" 2>/dev/null) || {
+    say "cannot create a file in $JOBS_DIR"
+    exit 0
+}
+# Detached, in a session of its own: the epilog returns once the waiter
+# is out of its process group (slurmd kills that group when the epilog
+# exits: a waiter still in it was seen killed), at most 5 s later, and
+# Slurm goes on to remove the job's cgroups.
+setsid "$0" --waiter "$marker" </dev/null >/dev/null 2>&1 &
+tries=0
+while [ ! -e "$marker.detached" ] && [ "$tries" -lt 50 ]; do
+    sleep 0.1
+    tries=$((tries + 1))
+done
+rm -f "$marker.detached"
 exit 0
