@@ -718,6 +718,9 @@ fn report_sums_a_job_over_its_nodes_files_and_refuses_what_does_not_go_together(
     );
     let json = report_json(&[&a, &b]);
     assert_eq!(json[0]["energy"]["total_j"], 150.0, "{json}");
+    // No node read DRAM: no field, not 0.
+    assert!(json[0]["energy"].get("dram_j").is_none(), "{json}");
+    assert_eq!(json[0]["energy"]["gpu_j"], 40.0, "{json}");
     assert_eq!(json[0]["nodes"].as_array().map(Vec::len), Some(2), "{json}");
     let comment = report_ok(&[Path::new("--comment"), &a, &b]);
     assert_eq!(

@@ -163,7 +163,9 @@ fn execute_jobs(args: &ReportArgs) -> anyhow::Result<i32> {
     let text = if args.comment {
         report::jobs::comment(&jobs).map_err(usage)? + "\n"
     } else if args.json {
-        serde_json::to_string_pretty(&jobs)? + "\n"
+        // A domain no node read has no field (no reader is not 0).
+        let read = report::jobs::read_by_any(&jobs);
+        crate::model::unread::writing(read, || serde_json::to_string_pretty(&jobs))? + "\n"
     } else {
         report::jobs::render(&jobs)
     };

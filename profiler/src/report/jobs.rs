@@ -210,6 +210,17 @@ fn sum(
     }
 }
 
+/// The domains any node of any of `jobs` read, for their JSON.
+pub(crate) fn read_by_any(jobs: &[JobAcross]) -> crate::model::unread::Read {
+    use crate::sources::Domain;
+    let domains = jobs.iter().flat_map(|j| &j.domains).map(|d| match *d {
+        "package" => Domain::Package,
+        "dram" => Domain::Dram,
+        _ => Domain::Gpu,
+    });
+    crate::model::unread::Read::of(domains)
+}
+
 /// A domain's joules in `e`, by its name in [`DOMAINS`].
 fn joules(e: &EnergyJ, domain: &str) -> f64 {
     match domain {
