@@ -95,6 +95,18 @@ pub enum Which {
         #[arg(long, default_value_t = 1000)]
         processes: usize,
     },
+    /// The open-coded task iterator (the `bpf_iter_task_*` kfuncs, run
+    /// from one call of an `iter/bpf_map` program) against `iter/task`,
+    /// for the same per-thread work: nanoseconds per thread per read with
+    /// THREADS idle threads, in paired rounds (bench/open-coded-iter).
+    OpenCodedIter {
+        /// Idle threads.
+        #[arg(long, default_value_t = 10_000)]
+        threads: usize,
+        /// Paired rounds (each reads both, the order alternating).
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+    },
     /// Heap allocations per interval of `wattprof monitor` in steady
     /// state while PROCESSES processes wake every 50 ms, counted by the
     /// `alloc-count` preload (so a baseline build is counted the same
@@ -263,6 +275,7 @@ pub fn run(which: Which) -> Result<()> {
             baseline.as_deref(),
         ),
         Which::Stacks { rounds, hz, work } => stacks(rounds, hz, work),
+        Which::OpenCodedIter { threads, rounds } => crate::open_coded::run(threads, rounds),
         Which::Top {
             rounds,
             seconds,

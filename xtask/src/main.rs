@@ -5,6 +5,7 @@ mod docs;
 mod ebpf;
 mod isolation;
 mod nextest;
+mod open_coded;
 mod soak;
 mod test;
 

@@ -220,7 +220,7 @@ pub(crate) fn running_kernel() -> Option<BtfStructs> {
 
 /// `offsetof(struct task_struct, se.sum_exec_runtime)` in the running
 /// kernel, or `None` when the kernel has no BTF.
-pub(crate) fn sum_exec_runtime_offset() -> Option<u32> {
+pub fn sum_exec_runtime_offset() -> Option<u32> {
     running_kernel()?.path_offset("task_struct", &["se", "sum_exec_runtime"])
 }
 

@@ -17,6 +17,7 @@ pub(crate) mod tracefs;
 
 use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
+pub use btf::sum_exec_runtime_offset;
 pub(crate) use ebpf::{
     EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig,
 };
