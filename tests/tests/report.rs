@@ -727,6 +727,25 @@ fn report_sums_a_job_over_its_nodes_files_and_refuses_what_does_not_go_together(
         String::from_utf8_lossy(&comment.stdout).trim(),
         "wattprof:total_j=150.000,package_j=110.000,gpu_j=40.000,static_j=4.000,dynamic_j=146.000,nodes=node1+node2"
     );
+    // One CSV row per job and node; node2 read no GPU: an empty cell.
+    let csv_path = dir.join("jobs.csv");
+    report_ok(&[Path::new("--jobs-csv"), &csv_path, &a, &b]);
+    let csv = std::fs::read_to_string(&csv_path).expect("jobs.csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "scheduler,job_id,user,node,first_utc,last_utc,on_cpu_s,package_j,dram_j,gpu_j,total_j,static_j,dynamic_j,co2_g"
+    );
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(
+        lines[1].starts_with("slurm,42,ana,node1,")
+            && lines[1].contains(",5.000000,60.000000,,40.000000,100.000000,"),
+        "{csv}"
+    );
+    assert!(
+        lines[2].contains(",node2,") && lines[2].contains(",50.000000,,,50.000000,"),
+        "{csv}"
+    );
     // Each refusal is one line and its exit code: 2 for what does not go
     // together, 1 for a file that cannot be read back.
     let other = job_file(&dir, "node1", "43", 5.0, None);
@@ -750,6 +769,11 @@ fn report_sums_a_job_over_its_nodes_files_and_refuses_what_does_not_go_together(
         ),
         (vec![&*damaged], 1, "is the file damaged?"),
         (vec![&*not_json, &*not_json, &*not_json], 2, "3 files given"),
+        (
+            vec![Path::new("--jobs-csv"), Path::new("x.csv"), &*not_json],
+            2,
+            "--jobs-csv reads",
+        ),
     ] {
         let out = report(&args);
         let err = String::from_utf8_lossy(&out.stderr);

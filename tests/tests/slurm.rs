@@ -624,6 +624,7 @@ fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_
     }
     stop_monitor(monitor.0.take().expect("monitor"));
     check_jobs(&out, [&alone, &a, &b], &kernel);
+    check_stream_jobs(&stream, [&alone, &a, &b]);
     check_job_file(&alone_file, &out, &alone);
     drop(cluster);
 }
@@ -845,6 +846,19 @@ fn write_stale_job_file(dir: &Path, job: &str) {
         stale.replace("JOB", job),
     )
     .expect("stale file");
+}
+
+/// The stream's summary line holds `jobs`, as the recording does.
+fn check_stream_jobs(stream: &Path, jobs: [&str; 3]) {
+    let text = std::fs::read_to_string(stream).expect("stream");
+    let summary: Value = serde_json::from_str(text.lines().last().expect("a line")).expect("JSON");
+    assert_eq!(summary["type"], "summary");
+    for j in jobs {
+        let listed = summary["jobs"]
+            .as_array()
+            .is_some_and(|js| js.iter().any(|x| x["job_id"] == j));
+        assert!(listed, "job {j} missing from the stream's summary");
+    }
 }
 
 /// The recording's jobs against Slurm's own cgroups: each named (id,

@@ -76,6 +76,13 @@ pub(crate) struct ReportArgs {
     /// kWh, power in W, emissions in kg).
     #[arg(long, value_name = "FILE")]
     pub(crate) csv_intervals: Option<PathBuf>,
+
+    /// With job files: also write FILE, one CSV row per job and node
+    /// (scheduler, job_id, user, node, first and last UTC, on-CPU s, J per
+    /// domain, total, static, dynamic, g CO2; a domain the node did not
+    /// read is empty, not 0).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) jobs_csv: Option<PathBuf>,
 }
 
 fn usage(message: String) -> anyhow::Error {
@@ -160,6 +167,16 @@ fn execute_jobs(args: &ReportArgs) -> anyhow::Result<i32> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(bad_file)?;
     let jobs = report::jobs::gather(files).map_err(fail)?;
+    if let Some(path) = &args.jobs_csv {
+        let csv =
+            report::jobs::csv(&jobs).map_err(|e| fail(format!("encoding --jobs-csv: {e}")))?;
+        write_whole(path, &csv, "--jobs-csv")?;
+        eprintln!(
+            "wattprof: {} rows written to {}",
+            jobs.iter().map(|j| j.nodes.len()).sum::<usize>(),
+            path.display()
+        );
+    }
     let text = if args.comment {
         report::jobs::comment(&jobs).map_err(usage)? + "\n"
     } else if args.json {
@@ -177,6 +194,11 @@ fn execute_jobs(args: &ReportArgs) -> anyhow::Result<i32> {
 pub(crate) fn execute(args: ReportArgs) -> anyhow::Result<i32> {
     if args.comment || args.files.iter().any(|p| looks_like_job_file(p)) {
         return execute_jobs(&args);
+    }
+    if args.jobs_csv.is_some() {
+        return Err(usage(
+            "--jobs-csv reads the job files `monitor --jobs-dir` writes, not a recording".into(),
+        ));
     }
     if args.files.len() > 2 {
         return Err(usage(format!(

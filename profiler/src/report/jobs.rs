@@ -307,6 +307,50 @@ pub(crate) fn render(jobs: &[JobAcross]) -> String {
     s
 }
 
+/// `--jobs-csv`: a header, then one row per job and node. A domain the
+/// node did not read is an empty cell, not 0.
+pub(crate) fn csv(jobs: &[JobAcross]) -> Result<Vec<u8>, String> {
+    let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+    let mut header = vec![
+        "scheduler",
+        "job_id",
+        "user",
+        "node",
+        "first_utc",
+        "last_utc",
+        "on_cpu_s",
+    ];
+    header.extend(DOMAINS.iter().map(|(field, _)| *field));
+    header.extend(["total_j", "static_j", "dynamic_j", "co2_g"]);
+    w.write_record(&header).map_err(|e| e.to_string())?;
+    for j in jobs {
+        for n in &j.nodes {
+            let mut row = vec![
+                j.scheduler.clone(),
+                j.job_id.clone(),
+                j.user.clone().unwrap_or_default(),
+                n.node.clone(),
+                crate::sink::csv::iso8601_utc(n.first_unix_ns),
+                crate::sink::csv::iso8601_utc(n.last_unix_ns),
+                format!("{:.6}", secs(n.on_cpu_ns)),
+            ];
+            for (_, d) in DOMAINS {
+                row.push(if n.domains.contains(&d) {
+                    format!("{:.6}", joules(&n.energy, d))
+                } else {
+                    String::new()
+                });
+            }
+            let e = &n.energy;
+            for x in [e.total_j, e.static_j, e.dynamic_j, e.co2_g] {
+                row.push(format!("{x:.6}"));
+            }
+            w.write_record(&row).map_err(|e| e.to_string())?;
+        }
+    }
+    w.into_inner().map_err(|e| e.to_string())
+}
+
 /// One line for a scheduler's job record (Slurm's `AdminComment`, set
 /// by `deploy/slurm-epilog.sh`): the job's joules over the files' nodes,
 /// `wattprof:total_j=…,package_j=…,…,nodes=a+b`; no spaces, so it reads
