@@ -510,6 +510,71 @@ const DRAM: PowerLaw = PowerLaw {
     per_cpu_w: 0.41,
 };
 
+/// The test's fresh folder and its cluster; `None`, said as skipped,
+/// where the packages are missing or Slurm 22.05 cannot run jobs on this
+/// host; any other failure to start is the test's.
+fn cluster_or_skip(name: &str, mode: Mode) -> Option<(PathBuf, Cluster)> {
+    let dir = tempfile_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (needed, packages): (&[&str], &str) = if mode == Mode::Accounting {
+        (&ACCOUNTING, "slurm-wlm munge slurmdbd mariadb-server-core")
+    } else {
+        (&[], "slurm-wlm munge")
+    };
+    if let Some(missing) = BINARIES
+        .iter()
+        .chain(needed)
+        .find(|b| !Path::new(b).exists())
+    {
+        wattprof_tests::say_skip(&format!(
+            "{missing} is not installed (apt-get install {packages})"
+        ));
+        return None;
+    }
+    match Cluster::start(&dir, mode) {
+        Ok(c) => Some((dir, c)),
+        Err(why) if why.contains("needs systemd") => {
+            wattprof_tests::say_skip(&why);
+            None
+        }
+        Err(why) => panic!("the one-node Slurm did not start: {why}"),
+    }
+}
+
+/// `monitor` on a RAPL fixture whose power follows the load, with the
+/// host model that knows it (a job's energy is then its own, whoever
+/// runs beside it), every `interval`, writing `dir/m.json` and
+/// `dir/m.jsonl`, with `extra` arguments; started once its stream's
+/// header is out. The fixture lives as long as the returned value.
+fn start_monitor(dir: &Path, interval: &str, extra: &[&std::ffi::OsStr]) -> (Monitor, FakeRapl) {
+    let rapl = FakeRapl::following(PACKAGE, DRAM);
+    let model = wattprof_tests::host_model_file(dir, PACKAGE, DRAM);
+    let stream = dir.join("m.jsonl");
+    let monitor = Monitor(Some(
+        Command::new(wattprof_bin())
+            .args([
+                "monitor",
+                &rapl.arg(),
+                "--interval",
+                interval,
+                "--host-model",
+            ])
+            .arg(&model)
+            .arg("--output")
+            .arg(dir.join("m.json"))
+            .arg("--jsonl")
+            .arg(&stream)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("monitor"),
+    ));
+    wait_for_stream_header(&stream);
+    (monitor, rapl)
+}
+
 /// Package joules per CPU-second of a job in the recording.
 fn j_per_cpu_s(job: &Value) -> f64 {
     f(job, "/energy/package_j") / (u(job, "/on_cpu_ns") as f64 / 1e9)
@@ -518,48 +583,21 @@ fn j_per_cpu_s(job: &Value) -> f64 {
 #[test]
 fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_or_not() {
     require_ebpf!();
-    let dir = tempfile_dir().join("slurm");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    // Missing packages, or a host Slurm 22.05 cannot run jobs on, skip;
-    // any other failure to start is this test's.
-    if let Some(missing) = BINARIES.iter().find(|b| !Path::new(b).exists()) {
-        wattprof_tests::say_skip(&format!(
-            "{missing} is not installed (apt-get install slurm-wlm munge)"
-        ));
+    let Some((dir, cluster)) = cluster_or_skip("slurm", Mode::Cgroups) else {
         return;
-    }
-    let cluster = match Cluster::start(&dir, Mode::Cgroups) {
-        Ok(c) => c,
-        Err(why) if why.contains("needs systemd") => {
-            wattprof_tests::say_skip(&why);
-            return;
-        }
-        Err(why) => panic!("the one-node Slurm did not start: {why}"),
     };
-    // Power that follows the load, and the host model that knows it: a
-    // job's energy is then its own, whoever runs beside it.
-    let rapl = FakeRapl::following(PACKAGE, DRAM);
-    let model = wattprof_tests::host_model_file(&dir, PACKAGE, DRAM);
-    let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
+    let (out, stream, jobs_dir) = (dir.join("m.json"), dir.join("m.jsonl"), dir.join("jobs"));
     let addr = format!("127.0.0.1:{}", free_port());
-    let jobs_dir = dir.join("jobs");
-    let mut monitor = Monitor(Some(
-        Command::new(wattprof_bin())
-            .args(["monitor", &rapl.arg(), "--interval", "1s", "--host-model"])
-            .arg(&model)
-            .args(["--prometheus", &addr, "--output"])
-            .arg(&out)
-            .arg("--jsonl")
-            .arg(&stream)
-            .arg("--jobs-dir")
-            .arg(&jobs_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("monitor"),
-    ));
-    wait_for_stream_header(&stream);
+    let (mut monitor, _rapl) = start_monitor(
+        &dir,
+        "1s",
+        &[
+            "--prometheus".as_ref(),
+            addr.as_ref(),
+            "--jobs-dir".as_ref(),
+            jobs_dir.as_ref(),
+        ],
+    );
     // Each job burns, says so, and waits (its cgroups stay, to be read)
     // until the test ends it.
     let load = testload_bin();
@@ -632,52 +670,12 @@ fn slurm_jobs_are_named_split_as_slurm_counts_their_cpu_and_charged_alike_alone_
 #[test]
 fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
     require_ebpf!();
-    let dir = tempfile_dir().join("slurm-epilog");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    if let Some(missing) = BINARIES
-        .iter()
-        .chain(&ACCOUNTING)
-        .find(|b| !Path::new(b).exists())
-    {
-        wattprof_tests::say_skip(&format!(
-            "{missing} is not installed (apt-get install slurm-wlm munge slurmdbd mariadb-server-core)"
-        ));
+    let Some((dir, cluster)) = cluster_or_skip("slurm-epilog", Mode::Accounting) else {
         return;
-    }
-    let cluster = match Cluster::start(&dir, Mode::Accounting) {
-        Ok(c) => c,
-        Err(why) if why.contains("needs systemd") => {
-            wattprof_tests::say_skip(&why);
-            return;
-        }
-        Err(why) => panic!("the one-node Slurm with slurmdbd did not start: {why}"),
     };
-    let rapl = FakeRapl::following(PACKAGE, DRAM);
-    let model = wattprof_tests::host_model_file(&dir, PACKAGE, DRAM);
-    let (out, stream, jobs_dir) = (dir.join("m.json"), dir.join("m.jsonl"), dir.join("jobs"));
-    let mut monitor = Monitor(Some(
-        Command::new(wattprof_bin())
-            .args([
-                "monitor",
-                &rapl.arg(),
-                "--interval",
-                "500ms",
-                "--host-model",
-            ])
-            .arg(&model)
-            .arg("--output")
-            .arg(&out)
-            .arg("--jsonl")
-            .arg(&stream)
-            .arg("--jobs-dir")
-            .arg(&jobs_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("monitor"),
-    ));
-    wait_for_stream_header(&stream);
+    let (out, jobs_dir) = (dir.join("m.json"), dir.join("jobs"));
+    let (mut monitor, _rapl) =
+        start_monitor(&dir, "500ms", &["--jobs-dir".as_ref(), jobs_dir.as_ref()]);
     // A job that burns and ends by itself: Slurm runs the epilog, which
     // waits for the job's file and stores its line in AdminComment.
     let job = cluster.sbatch(&format!("{} cpu 1.0 > /dev/null", testload_bin().display()));
@@ -742,31 +740,11 @@ fn the_shipped_epilog_puts_a_job_s_joules_in_sacct() {
 #[test]
 fn without_cgroups_a_job_is_named_by_its_slurmstepd_and_its_short_children_too() {
     require_ebpf!();
-    let dir = tempfile_dir().join("slurm-linuxproc");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    if let Some(missing) = BINARIES.iter().find(|b| !Path::new(b).exists()) {
-        wattprof_tests::say_skip(&format!(
-            "{missing} is not installed (apt-get install slurm-wlm munge)"
-        ));
+    let Some((dir, cluster)) = cluster_or_skip("slurm-linuxproc", Mode::Linuxproc) else {
         return;
-    }
-    let cluster = Cluster::start(&dir, Mode::Linuxproc)
-        .unwrap_or_else(|why| panic!("the one-node Slurm did not start: {why}"));
-    let rapl = FakeRapl::following(PACKAGE, DRAM);
-    let (out, stream) = (dir.join("m.json"), dir.join("m.jsonl"));
-    let mut monitor = Monitor(Some(
-        Command::new(wattprof_bin())
-            .args(["monitor", &rapl.arg(), "--interval", "500ms", "--output"])
-            .arg(&out)
-            .arg("--jsonl")
-            .arg(&stream)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("monitor"),
-    ));
-    wait_for_stream_header(&stream);
+    };
+    let out = dir.join("m.json");
+    let (mut monitor, _rapl) = start_monitor(&dir, "500ms", &[]);
     // A burn, then 200 processes that each live well under an interval
     // (gone before any /proc file of theirs is read), then the script's
     // own count of its children's CPU time (cutime + cstime, in ticks),
