@@ -276,7 +276,8 @@ impl Cgroups {
     ///   or v2: Slurm made none, `proctrack/linuxproc`) is placed in the
     ///   step that `slurmstepd`'s title names
     ///   ([`crate::process::batch::stepd_job_path`]), as its own uid's,
-    ///   looked at once;
+    ///   looked at once (where Slurm keeps jobs on v1, once its
+    ///   [`V1_READS`] cgroup reads found none);
     /// - a process gone before its cgroups could be read (it ran within
     ///   one interval: a `make`'s compiler, a shell loop's command) is
     ///   counted in its parent's job, where it was forked (a child starts
@@ -318,7 +319,13 @@ impl Cgroups {
                 }
             }
             let in_job = self.v1.get(&u.id).is_some_and(|v| v.job);
-            if !in_job && self.stepd_done.insert(u.id) {
+            // Where Slurm keeps jobs on v1, its cgroups get their reads
+            // first: a child of slurmstepd read before Slurm moved it is
+            // found in the job's cgroup at a later read, under its path.
+            let cgroups_first = self.batch_v1
+                && !read_gone
+                && self.v1.get(&u.id).is_some_and(|v| v.reads < V1_READS);
+            if !in_job && !cgroups_first && self.stepd_done.insert(u.id) {
                 let (parent, stepd) = lineage(u.id);
                 match self.stepd_job(u.pid, stepd, procfs) {
                     Stepd::Job(key) => {

@@ -327,6 +327,19 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
         7,
         "4:freezer:/\n0::/system.slice/docker-0123456789ab.scope\n",
     );
+    for (pid, uid, cmdline) in [
+        (2u32, 0u32, &b"slurmstepd: [9.0]\0"[..]),
+        (6, 5, b"a.out\0"),
+    ] {
+        let d = procs.join(pid.to_string());
+        std::fs::create_dir_all(&d).expect("proc dir");
+        std::fs::write(
+            d.join("status"),
+            format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+        )
+        .expect("status");
+        std::fs::write(d.join("cmdline"), cmdline).expect("cmdline");
+    }
     let procfs = ProcFs::at(procs.clone());
     let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
     c.set_batch_v1(true);
@@ -339,7 +352,16 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
             usage(6, Role::Other, unit, 10),
             usage(7, Role::Other, docker, 10),
         ];
-        c.v1_cgroups(&mut usage, &procfs, |_| (None, None));
+        // 6 is under a root slurmstepd of the same step: its cgroups
+        // still get the first reads (it is found at its late move, under
+        // its cgroup's path), not its slurmstepd's title.
+        c.v1_cgroups(&mut usage, &procfs, |id| {
+            if id == 6 {
+                (Some(2), Some(2))
+            } else {
+                (None, None)
+            }
+        });
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
         }
