@@ -99,7 +99,9 @@ pub enum SmBasis {
     /// A new sample of NVML's came in the interval.
     #[default]
     Sampled,
-    /// No new sample: the latest shares seen within the last 2 s.
+    /// No sample new to this read: the shares of what it observed (a
+    /// sample an earlier read saw, returned again by the look-back) or,
+    /// for a holder with no observation, its last share within 2 s.
     Carried,
     /// No sample within 2 s (or none to be had): equal among the holders.
     Equal,

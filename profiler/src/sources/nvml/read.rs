@@ -268,6 +268,8 @@ struct Taken {
     trimmed: usize,
     /// Exact repeats within one call (garbage, reported).
     duplicates: u32,
+    /// Calls that answered since the last read ([`sampler::Pending::polls`]).
+    polls: u32,
 }
 
 /// Fetches the newest samples (a count race retried) and takes what the
@@ -289,6 +291,7 @@ fn take_samples(
                 between: std::mem::take(&mut p.listed_between),
                 trimmed: std::mem::take(&mut p.trimmed),
                 duplicates: std::mem::take(&mut p.duplicates),
+                polls: std::mem::take(&mut p.polls),
             },
             std::mem::take(&mut p.between_dropped),
         )
@@ -454,11 +457,33 @@ fn mps_samples_to_clients(
     );
 }
 
-/// Whether `pid` is an MPS server (`/proc/PID/comm`; NVML's pids are the
-/// host's, as is wattprof's `/proc` where it can see them).
+/// Whether `pid` is an MPS server: named so (`comm`), and running a file
+/// named `nvidia-cuda-mps-server` that root owns. A name alone anyone can
+/// take (`prctl`, a copied binary), and the server's share goes to other
+/// processes: other users' jobs. NVML's pids are the host's, so this is
+/// only asked where wattprof's `/proc` is the host's (its own PID
+/// namespace is the first); elsewhere no holder is taken for a server.
 fn is_mps_server(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if !in_first_pid_namespace() {
+        return false;
+    }
+    let exe = format!("/proc/{pid}/exe");
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .is_ok_and(|c| c.trim_end() == "nvidia-cuda-mps")
+        && std::fs::read_link(&exe)
+            .is_ok_and(|p| p.file_name().is_some_and(|n| n == "nvidia-cuda-mps-server"))
+        && std::fs::metadata(&exe).is_ok_and(|m| m.uid() == 0)
+}
+
+/// Whether wattprof runs in the first PID namespace (its `NSpid` has one
+/// pid: in a container's namespace it lists one per level).
+fn in_first_pid_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .is_none_or(|pids| pids.split_whitespace().count() == 1)
+    })
 }
 
 /// Reports whether per-process samples could be fetched, and under MIG how
@@ -540,7 +565,7 @@ fn shares_of(
         p.extend(gone);
         p
     });
-    let mut clean = sanitise(&taken.raw, pids.as_deref(), floor, now_us);
+    let mut clean = sanitise(&taken.raw, pids.as_deref(), (floor, now_us), taken.polls);
     clean.duplicates += taken.duplicates;
     // Judged only on reads that returned samples (NOT_FOUND says nothing).
     if !taken.raw.is_empty() {
@@ -662,4 +687,46 @@ fn mig_holders(
         && basis == SmBasis::InstanceActivity
         && list.iter().all(|i| i.sm_util_pct == Some(0.0));
     (basis, unheld, at_rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mps_server;
+
+    /// A copy of sleep named as the MPS server, owned by `uid`, running.
+    fn stand_in(dir: &std::path::Path, uid: u32) -> std::process::Child {
+        let bin = dir.join("nvidia-cuda-mps-server");
+        std::fs::copy("/bin/sleep", &bin).expect("copy sleep");
+        std::os::unix::fs::chown(&bin, Some(uid), None).expect("chown");
+        std::process::Command::new(&bin)
+            .arg("30")
+            .spawn()
+            .expect("the stand-in")
+    }
+
+    #[test]
+    fn an_mps_server_is_root_s_binary_under_that_name_not_a_name_anyone_can_take() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: chown needs root");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("wattprof-mps-{}", std::process::id()));
+        let (root_dir, user_dir) = (base.join("root"), base.join("user"));
+        for d in [&root_dir, &user_dir] {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        let mut real = stand_in(&root_dir, 0);
+        let mut forged = stand_in(&user_dir, 65534);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (is_real, is_forged) = (is_mps_server(real.id()), is_mps_server(forged.id()));
+        for c in [&mut real, &mut forged] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&base);
+        assert!(is_real, "root's nvidia-cuda-mps-server");
+        assert!(!is_forged, "a user's binary under that name");
+        assert!(!is_mps_server(std::process::id()));
+    }
 }

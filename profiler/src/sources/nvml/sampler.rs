@@ -19,9 +19,15 @@
 //! to four values 50 ms apart), and under time-slicing published for one
 //! process per period (the one working then), the time share in its
 //! value. So each call is an observation: each process's newest sample as
-//! it reads now, and a process's share of an interval is the mean of its
-//! observations. Two processes taking turns 2:1 on the H200 came out
-//! 2.07:1 and 2.08:1 (busy 2.09:1) read every second and every 100 ms.
+//! it reads now, and a process's share of an interval is the sum of its
+//! observations over the interval's calls that observed any process (a
+//! call without it counts 0: it was not working then; a call that saw
+//! nothing, before the first sample, does not count). A sample more than
+//! 2 s old when read is no observation: its process stopped. The H200's
+//! own samples of two processes taking turns 2:1, replayed this way, split
+//! 2.07:1 and 2.08:1 (busy 2.09:1) read every second and every 100 ms;
+//! measured live on it (the mean of each process's observations, the rule
+//! before), 1.976:1 (busy 1.982) and 2.184:1 (busy 2.047).
 
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
@@ -39,13 +45,17 @@ pub(crate) const SAMPLE_POLL: Duration = Duration::from_millis(100);
 /// published up to a second late is still returned.
 pub(crate) const LOOK_BACK_US: u64 = 1_000_000;
 
+/// A sample older than this when read is not an observation: its process
+/// stopped working ([`super::CARRY_SHARES`], the carry's own bound).
+const STALE_US: u64 = 2_000_000;
+
 /// How many times a count race (INSUFFICIENT_SIZE) is retried in a call.
 const RACE_RETRIES: u32 = 3;
 
 /// Observations kept for one read at most, the newest (reported when more
-/// came): 2 processes observed at every poll for 20 minutes, or 24 for a
-/// 10 s interval; past it, a long interval's shares come from its later
-/// part.
+/// came): at 10 polls a second, 2 processes observed at every poll for 72
+/// minutes, or 864 for a 10 s interval; past it, a long interval's shares
+/// come from its later part.
 const KEEP: usize = 86_400;
 
 /// One GPU's samples since its last read.
@@ -60,6 +70,11 @@ pub(crate) struct Pending {
     pub(crate) raw: Vec<RawSample>,
     /// Exact repeats within one call since the last read (garbage).
     pub(crate) duplicates: u32,
+    /// Calls since the last read that observed some process: a process's
+    /// share is the sum of its observations over these, so such a call
+    /// that did not return it counts as 0 for it (under time-slicing the
+    /// driver publishes only the process working then).
+    pub(crate) polls: u32,
     /// Samples left out since the last read, past [`KEEP`].
     pub(crate) trimmed: usize,
     /// The holders the last read found (set by the read).
@@ -137,7 +152,18 @@ pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlErro
                 }
                 all.push(r);
                 if !plausible(&r, now_us) {
-                    p.raw.push(r);
+                    // Once per distinct sample: a driver that returns
+                    // the same garbage at every call does not fill the
+                    // buffer with it.
+                    if !p.raw.contains(&r) {
+                        p.raw.push(r);
+                    }
+                    continue;
+                }
+                // A sample this old is of a process that stopped working
+                // (the driver keeps returning it while the newest seen
+                // does not move): not an observation of now.
+                if r.timestamp.saturating_add(STALE_US) < now_us {
                     continue;
                 }
                 match newest.iter_mut().find(|q| q.pid == r.pid) {
@@ -148,6 +174,12 @@ pub(crate) fn fetch(device: &Device<'_>, p: &mut Pending) -> Result<(), NvmlErro
             }
             for r in &newest {
                 p.last_seen = p.last_seen.max(r.timestamp);
+            }
+            // A call that observed some process: one where the driver
+            // was publishing, so a process it did not return was not
+            // working then (a call with none says nothing: no sample yet).
+            if !newest.is_empty() {
+                p.polls = p.polls.saturating_add(1);
             }
             p.raw.extend(newest);
             if p.raw.len() > KEEP {

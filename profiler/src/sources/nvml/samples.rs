@@ -26,8 +26,9 @@ pub(crate) struct RawSample {
 /// What [`sanitise`] kept and discarded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Sanitised {
-    /// Each kept process's share: the mean of its observations (each
-    /// call's reading of its newest sample; see the sampler). On an H200
+    /// Each kept process's share: its observations (each call's reading
+    /// of its newest sample; see the sampler) summed over the interval's
+    /// calls, a call without one of it counting 0. On an H200
     /// (driver 580) a sample is the process's SM use over about the last
     /// 2 s, revised while it is the newest, and under time-slicing the
     /// driver publishes one process per period (the one working then), so
@@ -74,13 +75,18 @@ impl Sanitised {
 /// Keeps the observations that can be true: the pid is in the driver's
 /// process list (`listed`; `None` when the list could not be read: any
 /// pid but 0), SM at most 100, the timestamp in (`last_seen`, `now_us`].
-/// Each process's share is the mean of its observations (see
-/// [`Sanitised::shares`]).
+/// Each process's share is the sum of its observations over the `polls`
+/// of the interval (calls that observed some process), or over its own
+/// observations where there were more: such a call that did not return a
+/// process counts as 0 for it (it was not working then), so a process
+/// that started within the interval is not weighted as if it had run all
+/// of it; a call that returned nothing (no sample yet) does not count
+/// (see [`Sanitised::shares`]).
 pub(crate) fn sanitise(
     samples: &[RawSample],
     listed: Option<&[u32]>,
-    last_seen: u64,
-    now_us: u64,
+    (last_seen, now_us): (u64, u64),
+    polls: u32,
 ) -> Sanitised {
     let mut out = Sanitised::default();
     // A set: a read can hold a day of samples against thousands of pids.
@@ -104,7 +110,7 @@ pub(crate) fn sanitise(
     }
     out.shares = sums
         .into_iter()
-        .map(|(pid, (sum, n))| (pid, round3(sum / f64::from(n))))
+        .map(|(pid, (sum, n))| (pid, round3(sum / f64::from(n.max(polls)))))
         .collect();
     out
 }
@@ -148,7 +154,7 @@ mod tests {
             s(20, 1_000, 30),                // not after the last seen
             s(20, now + 86_400_000_000, 99), // in the future
         ];
-        let c = sanitise(&raw, Some(&[10, 20]), 1_000, now);
+        let c = sanitise(&raw, Some(&[10, 20]), (1_000, now), 0);
         // pid 10: (60 + 40) / 2; pid 20: its one observation.
         assert_eq!(c.shares.get(&10), Some(&50.0));
         assert_eq!(c.shares.get(&20), Some(&30.0));
@@ -177,15 +183,15 @@ mod tests {
 
     #[test]
     fn with_no_process_list_any_pid_but_0_is_kept_and_clean_samples_say_nothing() {
-        let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, 0, 10);
+        let c = sanitise(&[s(7, 5, 20), s(0, 5, 20)], None, (0, 10), 0);
         assert_eq!(c.shares.get(&7), Some(&20.0));
         assert_eq!(c.pid0, 1);
         // Samples of a process that has just ended: dropped, not reported.
-        let c = sanitise(&[s(7, 5, 20), s(8, 5, 20)], Some(&[7]), 0, 10);
+        let c = sanitise(&[s(7, 5, 20), s(8, 5, 20)], Some(&[7]), (0, 10), 0);
         assert_eq!((c.not_listed, c.discarded()), (1, None));
-        let c = sanitise(&[s(7, 5, 20)], Some(&[7]), 0, 10);
+        let c = sanitise(&[s(7, 5, 20)], Some(&[7]), (0, 10), 0);
         assert_eq!(c.discarded(), None);
-        assert_eq!(sanitise(&[], Some(&[7]), 0, 10).newest, None);
+        assert_eq!(sanitise(&[], Some(&[7]), (0, 10), 0).newest, None);
     }
 
     #[test]
@@ -199,7 +205,7 @@ mod tests {
             s(20, 1_600_000, 28),
             s(10, 1_800_000, 58),
         ];
-        let c = sanitise(&raw, None, 0, 2_000_000);
+        let c = sanitise(&raw, None, (0, 2_000_000), 0);
         assert_eq!(c.shares.get(&10), Some(&60.0));
         assert_eq!(c.shares.get(&20), Some(&29.0));
         // The same timestamp again with another value (the driver revises
@@ -209,14 +215,29 @@ mod tests {
             s(10, 1_000_000, 39),
             s(10, 1_200_000, 45),
         ];
-        let c = sanitise(&raw, None, 0, 2_000_000);
+        let c = sanitise(&raw, None, (0, 2_000_000), 0);
         assert_eq!(c.shares.get(&10), Some(&40.0));
         assert_eq!(c.discarded(), None);
         // Small shares keep their weight.
         let mut raw: Vec<RawSample> = (0..300).map(|k| s(20, 1_000 + k * 200_000, 50)).collect();
         raw.push(s(10, 1_000, 1));
-        let c = sanitise(&raw, None, 0, u64::MAX);
+        let c = sanitise(&raw, None, (0, u64::MAX), 0);
         assert_eq!(c.shares.get(&10), Some(&1.0));
+    }
+
+    #[test]
+    fn a_process_seen_in_few_of_the_calls_is_weighted_by_all_of_them() {
+        // B works at 50% all interval; A started in its last tenth, at
+        // 50%: ten calls, A in one of them.
+        let mut raw: Vec<RawSample> = (0..10).map(|k| s(20, 1_000 + k * 100_000, 50)).collect();
+        raw.push(s(10, 950_000, 50));
+        let c = sanitise(&raw, None, (0, 2_000_000), 10);
+        assert_eq!(c.shares.get(&20), Some(&50.0));
+        assert_eq!(c.shares.get(&10), Some(&5.0));
+        // More observations of a process than calls counted (a caller
+        // that counts none): its own mean.
+        let c = sanitise(&raw, None, (0, 2_000_000), 0);
+        assert_eq!(c.shares.get(&10), Some(&50.0));
     }
 
     /// The H200's own samples of two processes taking turns 2:1
@@ -225,7 +246,7 @@ mod tests {
     /// look-back of the newest seen; read every `read_ms`. The summed
     /// shares of the reads both worked through (the first 2 s, while the
     /// samples' window fills, and the last second left out).
-    fn replayed_h200_turns(read_ms: u64, keep: impl Fn(&[RawSample]) -> Sanitised) -> f64 {
+    fn replayed_h200_turns(read_ms: u64, keep: impl Fn(&[RawSample], u32) -> Sanitised) -> f64 {
         let rows: Vec<(u32, u64, u32, u64)> = include_str!("testdata/h200-turns-2to1.txt")
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -264,7 +285,7 @@ mod tests {
             }
             t += 100_000;
             if (t - start) % (read_ms * 1000) == 0 {
-                let c = keep(&read);
+                let c = keep(&read, (read_ms / 100) as u32);
                 read.clear();
                 if t > start + 2_000_000 && t + 1_000_000 <= end {
                     let (x, y) = (c.shares[&10], c.shares[&20]);
@@ -281,7 +302,8 @@ mod tests {
         // Their busy times: 8.35 s and 3.99 s.
         let truth = 8.35 / 3.99;
         for read_ms in [1000, 100] {
-            let ratio = replayed_h200_turns(read_ms, |r| sanitise(r, None, 0, u64::MAX));
+            let ratio =
+                replayed_h200_turns(read_ms, |r, polls| sanitise(r, None, (0, u64::MAX), polls));
             assert!(
                 (ratio / truth - 1.0).abs() < 0.03,
                 "{read_ms} ms: {ratio} vs {truth}"
@@ -289,7 +311,7 @@ mod tests {
         }
         // Each distinct value once, over the periods sampled (the rule
         // before these samples were seen), is far off.
-        let counted = replayed_h200_turns(1000, |r| {
+        let counted = replayed_h200_turns(1000, |r, _| {
             let mut c = Sanitised::default();
             let mut seen = std::collections::HashSet::new();
             let distinct: Vec<&RawSample> = r.iter().filter(|x| seen.insert(**x)).collect();
