@@ -11,11 +11,11 @@
 # (each node's own directory: the files are named by job, not by node).
 #
 # wattprof writes DIR/slurm-<job>.json once the job's cgroups are gone,
-# and Slurm removes them only after the epilog returns; so this script
-# starts a waiter for a file newer than the epilog's start (one already
-# there is an earlier run's: a requeued job) and returns at once. It
-# always exits 0: an epilog that fails drains the node. What goes wrong
-# is written to $WATTPROF_JOBS_DIR/epilog.log.
+# which can be after the epilog returns; so this script starts a waiter
+# for a file written since the job started (sacct's Start; one older is
+# an earlier run's: a requeued job) and returns at once. It always exits
+# 0: an epilog that fails drains the node. What goes wrong is written to
+# $WATTPROF_JOBS_DIR/epilog.log.
 #
 # This script owns the job's AdminComment: it keeps what is there and
 # adds "; " and its entry (wattprof:total_j=...,package_j=...,nodes=NODE).
@@ -44,11 +44,20 @@ say() {
     printf '%s job %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$job" "$*" >>"$log" 2>/dev/null
 }
 
-# The field as sacct has it now (its first line: the job's own record);
-# fails when sacct does.
+# The field as sacct has it now, of this job's own row (an array's or a
+# heterogeneous job's id also lists its other jobs); fails when sacct
+# does.
 admin_comment() {
-    out=$("$SACCT" -n -X -P -j "$job" -o AdminComment 2>>"$log") || return 1
-    printf '%s\n' "$out" | head -n 1
+    out=$("$SACCT" -n -X -P -j "$job" -o JobIDRaw,AdminComment 2>>"$log") || return 1
+    printf '%s\n' "$out" | awk -F'|' -v j="$job" '$1 == j { print substr($0, length($1) + 2); exit }'
+}
+
+# When the job started (seconds since the epoch), from sacct; empty when
+# sacct cannot say.
+job_start() {
+    start=$("$SACCT" -n -X -P -j "$job" -o JobIDRaw,Start 2>/dev/null |
+        awk -F'|' -v j="$job" '$1 == j { print $2; exit }')
+    [ -n "$start" ] && date -d "$start" +%s 2>/dev/null
 }
 
 # A pause of 1 to 4 s, different on each node.
@@ -56,10 +65,23 @@ pause() {
     sleep "$(($(od -An -N1 -tu1 /dev/urandom 2>/dev/null || echo 1) % 4 + 1))"
 }
 
+# Whether the file is this run's: written after the job started (an
+# earlier run's, a requeued job's, is older), or, where sacct gives no
+# start, after the epilog began.
+this_run() {
+    [ -f "$file" ] || return 1
+    if [ -n "$start_s" ]; then
+        [ "$(stat -c %Y "$file" 2>/dev/null || echo 0)" -ge "$start_s" ]
+    else
+        [ "$file" -nt "$marker" ]
+    fi
+}
+
 store() {
     marker=$1
+    start_s=$(job_start)
     waited=0
-    until [ -f "$file" ] && [ "$file" -nt "$marker" ]; do
+    until this_run; do
         if [ "$waited" -ge "$WAIT_S" ]; then
             say "no new $file after ${WAIT_S} s (is wattprof monitor running with --jobs-dir $JOBS_DIR, and has the job cgroups?)"
             rm -f "$marker"
@@ -108,18 +130,21 @@ if [ "${1:-}" = --waiter ]; then
 fi
 # The epilog's start: the file to wait for is newer.
 marker=$(mktemp "$JOBS_DIR/.epilog-$job.XXXXXX" 2>/dev/null) || {
-    say "cannot create a file in $JOBS_DIR"
+    logger -t wattprof-epilog "job $job: cannot create a file in $JOBS_DIR" 2>/dev/null
     exit 0
 }
 # Detached, in a session of its own: the epilog returns once the waiter
 # is out of its process group (slurmd kills that group when the epilog
 # exits: a waiter still in it was seen killed), at most 5 s later, and
 # Slurm goes on to remove the job's cgroups.
-setsid "$0" --waiter "$marker" </dev/null >/dev/null 2>&1 &
+setsid /bin/sh "$0" --waiter "$marker" </dev/null >/dev/null 2>&1 &
 tries=0
 while [ ! -e "$marker.detached" ] && [ "$tries" -lt 50 ]; do
     sleep 0.1
     tries=$((tries + 1))
 done
+if [ ! -e "$marker.detached" ]; then
+    say "the waiter did not start within 5 s (is $0 readable by /bin/sh?)"
+fi
 rm -f "$marker.detached"
 exit 0

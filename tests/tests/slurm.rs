@@ -812,18 +812,22 @@ fn without_cgroups_a_job_is_named_by_its_slurmstepd_and_its_short_children_too()
 }
 
 /// A job file for `job` in `dir` as an earlier run of the same id left
-/// it: 1 J on node `old`.
+/// it an hour ago: 1 J on node `old`.
 fn write_stale_job_file(dir: &Path, job: &str) {
     std::fs::create_dir_all(dir).expect("jobs dir");
     let stale = r#"{"type": "wattprof_job", "wattprof_version": "0", "node": "old",
         "first_unix_ns": 1, "last_unix_ns": 2, "scheduler": "slurm", "job_id": "JOB",
         "first_ns": 1, "last_ns": 2, "on_cpu_ns": 1, "energy": {"package_j": 1.0,
         "total_j": 1.0, "avg_power_w": 0.0, "co2_g": 0.0}, "steps": []}"#;
-    std::fs::write(
-        dir.join(format!("slurm-{job}.json")),
-        stale.replace("JOB", job),
-    )
-    .expect("stale file");
+    let path = dir.join(format!("slurm-{job}.json"));
+    std::fs::write(&path, stale.replace("JOB", job)).expect("stale file");
+    // Written at that run's end, an hour ago.
+    let then = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(then))
+        .expect("the stale file's time");
 }
 
 /// The stream's summary line holds `jobs`, as the recording does.

@@ -527,14 +527,14 @@ fn package_times(sample: &CpuSample, packages: usize) -> Times {
     }
 }
 
-/// A process's parent record, and the pid of the nearest `slurmstepd`
-/// among its ancestors (for the jobs no cgroup names:
-/// [`crate::sums::cgroups::Cgroups::v1_cgroups`]). A parent that started
-/// after the process is a reused pid, not its parent.
+/// A process's parent record and the `slurmstepd`s above it, for the
+/// jobs no cgroup names ([`crate::sums::cgroups::Cgroups::v1_cgroups`]).
+/// A parent that started after the process is a reused pid, not its
+/// parent.
 fn lineage<M: crate::process::ProcMeta>(
     table: &crate::process::ProcessTable<M>,
     id: u64,
-) -> (Option<u64>, Option<u32>) {
+) -> crate::sums::cgroups::Lineage {
     let up = |p: &crate::process::Process| {
         p.ppid
             .filter(|pp| *pp != p.pid)
@@ -544,12 +544,33 @@ fn lineage<M: crate::process::ProcMeta>(
                 _ => true,
             })
     };
-    let Some(parent) = table.by_id(id).and_then(up) else {
-        return (None, None);
+    let mut out = crate::sums::cgroups::Lineage::default();
+    let Some(me) = table.by_id(id) else {
+        return out;
     };
-    let stepd = std::iter::successors(Some(parent), |p| up(p))
-        .take(64)
-        .find(|p| p.comm == "slurmstepd")
-        .map(|p| p.pid);
-    (Some(parent.id), stepd)
+    // Itself still named slurmstepd: forked, not yet the job's program
+    // nor its user's. Its parent only (a child gone at once takes the
+    // parent's job), and a look again later.
+    if me.comm == "slurmstepd" {
+        out.parent = up(me).map(|p| p.id);
+        out.again = true;
+        return out;
+    }
+    let mut at = me;
+    for _ in 0..64 {
+        let Some(parent) = up(at) else {
+            // Cut short by a parent the table does not have (it has not
+            // run since wattprof started): it may yet.
+            out.again |= at.ppid.is_some_and(|pp| pp > 1);
+            break;
+        };
+        if out.parent.is_none() {
+            out.parent = Some(parent.id);
+        }
+        if parent.comm == "slurmstepd" {
+            out.stepds.push(parent.pid);
+        }
+        at = parent;
+    }
+    out
 }

@@ -61,6 +61,21 @@ impl CgroupSum {
 /// read again, where a scheduler keeps its jobs on v1.
 const V1_READS: u8 = 3;
 
+/// What the process table knows of a process's ancestry, for the jobs no
+/// cgroup names ([`Cgroups::v1_cgroups`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lineage {
+    /// Its parent's record.
+    pub(crate) parent: Option<ConsumerId>,
+    /// The pids of the processes named `slurmstepd` above it, nearest
+    /// first (which of them is root's is asked of `/proc`).
+    pub(crate) stepds: Vec<u32>,
+    /// Look again at a later interval: the process is itself still
+    /// named `slurmstepd` (forked, not yet the job's program, nor its
+    /// user's), or the walk met a parent the table does not have yet.
+    pub(crate) again: bool,
+}
+
 /// What a process's `slurmstepd` says of its job.
 enum Stepd {
     /// Its job's key (named `slurmstepd:/slurm/...`).
@@ -148,9 +163,10 @@ pub(crate) struct Cgroups {
     /// Each process's v1 cgroup key, where its v2 cgroup is the root or
     /// it is in a batch job's v1 cgroup.
     v1: IntMap<ConsumerId, V1>,
-    /// Processes whose lineage was looked at for a job without cgroups
-    /// (once each).
-    stepd_done: crate::hash::IntSet<ConsumerId>,
+    /// Processes whose lineage was looked at for a job without cgroups,
+    /// and how many times (a look that asked again is retried, up to
+    /// [`V1_READS`]).
+    stepd_done: IntMap<ConsumerId, u8>,
     /// A scheduler keeps its jobs on the v1 hierarchies here (looked
     /// for at the start and at each prune): every process's v1 path is
     /// then read for a job, not only those at the cgroup2 root.
@@ -181,7 +197,7 @@ impl Cgroups {
             names: names(1_000_000_000),
             root: names(0).root_id(),
             v1: IntMap::default(),
-            stepd_done: crate::hash::IntSet::default(),
+            stepd_done: IntMap::default(),
             batch_v1: cgroupfs.is_none()
                 && batch_tree_on_v1(std::path::Path::new("/sys/fs/cgroup")),
             v1_mount: cgroupfs
@@ -286,7 +302,7 @@ impl Cgroups {
         &mut self,
         usage: &mut [IntervalUsage],
         procfs: &ProcFs,
-        lineage: impl Fn(ConsumerId) -> (Option<ConsumerId>, Option<u32>),
+        lineage: impl Fn(ConsumerId) -> Lineage,
     ) {
         use crate::process::batch::job_path_v1;
         use crate::process::cgroup::{v1_key, v1_path};
@@ -325,9 +341,17 @@ impl Cgroups {
             let cgroups_first = self.batch_v1
                 && !read_gone
                 && self.v1.get(&u.id).is_some_and(|v| v.reads < V1_READS);
-            if !in_job && !cgroups_first && self.stepd_done.insert(u.id) {
-                let (parent, stepd) = lineage(u.id);
-                match self.stepd_job(u.pid, stepd, procfs) {
+            let looks = self.stepd_done.get(&u.id).copied().unwrap_or(0);
+            if !in_job && !cgroups_first && looks < V1_READS {
+                let Lineage {
+                    parent,
+                    stepds,
+                    again,
+                } = lineage(u.id);
+                // Settled unless the lineage asked to look again.
+                let looks = if again { looks + 1 } else { V1_READS };
+                self.stepd_done.insert(u.id, looks);
+                match self.stepd_job(u.pid, &stepds, procfs) {
                     Stepd::Job(key) => {
                         self.v1.insert(
                             u.id,
@@ -378,20 +402,25 @@ impl Cgroups {
     /// where no cgroup names a job for it: the step that `slurmstepd`'s
     /// title names, if it is root's (anyone can name a process
     /// `slurmstepd`, and only root can set a root process's title).
-    fn stepd_job(&mut self, pid: u32, stepd: Option<u32>, procfs: &ProcFs) -> Stepd {
+    fn stepd_job(&mut self, pid: u32, stepds: &[u32], procfs: &ProcFs) -> Stepd {
         use crate::process::batch::{job_path, stepd_job_path};
         use crate::process::cgroup::v1_key;
-        let Some(stepd) = stepd else {
+        if stepds.is_empty() {
             return Stepd::None;
-        };
+        }
         let text = procfs.cgroup(pid);
         if text.is_empty() {
             return Stepd::Gone;
         }
         // In a job's cgroup (v2, or v1 not yet taken): the cgroup says.
-        if job_path(&text).is_some() || procfs.real_uid(stepd) != Some(0) {
+        if job_path(&text).is_some() {
             return Stepd::None;
         }
+        // The nearest root-owned one: a user's process named slurmstepd
+        // between it and the job does not take the job's processes out.
+        let Some(&stepd) = stepds.iter().find(|s| procfs.real_uid(**s) == Some(0)) else {
+            return Stepd::None;
+        };
         let path = procfs
             .real_uid(pid)
             .and_then(|uid| stepd_job_path(&procfs.cmdline_bytes(stepd), uid));
@@ -709,7 +738,7 @@ impl Cgroups {
     /// Forgets the v1 keys of processes `keep` rejects.
     pub(crate) fn forget(&mut self, keep: impl Fn(ConsumerId) -> bool) {
         self.v1.retain(|id, _| keep(*id));
-        self.stepd_done.retain(|id| keep(*id));
+        self.stepd_done.retain(|id, _| keep(*id));
     }
 
     /// Names new cgroups and recognizes their containers while they

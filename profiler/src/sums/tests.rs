@@ -237,7 +237,7 @@ fn slurm_jobs_on_v1_hierarchies_are_summed_per_job_and_step() {
         let mut usage: Vec<IntervalUsage> = (1..=4)
             .map(|id| usage(id, Role::Other, root_id, 100 * id))
             .collect();
-        c.v1_cgroups(&mut usage, &procfs, |_| (None, None));
+        c.v1_cgroups(&mut usage, &procfs, |_| cgroups::Lineage::default());
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000 * u.id * mul));
         }
@@ -355,12 +355,10 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
         // 6 is under a root slurmstepd of the same step: its cgroups
         // still get the first reads (it is found at its late move, under
         // its cgroup's path), not its slurmstepd's title.
-        c.v1_cgroups(&mut usage, &procfs, |id| {
-            if id == 6 {
-                (Some(2), Some(2))
-            } else {
-                (None, None)
-            }
+        c.v1_cgroups(&mut usage, &procfs, |id| cgroups::Lineage {
+            parent: (id == 6).then_some(2),
+            stepds: if id == 6 { vec![2] } else { vec![] },
+            again: false,
         });
         for u in &usage {
             c.add_energy(Some(u), u.cgroup_id, &package(1_000_000));
@@ -383,6 +381,29 @@ fn where_slurm_is_on_v1_a_job_s_processes_are_found_off_the_root_and_after_a_lat
         .map(|r| r.energy.package_j);
     assert_eq!(docker_j, Some(2.0), "{reports:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ancestry of the processes of
+/// [`jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_by_its_parent`]:
+/// its parent and the `slurmstepd`s above it.
+fn stepd_fixture_lineage(id: u64) -> cgroups::Lineage {
+    let (parent, stepds) = match id {
+        5 => (2, vec![2]),
+        10 => (5, vec![2]),
+        6 => (3, vec![3]),
+        7 => (1, vec![3]),
+        8 => (4, vec![4]),
+        11 => (8, vec![4]),
+        // Under the user's "slurmstepd" inside job 9's batch step: the
+        // root one above it names the job.
+        12 => (4, vec![4, 2]),
+        _ => (1, vec![]),
+    };
+    cgroups::Lineage {
+        parent: Some(parent),
+        stepds,
+        again: false,
+    }
 }
 
 #[test]
@@ -419,17 +440,12 @@ fn jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_b
     );
     // Under the user's fake slurmstepd: no job.
     write(8, in_unit, 1000, b"burn\0");
+    write(12, in_unit, 5, b"b.out\0");
     // 10 and 11 are gone before they were read (no /proc entry): 10's
     // parent is 5 (in job 9), 11's is 8 (in none).
     let procfs = ProcFs::at(procs.clone());
     let mut c = cgroups::Cgroups::new(Some(&root), &runtimes(&dir));
-    let lineage = |id: u64| match id {
-        5 | 10 => (Some(if id == 5 { 2 } else { 5 }), Some(2)),
-        6 => (Some(3), Some(3)),
-        7 => (Some(1), Some(3)),
-        8 | 11 => (Some(if id == 8 { 4 } else { 8 }), Some(4)),
-        _ => (Some(1), None),
-    };
+    let lineage = stepd_fixture_lineage;
     let looked = std::cell::Cell::new(0);
     for at_ns in [1_000_000_000, 2_000_000_000] {
         let mut usage = vec![
@@ -439,10 +455,11 @@ fn jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_b
             usage(7, Role::Other, v2_step, 10),
             usage(8, Role::Other, unit, 10),
             usage(11, Role::Other, unit, 10),
+            usage(12, Role::Other, unit, 10),
         ];
         // 10 and 11 ran in the first interval only.
         if at_ns > 1_000_000_000 {
-            usage.retain(|u| u.id < 10);
+            usage.retain(|u| u.id != 10 && u.id != 11);
         }
         c.v1_cgroups(&mut usage, &procfs, |id| {
             looked.set(looked.get() + 1);
@@ -454,7 +471,7 @@ fn jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_b
         c.add_time(&usage, at_ns);
     }
     // Each process's lineage looked at once, not each interval.
-    assert_eq!(looked.get(), 6);
+    assert_eq!(looked.get(), 7);
     c.name(2_000_000_000);
     let jobs = c.job_reports(None, 0, 2_000_000_000, &carbon());
     /// Job id, package J, and each step's name and J.
@@ -466,15 +483,15 @@ fn jobs_without_cgroups_are_named_by_their_slurmstepd_and_a_child_gone_at_once_b
             (j.job_id.clone(), j.energy.package_j, steps.collect())
         })
         .collect();
-    // Job 9: 5 twice, 6 twice, and 10 (gone, its parent's) once; job 4
-    // by its cgroup; 8 and 11 (under a user's "slurmstepd") in none.
+    // Job 9: 5, 6 and 12 twice, and 10 (gone, its parent's) once; job 4
+    // by its cgroup; 8 and 11 (under a user's "slurmstepd" only) in none.
     assert_eq!(
         got,
         vec![
             (
                 "9".to_string(),
-                5.0,
-                vec![("batch".to_string(), 3.0), ("0".to_string(), 2.0)]
+                7.0,
+                vec![("batch".to_string(), 5.0), ("0".to_string(), 2.0)]
             ),
             ("4".to_string(), 2.0, vec![("0".to_string(), 2.0)]),
         ]
