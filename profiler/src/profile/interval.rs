@@ -167,10 +167,7 @@ impl Profile {
         self.sums.ledger.add(&shares);
         // Sums: per consumer, group, cgroup, container, VM and window.
         let (energy, index) = self.energy_per_consumer(&shares, &mut usage);
-        let table = &self.table;
-        self.sums
-            .cgroups
-            .v1_cgroups(&mut usage, &self.procfs, |id| lineage(table, id));
+        self.place_in_cgroups(&mut usage);
         self.close_stacks(&usage, &energy, sample.at_ns);
         let groups = self.sum_groups_and_cgroups(&usage, &energy, &index, sample.at_ns);
         self.sums.cgroups.name(sample.at_ns);
@@ -194,6 +191,16 @@ impl Profile {
         self.scratch.energy = energy;
         self.scratch.index = index;
         self.forget_gone(sample.at_ns);
+    }
+
+    /// Each process's cgroup where its v2 one does not say it: its v1
+    /// path, its batch job's, its `slurmstepd`'s or its parent's
+    /// ([`crate::sums::cgroups::Cgroups::v1_cgroups`]).
+    fn place_in_cgroups(&mut self, usage: &mut [IntervalUsage]) {
+        let table = &self.table;
+        self.sums
+            .cgroups
+            .v1_cgroups(usage, &self.procfs, |id| lineage(table, id));
     }
 
     /// The eBPF programs' own word on a full map or ring (aya-log): printed
