@@ -52,6 +52,26 @@ pub struct ThreadEvent {
 /// number the filter map could not hold, `task_ptr` the records written.
 pub const ITER_FLAG_TRAILER: u32 = 2;
 
+/// `IterRecord::flags`, in a walk's trailer: the walk did not finish
+/// (`ITER_RING` filled); userspace drains the ring and finishes the read
+/// with `iter/task` (the filter skips what went out).
+pub const ITER_FLAG_MORE: u32 = 4;
+
+/// Bytes of `ITER_RING`, the open-coded walk's records: 3,640 records of
+/// 72 bytes (with the ring's header), far more than threads run in an
+/// interval on most hosts; a read whose walk fills it is finished by
+/// `iter/task`.
+pub const ITER_RING_BYTES: u32 = 256 << 10;
+
+/// The placeholder `imm` of each open-coded task iterator kfunc call in
+/// the object (`bpf_iter_task_new`, `_next`, `_destroy`), which the loader
+/// replaces with the kfunc's id in the running kernel's BTF.
+pub const KFUNC_PLACEHOLDERS: [(u32, &str); 3] = [
+    (0x7EAD_0001, "bpf_iter_task_new"),
+    (0x7EAD_0002, "bpf_iter_task_next"),
+    (0x7EAD_0003, "bpf_iter_task_destroy"),
+];
+
 /// `IterRecord::flags`: the thread was on a CPU at the read; its
 /// `sum_exec_ns` is its counter plus the time since the counter was last
 /// updated (`se.exec_start`, on its runqueue's task clock), not the counter

@@ -11,6 +11,17 @@
 //! attached only on multi-package machines) and between cgroups
 //! (`cgroup_attach_task`).
 //!
+//! Where the kernel has the open-coded task iterator (6.8 on), the reads
+//! that skip idle threads run `wattprof_iter_walk` instead: one call of an
+//! `iter/bpf_map` program walks every thread with the
+//! `bpf_iter_task_new/next/destroy` kfuncs, doing the same per-thread work
+//! without `iter/task`'s per-thread pid lookup, reference and program
+//! call (a quarter of its cost at 10,000 threads), and writes its records
+//! to `ITER_RING`, since one call's output would overflow the seq buffer.
+//! Full reads stay on `iter/task`. aya 0.14 cannot relocate kfunc calls:
+//! each is a raw `call` instruction (`asm!`), its id patched in by the
+//! loader (`KFUNC_PLACEHOLDERS`).
+//!
 //! Field offsets come from the running kernel's BTF (`KERNEL_OFFSETS`, set
 //! by userspace before load). The iterator's task pointer is BTF-typed, so
 //! it reads fields with plain loads; the raw tracepoints use
@@ -24,12 +35,13 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_seq_write,
     },
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, RingBuf},
     programs::RawTracePointContext,
 };
 use profiler_common::iter::{
     EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
-    ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, IterRecord, KernelOffsets, ThreadEvent,
+    ITER_FLAG_MORE, ITER_FLAG_RUNNING, ITER_FLAG_TRAILER, ITER_RING_BYTES, IterRecord,
+    KernelOffsets, ThreadEvent,
 };
 use profiler_common::{COMM_LEN, DEFAULT_MAX_TASKS};
 
@@ -42,6 +54,10 @@ use crate::{CPUS, EVENTS};
 /// read (more work, nothing lost) and counted in the trailer.
 #[map]
 static LAST: HashMap<u64, u64> = HashMap::with_max_entries(DEFAULT_MAX_TASKS, 0);
+
+/// The open-coded walk's records (see the module's documentation).
+#[map]
+static ITER_RING: RingBuf = RingBuf::with_byte_size(ITER_RING_BYTES, 0);
 
 /// Dense package index per CPU id, set by userspace (multi-package only).
 #[map]
@@ -197,48 +213,39 @@ fn running_estimate(task_addr: u64, on_cpu: u32) -> Option<u64> {
     None
 }
 
-/// The task iterator: one record per thread whose run time grew since the
-/// last read (every thread on a full read).
+/// The end of a read: how it went, in the seq file.
+#[inline(always)]
+fn write_trailer(seq: *mut c_void, flags: u32) {
+    let trailer = IterRecord {
+        task_ptr: slot(WRITTEN),
+        sum_exec_ns: slot(VISITED),
+        cgroup_id: slot(OVERFLOW),
+        flags: ITER_FLAG_TRAILER | flags,
+        ..IterRecord::default()
+    };
+    // SAFETY: seq comes from the iterator's meta; the record is on the stack.
+    unsafe {
+        bpf_seq_write(
+            seq.cast(),
+            (&raw const trailer).cast(),
+            size_of::<IterRecord>() as u32,
+        )
+    };
+}
+
+/// A thread's record, when the read must report it (its run time grew, it
+/// is on a CPU, or the read is full), with its counter and whether that
+/// differs from what the filter holds. (A bool, not the filter's
+/// `Option<u64>`: a `None`'s undefined payload, copied out, becomes a read
+/// of a clobbered register, which the verifier refuses.)
 ///
 /// # Safety
-/// Called by the kernel with a `struct bpf_iter__task *`.
-#[unsafe(no_mangle)]
-#[unsafe(link_section = "iter/task")]
-pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
-    let ctx = ctx.cast::<*const u8>();
-    // SAFETY: `bpf_iter__task` is { meta, task }.
-    let meta = unsafe { core::ptr::read_volatile(ctx) }.cast::<IterMeta>();
-    // SAFETY: as above.
-    let task = unsafe { core::ptr::read_volatile(ctx.add(1)) };
-    // SAFETY: meta is valid for the call.
-    let seq = unsafe { core::ptr::read_volatile(&raw const (*meta).seq) };
-    // SAFETY: as above.
-    let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
-    if seq_num == 0 {
-        start_read();
-    }
-    if task.is_null() {
-        // The final call: say how the read went.
-        let trailer = IterRecord {
-            task_ptr: slot(WRITTEN),
-            sum_exec_ns: slot(VISITED),
-            cgroup_id: slot(OVERFLOW),
-            flags: ITER_FLAG_TRAILER,
-            ..IterRecord::default()
-        };
-        // SAFETY: seq comes from the iterator's meta; the record is on the stack.
-        unsafe {
-            bpf_seq_write(
-                seq.cast(),
-                (&raw const trailer).cast(),
-                size_of::<IterRecord>() as u32,
-            )
-        };
-        return 0;
-    }
+/// `task` is a non-null, BTF-typed `task_struct` pointer.
+#[inline(always)]
+unsafe fn examine(task: *const u8) -> Option<(IterRecord, u64, bool)> {
     bump(VISITED);
     let (sum_off, on_cpu_off) = (offset!(sum_exec), offset!(on_cpu));
-    // SAFETY: task is the iterator's non-null task pointer.
+    // SAFETY: the caller's pointer.
     let sum: u64 = unsafe { load(task, sum_off) };
     // SAFETY: as above.
     let on_cpu: u32 = unsafe { load(task, on_cpu_off) };
@@ -246,7 +253,7 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
     // SAFETY: the value is copied out at once.
     let known = unsafe { LAST.get(key) }.copied();
     if known == Some(sum) && on_cpu == 0 && slot(FULL) == 0 {
-        return 0;
+        return None;
     }
     // On a CPU: its counter plus the time since its last update.
     let (reported, flags) = match running_estimate(task as u64, on_cpu) {
@@ -284,6 +291,48 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
                 .unwrap_or([0; COMM_LEN]),
         }
     };
+    Some((rec, sum, known != Some(sum)))
+}
+
+/// A record is out: the filter remembers the thread's counter. Only then,
+/// so a record that did not fit is reported by the next read.
+#[inline(always)]
+fn remember(key: u64, sum: u64, changed: bool) {
+    bump(WRITTEN);
+    if changed && LAST.insert(key, sum, 0).is_err() {
+        bump(OVERFLOW);
+    }
+}
+
+/// The task iterator: one record per thread whose run time grew since the
+/// last read (every thread on a full read).
+///
+/// # Safety
+/// Called by the kernel with a `struct bpf_iter__task *`.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
+    let ctx = ctx.cast::<*const u8>();
+    // SAFETY: `bpf_iter__task` is { meta, task }.
+    let meta = unsafe { core::ptr::read_volatile(ctx) }.cast::<IterMeta>();
+    // SAFETY: as above.
+    let task = unsafe { core::ptr::read_volatile(ctx.add(1)) };
+    // SAFETY: meta is valid for the call.
+    let seq = unsafe { core::ptr::read_volatile(&raw const (*meta).seq) };
+    // SAFETY: as above.
+    let seq_num = unsafe { core::ptr::read_volatile(&raw const (*meta).seq_num) };
+    if seq_num == 0 {
+        start_read();
+    }
+    if task.is_null() {
+        // The final call: say how the read went.
+        write_trailer(seq, 0);
+        return 0;
+    }
+    // SAFETY: the iterator's non-null task pointer.
+    let Some((rec, sum, changed)) = (unsafe { examine(task) }) else {
+        return 0;
+    };
     // SAFETY: seq comes from the iterator's meta; the record is on the stack.
     let written = unsafe {
         bpf_seq_write(
@@ -292,14 +341,189 @@ pub unsafe extern "C" fn wattprof_iter_task(ctx: *mut c_void) -> i32 {
             size_of::<IterRecord>() as u32,
         )
     };
-    // Remember what was reported only once it is in the buffer: when the
-    // buffer is full the kernel shows this task again in the next chunk.
+    // When the buffer is full the kernel shows this task again in the
+    // next chunk.
     if written == 0 {
-        bump(WRITTEN);
-        if known != Some(sum) && LAST.insert(key, sum, 0).is_err() {
-            bump(OVERFLOW);
+        remember(task as u64, sum, changed);
+    }
+    0
+}
+
+/// `struct bpf_iter_task`: the open-coded iterator's state, on the stack.
+type TaskIter = [u64; 3];
+
+/// `BPF_TASK_ITER_ALL_THREADS`.
+const ALL_THREADS: u64 = 1;
+
+/// `BPF_RB_NO_WAKEUP`.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
+/// `bpf_iter_task_new(it, NULL, flags)`, as a raw kfunc call.
+///
+/// # Safety
+/// `it` is an uninitialised iterator on this program's stack.
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+unsafe fn iter_task_new(it: *mut TaskIter, flags: u64) -> i64 {
+    let ret: i64;
+    // SAFETY: a kfunc call (src_reg 2) whose id the loader patches in; it
+    // takes r1..r3 and clobbers r0..r5 like any call.
+    unsafe {
+        core::arch::asm!(
+            ".8byte ({imm} << 32) | 0x2085",
+            imm = const profiler_common::iter::KFUNC_PLACEHOLDERS[0].0,
+            inlateout("r1") it => _,
+            inlateout("r2") 0u64 => _,
+            inlateout("r3") flags => _,
+            lateout("r0") ret,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    ret
+}
+
+/// `bpf_iter_task_next(it)`: the next thread, or null at the end.
+///
+/// # Safety
+/// `it` was set up by [`iter_task_new`].
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+unsafe fn iter_task_next(it: *mut TaskIter) -> *const u8 {
+    let ret: u64;
+    // SAFETY: as in `iter_task_new`.
+    unsafe {
+        core::arch::asm!(
+            ".8byte ({imm} << 32) | 0x2085",
+            imm = const profiler_common::iter::KFUNC_PLACEHOLDERS[1].0,
+            inlateout("r1") it => _,
+            lateout("r0") ret,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    ret as *const u8
+}
+
+/// `bpf_iter_task_destroy(it)`.
+///
+/// # Safety
+/// `it` was set up by [`iter_task_new`].
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+unsafe fn iter_task_destroy(it: *mut TaskIter) {
+    // SAFETY: as in `iter_task_new`.
+    unsafe {
+        core::arch::asm!(
+            ".8byte ({imm} << 32) | 0x2085",
+            imm = const profiler_common::iter::KFUNC_PLACEHOLDERS[2].0,
+            inlateout("r1") it => _,
+            lateout("r0") _,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+}
+
+// On the host (`cargo clippy --workspace` checks this crate there too)
+// there are no BPF registers: the walk is empty.
+#[cfg(not(target_arch = "bpf"))]
+unsafe fn iter_task_new(_it: *mut TaskIter, _flags: u64) -> i64 {
+    0
+}
+
+#[cfg(not(target_arch = "bpf"))]
+unsafe fn iter_task_next(_it: *mut TaskIter) -> *const u8 {
+    core::ptr::null()
+}
+
+#[cfg(not(target_arch = "bpf"))]
+unsafe fn iter_task_destroy(_it: *mut TaskIter) {}
+
+/// The walk's work for one thread: its record to the ring when it must be
+/// reported. Returns non-zero when the ring is full (nothing was
+/// remembered). A subprogram, not inlined: the verifier explores the
+/// loop's body until its states repeat, and this keeps the record, its
+/// branches and its stack out of the loop's state (inlined, it went past
+/// the verifier's million instructions).
+///
+/// # Safety
+/// `task` is a non-null, trusted `task_struct` pointer.
+#[inline(never)]
+unsafe fn walk_visit(task: *const u8) -> u32 {
+    let pid_off = offset!(pid);
+    // The walk starts at `init_task`, CPU 0's idle task (pid 0), which
+    // `iter/task` never shows: on a CPU whenever it idles, it would be
+    // reported as a running thread at every read.
+    // SAFETY: the caller's pointer.
+    if unsafe { load::<u32>(task, pid_off) } == 0 {
+        return 0;
+    }
+    // SAFETY: the caller's pointer.
+    let Some((rec, sum, changed)) = (unsafe { examine(task) }) else {
+        return 0;
+    };
+    // No wakeup: nobody polls this ring; userspace drains it after the
+    // walk.
+    if ITER_RING
+        .output::<IterRecord>(&rec, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        return 1;
+    }
+    remember(task as u64, sum, changed);
+    0
+}
+
+/// The open-coded walk: `iter/bpf_map` calls this once per BPF map (it
+/// returns at once) and a last time with none, when it walks every thread
+/// with the task iterator kfuncs and sends the records of those that ran
+/// to `ITER_RING`. A full ring ends the walk early, flagged in the trailer
+/// (userspace then finishes the read with `iter/task`).
+///
+/// # Safety
+/// Called by the kernel with a `struct bpf_iter__bpf_map *`.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/bpf_map")]
+pub unsafe extern "C" fn wattprof_iter_walk(ctx: *mut c_void) -> i32 {
+    let ctx = ctx.cast::<*const u8>();
+    // SAFETY: `bpf_iter__bpf_map` is { meta, map }.
+    let meta = unsafe { core::ptr::read_volatile(ctx) }.cast::<IterMeta>();
+    // SAFETY: as above.
+    let map = unsafe { core::ptr::read_volatile(ctx.add(1)) };
+    if !map.is_null() {
+        return 0;
+    }
+    // SAFETY: meta is valid for the call.
+    let seq = unsafe { core::ptr::read_volatile(&raw const (*meta).seq) };
+    start_read();
+    let mut flags = 0;
+    let mut it: TaskIter = [0; 3];
+    // SAFETY: `it` is on this stack, destroyed below. Should it fail
+    // (it cannot with these arguments), the walk is empty: flagged, so
+    // `iter/task` does the read.
+    if unsafe { iter_task_new(&mut it, ALL_THREADS) } != 0 {
+        flags = ITER_FLAG_MORE;
+    }
+    loop {
+        // SAFETY: `it` was set up above.
+        let task = unsafe { iter_task_next(&mut it) };
+        if task.is_null() {
+            break;
+        }
+        // SAFETY: the kfunc's non-null, trusted task pointer.
+        if unsafe { walk_visit(task) } != 0 {
+            flags = ITER_FLAG_MORE;
+            break;
         }
     }
+    // SAFETY: as above.
+    unsafe { iter_task_destroy(&mut it) };
+    write_trailer(seq, flags);
     0
 }
 

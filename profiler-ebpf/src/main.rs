@@ -9,14 +9,17 @@
 //! exit records both send. The stack sampler, `stacks`, is a second object.
 //!
 //! Bounds: `TASKS` holds `DEFAULT_MAX_TASKS` threads (userspace may change it
-//! at load time); `EVENTS` is `DEFAULT_RING_BYTES`; `CPUS` has one entry per
-//! possible CPU. What does not fit is counted in `CpuState`, and said once
+//! at load time); `EVENTS` is `DEFAULT_RING_BYTES`; `ITER_RING` (the
+//! iterator's open-coded walk) is `ITER_RING_BYTES`, and a walk that fills
+//! it says so in its trailer; `CPUS` has one entry per possible CPU. What does not fit is counted in `CpuState`, and said once
 //! through aya-log (`AYA_LOGS`): the first loss of each kind on a CPU, and
 //! ring overflows at each power of two, so a full map cannot flood the log.
 //! The log statements sit on the failure paths only; the ring's reserve
 //! is never reached on a switch that records its slice.
 #![no_std]
 #![no_main]
+// The open-coded walk's kfunc calls are raw instructions (`iter.rs`).
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod iter;
 mod switch;

@@ -124,6 +124,57 @@ fn cpu_bound_child_matches_its_schedstat() {
     assert_cpu_time_closes(report, &not_task);
 }
 
+/// A process's on-CPU time in the recording's intervals: in all but the
+/// last, and in all.
+fn interval_ns(report: &serde_json::Value, pid: u64) -> (u64, u64) {
+    let intervals = report["intervals"].as_array().expect("intervals");
+    let of = |i: &serde_json::Value| -> u64 {
+        i["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["pid"].as_u64() == Some(pid))
+            .map(|p| u(p, "/on_cpu_ns"))
+            .sum()
+    };
+    let all: Vec<u64> = intervals.iter().map(of).collect();
+    let total = all.iter().sum();
+    (total - all.last().copied().unwrap_or(0), total)
+}
+
+/// What a missing short process looks like: a wp-short without its start
+/// or exit, or a testload process under another name.
+fn show_partial_shorts(processes: &[serde_json::Value]) {
+    for p in processes.iter().filter(|p| {
+        let named = p["comm"] == "wp-short";
+        let whole = p["exit_ns"].as_u64().is_some() && p["start_ns"].as_u64().is_some();
+        (named && !whole)
+            || (!named
+                && p["comm"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("wattprof-test")))
+    }) {
+        eprintln!("not a whole wp-short: {p}");
+    }
+}
+
+/// Each interval's read, not only the last (a full `iter/task` read) and
+/// the exits, carries the burners' time.
+fn burners_read_every_interval(report: &serde_json::Value, truths: &[serde_json::Value]) {
+    for t in truths.iter().filter(|t| t["name"] != "spawner") {
+        let (before_last, total) = interval_ns(report, u(t, "/pid"));
+        eprintln!(
+            "{}: {before_last} of {total} ns in the intervals before the last",
+            t["name"]
+        );
+        assert!(
+            before_last as f64 >= 0.7 * total as f64,
+            "{}: only {before_last} of {total} ns came before the last read",
+            t["name"]
+        );
+    }
+}
+
 fn three_programs(extra: &[&str]) -> serde_json::Value {
     let (run, not_task) =
         wattprof_tests::run_measuring_not_task(extra, &[&testload(), "orchestrate"]);
@@ -207,24 +258,16 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
         .filter(whole)
         .count();
     if shorts != 2000 {
-        // What the missing one looks like: a wp-short without its start or
-        // exit, or a testload process under another name.
-        for p in processes.iter().filter(|p| {
-            let named = p["comm"] == "wp-short";
-            (named && !whole(p))
-                || (!named
-                    && p["comm"]
-                        .as_str()
-                        .is_some_and(|c| c.starts_with("wattprof-test")))
-        }) {
-            eprintln!("not a whole wp-short: {p}");
-        }
+        show_partial_shorts(processes);
     }
     assert_eq!(
         shorts as u64 + ended_unseen,
         2000,
         "short-lived processes named wp-short, and those ended unseen"
     );
+    if extra.contains(&"--interval") {
+        burners_read_every_interval(report, &truths);
+    }
     assert_eq!(u(report, "/lost_ns"), 0);
     assert_eq!(u(report, "/profiler/events_lost"), 0);
     assert_cpu_time_closes(report, &not_task);
@@ -247,7 +290,104 @@ fn three_programs(extra: &[&str]) -> serde_json::Value {
 #[test]
 fn three_programs_at_once_match_wait4_rusage_and_every_short_process_is_named() {
     require_ebpf!();
-    three_programs(&["--tracker", "iter"]);
+    let report = three_programs(&["--tracker", "iter", "--interval", "200ms"]);
+    // On the walk `auto` takes here: the open-coded one where the kernel
+    // has it.
+    assert_eq!(
+        report.pointer("/profiler/task_walk"),
+        Some(&serde_json::json!(expected_walk())),
+        "{:?}",
+        report.pointer("/profiler/task_walk_fallback")
+    );
+}
+
+/// The walk `auto` takes on this kernel: the open-coded one from 6.8 on
+/// (where its kfuncs are safe), else `iter/task`.
+fn expected_walk() -> &'static str {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version >= (6, 8) {
+        "open_coded"
+    } else {
+        "iter_task"
+    }
+}
+
+/// `iter/task` at every read (kernels before 6.8, or a walk the verifier
+/// refused) is as exact.
+#[test]
+fn three_programs_at_once_on_the_iter_task_walk() {
+    require_ebpf!();
+    let report = three_programs(&[
+        "--tracker",
+        "iter",
+        "--task-walk",
+        "iter-task",
+        "--interval",
+        "200ms",
+    ]);
+    assert_eq!(
+        report.pointer("/profiler/task_walk"),
+        Some(&serde_json::json!("iter_task"))
+    );
+    assert_eq!(
+        report.pointer("/profiler/task_walk_fallback"),
+        Some(&serde_json::json!("--task-walk iter-task"))
+    );
+}
+
+/// A walk that fills its ring (one page: 56 records; 200 threads each run
+/// every 10 ms, about half a CPU) is finished by `iter/task`: every interval still carries
+/// the threads' time, and the whole matches getrusage.
+#[test]
+fn a_walk_that_fills_its_ring_is_finished_by_iter_task() {
+    require_ebpf!();
+    if expected_walk() != "open_coded" {
+        wattprof_tests::say_skip("this kernel has no safe open-coded task walk (Linux 6.8+)");
+        return;
+    }
+    let run = wattprof_run(
+        &[
+            "--tracker",
+            "iter",
+            "--task-walk",
+            "open-coded",
+            "--task-walk-ring",
+            "4096",
+            "--interval",
+            "100ms",
+        ],
+        &[&testload(), "wakers", "200", "1.5"],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = run.report();
+    let truth = &run.stdout_json()[0];
+    let (pid, rusage) = (u(truth, "/pid"), u(truth, "/rusage_ns"));
+    let full = u(report, "/profiler/task_walk_ring_full");
+    let measured = subtree_ns(report, pid);
+    let (before_last, total) = interval_ns(report, pid);
+    eprintln!(
+        "ring full at {full} reads; wattprof {measured} ns, getrusage {rusage} ns; \
+         {before_last} of {total} ns before the last interval"
+    );
+    assert!(full > 0, "the one-page ring never filled");
+    // getrusage is read before the process prints and exits: wattprof
+    // counts that too (a few ms). A thread whose free did not come by the
+    // end is settled from its exit's reading, short of its last slice (a
+    // 50 us spin, with slack: 200 us); on both walks alike.
+    let settled = u(report, "/profiler/settled_from_exit");
+    assert!(
+        measured + rusage / 1000 + settled * 200_000 >= rusage && measured <= rusage + 20_000_000,
+        "wattprof {measured} ns, getrusage {rusage} ns, {settled} threads settled from their exit"
+    );
+    assert!(
+        before_last as f64 >= 0.7 * total as f64,
+        "only {before_last} of {total} ns came before the last read"
+    );
 }
 
 #[test]
@@ -332,11 +472,17 @@ fn kernel_memory_matches_the_documented_formula() {
             assert!(run.output.status.success(), "{}", run.stderr());
             let measured = u(run.report(), "/profiler/kernel_memory_bytes");
             let cpus = u(run.report(), "/machine/cpus");
+            let walk = run.report().pointer("/profiler/task_walk").cloned();
+            let ring = if walk == Some(serde_json::json!("open_coded")) {
+                wattprof::tracker::walk_ring_memory()
+            } else {
+                0
+            };
             let estimate = wattprof::tracker::kernel_memory_estimate(
                 kind,
                 cpus,
                 max_tasks.parse().expect("n"),
-            );
+            ) + ring;
             let err = rel_err(estimate, measured);
             eprintln!(
                 "{tracker}, max-tasks {max_tasks}: kernel {measured} B, formula {estimate} B ({:.3}%)",

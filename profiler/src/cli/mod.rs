@@ -87,6 +87,25 @@ pub(crate) struct TrackerArgs {
     /// its records were all lost (testing).
     #[arg(long, value_enum, hide = true)]
     pub(crate) skip_event: Option<crate::tracker::SkipEvent>,
+
+    /// Iterator tracker: how a read that skips idle threads walks them:
+    /// `open-coded` (one program call, Linux 6.8+) or `iter-task` (a call
+    /// per thread); `auto` takes the first where it loads (testing).
+    #[arg(long, value_enum, default_value = "auto", hide = true)]
+    pub(crate) task_walk: crate::tracker::TaskWalkChoice,
+
+    /// Bytes of the open-coded walk's ring (a power of two, 4096 or more):
+    /// smaller makes reads fill it and walk again (testing).
+    #[arg(long, value_name = "BYTES", hide = true, value_parser = ring_bytes)]
+    pub(crate) task_walk_ring: Option<u32>,
+}
+
+/// A BPF ring buffer's size: a power of two of at least a page.
+fn ring_bytes(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n >= 4096 && n.is_power_of_two() => Ok(n),
+        _ => Err(format!("`{s}`: a power of two of at least 4096 bytes")),
+    }
 }
 
 impl TrackerArgs {
@@ -96,6 +115,8 @@ impl TrackerArgs {
             tracker: self.tracker,
             max_tasks: self.max_tasks,
             skip_event: self.skip_event,
+            task_walk: self.task_walk,
+            task_walk_ring: self.task_walk_ring,
             sys: self
                 .topology_sysfs
                 .clone()

@@ -196,6 +196,9 @@ pub(super) fn tracker_facts(
     ProfilerReport {
         tracker: tracker.kind(),
         tracker_fallback: tracker.fallback_reason().map(str::to_string),
+        task_walk: tracker.task_walk(),
+        task_walk_fallback: tracker.walk_fallback_reason().map(str::to_string),
+        task_walk_ring_full: tracker.walk_ring_full(),
         filter_overflow: tracker.filter_overflow(),
         settled_from_exit,
         vanished_threads,

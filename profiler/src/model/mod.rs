@@ -201,6 +201,20 @@ pub(crate) struct ProfilerReport {
     pub(crate) tracker: crate::tracker::TrackerKind,
     /// Why the switch tracker ran where `auto` wanted the iterator.
     pub(crate) tracker_fallback: Option<String>,
+    /// Iterator tracker: how its reads that skip idle threads walked them
+    /// (`open_coded` on Linux 6.8+, else `iter_task`); `None` for the
+    /// switch tracker, and in older recordings.
+    #[serde(default, with = "wire::via")]
+    pub(crate) task_walk: Option<crate::tracker::TaskWalk>,
+    /// Iterator tracker: why its reads used `iter_task` (the open-coded
+    /// walk did not load); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) task_walk_fallback: Option<String>,
+    /// Reads whose open-coded walk filled its ring before it was over,
+    /// finished by `iter/task` (nothing is lost; it costs a second walk).
+    /// 0 in older recordings.
+    #[serde(default)]
+    pub(crate) task_walk_ring_full: u64,
     /// Iterator tracker: threads its filter map could not hold (read at
     /// every interval instead; nothing is lost).
     pub(crate) filter_overflow: u64,

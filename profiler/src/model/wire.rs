@@ -35,7 +35,7 @@ use crate::sources::Domain;
 use crate::sources::nvml::{GpuEnergyMethod, GpuInfo, GpuProcess, SmBasis};
 use crate::sources::registry::ReaderUse;
 use crate::sources::static_power::StaticSource;
-use crate::tracker::{CpuTimes, ExitTracking, TaskClock, TrackerKind};
+use crate::tracker::{CpuTimes, ExitTracking, TaskClock, TaskWalk, TrackerKind};
 
 /// A value a recording holds in a form model declares.
 pub(crate) trait Wire: Sized {
@@ -166,6 +166,11 @@ names!("GPU energy method", GpuEnergyMethod {
 names!("tracker", TrackerKind {
     Iter => "iter",
     Switch => "switch",
+});
+
+names!("task walk", TaskWalk {
+    OpenCoded => "open_coded",
+    IterTask => "iter_task",
 });
 
 names!("exit tracking", ExitTracking {
@@ -408,7 +413,7 @@ mod tests {
     fn every_name_written_is_the_one_the_schema_pins() {
         let s = schema();
         let defs = |p: &str| format!("/$defs/{p}/enum");
-        let cases: [(Vec<&str>, &[&str]); 10] = [
+        let cases: [(Vec<&str>, &[&str]); 11] = [
             (
                 round_trips::<Domain>(),
                 &[
@@ -446,6 +451,10 @@ mod tests {
             (
                 round_trips::<TrackerKind>(),
                 &["profiler/properties/tracker", "header/properties/tracker"],
+            ),
+            (
+                round_trips::<TaskWalk>(),
+                &["profiler/properties/task_walk/anyOf/0"],
             ),
             (
                 round_trips::<ExitTracking>(),

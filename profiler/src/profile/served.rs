@@ -754,6 +754,9 @@ fn unknown_profiler(interval_ns: u64) -> ProfilerReport {
     ProfilerReport {
         tracker: crate::tracker::TrackerKind::Iter,
         tracker_fallback: None,
+        task_walk: None,
+        task_walk_fallback: None,
+        task_walk_ring_full: 0,
         filter_overflow: 0,
         settled_from_exit: 0,
         vanished_threads: 0,

@@ -246,6 +246,9 @@ impl Rig {
             profiler: ProfilerReport {
                 tracker: crate::tracker::TrackerKind::Iter,
                 tracker_fallback: None,
+                task_walk: None,
+                task_walk_fallback: None,
+                task_walk_ring_full: 0,
                 filter_overflow: 0,
                 settled_from_exit: 0,
                 vanished_threads: 0,

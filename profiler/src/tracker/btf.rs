@@ -11,6 +11,7 @@ use profiler_common::iter::KernelOffsets;
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_FUNC: u32 = 12;
 
 /// The types of a BTF blob, indexed by type id and read on demand (a
 /// kernel's BTF holds ~100,000 types; wattprof needs a dozen members).
@@ -143,6 +144,15 @@ impl BtfStructs {
                 let (b, ty) = self.member(self.resolve(inner)?, member, depth + 1)?;
                 Some((bits + b, ty))
             })
+    }
+
+    /// The type id of the function named `name` (a kfunc's id, for a call
+    /// instruction), if the kernel has one.
+    pub(crate) fn func_id(&self, name: &str) -> Option<u32> {
+        (1..self.at.len() as u32).find(|id| {
+            self.record(*id)
+                .is_some_and(|r| r.kind == KIND_FUNC && self.name(r.name_off) == name.as_bytes())
+        })
     }
 
     /// Byte offset of `member` in `struct name`, if it is byte aligned.
@@ -298,6 +308,27 @@ mod tests {
         assert_eq!(btf.member_offset("outer", "y"), Some(4));
         assert_eq!(btf.path_offset("outer", &["z", "b"]), Some(12));
         assert_eq!(btf.path_offset("outer", &["z", "nope"]), None);
+    }
+
+    #[test]
+    fn finds_functions_by_name_and_kind() {
+        // [1] int, [2] func_proto, [3] func f, [4] struct named g, [5] func g
+        let strings = b"\0int\0f\0g\0";
+        let mut types = Vec::new();
+        let mut push = |v: &[u32]| {
+            v.iter()
+                .for_each(|x| types.extend_from_slice(&x.to_le_bytes()))
+        };
+        push(&[1, 1 << 24, 4, 32]);
+        push(&[0, 13 << 24, 1]);
+        push(&[5, KIND_FUNC << 24, 2]);
+        push(&[7, KIND_STRUCT << 24, 0]);
+        push(&[7, KIND_FUNC << 24, 2]);
+        let btf = BtfStructs::parse(&btf_blob(&types, strings)).expect("parse");
+        assert_eq!(btf.func_id("f"), Some(3));
+        assert_eq!(btf.func_id("g"), Some(5), "the function, not the struct");
+        assert_eq!(btf.func_id("int"), None, "not a function");
+        assert_eq!(btf.func_id("h"), None);
     }
 
     #[test]

@@ -19,9 +19,10 @@ use profiler_common::{COMM_LEN, MAX_SOCKETS};
 
 pub use btf::sum_exec_runtime_offset;
 pub(crate) use ebpf::{
-    EbpfTracker, ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig,
+    EbpfTracker, ExitTracking, SkipEvent, TaskClock, TaskWalk, TaskWalkChoice, TrackerChoice,
+    TrackerConfig,
 };
-pub use ebpf::{TrackerKind, kernel_memory_estimate};
+pub use ebpf::{TrackerKind, kernel_memory_estimate, walk_ring_memory};
 
 /// What went wrong loading or reading the tracker. Each message ends with
 /// what the user can do about it.

@@ -176,8 +176,9 @@ fn main() {
         Some("exec-from-thread") => exec_from_thread(me, num(2, 100.0)),
         Some("migrate") => migrate(num(2, 5.0) as usize, num(3, 100.0)),
         Some("threads") => threads(num(2, 1000.0) as usize, num(3, 10.0)),
+        Some("wakers") => wakers(num(2, 200.0) as usize, num(3, 1.5)),
         _ => {
-            eprintln!("usage: wattprof-testload burn|short|spawn|orchestrate|threads ...");
+            eprintln!("usage: wattprof-testload burn|short|spawn|orchestrate|threads|wakers ...");
             std::process::exit(2);
         }
     }
@@ -264,6 +265,39 @@ fn migrate(rounds: usize, ms: f64) {
 }
 
 /// `n` threads that sleep `secs`; prints the pid once they are started.
+/// `n` threads that each spin 50 µs every 10 ms for `secs` seconds (so a
+/// read finds most of them off a CPU, with more run time than the last),
+/// then the process's own run time (all threads, joined) from getrusage.
+fn wakers(n: usize, secs: f64) {
+    set_name("wp-wakers");
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    while Instant::now() < end {
+                        spin_for(Duration::from_micros(50));
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+                .expect("thread")
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    println!(
+        "{{\"pid\":{},\"rusage_ns\":{}}}",
+        std::process::id(),
+        rusage_ns(&ru)
+    );
+}
+
 fn threads(n: usize, secs: f64) {
     let handles: Vec<_> = (0..n)
         .map(|_| {

@@ -23,12 +23,13 @@ use crate::topology::SysRoot;
 /// The iterator tracker keeps `TASKS` and `ACTIVE` at their minimum and
 /// instead has `LAST`, a preallocated hash map of `max_tasks` elements of
 /// 64 bytes (48-byte header, 8-byte key, 8-byte value) with the same
-/// buckets and per-CPU spares, plus three small arrays.
+/// buckets and per-CPU spares, plus three small arrays. Where its reads
+/// use the open-coded walk (Linux 6.8+), its ring adds
+/// [`walk_ring_memory`].
 pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_tasks: u64) -> u64 {
     let hash = |entries: u64, value: u64| {
         entries * (48 + 8 + value) + entries.next_power_of_two() * 16 + possible_cpus * 640
     };
-    let ring = |bytes: u64| bytes + bytes / 4096 * 8 + 4096 * 2 + 4096 * 5;
     let common = ring(u64::from(profiler_common::DEFAULT_RING_BYTES))
         + possible_cpus * std::mem::size_of::<profiler_common::CpuState>() as u64
         + 320
@@ -47,6 +48,23 @@ pub fn kernel_memory_estimate(tracker: TrackerKind, possible_cpus: u64, max_task
                 + 3 * 320
         }
     }
+}
+
+/// A ring buffer's kernel memory, as the kernel counts it
+/// (`ringbuf_map_mem_usage`): its data pages and three metadata pages (the
+/// header and the consumer and producer positions), a page pointer per
+/// metadata page and two per data page (the data is mapped twice), and the
+/// map's struct (304 bytes on 6.18).
+fn ring(bytes: u64) -> u64 {
+    let pages = bytes / 4096;
+    bytes + 4096 * 3 + (3 + 2 * pages) * 8 + 304
+}
+
+/// Kernel memory of the open-coded walk's ring (`ITER_RING`, 256 KiB),
+/// which the iterator tracker holds only where the walk loaded (the
+/// report's `task_walk` is `open_coded`).
+pub fn walk_ring_memory() -> u64 {
+    ring(u64::from(profiler_common::iter::ITER_RING_BYTES))
 }
 
 /// Which tracker measures on-CPU time.
@@ -85,6 +103,30 @@ pub(crate) enum TrackerChoice {
     Switch,
 }
 
+/// How the iterator tracker walks the threads at a read that skips idle
+/// ones (full reads always use `iter/task`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TaskWalkChoice {
+    /// The open-coded walk where the kernel has its kfuncs (6.8 on) and
+    /// the verifier takes it, else `iter/task`.
+    #[default]
+    Auto,
+    /// The open-coded walk, or an error saying why not (testing).
+    OpenCoded,
+    /// `iter/task` at every read (testing, and the benchmark's baseline).
+    IterTask,
+}
+
+/// The walk the iterator tracker's reads use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TaskWalk {
+    /// One program call walks every thread with the task iterator kfuncs
+    /// (`bpf_iter_task_new/next/destroy`), records through a ring.
+    OpenCoded,
+    /// `iter/task`: the kernel calls the program once per thread.
+    IterTask,
+}
+
 /// How exits are detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ExitTracking {
@@ -119,6 +161,11 @@ pub(crate) struct TrackerConfig {
     pub(crate) max_tasks: u32,
     /// Iterator tracker: an event program not to attach (tests).
     pub(crate) skip_event: Option<SkipEvent>,
+    /// Iterator tracker: which walk its reads use.
+    pub(crate) task_walk: TaskWalkChoice,
+    /// Bytes of the open-coded walk's ring, where not
+    /// `profiler_common::iter::ITER_RING_BYTES` (tests of a full ring).
+    pub(crate) task_walk_ring: Option<u32>,
     /// Force [`ExitTracking::ExitTracepoint`] even where the final switch
     /// is available (tests of the older-kernel path).
     pub(crate) force_exit_tracepoint: bool,
@@ -135,6 +182,8 @@ impl Default for TrackerConfig {
             tracker: TrackerChoice::Auto,
             max_tasks: DEFAULT_MAX_TASKS,
             skip_event: None,
+            task_walk: TaskWalkChoice::Auto,
+            task_walk_ring: None,
             force_exit_tracepoint: false,
             force_switch_timing: false,
             sys: SysRoot::real(),

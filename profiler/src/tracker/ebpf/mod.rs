@@ -25,9 +25,12 @@ mod config;
 mod kernel_log;
 mod ring;
 mod start;
+mod walk;
 
-pub(crate) use config::{ExitTracking, SkipEvent, TaskClock, TrackerChoice, TrackerConfig};
-pub use config::{TrackerKind, kernel_memory_estimate};
+pub(crate) use config::{
+    ExitTracking, SkipEvent, TaskClock, TaskWalk, TaskWalkChoice, TrackerChoice, TrackerConfig,
+};
+pub use config::{TrackerKind, kernel_memory_estimate, walk_ring_memory};
 use kernel_log::KernelLog;
 use start::write_epoch;
 
@@ -72,6 +75,9 @@ pub(crate) struct EbpfTracker {
     iter: Option<IterState>,
     /// Why the switch tracker runs where the iterator was wanted.
     fallback: Option<String>,
+    /// Iterator tracker: why its reads use `iter/task`, not the open-coded
+    /// walk.
+    walk_fallback: Option<String>,
 }
 
 impl EbpfTracker {
@@ -87,6 +93,30 @@ impl EbpfTracker {
     /// Why the switch tracker runs although `auto` asked for the iterator.
     pub(crate) fn fallback_reason(&self) -> Option<&str> {
         self.fallback.as_deref()
+    }
+
+    /// Iterator tracker: the walk its reads that skip idle threads use;
+    /// `None` for the switch tracker.
+    pub(crate) fn task_walk(&self) -> Option<TaskWalk> {
+        self.iter.as_ref().map(|i| {
+            if i.open_coded() {
+                TaskWalk::OpenCoded
+            } else {
+                TaskWalk::IterTask
+            }
+        })
+    }
+
+    /// Iterator tracker: why its reads use `iter/task`, not the open-coded
+    /// walk.
+    pub(crate) fn walk_fallback_reason(&self) -> Option<&str> {
+        self.walk_fallback.as_deref()
+    }
+
+    /// Reads whose open-coded walk filled its ring (finished by
+    /// `iter/task`).
+    pub(crate) fn walk_ring_full(&self) -> u64 {
+        self.iter.as_ref().map_or(0, |i| i.walk_ring_full)
     }
 
     /// Iterator tracker: threads its filter map could not hold at the
@@ -149,7 +179,7 @@ impl EbpfTracker {
         let iter_fds = self
             .iter
             .as_ref()
-            .map(|i| i.maps().map(map_fd))
+            .map(|i| i.maps().map(map_fd).into_iter().chain([i.walk_ring()]))
             .into_iter()
             .flatten();
         fds.into_iter()

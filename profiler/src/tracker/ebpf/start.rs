@@ -7,25 +7,28 @@ use std::os::fd::AsFd;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, PerCpuValues, RingBuf},
-    programs::{Iter, RawTracePoint, TracePoint},
+    programs::{Iter, ProgramError, RawTracePoint, TracePoint},
 };
-use profiler_common::iter::KernelOffsets;
+use profiler_common::iter::{ITER_RING_BYTES, KernelOffsets};
 use profiler_common::{CPU_FLAG_SWITCH_OPENS, CpuState};
 
 use super::{
-    EbpfTracker, ExitTracking, KernelLog, OBJECT, SkipEvent, TaskClock, TrackerChoice,
-    TrackerConfig,
+    EbpfTracker, ExitTracking, KernelLog, OBJECT, SkipEvent, TaskClock, TaskWalkChoice,
+    TrackerChoice, TrackerConfig, walk,
 };
 use crate::topology::Topology;
 use crate::tracker::load::{attach_err, load_err, map_err, program, raise_memlock_limit, take_map};
 use crate::tracker::{
     TrackerError,
-    iter::IterState,
+    iter::{IterState, Walk},
     monotonic_ns,
     switch::ThreadLedger,
     sys::{self},
     tracefs,
 };
+
+/// The smallest ring (a page): for a ring a tracker does not use.
+const MIN_RING_BYTES: u32 = 4096;
 
 impl EbpfTracker {
     /// Loads and attaches the programs of the tracker `cfg` asks for
@@ -50,6 +53,11 @@ impl EbpfTracker {
             cfg.tracker
         };
         if choice == TrackerChoice::Switch {
+            if cfg.task_walk == TaskWalkChoice::OpenCoded {
+                return Err(TrackerError::Load(
+                    "--task-walk open-coded is the iterator tracker's: use --tracker iter".into(),
+                ));
+            }
             return Self::start_switch(cfg, topology, child_pid_offset, None);
         }
         let why_not = match crate::tracker::btf::running_kernel() {
@@ -62,9 +70,19 @@ impl EbpfTracker {
             Some(btf) => match btf.kernel_offsets() {
                 Err(missing) => format!("this kernel's BTF has no {missing}"),
                 Ok(offsets) => {
-                    match Self::start_iter(cfg, topology.clone(), child_pid_offset, offsets) {
+                    let walk = match cfg.task_walk {
+                        TaskWalkChoice::IterTask => Err("--task-walk iter-task".to_string()),
+                        _ => walk::kfunc_ids(
+                            &std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                                .unwrap_or_default(),
+                            |name| btf.func_id(name),
+                        ),
+                    };
+                    match Self::start_iter(cfg, topology.clone(), child_pid_offset, offsets, walk) {
                         Ok(tracker) => return Ok(tracker),
                         Err(e @ TrackerError::Privilege(_)) => return Err(e),
+                        // Asked for by name: its own error, no fallback.
+                        Err(e) if cfg.task_walk == TaskWalkChoice::OpenCoded => return Err(e),
                         Err(e) => e.to_string(),
                     }
                 }
@@ -78,8 +96,8 @@ impl EbpfTracker {
         Self::start_switch(cfg, topology, child_pid_offset, Some(why_not))
     }
 
-    fn load(loader: &mut EbpfLoader<'_>) -> Result<Ebpf, TrackerError> {
-        loader.load(OBJECT).map_err(|e| load_err("", e))
+    fn load(loader: &mut EbpfLoader<'_>, object: &[u8]) -> Result<Ebpf, TrackerError> {
+        loader.load(object).map_err(|e| load_err("", e))
     }
 
     /// The fields both trackers fill alike.
@@ -130,17 +148,29 @@ impl EbpfTracker {
             closing: false,
             iter: None,
             fallback: None,
+            walk_fallback: None,
         })
     }
 
-    /// The iterator tracker: no program on context switches.
+    /// The iterator tracker: no program on context switches. `kfuncs`:
+    /// the open-coded walk's kfunc ids in this kernel, or why it is not
+    /// tried.
     fn start_iter(
         cfg: &TrackerConfig,
         topology: Topology,
         child_pid_offset: u32,
         offsets: KernelOffsets,
+        kfuncs: Result<[u32; 3], String>,
     ) -> Result<Self, TrackerError> {
         let possible = topology.possible_cpus().max(1) as u32;
+        // The walk's kfunc calls, patched into a copy of the object.
+        let patched = kfuncs.and_then(|ids| walk::patch_kfuncs(OBJECT, ids));
+        let object: &[u8] = patched.as_deref().unwrap_or(OBJECT);
+        let ring_bytes = if patched.is_ok() {
+            cfg.task_walk_ring.unwrap_or(ITER_RING_BYTES)
+        } else {
+            MIN_RING_BYTES
+        };
         let mut ebpf = Self::load(
             EbpfLoader::new()
                 .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
@@ -150,7 +180,9 @@ impl EbpfTracker {
                 .map_max_entries("TASKS", 1)
                 .map_max_entries("ACTIVE", 4096)
                 .map_max_entries("LAST", cfg.max_tasks.max(1))
-                .map_max_entries("CPU_PACKAGE", possible),
+                .map_max_entries("CPU_PACKAGE", possible)
+                .map_max_entries("ITER_RING", ring_bytes),
+            object,
         )?;
         let mut package = take_map(&mut ebpf, "CPU_PACKAGE")?;
         {
@@ -174,6 +206,18 @@ impl EbpfTracker {
             program: prog.into(),
             reason: e.to_string(),
         })?;
+        // Taken either way: where the walk does not load, its ring is
+        // dropped here, and the kernel frees it (no program uses it).
+        let ring = take_map(&mut ebpf, "ITER_RING")?;
+        let (walk, walk_fallback) = match patched.and_then(|_| attach_walk(&mut ebpf, &btf, ring)) {
+            Ok(walk) => (Some(walk), None),
+            Err(why) if cfg.task_walk == TaskWalkChoice::OpenCoded => {
+                return Err(TrackerError::Load(format!(
+                    "the open-coded task walk cannot run here: {why} (use --task-walk auto)"
+                )));
+            }
+            Err(why) => (None, Some(why)),
+        };
         if cfg.skip_event != Some(SkipEvent::Exit) {
             attach_raw(&mut ebpf, "wattprof_thread_exit", "sched_process_exit")?;
         }
@@ -202,6 +246,7 @@ impl EbpfTracker {
         tracker.prev = tracker.read_cpus()?;
         let state = IterState::new(
             link,
+            walk,
             last,
             control,
             package,
@@ -210,6 +255,7 @@ impl EbpfTracker {
             monotonic_ns(),
         );
         tracker.iter = Some(state);
+        tracker.walk_fallback = walk_fallback;
         Ok(tracker)
     }
 
@@ -256,7 +302,9 @@ impl EbpfTracker {
                 .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
                 .override_global("SUM_EXEC_OFFSET", &sum_exec_offset, true)
                 .map_max_entries("TASKS", cfg.max_tasks.max(1))
-                .map_max_entries("LAST", 1),
+                .map_max_entries("LAST", 1)
+                .map_max_entries("ITER_RING", MIN_RING_BYTES),
+            OBJECT,
         )?;
         let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
         for (prog, name) in [
@@ -343,6 +391,48 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
     attach_raw(ebpf, "wattprof_sched_switch_legacy", "sched_switch")?;
     attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
     Ok(ExitTracking::ExitTracepoint)
+}
+
+/// The open-coded walk, loaded (the verifier checks it here) and attached
+/// as an `iter/bpf_map` iterator; or why not, in a line.
+fn attach_walk(ebpf: &mut Ebpf, btf: &aya::Btf, ring: Map) -> Result<Walk, String> {
+    let prog = "wattprof_iter_walk";
+    let iter: &mut Iter = program(ebpf, prog).map_err(|e| e.to_string())?;
+    if let Err(e) = iter.load("bpf_map", btf) {
+        return Err(match e {
+            ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => {
+                // The log ends with statistics; the refusal is the last
+                // line before them.
+                let stats = ["processed ", "verification time", "stack depth"];
+                let last = verifier_log
+                    .to_string()
+                    .lines()
+                    .rev()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty() && !stats.iter().any(|s| l.starts_with(s)))
+                    .unwrap_or_default()
+                    .to_string();
+                format!("the verifier refused {prog} ({io_error}): {last}")
+            }
+            other => format!("{prog}: {other}"),
+        });
+    }
+    let attached = iter
+        .fd()
+        .map_err(|e| format!("{prog}: {e}"))
+        .and_then(|fd| sys::iter_link_create(fd.as_fd()).map_err(|e| format!("{prog}: {e}")))
+        .and_then(|link| {
+            let ring = RingBuf::try_from(ring).map_err(|e| format!("ITER_RING: {e}"))?;
+            Ok(Walk { link, ring })
+        });
+    if attached.is_err() {
+        // Unloaded, so the ring it holds is freed with it.
+        let _ = iter.unload();
+    }
+    attached
 }
 
 fn attach_raw(ebpf: &mut Ebpf, prog: &str, tracepoint: &str) -> Result<(), TrackerError> {

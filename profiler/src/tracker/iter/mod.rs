@@ -2,12 +2,12 @@
 //! rare events of the ring (see `profiler-ebpf/src/iter.rs`).
 
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, RingBuf};
 use profiler_common::iter::{
     EVENT_THREAD_CGROUP, EVENT_THREAD_EXIT, EVENT_THREAD_FREE, EVENT_THREAD_MIGRATE,
-    ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
+    ITER_FLAG_MORE, ITER_FLAG_TRAILER, IterRecord, ThreadEvent,
 };
 
 mod runtime;
@@ -23,9 +23,19 @@ use crate::topology::Topology;
 /// threads whose exit and free records were both lost are noticed.
 const FULL_READ_EVERY_NS: u64 = 60_000_000_000;
 
+/// The open-coded walk (see `profiler-ebpf/src/iter.rs`): its link, and
+/// the ring its records come in.
+pub(crate) struct Walk {
+    pub(crate) link: OwnedFd,
+    pub(crate) ring: RingBuf<MapData>,
+}
+
 /// The iterator tracker's state between reads.
 pub(super) struct IterState {
     link: OwnedFd,
+    /// The open-coded walk, for reads that skip idle threads; `None` where
+    /// it did not load (every read then runs `iter/task`).
+    walk: Option<Walk>,
     last: Map,
     control: Map,
     /// `CPU_PACKAGE` and `ITER_READ`, kept for their memory figure.
@@ -50,13 +60,18 @@ pub(super) struct IterState {
     walk_at_ns: u64,
     pub(super) filter_overflow: u64,
     pub(super) read_syscalls: u64,
+    /// Reads whose open-coded walk filled `ITER_RING`, finished by
+    /// `iter/task`.
+    pub(super) walk_ring_full: u64,
 }
 
 impl IterState {
     /// Takes over the attached iterator and its maps. The first read
     /// (`baseline`) sets every thread's starting point.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         link: OwnedFd,
+        walk: Option<Walk>,
         last: Map,
         control: Map,
         package: Map,
@@ -67,6 +82,7 @@ impl IterState {
         let cpus = topology.package_of_cpu.len();
         Self {
             link,
+            walk,
             last,
             control,
             package,
@@ -84,6 +100,7 @@ impl IterState {
             kernel_idle_at_walk: None,
             filter_overflow: 0,
             read_syscalls: 0,
+            walk_ring_full: 0,
         }
     }
 
@@ -113,6 +130,16 @@ impl IterState {
     /// The iterator's maps, for their memory.
     pub(super) fn maps(&self) -> [&Map; 4] {
         [&self.last, &self.control, &self.package, &self.read_state]
+    }
+
+    /// The open-coded walk's ring, for its memory.
+    pub(super) fn walk_ring(&self) -> Option<BorrowedFd<'_>> {
+        self.walk.as_ref().map(|w| w.ring.as_fd())
+    }
+
+    /// Whether reads that skip idle threads use the open-coded walk.
+    pub(super) fn open_coded(&self) -> bool {
+        self.walk.is_some()
     }
 
     /// The ledger, for questions about exits.
@@ -154,44 +181,46 @@ impl IterState {
         // The kernel's idle time at the same boundary (its clock ticks are
         // 10 ms; read here, not after the walk, whose length varies).
         self.kernel_idle_at_walk = Some(read_kernel_idle(self.kernel_idle_ns.len()));
-        let mut file = sys::iter_create(self.link.as_fd()).map_err(|e| TrackerError::Map {
-            map: "iter/task",
-            reason: format!("cannot start a read: {e}"),
-        })?;
-        self.buf.clear();
-        let mut chunk = [0u8; 64 * 1024];
-        loop {
-            self.read_syscalls += 1;
-            match file.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(TrackerError::Map {
-                        map: "iter/task",
-                        reason: format!("read failed: {e}"),
-                    });
-                }
-            }
-        }
-        let size = std::mem::size_of::<IterRecord>();
         self.records.clear();
         let mut trailer = None;
-        for raw in self.buf.chunks_exact(size) {
-            // SAFETY: `IterRecord` is plain integers; read_unaligned copes
-            // with the Vec's alignment.
-            let rec: IterRecord = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
-            if rec.flags & ITER_FLAG_TRAILER != 0 {
-                trailer = Some(rec);
+        if let Some(walk) = self.walk.as_mut().filter(|_| !full) {
+            let walked = run_iterator(
+                "the open-coded walk",
+                walk.link.as_fd(),
+                &mut self.buf,
+                &mut self.records,
+                &mut self.read_syscalls,
+            )?;
+            while let Some(item) = walk.ring.next() {
+                if item.len() >= std::mem::size_of::<IterRecord>() {
+                    // SAFETY: an `IterRecord` written by our program;
+                    // read_unaligned copes with the ring's 8-byte alignment.
+                    self.records
+                        .push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) });
+                }
+            }
+            self.filter_overflow = self.filter_overflow.max(walked.cgroup_id);
+            if walked.flags & ITER_FLAG_MORE == 0 {
+                trailer = Some(walked);
             } else {
-                self.records.push(rec);
+                // The ring filled before the walk was over: `iter/task`
+                // finishes the read. The filter holds what went out, so it
+                // sends the rest (and running threads again, whose later
+                // reading is the one kept). Its calibration wants this
+                // thread just switched in, as before the walk.
+                self.walk_ring_full += 1;
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
         }
-        let Some(trailer) = trailer else {
-            return Err(TrackerError::Map {
-                map: "iter/task",
-                reason: "a read ended without its trailer".into(),
-            });
+        let trailer = match trailer {
+            Some(t) => t,
+            None => run_iterator(
+                "iter/task",
+                self.link.as_fd(),
+                &mut self.buf,
+                &mut self.records,
+                &mut self.read_syscalls,
+            )?,
         };
         self.filter_overflow = self.filter_overflow.max(trailer.cgroup_id);
         if full {
@@ -288,6 +317,53 @@ impl IterState {
         self.kernel_idle_ns = idle_now;
         Ok((tasks, cpus))
     }
+}
+
+/// Runs an iterator (`BPF_ITER_CREATE` on its link, read to the end):
+/// its records are added to `records`, and its trailer returned.
+fn run_iterator(
+    what: &'static str,
+    link: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    records: &mut Vec<IterRecord>,
+    syscalls: &mut u64,
+) -> Result<IterRecord, TrackerError> {
+    let mut file = sys::iter_create(link).map_err(|e| TrackerError::Map {
+        map: what,
+        reason: format!("cannot start a read: {e}"),
+    })?;
+    buf.clear();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        *syscalls += 1;
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(TrackerError::Map {
+                    map: what,
+                    reason: format!("read failed: {e}"),
+                });
+            }
+        }
+    }
+    let size = std::mem::size_of::<IterRecord>();
+    let mut trailer = None;
+    for raw in buf.chunks_exact(size) {
+        // SAFETY: `IterRecord` is plain integers; read_unaligned copes
+        // with the Vec's alignment.
+        let rec: IterRecord = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+        if rec.flags & ITER_FLAG_TRAILER != 0 {
+            trailer = Some(rec);
+        } else {
+            records.push(rec);
+        }
+    }
+    trailer.ok_or_else(|| TrackerError::Map {
+        map: what,
+        reason: "a read ended without its trailer".into(),
+    })
 }
 
 /// Per-CPU times of an interval from the task time handed out per CPU.
