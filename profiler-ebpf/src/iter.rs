@@ -16,7 +16,8 @@
 //! `iter/bpf_map` program walks every thread with the
 //! `bpf_iter_task_new/next/destroy` kfuncs, doing the same per-thread work
 //! without `iter/task`'s per-thread pid lookup, reference and program
-//! call (a quarter of its cost at 10,000 threads), and writes its records
+//! call (the walk costs a quarter of what `iter/task` does at 10,000
+//! threads), and writes its records
 //! to `ITER_RING`, since one call's output would overflow the seq buffer.
 //! Full reads stay on `iter/task`. aya 0.14 cannot relocate kfunc calls:
 //! each is a raw `call` instruction (`asm!`), its id patched in by the
@@ -140,8 +141,9 @@ unsafe fn load<T: Copy>(base: *const u8, offset: usize) -> T {
 #[inline(always)]
 fn bump(slot: u32) {
     if let Some(n) = ITER_READ.get_ptr_mut(slot) {
-        // SAFETY: one reader runs the iterator at a time (the seq_file
-        // lock), and only the iterator program touches this map.
+        // SAFETY: one reader runs an iterator at a time (wattprof's read
+        // runs the walk, then `iter/task`, never both at once), and only
+        // those two programs touch this map.
         unsafe { *n += 1 };
     }
 }
@@ -500,6 +502,11 @@ pub unsafe extern "C" fn wattprof_iter_walk(ctx: *mut c_void) -> i32 {
     }
     // SAFETY: meta is valid for the call.
     let seq = unsafe { core::ptr::read_volatile(&raw const (*meta).seq) };
+    // After a call per BPF map on the machine (a few microseconds): the
+    // calibration errs that much late, which makes running threads'
+    // estimates low, never high. The walk is one program run under RCU:
+    // it does not reschedule between threads as `iter/task` can (100,000
+    // threads: some milliseconds).
     start_read();
     let mut flags = 0;
     let mut it: TaskIter = [0; 3];

@@ -10,6 +10,10 @@
 //!                                          `spawn 2000` at once; prints one JSON line
 //!                                          per program with its wait4 rusage
 //! wattprof-testload threads N SECONDS      N threads that sleep for SECONDS
+//! wattprof-testload wakers N SECONDS [M]   N threads running 50 us every 10 ms for
+//!                                          SECONDS, and M that run 5 ms once, at
+//!                                          once, then sleep; prints {"pid",
+//!                                          "rusage_ns"}
 //! wattprof-testload thread-exec [MS]       runs `exec-from-thread MS` and prints its
 //!                                          wait4 rusage
 //! wattprof-testload cpu SECONDS            burns SECONDS of its own CPU time;
@@ -176,7 +180,7 @@ fn main() {
         Some("exec-from-thread") => exec_from_thread(me, num(2, 100.0)),
         Some("migrate") => migrate(num(2, 5.0) as usize, num(3, 100.0)),
         Some("threads") => threads(num(2, 1000.0) as usize, num(3, 10.0)),
-        Some("wakers") => wakers(num(2, 200.0) as usize, num(3, 1.5)),
+        Some("wakers") => wakers(num(2, 200.0) as usize, num(3, 1.5), num(4, 0.0) as usize),
         _ => {
             eprintln!("usage: wattprof-testload burn|short|spawn|orchestrate|threads|wakers ...");
             std::process::exit(2);
@@ -264,26 +268,36 @@ fn migrate(rounds: usize, ms: f64) {
     );
 }
 
-/// `n` threads that sleep `secs`; prints the pid once they are started.
 /// `n` threads that each spin 50 µs every 10 ms for `secs` seconds (so a
 /// read finds most of them off a CPU, with more run time than the last),
-/// then the process's own run time (all threads, joined) from getrusage.
-fn wakers(n: usize, secs: f64) {
+/// and `once` threads that spin 5 ms at the start and sleep to the end
+/// (their time is in the first reads or nowhere before the exit); then
+/// the process's own run time (all threads, joined) from getrusage.
+fn wakers(n: usize, secs: f64, once: usize) {
     set_name("wp-wakers");
     let end = Instant::now() + Duration::from_secs_f64(secs);
-    let handles: Vec<_> = (0..n)
+    let spawn = |f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(f)
+            .expect("thread")
+    };
+    let mut handles: Vec<_> = (0..n)
         .map(|_| {
-            std::thread::Builder::new()
-                .stack_size(64 * 1024)
-                .spawn(move || {
-                    while Instant::now() < end {
-                        spin_for(Duration::from_micros(50));
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                })
-                .expect("thread")
+            spawn(Box::new(move || {
+                while Instant::now() < end {
+                    spin_for(Duration::from_micros(50));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }))
         })
         .collect();
+    handles.extend((0..once).map(|_| {
+        spawn(Box::new(move || {
+            spin_for(Duration::from_millis(5));
+            std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        }))
+    }));
     for h in handles {
         let _ = h.join();
     }
@@ -298,6 +312,7 @@ fn wakers(n: usize, secs: f64) {
     );
 }
 
+/// `n` threads that sleep `secs`; prints the pid once they are started.
 fn threads(n: usize, secs: f64) {
     let handles: Vec<_> = (0..n)
         .map(|_| {

@@ -110,7 +110,9 @@ impl EbpfTracker {
     /// Iterator tracker: why its reads use `iter/task`, not the open-coded
     /// walk.
     pub(crate) fn walk_fallback_reason(&self) -> Option<&str> {
-        self.walk_fallback.as_deref()
+        self.walk_fallback
+            .as_deref()
+            .or_else(|| self.iter.as_ref()?.walk_given_up.as_deref())
     }
 
     /// Reads whose open-coded walk filled its ring (finished by

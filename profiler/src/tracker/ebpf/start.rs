@@ -88,6 +88,11 @@ impl EbpfTracker {
                 }
             },
         };
+        if cfg.task_walk == TaskWalkChoice::OpenCoded {
+            return Err(TrackerError::Load(format!(
+                "the open-coded task walk cannot run here: {why_not}"
+            )));
+        }
         if choice == TrackerChoice::Iter {
             return Err(TrackerError::Load(format!(
                 "the iterator tracker cannot run here: {why_not} (use --tracker switch)"
@@ -306,6 +311,8 @@ impl EbpfTracker {
                 .map_max_entries("ITER_RING", MIN_RING_BYTES),
             OBJECT,
         )?;
+        // The iterator's walk ring: not this tracker's; freed.
+        drop(take_map(&mut ebpf, "ITER_RING")?);
         let exit_tracking = attach_switch(&mut ebpf, cfg.force_exit_tracepoint)?;
         for (prog, name) in [
             ("wattprof_sched_process_fork", "sched_process_fork"),

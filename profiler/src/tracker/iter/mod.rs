@@ -23,6 +23,12 @@ use crate::topology::Topology;
 /// threads whose exit and free records were both lost are noticed.
 const FULL_READ_EVERY_NS: u64 = 60_000_000_000;
 
+/// Reads in a row whose walk fills `ITER_RING` before the walk gives way
+/// to `iter/task` for the rest of the run: each such read pays for the
+/// walk and for `iter/task` too (more threads run between reads than the
+/// ring holds, or the filter map is full and resends its overflow).
+const RING_FULL_GIVE_UP: u32 = 8;
+
 /// The open-coded walk (see `profiler-ebpf/src/iter.rs`): its link, and
 /// the ring its records come in.
 pub(crate) struct Walk {
@@ -63,6 +69,10 @@ pub(super) struct IterState {
     /// Reads whose open-coded walk filled `ITER_RING`, finished by
     /// `iter/task`.
     pub(super) walk_ring_full: u64,
+    /// Of those, how many in a row up to the last read.
+    ring_full_in_a_row: u32,
+    /// Why the walk was given up during the run.
+    pub(super) walk_given_up: Option<String>,
 }
 
 impl IterState {
@@ -101,6 +111,8 @@ impl IterState {
             filter_overflow: 0,
             read_syscalls: 0,
             walk_ring_full: 0,
+            ring_full_in_a_row: 0,
+            walk_given_up: None,
         }
     }
 
@@ -137,7 +149,8 @@ impl IterState {
         self.walk.as_ref().map(|w| w.ring.as_fd())
     }
 
-    /// Whether reads that skip idle threads use the open-coded walk.
+    /// Whether reads that skip idle threads use the open-coded walk (to
+    /// the end of the run).
     pub(super) fn open_coded(&self) -> bool {
         self.walk.is_some()
     }
@@ -201,16 +214,28 @@ impl IterState {
             }
             self.filter_overflow = self.filter_overflow.max(walked.cgroup_id);
             if walked.flags & ITER_FLAG_MORE == 0 {
+                self.ring_full_in_a_row = 0;
                 trailer = Some(walked);
             } else {
                 // The ring filled before the walk was over: `iter/task`
                 // finishes the read. The filter holds what went out, so it
                 // sends the rest (and running threads again, whose later
                 // reading is the one kept). Its calibration wants this
-                // thread just switched in, as before the walk.
+                // thread just switched in, as before the walk (on a busy
+                // machine that wake-up can take milliseconds: those
+                // readings are later, their time past the boundary carried
+                // as for any running thread).
                 self.walk_ring_full += 1;
+                self.ring_full_in_a_row += 1;
                 std::thread::sleep(std::time::Duration::from_micros(100));
             }
+        }
+        if self.ring_full_in_a_row >= RING_FULL_GIVE_UP && self.walk.is_some() {
+            self.walk = None;
+            self.walk_given_up = Some(format!(
+                "the open-coded walk filled its ring at {RING_FULL_GIVE_UP} reads in a row: \
+                 iter/task reads the rest"
+            ));
         }
         let trailer = match trailer {
             Some(t) => t,
