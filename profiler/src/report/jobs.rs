@@ -325,11 +325,12 @@ pub(crate) fn csv(jobs: &[JobAcross]) -> Result<Vec<u8>, String> {
     w.write_record(&header).map_err(|e| e.to_string())?;
     for j in jobs {
         for n in &j.nodes {
+            let text = crate::sink::csv::text_cell;
             let mut row = vec![
-                j.scheduler.clone(),
-                j.job_id.clone(),
-                j.user.clone().unwrap_or_default(),
-                n.node.clone(),
+                text(&j.scheduler),
+                text(&j.job_id),
+                text(j.user.as_deref().unwrap_or_default()),
+                text(&n.node),
                 crate::sink::csv::iso8601_utc(n.first_unix_ns),
                 crate::sink::csv::iso8601_utc(n.last_unix_ns),
                 format!("{:.6}", secs(n.on_cpu_ns)),
@@ -424,6 +425,21 @@ mod tests {
         let path = PathBuf::from(name);
         let (f, d) = parse(&path, text.as_bytes()).expect("a job file");
         (path, f, d)
+    }
+
+    #[test]
+    fn a_node_named_like_a_formula_is_text_in_the_csv() {
+        let jobs = gather(vec![parsed(
+            "slurm-9.json",
+            &file("=HYPERLINK(\\\"x\\\")", "9", 100, 101, 5.0, None),
+        )])
+        .expect("one job");
+        let out = String::from_utf8(csv(&jobs).expect("csv")).expect("utf-8");
+        let row = out.lines().nth(1).expect("a row");
+        assert!(
+            row.starts_with("slurm,9,ana,\"'=HYPERLINK(\"\"x\"\")\","),
+            "{row}"
+        );
     }
 
     #[test]

@@ -101,6 +101,19 @@ impl<'a> From<&'a RunReport> for Emissions<'a> {
     }
 }
 
+/// A text cell whose value came from outside wattprof (a program's name,
+/// a job's user or node), made safe for a spreadsheet: one that starts
+/// with `=`, `+`, `-`, `@`, a tab or a carriage return would be taken as a
+/// formula (CSV injection), so it gets a leading `'`, which spreadsheets
+/// show as text and do not print. Numbers are written as they are.
+pub(crate) fn text_cell(s: &str) -> String {
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    }
+}
+
 /// The row for a finished profile. `run` reports the command tree's
 /// energy (what it cost), `monitor` the machine's measured energy
 /// (`tracking_mode` says which, as codecarbon's `process`/`machine`).
@@ -150,7 +163,7 @@ pub(crate) fn emissions_row(
     let project = match r.argv {
         Some(argv) => argv
             .first()
-            .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+            .map(|a| text_cell(a.rsplit('/').next().unwrap_or(a)))
             .unwrap_or_default(),
         None => "monitor".to_string(),
     };
@@ -181,7 +194,7 @@ pub(crate) fn emissions_row(
         String::new(),
         String::new(),
         r.cpus.map(|c| c.to_string()).unwrap_or_default(),
-        r.host.cpu_model.clone(),
+        text_cell(&r.host.cpu_model),
         gpus.len().to_string(),
         gpu_model,
         String::new(),
@@ -537,6 +550,16 @@ pub(crate) fn ram_total_gb() -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_that_a_spreadsheet_would_run_as_a_formula_is_quoted() {
+        for bad in ["=1+1", "+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx"] {
+            assert_eq!(text_cell(bad), format!("'{bad}"), "{bad}");
+        }
+        for good in ["python3", "node-1", "1=1", "", "a-b"] {
+            assert_eq!(text_cell(good), good);
+        }
+    }
 
     #[test]
     fn timestamps_are_iso8601_utc() {
