@@ -634,6 +634,43 @@ fn gpu_energy_goes_to_the_command_by_its_sm_share() {
     assert!(cmd["memory"]["peak_pss_bytes"].as_u64().unwrap_or(0) > 0);
 }
 
+/// The two processes' GPU joules over the intervals divided by samples,
+/// the seconds split equally (before the first sample), and each
+/// interval's split as a line, printed when the ratio is off: which reads
+/// gave the extra joules (a flake seen under a busy loop in CI: 1.666:1 at
+/// 1 s, 2.108:1 at 100 ms).
+fn split_by_samples(intervals: &[serde_json::Value], pids: &[u64]) -> (f64, f64, f64, Vec<String>) {
+    let (mut sa, mut sb, mut equal_s) = (0.0, 0.0, 0.0);
+    let mut split = Vec::new();
+    for i in intervals {
+        let g = &i["gpus"][0];
+        if g["processes"].as_array().is_none_or(|p| p.is_empty()) {
+            continue;
+        }
+        let j = |pid: u64| {
+            i["processes"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == Some(pid)))
+                .map_or(0.0, |p| f(p, "/gpu_j"))
+        };
+        split.push(format!(
+            "t={:.1}s {} {:.3}:{:.3} J shares {}",
+            u(i, "/t_ns") as f64 / 1e9,
+            g["sm_basis"],
+            j(pids[0]),
+            j(pids[1]),
+            g["processes"]
+        ));
+        if g["sm_basis"] == "equal" {
+            equal_s += u(i, "/duration_ns") as f64 / 1e9;
+            continue;
+        }
+        sa += j(pids[0]);
+        sb += j(pids[1]);
+    }
+    (sa, sb, equal_s, split)
+}
+
 #[test]
 fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
     require_ebpf!();
@@ -673,24 +710,12 @@ fn two_processes_at_2_to_1_sm_get_gpu_energy_2_to_1_at_1_s_and_at_100_ms() {
         // driver's first sample of them. A sample is its process's mean
         // over the driver's period, so the first comes up to 500 ms after
         // they start working; until then the holders share equally.
-        let (mut sa, mut sb, mut equal_s) = (0.0, 0.0, 0.0);
-        for i in intervals {
-            let g = &i["gpus"][0];
-            if g["processes"].as_array().is_none_or(|p| p.is_empty()) {
-                continue;
-            }
-            if g["sm_basis"] == "equal" {
-                equal_s += u(i, "/duration_ns") as f64 / 1e9;
-                continue;
-            }
-            let j = |pid: u64| {
-                i["processes"]
-                    .as_array()
-                    .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == Some(pid)))
-                    .map_or(0.0, |p| f(p, "/gpu_j"))
-            };
-            sa += j(pids[0]);
-            sb += j(pids[1]);
+        let (sa, sb, equal_s, split) = split_by_samples(intervals, &pids);
+        if (sa / sb / 2.0 - 1.0).abs() >= 0.02 {
+            eprintln!(
+                "{interval}: per interval (pids {pids:?}):\n{}",
+                split.join("\n")
+            );
         }
         eprintln!(
             "{interval}: GPU measured {:.3} J, first {a:.3} J, second {b:.3} J ({:.4}:1); \
