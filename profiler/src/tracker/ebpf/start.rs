@@ -2,7 +2,7 @@
 //! iterator tracker where it loads (or is asked for), else the switch
 //! tracker, each with its maps set up and its starting point taken.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -202,27 +202,7 @@ impl EbpfTracker {
         let control = take_map(&mut ebpf, "ITER_CONTROL")?;
         let read_state = take_map(&mut ebpf, "ITER_READ")?;
 
-        let btf = aya::Btf::from_sys_fs().map_err(|e| TrackerError::Load(e.to_string()))?;
-        let prog = "wattprof_iter_task";
-        let iter: &mut Iter = program(&mut ebpf, prog)?;
-        iter.load("task", &btf).map_err(attach_err(prog))?;
-        let prog_fd = iter.fd().map_err(attach_err(prog))?;
-        let link = sys::iter_link_create(prog_fd.as_fd()).map_err(|e| TrackerError::Attach {
-            program: prog.into(),
-            reason: e.to_string(),
-        })?;
-        // Taken either way: where the walk does not load, its ring is
-        // dropped here, and the kernel frees it (no program uses it).
-        let ring = take_map(&mut ebpf, "ITER_RING")?;
-        let (walk, walk_fallback) = match patched.and_then(|_| attach_walk(&mut ebpf, &btf, ring)) {
-            Ok(walk) => (Some(walk), None),
-            Err(why) if cfg.task_walk == TaskWalkChoice::OpenCoded => {
-                return Err(TrackerError::Load(format!(
-                    "the open-coded task walk cannot run here: {why} (use --task-walk auto)"
-                )));
-            }
-            Err(why) => (None, Some(why)),
-        };
+        let (link, walk, walk_fallback) = attach_walks(&mut ebpf, cfg, patched.map(|_| ()))?;
         if cfg.skip_event != Some(SkipEvent::Exit) {
             attach_raw(&mut ebpf, "wattprof_thread_exit", "sched_process_exit")?;
         }
@@ -398,6 +378,36 @@ fn attach_switch(ebpf: &mut Ebpf, force_legacy: bool) -> Result<ExitTracking, Tr
     attach_raw(ebpf, "wattprof_sched_switch_legacy", "sched_switch")?;
     attach_tracepoint(ebpf, "wattprof_sched_process_exit", "sched_process_exit")?;
     Ok(ExitTracking::ExitTracepoint)
+}
+
+/// The iterator tracker's walks: `iter/task`, attached (its link, which
+/// every read is created from), and the open-coded walk where `patched`
+/// says its kfunc calls were written in and it loads, else why not (an
+/// error where `--task-walk open-coded` asked for it).
+fn attach_walks(
+    ebpf: &mut Ebpf,
+    cfg: &TrackerConfig,
+    patched: Result<(), String>,
+) -> Result<(OwnedFd, Option<Walk>, Option<String>), TrackerError> {
+    let btf = aya::Btf::from_sys_fs().map_err(|e| TrackerError::Load(e.to_string()))?;
+    let prog = "wattprof_iter_task";
+    let iter: &mut Iter = program(ebpf, prog)?;
+    iter.load("task", &btf).map_err(attach_err(prog))?;
+    let prog_fd = iter.fd().map_err(attach_err(prog))?;
+    let link = sys::iter_link_create(prog_fd.as_fd()).map_err(|e| TrackerError::Attach {
+        program: prog.into(),
+        reason: e.to_string(),
+    })?;
+    // Taken either way: where the walk does not load, its ring is
+    // dropped here, and the kernel frees it (no program uses it).
+    let ring = take_map(ebpf, "ITER_RING")?;
+    match patched.and_then(|()| attach_walk(ebpf, &btf, ring)) {
+        Ok(walk) => Ok((link, Some(walk), None)),
+        Err(why) if cfg.task_walk == TaskWalkChoice::OpenCoded => Err(TrackerError::Load(format!(
+            "the open-coded task walk cannot run here: {why} (use --task-walk auto)"
+        ))),
+        Err(why) => Ok((link, None, Some(why))),
+    }
 }
 
 /// The open-coded walk, loaded (the verifier checks it here) and attached
